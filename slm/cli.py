@@ -1,0 +1,175 @@
+"""The `slm` command line: parse, call one operation, render. No logic lives here."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+
+from slm import render
+from slm.errors import ExitCode, SlmError, UsageError
+from slm.ops import importing, inspect
+from slm.ops.run import RunOptions, run_prompt
+from slm.store import Store, find_store, init_store
+from slm.store.store import default_init_path
+
+app = typer.Typer(
+    name="slm",
+    help="Keep a quantized LLM base immutable; switch adapters on and off as verifiable overlays.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+import_app = typer.Typer(help="Import a base model or an adapter into the store.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    store: Optional[Path] = typer.Option(
+        None, "--store", metavar="DIR",
+        help="The store directory (default: $SLM_STORE, else .slm found upward from here).",
+    ),
+) -> None:
+    ctx.obj = {"store": store}
+
+
+def _store(ctx: typer.Context) -> Store:
+    return Store.open(find_store(ctx.obj["store"]))
+
+
+@app.command()
+def init(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
+    """Create an empty store (./.slm, or --store / $SLM_STORE)."""
+    store, created = init_store(default_init_path(ctx.obj["store"]))
+    if json_out:
+        render.print_json({"store": str(store.root), "created": created})
+    else:
+        verb = "created" if created else "already initialised:"
+        render.out.print(f"{verb} store {store.root}")
+
+
+@import_app.command("base")
+def import_base(
+    ctx: typer.Context,
+    path: Path = typer.Argument(..., help="A .gguf file or a Hugging Face checkpoint directory."),
+    name: str = typer.Option(..., "--name", "-n", help="Name for the base in the store."),
+    quant: Optional[str] = typer.Option(
+        None, "--quant", "-q",
+        help="Hugging Face checkpoints only: q8_0 (default), q4_0, q4_1, nf4, f16 or f32.",
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Import a base model. GGUF tensors are kept byte for byte; HF weights are quantized."""
+    progress = render.BarProgress(enabled=False if json_out else None)
+    result = importing.import_base(_store(ctx), path, name, quant, progress).to_json()
+    if json_out:
+        render.print_json(result)
+    else:
+        render.import_summary(result)
+
+
+@app.command("ls")
+def ls(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
+    """List the bases, adapters and compositions in the store."""
+    entries = inspect.list_entries(_store(ctx))
+    if json_out:
+        render.print_json(entries)
+    else:
+        render.entries_table(entries)
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    ref: str = typer.Argument(..., metavar="NAME|DIGEST", help="A name, digest or digest prefix."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Print a manifest with its tensor table."""
+    info = inspect.show(_store(ctx), ref)
+    if json_out:
+        render.print_json(info)
+    else:
+        render.base_manifest(info)
+
+
+@app.command("run")
+def run_cmd(
+    ctx: typer.Context,
+    prompt: str = typer.Argument(..., help="The prompt; '-' reads it from standard input."),
+    base: Optional[str] = typer.Option(None, "--base", "-b", help="Run this base (name or digest)."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", help="Stop after this many new tokens."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy (deterministic)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (with --temperature > 0)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for sampling; the same seed gives the same text."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the base's chat template."),
+    logits_out: Optional[Path] = typer.Option(
+        None, "--logits-out", metavar="FILE.npy",
+        help="Save float32 logits (positions x vocab) for every prompt and generated position.",
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Generate text, streaming it as it is produced."""
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if base is None:
+        raise UsageError("name a base with --base (compositions come with `slm activate`)")
+    options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
+                         top_p=top_p, seed=seed, chat=chat, logits_out=logits_out)
+    sink = None if json_out else render.stream_text
+    result = run_prompt(_store(ctx), options, on_text=sink)
+    if json_out:
+        render.print_json(result)
+    else:
+        render.run_footer(result)
+
+
+def _fail(code: int, message: str, as_json: bool) -> int:
+    if as_json:
+        render.print_json({"error": message, "exit_code": int(code)})
+    print(f"slm: error: {message}", file=sys.stderr)
+    return int(code)
+
+
+def _is_usage_error(err: Exception) -> bool:
+    return any(c.__name__ == "UsageError" for c in type(err).__mro__) and hasattr(err, "format_message")
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code (tests call this; `main` exits with it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    try:
+        result = app(args=argv, prog_name="slm", standalone_mode=False)
+    except SlmError as err:
+        return _fail(err.code, str(err), as_json)
+    except (typer.Exit, click.exceptions.Exit) as err:
+        return int(err.exit_code)
+    except (typer.Abort, click.exceptions.Abort, KeyboardInterrupt):
+        print("slm: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as err:
+        if _is_usage_error(err):  # typer vendors its own click; match by shape
+            if type(err).__name__ == "NoArgsIsHelpError" and getattr(err, "ctx", None):
+                print(err.ctx.get_help())
+                return int(ExitCode.USAGE)
+            return _fail(ExitCode.USAGE, " ".join(err.format_message().split()), as_json)
+        if os.environ.get("SLM_DEBUG"):  # a bug: still one line; full trace with SLM_DEBUG=1
+            raise
+        return _fail(ExitCode.INTERNAL, f"internal error: {type(err).__name__}: {err} "
+                     "(set SLM_DEBUG=1 for a traceback)", as_json)
+    return int(result or 0)
+
+
+def main() -> None:
+    sys.exit(run())

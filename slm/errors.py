@@ -1,0 +1,82 @@
+"""Errors that reach the user, each with a documented exit code (docs/exit-codes.md).
+
+Every layer raises a subclass of SlmError; the CLI turns it into one line on stderr and the
+exit code below. Anything else escaping is a bug and exits with INTERNAL.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    INTERNAL = 1  # a bug: an exception slm did not expect
+    USAGE = 2  # bad command line (unknown option, missing argument)
+    NOT_FOUND = 3  # no store, name, digest or file where one was named
+    INVALID_INPUT = 4  # malformed or unsupported file, bad name, bad value
+    INTEGRITY = 5  # a blob's bytes do not hash to its name, a manifest is corrupt
+    INCOMPATIBLE = 6  # a composition was rejected by validation
+    BUSY = 7  # another slm process holds the store lock past the timeout
+    BUDGET = 8  # the memory estimate exceeds the memory budget
+    NEEDS_RECOVERY = 9  # an interrupted transaction: run `slm fsck --repair`
+    NUMERICS = 10  # `slm verify`: numbers disagree with the fresh-base oracle
+    SWITCHED = 11  # `slm run`: the active composition changed during generation
+    IO = 12  # the OS refused a read or write (permissions, disk full, EIO)
+
+
+class SlmError(Exception):
+    """An error with a one-line message meant for the user."""
+
+    code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:  # one line, always
+        return " ".join(self.message.split())
+
+
+class UsageError(SlmError):
+    code = ExitCode.USAGE
+
+
+class NotFound(SlmError):
+    code = ExitCode.NOT_FOUND
+
+
+class InvalidInput(SlmError):
+    code = ExitCode.INVALID_INPUT
+
+
+class IntegrityError(SlmError):
+    code = ExitCode.INTEGRITY
+
+
+class Incompatible(SlmError):
+    code = ExitCode.INCOMPATIBLE
+
+
+class Busy(SlmError):
+    code = ExitCode.BUSY
+
+
+class BudgetExceeded(SlmError):
+    code = ExitCode.BUDGET
+
+
+class NeedsRecovery(SlmError):
+    code = ExitCode.NEEDS_RECOVERY
+
+
+class NumericsError(SlmError):
+    code = ExitCode.NUMERICS
+
+
+class Switched(SlmError):
+    code = ExitCode.SWITCHED
+
+
+class IOFailure(SlmError):
+    code = ExitCode.IO

@@ -1,0 +1,37 @@
+"""What a base importer needs from a checkpoint, whatever its file format."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class SourceTensor:
+    name: str  # slm (GGUF-style) name
+    shape: tuple[int, ...]  # NumPy order
+    dtype: str  # codec name of the stored bytes, e.g. "q4_1"
+    nbytes: int
+    stored_bytes: Callable[[], bytes | memoryview]  # the bytes as they will be stored
+
+
+@dataclass
+class BaseSource:
+    format: str  # "gguf" or "hf"
+    architecture: dict[str, Any]
+    qk_row_layout: str  # see slm.formats.llama.QK_LAYOUTS
+    quant_profile: str
+    tokenizer_doc: bytes  # canonical JSON (see canonical_json)
+    tensors: list[SourceTensor]
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()
+
+
+def canonical_json(obj: Any) -> bytes:
+    """One spelling per value: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")

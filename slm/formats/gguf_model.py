@@ -1,0 +1,152 @@
+"""A Llama GGUF file as a BaseSource: tensors kept byte for byte as stored."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from slm import quant
+from slm.errors import InvalidInput
+from slm.formats import llama
+from slm.formats.base_source import BaseSource, SourceTensor, canonical_json
+from slm.formats.gguf import GGUFFile, read_gguf
+
+TOKENIZER_FORMAT = "slm-tokenizer/1"
+
+
+def supported_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int | None:
+    codec = quant.by_ggml_type(ggml_type)
+    if codec is None:
+        return None
+    try:
+        return codec.nbytes(shape)
+    except quant.QuantError as err:
+        raise InvalidInput(f"tensor of shape {shape}: {err}") from err
+
+
+def open_gguf_base(path: Path) -> BaseSource:
+    g = read_gguf(path, supported_nbytes)
+    try:
+        return _source(g)
+    except BaseException:
+        g.close()
+        raise
+
+
+def _source(g: GGUFFile) -> BaseSource:
+    name = g.path.name
+    unsupported = sorted({t.type_name for t in g.tensors if t.nbytes is None})
+    if unsupported:
+        supported = ", ".join(sorted(n.upper() for n in _supported_ggml_names()))
+        raise InvalidInput(
+            f"{name}: unsupported tensor type {', '.join(unsupported)} "
+            f"(supported: {supported})"
+        )
+    arch = architecture_from_gguf(g)
+    shapes = {t.name: t.shape for t in g.tensors}
+    llama.check_tensors(arch, shapes, name)
+    tensors = [
+        SourceTensor(
+            name=t.name,
+            shape=t.shape,
+            dtype=quant.by_ggml_type(t.ggml_type).name,
+            nbytes=t.nbytes,
+            stored_bytes=(lambda t=t: g.tensor_bytes(t)),
+        )
+        for t in g.tensors
+    ]
+    return BaseSource(
+        format="gguf",
+        architecture=arch,
+        qk_row_layout="gguf",
+        quant_profile=_dominant_type(tensors),
+        tokenizer_doc=tokenizer_doc_from_gguf(g),
+        tensors=tensors,
+        closers=[g.close],
+    )
+
+
+def _supported_ggml_names() -> list[str]:
+    return [c.name for c in (quant.by_ggml_type(i) for i in range(64)) if c is not None]
+
+
+def _dominant_type(tensors: list[SourceTensor]) -> str:
+    """The quantization profile: the type holding most 2-D weights (by element count)."""
+    counts: Counter[str] = Counter()
+    for t in tensors:
+        if len(t.shape) == 2:
+            counts[t.dtype] += int(np.prod(t.shape))
+    return counts.most_common(1)[0][0] if counts else "f32"
+
+
+def _meta(g: GGUFFile, key: str, default=None, *, required: bool = False):
+    if key in g.metadata:
+        return g.metadata[key]
+    if required:
+        raise InvalidInput(f"{g.path.name}: missing GGUF metadata {key}")
+    return default
+
+
+def architecture_from_gguf(g: GGUFFile) -> dict:
+    arch_name = _meta(g, "general.architecture", required=True)
+    if arch_name != "llama":
+        raise InvalidInput(
+            f"{g.path.name}: architecture {arch_name!r} is not supported (slm runs 'llama')"
+        )
+    scaling = _meta(g, "llama.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise InvalidInput(f"{g.path.name}: RoPE scaling {scaling!r} is not supported")
+    p = "llama."
+    hidden = int(_meta(g, p + "embedding_length", required=True))
+    n_heads = int(_meta(g, p + "attention.head_count", required=True))
+    n_kv = int(_meta(g, p + "attention.head_count_kv", n_heads))
+    head_dim = int(_meta(g, p + "attention.key_length", hidden // max(n_heads, 1)))
+    rope_dims = int(_meta(g, p + "rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise InvalidInput(f"{g.path.name}: partial rotary embeddings are not supported")
+    tokens = _meta(g, "tokenizer.ggml.tokens", required=True)
+    tie = not any(t.name == "output.weight" for t in g.tensors)
+    arch = {
+        "family": "llama",
+        "vocab_size": int(_meta(g, p + "vocab_size", len(tokens))),
+        "hidden_size": hidden,
+        "intermediate_size": int(_meta(g, p + "feed_forward_length", required=True)),
+        "num_layers": int(_meta(g, p + "block_count", required=True)),
+        "num_heads": n_heads,
+        "num_kv_heads": n_kv,
+        "head_dim": head_dim,
+        "context_length": int(_meta(g, p + "context_length", required=True)),
+        "rms_norm_eps": float(_meta(g, p + "attention.layer_norm_rms_epsilon", required=True)),
+        "rope_theta": float(_meta(g, p + "rope.freq_base", 10000.0)),
+        "tie_word_embeddings": tie,
+    }
+    return llama.check_architecture(arch, g.path.name)
+
+
+def _plain(value):
+    """GGUF metadata values as JSON-able Python (NumPy arrays -> lists)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def tokenizer_doc_from_gguf(g: GGUFFile) -> bytes:
+    """The tokenizer as stored: every tokenizer.* key of the GGUF, as canonical JSON."""
+    model = _meta(g, "tokenizer.ggml.model", required=True)
+    if model != "gpt2":
+        raise InvalidInput(
+            f"{g.path.name}: tokenizer model {model!r} is not supported (slm runs GPT-2 style BPE)"
+        )
+    fields = {k[len("tokenizer."):]: _plain(v) for k, v in g.metadata.items()
+              if k.startswith("tokenizer.")}
+    for required in ("ggml.tokens", "ggml.merges"):
+        if required not in fields:
+            raise InvalidInput(f"{g.path.name}: missing GGUF metadata tokenizer.{required}")
+    try:
+        return canonical_json({"format": TOKENIZER_FORMAT, "source": "gguf", "fields": fields})
+    except (TypeError, ValueError) as err:
+        raise InvalidInput(f"{g.path.name}: tokenizer metadata cannot be stored: {err}") from err

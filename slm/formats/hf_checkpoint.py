@@ -1,0 +1,179 @@
+"""A Hugging Face Llama checkpoint directory as a BaseSource, quantized on import.
+
+    DIR/config.json                       architecture (LlamaForCausalLM)
+    DIR/model.safetensors                 or model.safetensors.index.json + shards
+    DIR/tokenizer.json                    HF tokenizers file
+    DIR/tokenizer_config.json (optional)  chat template, special tokens
+    DIR/chat_template.jinja   (optional)  chat template (newer transformers)
+
+Weights keep the Hugging Face q/k row layout (qk_row_layout = "hf"); the executor applies
+RoPE to match. Names are mapped to slm's GGUF-style names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slm import quant
+from slm.errors import InvalidInput, NotFound
+from slm.formats import llama
+from slm.formats.base_source import BaseSource, SourceTensor, canonical_json
+from slm.formats.gguf_model import TOKENIZER_FORMAT
+from slm.formats.safetensors_io import SafetensorsFile
+
+QUANT_PROFILES = ("q8_0", "q4_0", "q4_1", "nf4", "f16", "f32")
+MAX_JSON = 64 << 20
+
+
+def is_hf_checkpoint(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        if path.stat().st_size > MAX_JSON:
+            raise InvalidInput(f"{path.name}: {what} is larger than {MAX_JSON >> 20} MB")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise InvalidInput(f"{path.parent.name}: missing {path.name} ({what})") from err
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InvalidInput(f"{path.name}: {what} is not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{path.name}: {what} is not a JSON object")
+    return data
+
+
+def architecture_from_config(cfg: dict, source: str) -> dict:
+    model_type = cfg.get("model_type")
+    if model_type != "llama":
+        raise InvalidInput(f"{source}: model_type {model_type!r} is not supported (slm runs 'llama')")
+    if cfg.get("rope_scaling"):
+        raise InvalidInput(f"{source}: RoPE scaling {cfg['rope_scaling']!r} is not supported")
+    rope = cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise InvalidInput(f"{source}: RoPE type {rope['rope_type']!r} is not supported")
+    try:
+        n_heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        arch = {
+            "family": "llama",
+            "vocab_size": int(cfg["vocab_size"]),
+            "hidden_size": hidden,
+            "intermediate_size": int(cfg["intermediate_size"]),
+            "num_layers": int(cfg["num_hidden_layers"]),
+            "num_heads": n_heads,
+            "num_kv_heads": int(cfg.get("num_key_value_heads") or n_heads),
+            "head_dim": int(cfg.get("head_dim") or hidden // n_heads),
+            "context_length": int(cfg["max_position_embeddings"]),
+            "rms_norm_eps": float(cfg["rms_norm_eps"]),
+            "rope_theta": float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        }
+    except KeyError as err:
+        raise InvalidInput(f"{source}: config.json lacks {err.args[0]}") from err
+    except (TypeError, ValueError) as err:
+        raise InvalidInput(f"{source}: config.json has a malformed value ({err})") from err
+    return llama.check_architecture(arch, source)
+
+
+def _weight_files(root: Path) -> list[Path]:
+    single = root / "model.safetensors"
+    index = root / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        weight_map = _read_json(index, "safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise InvalidInput(f"{index.name}: no weight_map")
+        files = sorted(set(weight_map.values()))
+        for f in files:
+            if not isinstance(f, str) or "/" in f or "\\" in f or f.startswith("."):
+                raise InvalidInput(f"{index.name}: invalid shard file name {f!r}")
+        return [root / f for f in files]
+    if any(root.glob("*.bin")) or any(root.glob("*.pt")):
+        raise InvalidInput(
+            f"{root.name}: only pickled weights (.bin/.pt) found; slm never unpickles, "
+            "convert to safetensors"
+        )
+    raise InvalidInput(f"{root.name}: no model.safetensors or model.safetensors.index.json")
+
+
+def tokenizer_doc_from_dir(root: Path) -> bytes:
+    tokenizer_json = _read_json(root / "tokenizer.json", "tokenizer")
+    config = {}
+    if (root / "tokenizer_config.json").is_file():
+        config = _read_json(root / "tokenizer_config.json", "tokenizer config")
+    kept = {k: config[k] for k in ("chat_template", "bos_token", "eos_token", "add_bos_token",
+                                   "add_eos_token") if k in config}
+    template_file = root / "chat_template.jinja"
+    if template_file.is_file():
+        kept["chat_template"] = template_file.read_text(encoding="utf-8")
+    return canonical_json({"format": TOKENIZER_FORMAT, "source": "hf",
+                           "tokenizer_json": tokenizer_json, "config": kept})
+
+
+def open_hf_base(root: Path, profile: str) -> BaseSource:
+    if profile not in QUANT_PROFILES:
+        raise InvalidInput(f"unknown --quant {profile!r} (choose from {', '.join(QUANT_PROFILES)})")
+    if not root.is_dir():
+        raise NotFound(f"no such directory: {root}")
+    arch = architecture_from_config(_read_json(root / "config.json", "model config"), root.name)
+    files = [SafetensorsFile(p) for p in _weight_files(root)]
+    try:
+        return _source(root, arch, profile, files)
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
+
+
+def _source(root: Path, arch: dict, profile: str, files: list[SafetensorsFile]) -> BaseSource:
+    where: dict[str, SafetensorsFile] = {}
+    for f in files:
+        for hf_name, entry in f.tensors.items():
+            if hf_name.endswith("rotary_emb.inv_freq"):
+                continue  # derived, recomputed by the executor
+            name = llama.hf_to_gguf_name(hf_name)
+            if name is None:
+                raise InvalidInput(f"{root.name}: unexpected tensor {hf_name} for a Llama model")
+            if name == "output.weight" and arch["tie_word_embeddings"]:
+                continue  # tied: the head is the embedding
+            if name in where:
+                raise InvalidInput(f"{root.name}: tensor {hf_name} appears in two shards")
+            where[name] = f
+    shapes = {n: f.tensors[_hf_name(n)].shape for n, f in where.items()}
+    llama.check_tensors(arch, shapes, root.name)
+    codec = quant.get_codec(profile)
+    tensors = []
+    for name, f in where.items():
+        hf_name = _hf_name(name)
+        shape = shapes[name]
+        if len(shape) == 1:
+            target = quant.get_codec("f32")  # norms stay exact
+        elif shape[-1] % codec.block_size == 0:
+            target = codec
+        else:
+            target = quant.get_codec("f16")  # rows not a multiple of the block: keep 16-bit
+        tensors.append(SourceTensor(
+            name=name, shape=shape, dtype=target.name, nbytes=target.nbytes(shape),
+            stored_bytes=(lambda f=f, n=hf_name, c=target, name=name: _quantize(f, n, c, name)),
+        ))
+    return BaseSource(
+        format="hf", architecture=arch, qk_row_layout="hf", quant_profile=profile,
+        tokenizer_doc=tokenizer_doc_from_dir(root), tensors=tensors,
+        closers=[f.close for f in files],
+    )
+
+
+def _hf_name(gguf_name: str) -> str:
+    module = llama.gguf_to_hf_module(gguf_name)
+    assert module is not None
+    return module + ".weight"
+
+
+def _quantize(f: SafetensorsFile, hf_name: str, codec, name: str) -> memoryview:
+    try:
+        return memoryview(codec.quantize(f.float32(hf_name))).cast("B")
+    except quant.QuantError as err:
+        raise InvalidInput(f"{f.path.name}: tensor {hf_name}: {err}") from err

@@ -1,0 +1,67 @@
+"""Prefill the prompt in one batch, then decode token by token."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from slm.model.llama import Llama
+from slm.model.sampling import Sampler
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)  # generated tokens
+    logits: list[np.ndarray] = field(default_factory=list)  # rows (V,) when kept
+    stop_reason: str = "length"  # "eos", "length", "context", or what a callback said
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return len(self.prompt_ids) / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # the first generated token comes from the prefill; decode steps produce the rest
+        steps = max(len(self.ids) - 1, 0)
+        return steps / self.decode_s if self.decode_s else 0.0
+
+
+def generate(model: Llama, prompt_ids: list[int], max_tokens: int, sampler: Sampler,
+             eos_ids: frozenset[int], keep_logits: bool = False,
+             on_token: Callable[[int], str | None] | None = None) -> Generation:
+    """on_token(id) may return a stop reason (a string) to end generation early."""
+    gen = Generation(list(prompt_ids))
+    capacity = min(model.cfg.context_length, len(prompt_ids) + max_tokens)
+    cache = model.new_cache(capacity)
+    started = time.perf_counter()
+    logits = model.forward(np.asarray(prompt_ids), cache, "all" if keep_logits else "last")
+    gen.prefill_s = time.perf_counter() - started
+    if keep_logits:
+        gen.logits.extend(logits)
+    started = time.perf_counter()
+    while len(gen.ids) < max_tokens:
+        token = sampler(logits[-1])
+        gen.ids.append(token)
+        reason = on_token(token) if on_token else None
+        if reason:
+            gen.stop_reason = reason
+            break
+        if token in eos_ids:
+            gen.stop_reason = "eos"
+            break
+        if len(gen.ids) == max_tokens:
+            break
+        if cache.length >= cache.capacity:
+            gen.stop_reason = "context"
+            break
+        logits = model.forward(np.asarray([token]), cache, "last")
+        if keep_logits:
+            gen.logits.append(logits[-1])
+    gen.decode_s = time.perf_counter() - started
+    return gen

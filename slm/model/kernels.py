@@ -1,0 +1,37 @@
+"""The seam between the model and the codecs: `matmul(x, weight)`.
+
+The reference path dequantizes a bounded chunk of rows into a scratch buffer allocated once,
+then multiplies with BLAS. A fused dequantize-multiply kernel can replace it behind the same
+interface; the two are differential-tested.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slm.model.weights import QuantTensor
+
+DEFAULT_SCRATCH_ELEMS = 1 << 20  # 4 MiB of float32: bounds the dequantized working set
+
+
+class ReferenceKernels:
+    name = "numpy-reference"
+
+    def __init__(self, scratch_elems: int = DEFAULT_SCRATCH_ELEMS):
+        self.scratch = np.empty(scratch_elems, dtype=np.float32)
+
+    def matmul(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
+        """x (T, in) float32 @ w.T -> (T, out) float32, w dequantized chunk by chunk."""
+        tokens, cols = x.shape
+        assert cols == w.cols, (w.name, x.shape, w.shape)
+        out = np.empty((tokens, w.rows), dtype=np.float32)
+        step = max(1, min(w.rows, self.scratch.size // cols))
+        for start in range(0, w.rows, step):
+            stop = min(w.rows, start + step)
+            buf = self.scratch[: (stop - start) * cols].reshape(stop - start, cols)
+            w.dequantize_rows(start, stop, out=buf)  # (rows_chunk, in)
+            np.matmul(x, buf.T, out=out[:, start:stop])  # (T, rows_chunk)
+        return out
+
+    def embed(self, ids: np.ndarray, table: QuantTensor) -> np.ndarray:
+        return table.take_rows(ids)  # (T, hidden)

@@ -1,0 +1,173 @@
+"""A Llama-family forward pass in NumPy over quantized weights (float32 activations).
+
+Reads like the math: rms_norm, rope, attention, mlp, block. Weights are QuantTensors named
+the GGUF way; every linear layer goes through `linear`, the one place where a kernel
+multiplies and where adapter overlays add their contribution (never merged into the base).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from slm.model.kernels import ReferenceKernels
+from slm.model.weights import QuantTensor
+
+
+class Overlay(Protocol):
+    """An adapter's contribution to linear layers (see slm.model.overlays)."""
+
+    def targets(self) -> set[str]: ...
+
+    def apply(self, name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    context_length: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    qk_row_layout: str  # "gguf" (pairs 2i, 2i+1) or "hf" (halves i, i + d/2)
+
+    @classmethod
+    def from_architecture(cls, arch: dict, qk_row_layout: str) -> "Config":
+        fields = {k: arch[k] for k in cls.__dataclass_fields__ if k != "qk_row_layout"}
+        return cls(**fields, qk_row_layout=qk_row_layout)
+
+
+class KVCache:
+    """Keys and values of every layer for up to `capacity` positions, allocated once."""
+
+    def __init__(self, cfg: Config, capacity: int):
+        shape = (cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim)
+        self.k = np.zeros(shape, dtype=np.float32)  # (L, S, n_kv, hd)
+        self.v = np.zeros(shape, dtype=np.float32)
+        self.length = 0  # positions filled
+        self.capacity = capacity
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    # x: (T, H); statistics in float32 like the reference implementation
+    variance = np.mean(np.square(x), axis=-1, keepdims=True)
+    return (x / np.sqrt(variance + np.float32(eps))) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def rope_tables(head_dim: int, theta: float, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin of shape (T, head_dim/2) for the given positions."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    angles = positions.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str) -> np.ndarray:
+    """Rotate x (T, heads, hd) by position. The pairs rotated together depend on the q/k row
+    layout: GGUF interleaves them (2i, 2i+1); Hugging Face splits halves (i, i + hd/2)."""
+    c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, hd/2)
+    if layout == "gguf":
+        even, odd = x[..., 0::2], x[..., 1::2]  # (T, heads, hd/2) each
+        out = np.empty_like(x)
+        out[..., 0::2] = even * c - odd * s
+        out[..., 1::2] = odd * c + even * s
+        return out
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * c - second * s, second * c + first * s], axis=-1)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    x = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+class Llama:
+    def __init__(self, cfg: Config, tensors: dict[str, QuantTensor], kernels=None,
+                 overlays: list[Overlay] | tuple = ()):
+        self.cfg = cfg
+        self.t = tensors
+        self.kernels = kernels or ReferenceKernels()
+        self.overlays = list(overlays)
+        # Norm weights are tiny: keep them as float32 vectors.
+        self.norms = {n: w.dequantize().reshape(-1) for n, w in tensors.items() if len(w.shape) == 1}
+
+    def linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        y = self.kernels.matmul(x, self.t[name])  # (T, out)
+        for overlay in self.overlays:
+            y = overlay.apply(name, x, y)
+        return y
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache(self.cfg, capacity)
+
+    def forward(self, tokens: np.ndarray, cache: KVCache, logits_for: str = "last") -> np.ndarray:
+        """Run tokens (T,) at positions cache.length.. ; returns logits (T, V) if
+        logits_for == "all", else (1, V) for the last position."""
+        cfg = self.cfg
+        T = len(tokens)
+        start = cache.length
+        if start + T > cache.capacity:
+            raise ValueError(f"KV cache holds {cache.capacity} positions; {start + T} needed")
+        positions = np.arange(start, start + T)
+        cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, positions)
+        x = self.kernels.embed(np.asarray(tokens), self.t["token_embd.weight"])  # (T, H)
+        for layer in range(cfg.num_layers):
+            x = self.block(layer, x, cache, start, cos, sin)
+        cache.length = start + T
+        if logits_for != "all":
+            x = x[-1:]
+        x = rms_norm(x, self.norms["output_norm.weight"], cfg.rms_norm_eps)
+        return self.logits(x)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        if "output.weight" in self.t:
+            return self.linear(x, "output.weight")  # (T, V)
+        # Tied head: the embedding table doubles as the output projection.
+        return self.kernels.matmul(x, self.t["token_embd.weight"])
+
+    def block(self, layer: int, x: np.ndarray, cache: KVCache, start: int,
+              cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        cfg = self.cfg
+        p = f"blk.{layer}."
+        T = x.shape[0]
+        h = rms_norm(x, self.norms[p + "attn_norm.weight"], cfg.rms_norm_eps)
+        q = self.linear(h, p + "attn_q.weight").reshape(T, cfg.num_heads, cfg.head_dim)
+        k = self.linear(h, p + "attn_k.weight").reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        v = self.linear(h, p + "attn_v.weight").reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        q = rope(q, cos, sin, cfg.qk_row_layout)
+        k = rope(k, cos, sin, cfg.qk_row_layout)
+        cache.k[layer, start:start + T] = k
+        cache.v[layer, start:start + T] = v
+        attn = self.attention(q, cache.k[layer, :start + T], cache.v[layer, :start + T], start)
+        x = x + self.linear(attn, p + "attn_output.weight")
+        h = rms_norm(x, self.norms[p + "ffn_norm.weight"], cfg.rms_norm_eps)
+        gate = self.linear(h, p + "ffn_gate.weight")  # (T, F)
+        up = self.linear(h, p + "ffn_up.weight")  # (T, F)
+        return x + self.linear(silu(gate) * up, p + "ffn_down.weight")
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+        """Grouped-query causal attention. q (T, nh, hd); k, v (S, n_kv, hd), S = start + T."""
+        cfg = self.cfg
+        T, S = q.shape[0], k.shape[0]
+        group = cfg.num_heads // cfg.num_kv_heads
+        qg = q.reshape(T, cfg.num_kv_heads, group, cfg.head_dim)  # query head h uses kv head h // group
+        scores = np.einsum("tkgd,skd->kgts", qg, k) / np.float32(np.sqrt(cfg.head_dim))  # (n_kv, g, T, S)
+        # query t sits at position start + t and sees keys 0..start + t
+        future = np.arange(S)[None, :] > (start + np.arange(T))[:, None]  # (T, S)
+        scores = np.where(future, np.float32(-np.inf), scores)
+        probs = softmax(scores, axis=-1)
+        out = np.einsum("kgts,skd->tkgd", probs, v)  # (T, n_kv, g, hd)
+        return out.reshape(T, cfg.num_heads * cfg.head_dim).astype(np.float32, copy=False)

@@ -1,0 +1,121 @@
+"""`slm import base`: a checkpoint becomes blobs, a base manifest and a name.
+
+Everything is read and checked before the store changes; blobs are staged under tmp/ and
+committed together, then the manifest, then the name. A failure before the commit leaves the
+store exactly as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slm.compose.base_manifest import BaseManifest, TensorRecord, tensor_order
+from slm.errors import InvalidInput, NotFound
+from slm.formats.base_source import BaseSource
+from slm.formats.gguf import MAGIC
+from slm.formats.gguf_model import open_gguf_base
+from slm.formats.hf_checkpoint import is_hf_checkpoint, open_hf_base
+from slm.ops.progress import NoProgress, Progress
+from slm.store import Store
+from slm.store.names import validate_name
+
+
+@dataclass
+class ImportResult:
+    kind: str
+    name: str
+    digest: str
+    source_format: str
+    tensors: int
+    dtype_counts: dict[str, int]
+    total_bytes: int
+    new_blobs: int
+    new_bytes: int
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def open_base_source(path: Path, quant: str | None) -> BaseSource:
+    if not path.exists():
+        raise NotFound(f"no such file or directory: {path}")
+    if path.is_file():
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != MAGIC:
+            raise InvalidInput(f"{path.name}: not a GGUF file or a Hugging Face checkpoint directory")
+        if quant is not None:
+            raise InvalidInput("--quant applies to Hugging Face checkpoints; GGUF tensors are kept as stored")
+        return open_gguf_base(path)
+    if is_hf_checkpoint(path):
+        return open_hf_base(path, quant or "q8_0")
+    raise InvalidInput(
+        f"{path}: not a checkpoint (expected a .gguf file or a directory with config.json)"
+    )
+
+
+def _check_name_free(store: Store, name: str, digest: str | None = None) -> None:
+    existing = store.names.get("bases", name)
+    if existing is not None and existing != digest:
+        raise InvalidInput(f"a different base is already named {name!r}; choose another name")
+
+
+def import_base(store: Store, path: Path, name: str, quant: str | None = None,
+                progress: Progress | None = None) -> ImportResult:
+    progress = progress or NoProgress()
+    validate_name(name)
+    started = time.perf_counter()
+    source = open_base_source(Path(path), quant)
+    try:
+        with store.locked():
+            return _store_base(store, source, name, progress, started)
+    finally:
+        source.close()
+
+
+def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
+                started: float) -> ImportResult:
+    order = tensor_order(source.architecture)
+    tensors = sorted(source.tensors, key=lambda t: order[t.name])
+    staging = store.objects.staging()
+    try:
+        progress.start("importing tensors", sum(t.nbytes for t in tensors))
+        records = []
+        for t in tensors:
+            data = t.stored_bytes()
+            if len(data) != t.nbytes:
+                raise InvalidInput(f"tensor {t.name}: {len(data)} bytes, expected {t.nbytes}")
+            records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, staging.put(data)))
+            progress.advance(t.nbytes)
+        progress.finish()
+        manifest = BaseManifest(
+            source_format=source.format,
+            quant_profile=source.quant_profile,
+            qk_row_layout=source.qk_row_layout,
+            architecture=source.architecture,
+            tokenizer_digest=staging.put(source.tokenizer_doc),
+            tokenizer_source=source.format,
+            tensors=tuple(records),
+        )
+        digest = staging.put(manifest.to_bytes())
+        _check_name_free(store, name, digest)
+        new = staging.commit()
+    finally:
+        staging.discard()
+    store.names.set("bases", name, digest)
+    return ImportResult(
+        kind="base",
+        name=name,
+        digest=digest,
+        source_format=source.format,
+        tensors=len(records),
+        dtype_counts=manifest.dtype_counts(),
+        total_bytes=manifest.total_bytes,
+        new_blobs=len(new),
+        new_bytes=sum(store.objects.size(d) for d in new),
+        seconds=round(time.perf_counter() - started, 3),
+    )

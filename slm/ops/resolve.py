@@ -1,0 +1,50 @@
+"""Turning what a user typed (a name, a digest, a digest prefix) into a stored manifest."""
+
+from __future__ import annotations
+
+from slm.compose.base_manifest import BaseManifest, parse_base_manifest
+from slm.compose.toml_io import loads
+from slm.errors import InvalidInput, NotFound
+from slm.store import Store
+from slm.store import digest as dg
+from slm.store.names import KINDS
+
+MIN_PREFIX = 8
+
+
+def resolve(store: Store, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[str, str | None]:
+    """-> (digest, name or None). Names win over digests; a digest prefix must be unique."""
+    for kind in kinds:
+        try:
+            digest = store.names.get(kind, ref)
+        except InvalidInput:
+            break  # not a valid name; maybe a digest
+        if digest is not None:
+            return digest, ref
+    hex_part = ref.removeprefix(dg.PREFIX).lower()
+    if dg.is_digest(dg.PREFIX + hex_part):
+        if not store.objects.has(dg.PREFIX + hex_part):
+            raise NotFound(f"no object {ref} in the store")
+        return dg.PREFIX + hex_part, None
+    if len(hex_part) >= MIN_PREFIX and all(c in "0123456789abcdef" for c in hex_part):
+        manifests = {d for kind in kinds for _, d in store.names.items(kind)}
+        matches = sorted(d for d in manifests if dg.hex_of(d).startswith(hex_part))
+        if len(matches) == 1:
+            return matches[0], None
+        if len(matches) > 1:
+            raise InvalidInput(f"digest prefix {ref!r} is ambiguous ({len(matches)} matches)")
+    kinds_text = "/".join(k[:-1] for k in kinds)
+    raise NotFound(f"no {kinds_text} named {ref!r} and no such digest")
+
+
+def manifest_kind(data: bytes, what: str) -> str:
+    schema = loads(data, what).get("schema")
+    if not isinstance(schema, str) or "/" not in schema:
+        raise InvalidInput(f"{what}: not an slm manifest (no schema field)")
+    return schema.split("/")[0]
+
+
+def load_base(store: Store, ref: str) -> tuple[str, BaseManifest]:
+    digest, _ = resolve(store, ref, ("bases",))
+    data = store.objects.read_verified(digest)
+    return digest, parse_base_manifest(data, f"base {ref}")

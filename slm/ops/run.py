@@ -1,0 +1,124 @@
+"""`slm run`: generate text on a base (later: on the active composition)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from slm.errors import InvalidInput, IOFailure
+from slm.model.chat import render_chat
+from slm.model.generate import generate
+from slm.model.sampling import Sampler
+from slm.ops.loading import load_base_model
+from slm.store import Store
+
+
+@dataclass
+class RunOptions:
+    prompt: str
+    base: str
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    chat: bool = False
+    logits_out: Path | None = None
+
+
+def _check_options(o: RunOptions) -> None:
+    if not o.prompt:
+        raise InvalidInput("the prompt is empty")
+    if o.max_tokens < 0:
+        raise InvalidInput("--max-tokens must be >= 0")
+    if not (o.temperature >= 0 and np.isfinite(o.temperature)):
+        raise InvalidInput("--temperature must be a finite number >= 0")
+    if not 0 < o.top_p <= 1:
+        raise InvalidInput("--top-p must be in (0, 1]")
+
+
+def _open_output(path: Path):
+    """Open --logits-out before the long part, so an unwritable path fails fast."""
+    if path.is_dir():
+        raise IOFailure(f"cannot write {path}: it is a directory")
+    try:
+        return open(path, "wb")
+    except OSError as err:
+        raise IOFailure(f"cannot write {path}: {err.strerror}") from err
+
+
+def run_prompt(store: Store, o: RunOptions, on_text: Callable[[str], None] | None = None) -> dict:
+    _check_options(o)
+    out_file = _open_output(o.logits_out) if o.logits_out else None
+    try:
+        result = _run(store, o, on_text, out_file)
+    except BaseException:
+        if out_file:
+            out_file.close()
+            os.unlink(o.logits_out)
+        raise
+    if out_file:
+        out_file.close()
+    return result
+
+
+def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
+    loaded = load_base_model(store, o.base)
+    tok, model = loaded.tokenizer, loaded.model
+    text = o.prompt
+    if o.chat:
+        text = render_chat(tok.chat_template, [{"role": "user", "content": o.prompt}], tok.special_tokens)
+    prompt_ids = tok.encode(text)
+    if not prompt_ids:
+        raise InvalidInput("the prompt encodes to no tokens")
+    context = model.cfg.context_length
+    if len(prompt_ids) >= context:
+        raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}")
+
+    streamed = _Streamer(tok.decode, on_text)
+    gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
+                   tok.eos_ids, keep_logits=out_file is not None, on_token=streamed.push)
+    streamed.flush()
+    if out_file:
+        np.save(out_file, np.stack(gen.logits).astype(np.float32))  # (positions, vocab)
+    return {
+        "base": loaded.digest,
+        "prompt_tokens": prompt_ids,
+        "tokens": gen.ids,
+        "text": tok.decode([t for t in gen.ids if t not in tok.eos_ids]),
+        "stop_reason": gen.stop_reason,
+        "timings": {
+            "prefill_s": round(gen.prefill_s, 4),
+            "decode_s": round(gen.decode_s, 4),
+            "prefill_tok_s": round(gen.prefill_tok_s, 2),
+            "decode_tok_s": round(gen.decode_tok_s, 2),
+        },
+        "logits_out": str(o.logits_out) if o.logits_out else None,
+    }
+
+
+class _Streamer:
+    """Turns token ids into text pieces as soon as they decode to whole characters."""
+
+    def __init__(self, decode: Callable[[list[int]], str], sink: Callable[[str], None] | None):
+        self.decode, self.sink = decode, sink
+        self.ids: list[int] = []
+        self.emitted = 0
+
+    def push(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return  # an incomplete UTF-8 sequence: wait for the next token
+        self._emit(text)
+
+    def flush(self) -> None:
+        self._emit(self.decode(self.ids))
+
+    def _emit(self, text: str) -> None:
+        if self.sink and len(text) > self.emitted:
+            self.sink(text[self.emitted:])
+        self.emitted = max(self.emitted, len(text))

@@ -1,0 +1,76 @@
+"""Lookup of codec instances by name ("q4_1", "Q4_1") or by GGML type id (3).
+
+Codec subclasses register themselves when their class statement runs (Codec.__init_subclass__
+calls `register`), so importing `slm.quant` is all it takes to populate this registry.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import QuantError
+
+if TYPE_CHECKING:
+    from .base import Codec
+
+_BY_NAME: dict[str, Codec] = {}
+_BY_GGML_TYPE: dict[int, Codec] = {}
+
+# GGML type id -> codec name, for the types that have an id (nf4 has none).
+SUPPORTED_GGML_TYPES: dict[int, str] = {}
+
+
+def register(codec: Codec) -> None:
+    """Add one codec instance; a clashing name or id is a programming error."""
+    if codec.name != codec.name.lower() or not codec.name:
+        raise TypeError(f"codec name must be non-empty lowercase, got {codec.name!r}")
+    if codec.name in _BY_NAME:
+        raise TypeError(f"codec name {codec.name!r} registered twice")
+    if codec.ggml_type is not None:
+        if codec.ggml_type in _BY_GGML_TYPE:
+            raise TypeError(f"GGML type {codec.ggml_type} registered twice")
+        _BY_GGML_TYPE[codec.ggml_type] = codec
+        SUPPORTED_GGML_TYPES[codec.ggml_type] = codec.name
+    _BY_NAME[codec.name] = codec
+
+
+def codec_names() -> list[str]:
+    """Names of all registered codecs, sorted."""
+    return sorted(_BY_NAME)
+
+
+def by_ggml_type(ggml_type: int) -> Codec | None:
+    """The codec for a GGML type id, or None when slm does not support that type."""
+    return _BY_GGML_TYPE.get(int(ggml_type))
+
+
+def _supported() -> str:
+    ids = {c.name: c.ggml_type for c in _BY_NAME.values()}
+    return ", ".join(
+        name if ids[name] is None else f"{name} (ggml type {ids[name]})" for name in codec_names()
+    )
+
+
+def get_codec(name_or_ggml_type: str | int) -> Codec:
+    """The codec named "q4_1"/"Q4_1", or the one for a GGML type id such as 3.
+
+    Also accepts numpy integers and gguf's GGMLQuantizationType (an IntEnum).
+    """
+    key = name_or_ggml_type
+    # bool is an int subclass, but get_codec(True) is surely a bug, not "f16".
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        codec = _BY_GGML_TYPE.get(int(key))
+        if codec is None:
+            raise QuantError(f"unsupported GGML type {int(key)}; supported: {_supported()}")
+        return codec
+    if isinstance(key, str):
+        codec = _BY_NAME.get(key.strip().lower())
+        if codec is None:
+            raise QuantError(f"unknown quantization type {key!r}; supported: {_supported()}")
+        return codec
+    raise QuantError(
+        f"a quantization type is a name or a GGML type id, not {type(key).__name__}; "
+        f"supported: {_supported()}"
+    )

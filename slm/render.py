@@ -1,0 +1,125 @@
+"""Presentation for the CLI: rich tables and progress on stderr, JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from slm.store import digest as dg
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+class BarProgress:
+    """Byte progress on stderr; silent when stderr is not a terminal (CI logs stay clean)."""
+
+    def __init__(self, enabled: bool | None = None):
+        self.enabled = err.is_terminal if enabled is None else enabled
+        self._bar: Progress | None = None
+        self._task = None
+
+    def start(self, description: str, total: int) -> None:
+        if not self.enabled:
+            return
+        self._bar = Progress(
+            "[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+            TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(description, total=total)
+
+    def advance(self, amount: int) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task, amount)
+
+    def finish(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def import_summary(result: dict) -> None:
+    types = ", ".join(f"{n} {t.upper()}" for t, n in result["dtype_counts"].items())
+    out.print(
+        f"imported {result['kind']} [bold]{result['name']}[/] {result['digest']}\n"
+        f"  {result['tensors']} tensors ({types}), {human_bytes(result['total_bytes'])}; "
+        f"{result['new_blobs']} new blobs ({human_bytes(result['new_bytes'])}) "
+        f"in {result['seconds']:.2f}s"
+    )
+
+
+def entries_table(entries: list[dict]) -> None:
+    if not entries:
+        out.print("the store is empty; import a base with `slm import base PATH --name NAME`")
+        return
+    table = Table(box=None, pad_edge=False)
+    for col in ("KIND", "NAME", "DIGEST", "DETAILS"):
+        table.add_column(col)
+    for e in entries:
+        if "error" in e:
+            details = f"[red]{e['error']}[/]"
+        elif e["kind"] == "base":
+            details = (f"{e['source_format']} {e['quant_profile']}, {e['tensors']} tensors, "
+                       f"{human_bytes(e['bytes'])}")
+        else:
+            details = ""
+        table.add_row(e["kind"], e["name"], dg.short(e["digest"]), details)
+    out.print(table)
+
+
+def base_manifest(info: dict) -> None:
+    a = info["architecture"]
+    title = info["name"] or info["digest"]
+    out.print(f"[bold]base {title}[/]  {info['digest']}")
+    out.print(
+        f"  {a['family']}: {a['num_layers']} layers, hidden {a['hidden_size']}, ffn "
+        f"{a['intermediate_size']}, heads {a['num_heads']}/{a['num_kv_heads']} x {a['head_dim']}, "
+        f"vocab {a['vocab_size']}, context {a['context_length']}, "
+        f"{'tied' if a['tie_word_embeddings'] else 'untied'} head"
+    )
+    types = ", ".join(f"{n} {t.upper()}" for t, n in info["dtype_counts"].items())
+    out.print(
+        f"  source {info['source_format']}, profile {info['quant_profile']}, q/k rows "
+        f"{info['qk_row_layout']}, tokenizer {dg.short(info['tokenizer']['digest'])}"
+    )
+    out.print(f"  {len(info['tensors'])} tensors ({types}), {human_bytes(info['total_bytes'])}")
+    table = Table(box=None, pad_edge=False)
+    for col in ("TENSOR", "SHAPE", "TYPE", "BYTES", "DIGEST"):
+        table.add_column(col, justify="right" if col == "BYTES" else "left")
+    for t in info["tensors"]:
+        table.add_row(t["name"], "x".join(map(str, t["shape"])), t["dtype"].upper(),
+                      str(t["nbytes"]), dg.short(t["digest"]))
+    out.print(table)
+
+
+def stream_text(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
+def run_footer(result: dict) -> None:
+    sys.stdout.write("\n")
+    t = result["timings"]
+    err.print(
+        f"[dim]{len(result['prompt_tokens'])} prompt tokens at {t['prefill_tok_s']:.1f} tok/s, "
+        f"{len(result['tokens'])} generated at {t['decode_tok_s']:.1f} tok/s "
+        f"(stopped: {result['stop_reason']})[/]"
+    )

@@ -1,0 +1,44 @@
+"""BLAKE3 digests, written `blake3:<64 hex>` (a registered OCI digest algorithm)."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import blake3
+
+PREFIX = "blake3:"
+_HEX = re.compile(r"[0-9a-f]{64}")
+# Threads pay off only on large inputs; below this a single thread is faster.
+_THREADED_FROM = 1 << 22
+
+
+def hasher() -> "blake3.blake3":
+    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+
+
+def of_bytes(data: bytes | memoryview) -> str:
+    threads = blake3.blake3.AUTO if len(data) >= _THREADED_FROM else 1
+    return PREFIX + blake3.blake3(data, max_threads=threads).hexdigest()
+
+
+def of_chunks(chunks: Iterable[bytes | memoryview]) -> str:
+    h = hasher()
+    for chunk in chunks:
+        h.update(chunk)
+    return PREFIX + h.hexdigest()
+
+
+def is_digest(text: str) -> bool:
+    return text.startswith(PREFIX) and _HEX.fullmatch(text[len(PREFIX):]) is not None
+
+
+def hex_of(digest: str) -> str:
+    """The 64 hex characters of a well-formed digest; ValueError otherwise."""
+    if not is_digest(digest):
+        raise ValueError(f"not a blake3 digest: {digest!r}")
+    return digest[len(PREFIX):]
+
+
+def short(digest: str, n: int = 12) -> str:
+    return digest[len(PREFIX):len(PREFIX) + n] if is_digest(digest) else digest

@@ -1,0 +1,212 @@
+"""The one door through which every store write passes.
+
+Why a layer: durability is a protocol (write, fsync, rename, fsync the directory) and it is
+only as good as its weakest call site. Routing every mutation through these functions keeps
+the protocol in one place and gives crash tests a single seam to inject faults at
+(SQLite's test6.c idea): each operation first calls `_fault_point`, which the test hook in
+`slm.store.faults` may turn into a crash or an I/O error.
+
+Rule: after a failed fsync we never retry; the kernel may already have dropped the dirty
+pages, so the operation fails (the caller rolls back).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from pathlib import Path
+from typing import Callable
+
+from slm.errors import IOFailure
+
+# Set by slm.store.faults when a fault plan is active (tests only); None in normal runs.
+fault_hook: Callable[[str, str], None] | None = None
+
+
+def _fault_point(op: str, detail: str) -> None:
+    if fault_hook is not None:
+        fault_hook(op, detail)
+
+
+def point(name: str) -> None:
+    """A named point in a protocol (e.g. 'activate.before-swap') where a test may crash us."""
+    _fault_point("point", name)
+
+
+def _io_error(what: str, path: os.PathLike | str, err: OSError) -> IOFailure:
+    reason = os.strerror(err.errno) if err.errno else str(err)
+    return IOFailure(f"cannot {what} {path}: {reason}")
+
+
+def mkdir(path: Path, *, sync_parent: bool = True) -> bool:
+    """Create a directory if missing; fsync its parent so the entry survives a crash.
+
+    Returns True if it was created.
+    """
+    if path.is_dir():
+        return False
+    _fault_point("mkdir", str(path))
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    except OSError as err:
+        raise _io_error("create directory", path, err) from err
+    if sync_parent:
+        fsync_dir(path.parent)
+    return True
+
+
+def fsync_dir(path: Path) -> None:
+    _fault_point("fsync_dir", str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as err:
+        raise _io_error("open directory", path, err) from err
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        raise _io_error("fsync directory", path, err) from err
+    finally:
+        os.close(fd)
+
+
+class NewFile:
+    """A file created exclusively (O_EXCL), written, fsynced and closed.
+
+    Use as a context manager; on an exception the file is closed and removed.
+    """
+
+    def __init__(self, path: Path, mode: int = 0o644):
+        _fault_point("create", str(path))
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        except OSError as err:
+            raise _io_error("create", path, err) from err
+        self.path = path
+        self.size = 0
+        self._closed = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        _fault_point("write", str(self.path))
+        view = memoryview(data).cast("B")
+        while view:
+            try:
+                n = os.write(self.fd, view)
+            except OSError as err:
+                raise _io_error("write", self.path, err) from err
+            view = view[n:]
+            self.size += n
+
+    def sync_and_close(self) -> None:
+        _fault_point("fsync", str(self.path))
+        try:
+            os.fsync(self.fd)
+        except OSError as err:
+            raise _io_error("fsync", self.path, err) from err
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            os.close(self.fd)
+
+    def __enter__(self) -> "NewFile":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._close()
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        else:
+            self._close()
+
+
+def temp_name(directory: Path, stem: str) -> Path:
+    """A fresh temp path in `directory` (same filesystem, so a later rename is atomic)."""
+    return directory / f".{stem}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+
+
+def rename(src: Path, dst: Path) -> None:
+    _fault_point("rename", f"{src} -> {dst}")
+    try:
+        os.rename(src, dst)
+    except OSError as err:
+        raise _io_error("rename", f"{src} to", err) from err
+
+
+def link_new(src: Path, dst: Path) -> bool:
+    """Hard-link src to dst unless dst exists (first writer wins). True if we created it."""
+    _fault_point("link", f"{src} -> {dst}")
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        return False
+    except OSError as err:
+        if err.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+            raise _io_error("hard-link (the store needs a filesystem with links)", dst, err) from err
+        raise _io_error("link", dst, err) from err
+    return True
+
+
+def unlink(path: Path, *, missing_ok: bool = True) -> None:
+    _fault_point("unlink", str(path))
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+    except OSError as err:
+        raise _io_error("remove", path, err) from err
+
+
+def chmod(path: Path, mode: int) -> None:
+    _fault_point("chmod", str(path))
+    try:
+        os.chmod(path, mode)
+    except OSError as err:
+        raise _io_error("chmod", path, err) from err
+
+
+def atomic_replace(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` so that a reader or a crash sees old or new, never a mix.
+
+    write temp (O_EXCL, same dir) -> fsync -> close -> rename over path -> fsync dir.
+    """
+    tmp = temp_name(path.parent, path.name)
+    with NewFile(tmp, mode) as f:
+        f.write(data)
+        f.sync_and_close()
+    try:
+        rename(tmp, path)
+    except BaseException:
+        unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def append_durably(path: Path, data: bytes) -> None:
+    """Append one record to a log file and fsync it (the caller checksums the record)."""
+    _fault_point("append", str(path))
+    created = not path.exists()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise _io_error("open for append", path, err) from err
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        _fault_point("fsync", str(path))
+        os.fsync(fd)
+    except OSError as err:
+        raise _io_error("append to", path, err) from err
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(path.parent)

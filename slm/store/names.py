@@ -1,0 +1,86 @@
+"""Human names -> digests: names/<kind>/<name>, one line `blake3:<hex>` each.
+
+A name file is replaced atomically (fs.atomic_replace), so readers see old or new.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from slm.errors import IntegrityError, InvalidInput, NotFound
+from slm.store import digest as dg
+from slm.store import fs
+
+KINDS = ("bases", "adapters", "compositions")
+# Letters, digits, '.', '_', '-'; starts with a letter or digit; no separators, no '..'.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def validate_name(name: str) -> str:
+    if not _NAME.fullmatch(name) or ".." in name:
+        shown = name.encode("unicode_escape").decode("ascii")
+        raise InvalidInput(
+            f"invalid name {shown!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (no path separators, no '..')"
+        )
+    return name
+
+
+class Names:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _path(self, kind: str, name: str) -> Path:
+        if kind not in KINDS:
+            raise ValueError(f"unknown name kind {kind!r}")
+        return self.root / kind / validate_name(name)
+
+    def get(self, kind: str, name: str) -> str | None:
+        path = self._path(kind, name)
+        if path.is_symlink():
+            raise IntegrityError(f"name {kind}/{name} is a symlink; the store refuses links")
+        try:
+            text = path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            return None
+        except (UnicodeDecodeError, OSError) as err:
+            raise IntegrityError(f"name {kind}/{name} is unreadable: {err}") from err
+        if not dg.is_digest(text):
+            raise IntegrityError(f"name {kind}/{name} does not hold a digest (run `slm fsck`)")
+        return text
+
+    def resolve(self, kind: str, name: str) -> str:
+        found = self.get(kind, name)
+        if found is None:
+            raise NotFound(f"no {kind[:-1]} named {name!r}")
+        return found
+
+    def set(self, kind: str, name: str, digest: str) -> bool:
+        """Point a name at a digest; returns False if it already pointed there."""
+        if not dg.is_digest(digest):
+            raise ValueError(f"not a digest: {digest!r}")
+        if self.get(kind, name) == digest:
+            return False
+        fs.mkdir(self.root / kind)
+        fs.atomic_replace(self._path(kind, name), (digest + "\n").encode("ascii"))
+        return True
+
+    def remove(self, kind: str, name: str) -> None:
+        path = self._path(kind, name)
+        if path.exists():
+            fs.unlink(path)
+            fs.fsync_dir(path.parent)
+
+    def items(self, kind: str) -> list[tuple[str, str]]:
+        folder = self.root / kind
+        if not folder.is_dir():
+            return []
+        out = []
+        for entry in sorted(folder.iterdir()):
+            if entry.name.startswith(".") or not _NAME.fullmatch(entry.name):
+                continue  # temp files of an in-flight replace
+            digest = self.get(kind, entry.name)
+            if digest is not None:
+                out.append((entry.name, digest))
+        return out

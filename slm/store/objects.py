@@ -1,0 +1,152 @@
+"""Content-addressed blobs: objects/blake3/<64 hex>, read-only once written.
+
+Writes go through a `Staging` area under tmp/: blobs are streamed there while hashing and
+fsynced, and only `commit()` moves them into objects/ (hard link, first writer wins, fsync the
+directory, chmod 0444). An import that fails before commit leaves objects/ untouched; one that
+crashes during commit leaves at most unreferenced blobs, which `slm gc` removes.
+
+Existence is never proof: `read_verified` and `verify` re-hash the bytes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from slm.errors import IntegrityError, NotFound
+from slm.store import digest as dg
+from slm.store import fs
+
+BLOB_MODE = 0o444
+_CHUNK = 1 << 20
+
+
+class ObjectStore:
+    def __init__(self, objects_dir: Path, tmp_dir: Path):
+        self.dir = objects_dir / "blake3"
+        self.tmp_dir = tmp_dir
+
+    def path(self, digest: str) -> Path:
+        return self.dir / dg.hex_of(digest)
+
+    def has(self, digest: str) -> bool:
+        """Whether a file of that name exists (not whether its bytes are right)."""
+        return dg.is_digest(digest) and self.path(digest).is_file()
+
+    def size(self, digest: str) -> int:
+        return self._existing(digest).stat().st_size
+
+    def _existing(self, digest: str) -> Path:
+        if not dg.is_digest(digest):
+            raise NotFound(f"not a blake3 digest: {digest!r}")
+        path = self.path(digest)
+        if path.is_symlink():
+            raise IntegrityError(f"blob {dg.short(digest)} is a symlink; the store refuses links")
+        if not path.is_file():
+            raise NotFound(f"no blob {digest} in the store")
+        return path
+
+    def hash_file(self, digest: str) -> str:
+        """Re-hash the stored bytes of a blob (the digest they actually have)."""
+        path = self._existing(digest)
+        h = dg.hasher()
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK * 8):
+                h.update(chunk)
+        return dg.PREFIX + h.hexdigest()
+
+    def verify(self, digest: str) -> bool:
+        return self.hash_file(digest) == digest
+
+    def read_verified(self, digest: str) -> bytes:
+        data = self._existing(digest).read_bytes()
+        if dg.of_bytes(data) != digest:
+            raise IntegrityError(
+                f"blob {dg.short(digest)} is corrupt: its bytes do not hash to its name "
+                "(run `slm fsck`)"
+            )
+        return data
+
+    def map(self, digest: str) -> memoryview:
+        """A read-only memory map of a blob's bytes (no verification; see `verify`)."""
+        path = self._existing(digest)
+        size = path.stat().st_size
+        if size == 0:
+            return memoryview(b"")
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        return memoryview(mapped)
+
+    def digests(self) -> Iterator[str]:
+        if not self.dir.is_dir():
+            return
+        for entry in os.scandir(self.dir):
+            name = entry.name
+            candidate = dg.PREFIX + name
+            if dg.is_digest(candidate):
+                yield candidate
+
+    def staging(self) -> "Staging":
+        return Staging(self)
+
+
+@dataclass
+class Staging:
+    """Blobs written to tmp/ and fsynced, not yet visible in objects/."""
+
+    objects: ObjectStore
+    staged: dict[str, Path] = field(default_factory=dict)
+    dir: Path | None = None
+
+    def _dir(self) -> Path:
+        if self.dir is None:
+            self.dir = fs.temp_name(self.objects.tmp_dir, "stage")
+            fs.mkdir(self.dir, sync_parent=False)
+        return self.dir
+
+    def put(self, data: bytes | memoryview) -> str:
+        """Stage one blob; returns its digest. Bytes already stored are not written again."""
+        digest = dg.of_bytes(data)
+        if digest in self.staged or self._already_stored(digest):
+            return digest
+        path = self._dir() / dg.hex_of(digest)
+        view = memoryview(data).cast("B")
+        with fs.NewFile(path, 0o644) as f:
+            for start in range(0, len(view), _CHUNK * 16):
+                f.write(view[start:start + _CHUNK * 16])
+            f.sync_and_close()
+        self.staged[digest] = path
+        return digest
+
+    def _already_stored(self, digest: str) -> bool:
+        if not self.objects.has(digest):
+            return False
+        if not self.objects.verify(digest):
+            raise IntegrityError(
+                f"blob {dg.short(digest)} exists but is corrupt; run `slm fsck --repair` first"
+            )
+        return True
+
+    def commit(self) -> list[str]:
+        """Move staged blobs into objects/; returns the digests that are new in the store."""
+        created = fs.mkdir(self.objects.dir, sync_parent=True)
+        new: list[str] = []
+        for digest, path in self.staged.items():
+            target = self.objects.path(digest)
+            fs.chmod(path, BLOB_MODE)
+            if fs.link_new(path, target):
+                new.append(digest)
+        if new or created:
+            fs.fsync_dir(self.objects.dir)
+        self.discard()
+        return new
+
+    def discard(self) -> None:
+        if self.dir is not None and self.dir.exists():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
+        self.staged = {}

@@ -1,0 +1,137 @@
+"""The .slm/ store: where it is, how it is laid out, and how it is created.
+
+    .slm/
+      config.toml            format version, defaults
+      objects/blake3/<hex>   immutable blobs (mode 0444)
+      names/<kind>/<name>    human names -> digests
+      refs/active            the active composition id
+      logs/active            reflog, one checksummed line per transition
+      journal/               intent records of in-flight transactions
+      cache/                 derived data keyed by composition id; safe to delete
+      tmp/                   staging; anything left here after a crash is junk
+      lock                   held by the one writer
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import tomlkit
+
+from slm.errors import IntegrityError, InvalidInput, NotFound
+from slm.store import fs
+from slm.store.lock import DEFAULT_TIMEOUT_S, store_lock
+from slm.store.names import Names
+from slm.store.objects import ObjectStore
+
+STORE_DIRNAME = ".slm"
+FORMAT_VERSION = 1
+ENV_STORE = "SLM_STORE"
+SUBDIRS = ("objects", "names", "refs", "logs", "journal", "cache", "tmp")
+
+
+def default_config() -> dict:
+    return {"format": FORMAT_VERSION, "defaults": {"lock_timeout_s": DEFAULT_TIMEOUT_S}}
+
+
+@dataclass
+class Store:
+    root: Path
+
+    @property
+    def objects(self) -> ObjectStore:
+        return ObjectStore(self.root / "objects", self.root / "tmp")
+
+    @property
+    def names(self) -> Names:
+        return Names(self.root / "names")
+
+    @property
+    def config(self) -> dict:
+        return read_config(self.root)
+
+    def path(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    @contextmanager
+    def locked(self, timeout: float | None = None) -> Iterator["Store"]:
+        if timeout is None:
+            timeout = float(self.config.get("defaults", {}).get("lock_timeout_s", DEFAULT_TIMEOUT_S))
+        with store_lock(self.root / "lock", timeout):
+            yield self
+
+    @classmethod
+    def open(cls, root: Path) -> "Store":
+        root = Path(root)
+        if not (root / "config.toml").is_file():
+            raise NotFound(f"{root} is not an slm store (no config.toml); run `slm init`")
+        if root.is_symlink():
+            raise InvalidInput(f"{root} is a symlink; the store refuses links")
+        read_config(root)  # fail early on an unsupported format
+        return cls(root)
+
+
+def read_config(root: Path) -> dict:
+    path = root / "config.toml"
+    try:
+        data = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
+    except FileNotFoundError as err:
+        raise NotFound(f"{root} is not an slm store (no config.toml)") from err
+    except Exception as err:  # tomlkit raises several parse error types
+        raise IntegrityError(f"{path} is not valid TOML: {err}") from err
+    version = data.get("format")
+    if version != FORMAT_VERSION:
+        raise IntegrityError(
+            f"{path}: store format {version!r} is not supported (this slm reads format {FORMAT_VERSION})"
+        )
+    return data
+
+
+def init_store(root: Path) -> tuple[Store, bool]:
+    """Create a store at `root` (idempotent). Returns (store, created)."""
+    root = Path(root).absolute()
+    if (root / "config.toml").is_file():
+        return Store.open(root), False
+    if root.exists() and not root.is_dir():
+        raise InvalidInput(f"{root} exists and is not a directory")
+    for folder in reversed((root, *root.parents)):  # like `git init`, create missing parents
+        if folder.exists() and not folder.is_dir():
+            raise InvalidInput(f"{folder} exists and is not a directory")
+        fs.mkdir(folder)
+    for sub in SUBDIRS:
+        fs.mkdir(root / sub, sync_parent=False)
+    fs.atomic_replace(root / "lock", b"")  # the writers' lock file lives for the store's life
+    fs.fsync_dir(root)
+    # config.toml last: its presence is what makes the directory a store.
+    fs.atomic_replace(root / "config.toml", tomlkit.dumps(default_config()).encode("utf-8"))
+    return Store(root), True
+
+
+def find_store(explicit: str | os.PathLike | None = None, cwd: Path | None = None) -> Path:
+    """--store DIR, else $SLM_STORE, else .slm searched upward from the working directory."""
+    if explicit:
+        return Path(explicit).absolute()
+    env = os.environ.get(ENV_STORE)
+    if env:
+        return Path(env).absolute()
+    here = (cwd or Path.cwd()).absolute()
+    for folder in (here, *here.parents):
+        candidate = folder / STORE_DIRNAME
+        if (candidate / "config.toml").is_file():
+            return candidate
+    raise NotFound(
+        f"no slm store found in {here} or its parents; run `slm init`, "
+        f"or name one with --store or {ENV_STORE}"
+    )
+
+
+def default_init_path(explicit: str | os.PathLike | None = None) -> Path:
+    """Where `slm init` creates a store: --store, else $SLM_STORE, else ./.slm."""
+    if explicit:
+        return Path(explicit).absolute()
+    env = os.environ.get(ENV_STORE)
+    return Path(env).absolute() if env else Path.cwd() / STORE_DIRNAME
