@@ -1,0 +1,128 @@
+"""`slm run` on the real SmolLM2-135M-Instruct Q4_1 against transformers on the same GGUF."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import one_line
+
+pytestmark = [pytest.mark.real_model]
+
+PROMPT = "Once upon a time, in a small village,"
+
+
+@pytest.fixture(scope="module")
+def real_store(tmp_path_factory, smollm2_gguf):
+    from slm.ops.importing import import_base
+    from slm.store import init_store
+
+    store, _ = init_store(tmp_path_factory.mktemp("real") / "store")
+    import_base(store, smollm2_gguf, "smollm2")
+    return store
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_gguf):
+    """transformers float32 on the same GGUF: prompt logits and 64 greedy tokens."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = smollm2_gguf.parent, smollm2_gguf.name
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits[0].numpy()
+        out = model.generate(ids, max_new_tokens=64, do_sample=False, eos_token_id=None,
+                             pad_token_id=tok.eos_token_id)
+    return {"ids": ids[0].tolist(), "logits": logits, "greedy": out[0, ids.shape[1]:].tolist(),
+            "text": tok.decode(out[0, ids.shape[1]:])}
+
+
+@pytest.mark.oracle
+def test_prompt_logits_and_64_greedy_tokens_match_transformers(cli, real_store, reference, tmp_path):
+    logits_path = tmp_path / "logits.npy"
+    r = cli("--store", real_store.root, "run", PROMPT, "--base", "smollm2", "--max-tokens", "64",
+            "--logits-out", logits_path, "--json")
+    assert r.code == 0, r.err
+    result = r.json()
+    assert result["prompt_tokens"] == reference["ids"]
+    ours = np.load(logits_path)
+    n_prompt = len(reference["ids"])
+    assert ours.shape == (n_prompt + 63, 49152) and ours.dtype == np.float32
+    diff = np.abs(ours[:n_prompt] - reference["logits"]).max()
+    print(f"max abs prompt-logit diff vs transformers: {diff:.2e}")
+    assert diff <= 1e-3
+    assert result["tokens"] == reference["greedy"]
+    assert result["text"].startswith(" there was a wise old wizard named Elwes.")
+    assert result["timings"]["prefill_tok_s"] > 0 and result["timings"]["decode_tok_s"] > 0
+
+
+def test_chat_answers_paris(cli, real_store):
+    r = cli("--store", real_store.root, "run", "--chat", "What is the capital of France?",
+            "--base", "smollm2", "--max-tokens", "24")
+    assert r.code == 0, r.err
+    assert "Paris" in r.out
+
+
+def test_streaming_text_equals_json_text(cli, real_store):
+    streamed = cli("--store", real_store.root, "run", PROMPT, "--base", "smollm2", "-n", "12")
+    as_json = cli("--store", real_store.root, "run", PROMPT, "--base", "smollm2", "-n", "12", "--json")
+    assert streamed.out.rstrip("\n") == as_json.json()["text"]
+
+
+def test_seeded_sampling_is_reproducible(cli, real_store):
+    args = ["--store", real_store.root, "run", PROMPT, "--base", "smollm2", "-n", "8",
+            "--temperature", "0.9", "--top-p", "0.95", "--json"]
+    a = cli(*args, "--seed", "7").json()["tokens"]
+    b = cli(*args, "--seed", "7").json()["tokens"]
+    c = cli(*args, "--seed", "8").json()["tokens"]
+    assert a == b
+    assert a != c
+
+
+def test_peak_rss_has_no_whole_model_float32_copy(real_store):
+    blob_bytes = sum(p.stat().st_size for p in (real_store.root / "objects" / "blake3").iterdir())
+    code = (
+        "import resource, subprocess, sys;"
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL);"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, sys.executable, "-m", "slm", "--store", str(real_store.root),
+         "run", PROMPT, "--base", "smollm2", "-n", "8"],
+        capture_output=True, text=True, check=True,
+    )
+    peak = int(out.stdout.strip())
+    limit = blob_bytes * 2 + 150 * 2**20
+    print(f"peak RSS {peak / 2**20:.0f} MiB; limit {limit / 2**20:.0f} MiB")
+    assert peak < limit
+    assert peak < blob_bytes * 4, "a float32 copy of the weights would be ~4x the Q4_1 bytes"
+
+
+@pytest.mark.parametrize("case", ["empty", "too_long", "no_base", "bad_logits_path", "logits_dir"])
+def test_bad_input_is_one_line_with_documented_code(cli, real_store, tmp_path, case):
+    args = ["--store", real_store.root, "run"]
+    expected = 4
+    if case == "empty":
+        args += ["", "--base", "smollm2"]
+    elif case == "too_long":
+        args += ["word " * 9000, "--base", "smollm2"]
+    elif case == "no_base":
+        args += ["hi", "--base", "nope"]
+        expected = 3
+    elif case == "bad_logits_path":
+        args += ["hi", "--base", "smollm2", "--logits-out", tmp_path / "missing-dir" / "x.npy"]
+        expected = 12
+    else:
+        args += ["hi", "--base", "smollm2", "--logits-out", tmp_path]
+        expected = 12
+    r = cli(*args)
+    assert r.code == expected, r.err
+    assert one_line(r.err), r.err
