@@ -1,0 +1,59 @@
+"""The command line as a user meets it: help, usage errors, and the generated reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import one_line
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_cli_reference_is_up_to_date():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_cli_docs.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_help_lists_the_verbs(cli):
+    r = cli("--help")
+    assert r.code == 0
+    for verb in ("init", "import", "ls", "show", "run"):
+        assert verb in r.out
+
+
+def test_unknown_command_is_a_usage_error(cli):
+    r = cli("frobnicate")
+    assert r.code == 2 and one_line(r.err)
+
+
+def test_missing_argument_is_a_usage_error(cli):
+    r = cli("import", "base")
+    assert r.code == 2 and one_line(r.err)
+
+
+def test_init_json_and_idempotence(cli, store_dir):
+    first = cli("init", "--json")
+    assert first.code == 0 and first.json() == {"store": str(store_dir), "created": True}
+    again = cli("init", "--json")
+    assert again.json()["created"] is False
+
+
+def test_ls_on_empty_store(cli):
+    cli("init")
+    assert cli("ls", "--json").json() == []
+    assert "empty" in cli("ls").out
+
+
+def test_show_unknown_name(cli):
+    cli("init")
+    r = cli("show", "nothing")
+    assert r.code == 3 and one_line(r.err)
+
+
+def test_run_needs_a_base(cli):
+    cli("init")
+    r = cli("run", "hello")
+    assert r.code == 2 and one_line(r.err)
