@@ -12,7 +12,7 @@ import typer
 
 from slm import render
 from slm.errors import ExitCode, SlmError, UsageError
-from slm.ops import importing, inspect
+from slm.ops import activation, importing, inspect
 from slm.ops.run import RunOptions, run_prompt
 from slm.store import Store, find_store, init_store
 from slm.store.store import default_init_path
@@ -77,6 +77,86 @@ def import_base(
         render.import_summary(result)
 
 
+
+@import_app.command("adapter")
+def import_adapter(
+    ctx: typer.Context,
+    path: Path = typer.Argument(..., help="A PEFT adapter directory or a GGUF LoRA file."),
+    name: str = typer.Option(..., "--name", "-n", help="Name for the adapter in the store."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Import a LoRA, IA3 or SHiRA adapter (PEFT), or a GGUF LoRA (llama.cpp)."""
+    progress = render.BarProgress(enabled=False if json_out else None)
+    result = importing.import_adapter(_store(ctx), path, name, progress).to_json()
+    if json_out:
+        render.print_json(result)
+    else:
+        render.import_summary(result)
+
+
+@app.command()
+def activate(
+    ctx: typer.Context,
+    base: Optional[str] = typer.Argument(None, help="The base (name or digest)."),
+    adapters: Optional[list[str]] = typer.Argument(
+        None, metavar="[ADAPTER[@WEIGHT]]...", help="Adapters in load order, each with an optional weight."),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="Activate a composition manifest (TOML)."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Validate a composition and make it the active one, atomically."""
+    result = activation.activate(_store(ctx), base, adapters or [], file)
+    _transition(result, json_out)
+
+
+@app.command()
+def deactivate(
+    ctx: typer.Context,
+    adapter: str = typer.Argument(..., help="The adapter to remove from the active composition."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Remove one adapter from the active composition."""
+    _transition(activation.deactivate(_store(ctx), adapter), json_out)
+
+
+@app.command()
+def rollback(
+    ctx: typer.Context,
+    steps: Optional[int] = typer.Option(None, "-n", help="Go back N transitions (default 1)."),
+    to: Optional[str] = typer.Option(None, "--to", metavar="ID", help="Go back to this composition id."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Make an earlier composition active again (itself a logged transition)."""
+    if steps is not None and to is not None:
+        raise UsageError("give -n or --to, not both")
+    _transition(activation.rollback(_store(ctx), steps, to), json_out)
+
+
+def _transition(result: dict, json_out: bool) -> None:
+    if json_out:
+        render.print_json(result)
+    else:
+        render.transition(result)
+
+
+@app.command()
+def status(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
+    """Show the active composition."""
+    info = activation.status(_store(ctx))
+    if json_out:
+        render.print_json(info)
+    else:
+        render.status(info)
+
+
+@app.command("log")
+def log_cmd(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
+    """Show the reflog: every transition of the active composition, newest first."""
+    entries = activation.log(_store(ctx))
+    if json_out:
+        render.print_json(entries)
+    else:
+        render.reflog(entries)
+
 @app.command("ls")
 def ls(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """List the bases, adapters and compositions in the store."""
@@ -90,22 +170,23 @@ def ls(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
 @app.command()
 def show(
     ctx: typer.Context,
-    ref: str = typer.Argument(..., metavar="NAME|DIGEST", help="A name, digest or digest prefix."),
+    ref: str = typer.Argument(..., metavar="NAME|DIGEST|ID", help="A name, digest, composition id, or a prefix."),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Print a manifest with its tensor table."""
+    """Print a base, adapter or composition manifest."""
     info = inspect.show(_store(ctx), ref)
     if json_out:
         render.print_json(info)
     else:
-        render.base_manifest(info)
+        render.manifest(info)
 
 
 @app.command("run")
 def run_cmd(
     ctx: typer.Context,
     prompt: str = typer.Argument(..., help="The prompt; '-' reads it from standard input."),
-    base: Optional[str] = typer.Option(None, "--base", "-b", help="Run this base (name or digest)."),
+    base: Optional[str] = typer.Option(
+        None, "--base", "-b", help="Run this base alone instead of the active composition."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", help="Stop after this many new tokens."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy (deterministic)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (with --temperature > 0)."),
@@ -117,11 +198,9 @@ def run_cmd(
     ),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Generate text, streaming it as it is produced."""
+    """Generate text on the active composition (or --base), streaming it."""
     if prompt == "-":
         prompt = sys.stdin.read()
-    if base is None:
-        raise UsageError("name a base with --base (compositions come with `slm activate`)")
     options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out)
     sink = None if json_out else render.stream_text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 
@@ -79,9 +80,66 @@ def entries_table(entries: list[dict]) -> None:
         elif e["kind"] == "base":
             details = (f"{e['source_format']} {e['quant_profile']}, {e['tensors']} tensors, "
                        f"{human_bytes(e['bytes'])}")
+        elif e["kind"] == "adapter":
+            rank = f" r={e['rank']}" if e["rank"] else ""
+            details = (f"{e['adapter_kind']}{rank} ({e['source_format']}), {e['targets']} targets, "
+                       f"{human_bytes(e['bytes'])}")
         else:
-            details = ""
+            details = " + ".join([e["base"], *e["adapters"]]) + ("  [bold](active)[/]" if e["active"] else "")
         table.add_row(e["kind"], e["name"], dg.short(e["digest"]), details)
+    out.print(table)
+
+
+def manifest(info: dict) -> None:
+    {"base": base_manifest, "adapter": adapter_manifest, "composition": composition}[info["kind"]](info)
+
+
+def adapter_manifest(info: dict) -> None:
+    out.print(f"[bold]adapter {info['name'] or info['digest']}[/]  {info['digest']}")
+    out.print(f"  {info['adapter_kind']} from {info['source_format']}, rows {info['row_layout']}, "
+              f"{len(info['targets'])} targets, {human_bytes(info['total_bytes'])}; requires {info['requires']}")
+    table = Table(box=None, pad_edge=False)
+    for col in ("TARGET", "SHAPE", "RANK", "SCALE", "IA3"):
+        table.add_column(col)
+    for t in info["targets"]:
+        table.add_row(t["module"], "x".join(map(str, t["shape"])), str(t["rank"] or ""),
+                      f"{t['scale']:g}", t["ia3_on"] or "")
+    out.print(table)
+
+
+def composition(info: dict) -> None:
+    flag = "  [bold](active)[/]" if info["active"] else ""
+    out.print(f"[bold]composition {info['id']}[/]{flag}")
+    out.print(info["manifest_toml"], markup=False)
+
+
+def transition(result: dict) -> None:
+    a = result["active"]
+    stack = " + ".join([a["base_name"] or dg.short(a["base"]),
+                        *(f"{x['name']}@{x['weight']:g}" for x in a["adapters"])])
+    if not result["changed"]:
+        note = result.get("note", "already active; nothing changed")
+        out.print(f"{note}: {stack} ({dg.short(a['id'])})")
+    else:
+        out.print(f"active: {stack}\n  {a['id']}")
+
+
+def status(info: dict) -> None:
+    if info["active"] is None:
+        out.print("nothing is active; run `slm activate BASE [ADAPTER[@WEIGHT]...]`")
+    else:
+        transition({"changed": True, "active": info["active"]})
+    if info["interrupted_transaction"] or info["torn_reflog_tail"]:
+        err.print("[red]an interrupted transaction needs `slm fsck --repair`[/]")
+
+
+def reflog(entries: list[dict]) -> None:
+    table = Table(box=None, pad_edge=False)
+    for col in ("SEQ", "WHEN", "OP", "FROM", "TO"):
+        table.add_column(col)
+    for e in entries:
+        when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(str(e["seq"]), when, e["op"], dg.short(e["old"] or "-"), dg.short(e["new"]))
     out.print(table)
 
 
@@ -118,8 +176,10 @@ def stream_text(piece: str) -> None:
 def run_footer(result: dict) -> None:
     sys.stdout.write("\n")
     t = result["timings"]
+    prefill = ("prefix cache hit" if result["prefix_cache"] == "hit"
+               else f"{t['prefill_tok_s']:.1f} tok/s")
     err.print(
-        f"[dim]{len(result['prompt_tokens'])} prompt tokens at {t['prefill_tok_s']:.1f} tok/s, "
+        f"[dim]{len(result['prompt_tokens'])} prompt tokens ({prefill}), "
         f"{len(result['tokens'])} generated at {t['decode_tok_s']:.1f} tok/s "
         f"(stopped: {result['stop_reason']})[/]"
     )

@@ -18,6 +18,7 @@ class Generation:
     ids: list[int] = field(default_factory=list)  # generated tokens
     logits: list[np.ndarray] = field(default_factory=list)  # rows (V,) when kept
     stop_reason: str = "length"  # "eos", "length", "context", or what a callback said
+    prefix_hit: bool = False  # the prompt's keys/values came from the prefix cache
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
@@ -34,13 +35,23 @@ class Generation:
 
 def generate(model: Llama, prompt_ids: list[int], max_tokens: int, sampler: Sampler,
              eos_ids: frozenset[int], keep_logits: bool = False,
-             on_token: Callable[[int], str | None] | None = None) -> Generation:
-    """on_token(id) may return a stop reason (a string) to end generation early."""
+             on_token: Callable[[int], str | None] | None = None,
+             prefix_cache=None) -> Generation:
+    """on_token(id) may return a stop reason (a string) to end generation early.
+    prefix_cache: an object with get(tokens, kv) -> last logits | None and put(tokens, kv,
+    logits), consulted when all prompt logits are not wanted."""
     gen = Generation(list(prompt_ids))
     capacity = min(model.cfg.context_length, len(prompt_ids) + max_tokens)
     cache = model.new_cache(capacity)
+    use_cache = prefix_cache is not None and not keep_logits
     started = time.perf_counter()
-    logits = model.forward(np.asarray(prompt_ids), cache, "all" if keep_logits else "last")
+    cached = prefix_cache.get(prompt_ids, cache) if use_cache else None
+    if cached is not None:
+        logits, gen.prefix_hit = cached[None, :], True  # (1, V)
+    else:
+        logits = model.forward(np.asarray(prompt_ids), cache, "all" if keep_logits else "last")
+        if use_cache:
+            prefix_cache.put(prompt_ids, cache, logits[-1])
     gen.prefill_s = time.perf_counter() - started
     if keep_logits:
         gen.logits.extend(logits)

@@ -19,9 +19,9 @@ from slm.model.weights import QuantTensor
 class Overlay(Protocol):
     """An adapter's contribution to linear layers (see slm.model.overlays)."""
 
-    def targets(self) -> set[str]: ...
+    def before(self, name: str, x: np.ndarray) -> np.ndarray: ...
 
-    def apply(self, name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray: ...
+    def after(self, name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,11 @@ class Llama:
         self.norms = {n: w.dequantize().reshape(-1) for n, w in tensors.items() if len(w.shape) == 1}
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        for overlay in self.overlays:  # input scaling (IA3 on feed-forward modules)
+            x = overlay.before(name, x)
         y = self.kernels.matmul(x, self.t[name])  # (T, out)
-        for overlay in self.overlays:
-            y = overlay.apply(name, x, y)
+        for overlay in self.overlays:  # in load order
+            y = overlay.after(name, x, y)
         return y
 
     def new_cache(self, capacity: int) -> KVCache:

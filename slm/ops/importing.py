@@ -1,4 +1,4 @@
-"""`slm import base`: a checkpoint becomes blobs, a base manifest and a name.
+"""`slm import base|adapter`: a file becomes blobs, a manifest and a name.
 
 Everything is read and checked before the store changes; blobs are staged under tmp/ and
 committed together, then the manifest, then the name. A failure before the commit leaves the
@@ -11,8 +11,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from slm.compose.adapter_manifest import AdapterManifest, TargetRecord, TensorRef, tensor_bytes
 from slm.compose.base_manifest import BaseManifest, TensorRecord, tensor_order
 from slm.errors import InvalidInput, NotFound
+from slm.formats.adapter_source import AdapterSource
 from slm.formats.base_source import BaseSource
 from slm.formats.gguf import MAGIC
 from slm.formats.gguf_model import open_gguf_base
@@ -114,6 +118,67 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
         source_format=source.format,
         tensors=len(records),
         dtype_counts=manifest.dtype_counts(),
+        total_bytes=manifest.total_bytes,
+        new_blobs=len(new),
+        new_bytes=sum(store.objects.size(d) for d in new),
+        seconds=round(time.perf_counter() - started, 3),
+    )
+
+
+def open_adapter_source(path: Path) -> AdapterSource:
+    from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
+    from slm.formats.peft import is_peft_dir, read_peft_adapter
+
+    if not path.exists():
+        raise NotFound(f"no such file or directory: {path}")
+    if path.is_dir():
+        if is_peft_dir(path):
+            return read_peft_adapter(path)
+        raise InvalidInput(f"{path}: not a PEFT adapter directory (no adapter_config.json)")
+    if is_gguf_lora(path):
+        return read_gguf_lora(path)
+    raise InvalidInput(f"{path.name}: not a PEFT adapter directory or a GGUF LoRA file")
+
+
+def import_adapter(store: Store, path: Path, name: str,
+                   progress: Progress | None = None) -> ImportResult:
+    progress = progress or NoProgress()
+    validate_name(name)
+    started = time.perf_counter()
+    source = open_adapter_source(Path(path))
+    with store.locked():
+        staging = store.objects.staging()
+        try:
+            targets = []
+            progress.start("importing adapter", len(source.targets))
+            for t in sorted(source.targets, key=lambda t: t.module):
+                refs = {}
+                for key, arr in t.tensors.items():
+                    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                        raise InvalidInput(f"{path}: tensor {key} of {t.module} has non-finite values")
+                    dtype, raw = tensor_bytes(arr)
+                    refs[key] = TensorRef(staging.put(raw), dtype, tuple(arr.shape))
+                targets.append(TargetRecord(t.module, t.out_features, t.in_features,
+                                            float(t.scale), refs, t.rank, t.ia3_on))
+                progress.advance(1)
+            progress.finish()
+            manifest = AdapterManifest(source.kind, source.format, source.row_layout,
+                                       dict(source.requires), tuple(targets))
+            digest = staging.put(manifest.to_bytes())
+            existing = store.names.get("adapters", name)
+            if existing is not None and existing != digest:
+                raise InvalidInput(f"a different adapter is already named {name!r}; choose another name")
+            new = staging.commit()
+        finally:
+            staging.discard()
+        store.names.set("adapters", name, digest)
+    return ImportResult(
+        kind="adapter",
+        name=name,
+        digest=digest,
+        source_format=source.format,
+        tensors=sum(len(t.tensors) for t in targets),
+        dtype_counts={source.kind: len(targets)},
         total_bytes=manifest.total_bytes,
         new_blobs=len(new),
         new_bytes=sum(store.objects.size(d) for d in new),

@@ -2,53 +2,104 @@
 
 from __future__ import annotations
 
+from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
-from slm.errors import InvalidInput
+from slm.errors import InvalidInput, NotFound
+from slm.ops import compositions
 from slm.ops.resolve import manifest_kind, resolve
 from slm.store import Store
-from slm.store.names import KINDS
+from slm.store import digest as dg
 
 
 def list_entries(store: Store) -> list[dict]:
     out = []
-    for kind in KINDS:
-        for name, digest in store.names.items(kind):
-            entry = {"kind": kind[:-1], "name": name, "digest": digest}
-            if kind == "bases" and store.objects.has(digest):
-                try:
-                    m = parse_base_manifest(store.objects.read_verified(digest), f"base {name}")
-                except Exception as err:  # a broken entry must not hide the others
-                    entry["error"] = str(err)
-                else:
-                    entry.update(
-                        source_format=m.source_format, quant_profile=m.quant_profile,
-                        tensors=len(m.tensors), bytes=m.total_bytes,
-                    )
-            out.append(entry)
+    for name, digest in store.names.items("bases"):
+        out.append(_entry("base", name, digest, store, _base_details))
+    for name, digest in store.names.items("adapters"):
+        out.append(_entry("adapter", name, digest, store, _adapter_details))
+    active = store.active_ref.read()
+    for hex_id, _ in store.names.items("compositions"):
+        comp_id = dg.PREFIX + hex_id
+        entry = _entry("composition", hex_id[:12], comp_id, store, _composition_details)
+        entry["active"] = comp_id == active
+        out.append(entry)
     return out
 
 
+def _entry(kind: str, name: str, digest: str, store: Store, details) -> dict:
+    entry = {"kind": kind, "name": name, "digest": digest}
+    try:
+        entry.update(details(store, digest))
+    except Exception as err:  # a broken entry must not hide the others
+        entry["error"] = str(err)
+    return entry
+
+
+def _base_details(store: Store, digest: str) -> dict:
+    m = parse_base_manifest(store.objects.read_verified(digest))
+    return {"source_format": m.source_format, "quant_profile": m.quant_profile,
+            "tensors": len(m.tensors), "bytes": m.total_bytes}
+
+
+def _adapter_details(store: Store, digest: str) -> dict:
+    m = parse_adapter_manifest(store.objects.read_verified(digest))
+    return {"adapter_kind": m.kind, "source_format": m.source_format, "targets": len(m.targets),
+            "rank": m.max_rank, "bytes": m.total_bytes}
+
+
+def _composition_details(store: Store, comp_id: str) -> dict:
+    c = compositions.load(store, comp_id)
+    return {"base": c.base_name or dg.short(c.base),
+            "adapters": [f"{a.name}@{a.weight:g}" for a in c.adapters]}
+
+
 def show(store: Store, ref: str) -> dict:
-    digest, name = resolve(store, ref)
+    try:
+        digest, name = resolve(store, ref)
+    except NotFound:
+        return show_composition(store, compositions.find_id(store, ref))
+    if store.names.get("compositions", dg.hex_of(digest)) is not None:
+        return show_composition(store, digest)
     data = store.objects.read_verified(digest)
     kind = manifest_kind(data, ref)
     if kind == "slm.base":
-        m = parse_base_manifest(data, f"base {ref}")
-        return {
-            "kind": "base",
-            "name": name,
-            "digest": digest,
-            "source_format": m.source_format,
-            "quant_profile": m.quant_profile,
-            "qk_row_layout": m.qk_row_layout,
-            "architecture": m.architecture,
-            "tokenizer": {"digest": m.tokenizer_digest, "source": m.tokenizer_source},
-            "total_bytes": m.total_bytes,
-            "dtype_counts": m.dtype_counts(),
-            "tensors": [
-                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "nbytes": t.nbytes,
-                 "digest": t.digest}
-                for t in m.tensors
-            ],
-        }
+        return _show_base(parse_base_manifest(data, f"base {ref}"), digest, name)
+    if kind == "slm.adapter":
+        return _show_adapter(parse_adapter_manifest(data, f"adapter {ref}"), digest, name)
     raise InvalidInput(f"{ref}: unknown manifest kind {kind!r}")
+
+
+def _show_base(m, digest: str, name: str | None) -> dict:
+    return {
+        "kind": "base", "name": name, "digest": digest,
+        "source_format": m.source_format, "quant_profile": m.quant_profile,
+        "qk_row_layout": m.qk_row_layout, "architecture": m.architecture,
+        "tokenizer": {"digest": m.tokenizer_digest, "source": m.tokenizer_source},
+        "total_bytes": m.total_bytes, "dtype_counts": m.dtype_counts(),
+        "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "nbytes": t.nbytes,
+                     "digest": t.digest} for t in m.tensors],
+    }
+
+
+def _show_adapter(m, digest: str, name: str | None) -> dict:
+    return {
+        "kind": "adapter", "name": name, "digest": digest, "adapter_kind": m.kind,
+        "source_format": m.source_format, "row_layout": m.row_layout, "requires": m.requires,
+        "rank": m.max_rank, "total_bytes": m.total_bytes,
+        "targets": [{"module": t.module, "shape": [t.out_features, t.in_features], "rank": t.rank,
+                     "scale": t.scale, "ia3_on": t.ia3_on,
+                     "tensors": {k: r.digest for k, r in t.tensors.items()}} for t in m.targets],
+    }
+
+
+def show_composition(store: Store, comp_id: str) -> dict:
+    c = compositions.load(store, comp_id)
+    return {
+        "kind": "composition", "id": comp_id, "active": store.active_ref.read() == comp_id,
+        "identity": c.identity(),
+        "base_name": c.base_name,
+        "adapters": [{"name": a.name, "digest": a.digest, "load_order": i + 1, "weight": a.weight}
+                     for i, a in enumerate(c.adapters)],
+        "provenance": {"created_at": c.created_at, "created_by": c.created_by},
+        "manifest_toml": c.to_toml().decode("utf-8"),
+    }

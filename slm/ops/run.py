@@ -9,18 +9,20 @@ from typing import Callable
 
 import numpy as np
 
-from slm.errors import InvalidInput, IOFailure
+from slm.errors import InvalidInput, IOFailure, NotFound
 from slm.model.chat import render_chat
 from slm.model.generate import generate
 from slm.model.sampling import Sampler
-from slm.ops.loading import load_base_model
+from slm.ops import activation, compositions
+from slm.ops.loading import load_composition
+from slm.ops.prefix_cache import PrefixCache
 from slm.store import Store
 
 
 @dataclass
 class RunOptions:
     prompt: str
-    base: str
+    base: str | None = None  # None: the active composition
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
@@ -66,7 +68,13 @@ def run_prompt(store: Store, o: RunOptions, on_text: Callable[[str], None] | Non
 
 
 def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
-    loaded = load_base_model(store, o.base)
+    if o.base is not None:
+        comp = compositions.build(store, o.base, [])
+    else:
+        comp = activation.active(store)
+        if comp is None:
+            raise NotFound("nothing is active: run `slm activate BASE [ADAPTER...]` or pass --base")
+    loaded = load_composition(store, comp)
     tok, model = loaded.tokenizer, loaded.model
     text = o.prompt
     if o.chat:
@@ -80,12 +88,16 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
 
     streamed = _Streamer(tok.decode, on_text)
     gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
-                   tok.eos_ids, keep_logits=out_file is not None, on_token=streamed.push)
+                   tok.eos_ids, keep_logits=out_file is not None, on_token=streamed.push,
+                   prefix_cache=PrefixCache(store.path("cache"), loaded.id))
     streamed.flush()
     if out_file:
         np.save(out_file, np.stack(gen.logits).astype(np.float32))  # (positions, vocab)
     return {
-        "base": loaded.digest,
+        "composition": loaded.id,
+        "base": comp.base,
+        "adapters": [{"name": a.name, "digest": a.digest, "weight": a.weight} for a in comp.adapters],
+        "prefix_cache": "hit" if gen.prefix_hit else "miss",
         "prompt_tokens": prompt_ids,
         "tokens": gen.ids,
         "text": tok.decode([t for t in gen.ids if t not in tok.eos_ids]),

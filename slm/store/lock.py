@@ -16,15 +16,20 @@ from slm.errors import Busy
 DEFAULT_TIMEOUT_S = 30.0
 
 
+# One FileLock object per path, so that nested `with store.locked()` in one process re-enters
+# (FileLock counts acquisitions per object) instead of waiting for itself.
+_locks: dict[str, filelock.FileLock] = {}
+
+
 @contextmanager
 def store_lock(path: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[None]:
-    lock = filelock.FileLock(str(path), timeout=timeout)
+    lock = _locks.setdefault(str(path), filelock.FileLock(str(path)))
     try:
-        lock.acquire()
+        lock.acquire(timeout=timeout)
     except filelock.Timeout as err:
         raise Busy(
             f"another slm process holds the store lock {path} (waited {timeout:g}s); "
-            "try again, or raise --lock-timeout"
+            "try again, or raise lock_timeout_s in the store's config.toml"
         ) from err
     try:
         yield

@@ -24,9 +24,12 @@ import tomlkit
 
 from slm.errors import IntegrityError, InvalidInput, NotFound
 from slm.store import fs
+from slm.store.journal import Journal
 from slm.store.lock import DEFAULT_TIMEOUT_S, store_lock
 from slm.store.names import Names
 from slm.store.objects import ObjectStore
+from slm.store.reflog import Reflog
+from slm.store.refs import Ref
 
 STORE_DIRNAME = ".slm"
 FORMAT_VERSION = 1
@@ -49,6 +52,18 @@ class Store:
     @property
     def names(self) -> Names:
         return Names(self.root / "names")
+
+    @property
+    def active_ref(self) -> Ref:
+        return Ref(self.root / "refs" / "active")
+
+    @property
+    def reflog(self) -> Reflog:
+        return Reflog(self.root / "logs" / "active")
+
+    @property
+    def journal(self) -> Journal:
+        return Journal(self.root / "journal")
 
     @property
     def config(self) -> dict:

@@ -1,0 +1,157 @@
+"""Compositions: base + tokenizer + architecture + quant profile + runtime + ordered adapters.
+
+The identity is a fixed set of fields serialised canonically (docs/concepts.md):
+
+    {"adapters": [{"digest": "blake3:..", "load_order": 1, "weight": "0x1.6666666666666p-1"}],
+     "architecture": "blake3:..", "base": "blake3:..", "quant_profile": "q4_1",
+     "runtime": {"name": "slm", "version": "0.1.0"}, "schema": "slm.composition/1",
+     "tokenizer": "blake3:.."}
+
+JSON with sorted keys and no whitespace; weights spelled as float.hex() so that 0.7, 0.70 and
+7e-1 are one value and one spelling. The composition id is BLAKE3 of those bytes. Adapter
+names, creation time and provenance sit beside the identity in the TOML manifest, not in it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import slm
+from slm.compose.base_manifest import BaseManifest
+from slm.compose.toml_io import dumps, field as req, loads
+from slm.errors import InvalidInput
+from slm.formats.base_source import canonical_json
+from slm.store import digest as dg
+
+SCHEMA = "slm.composition/1"
+RUNTIME = {"name": "slm", "version": slm.__version__}
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    digest: str
+    weight: float
+    name: str = ""  # display only; not part of the identity
+
+
+@dataclass(frozen=True)
+class Composition:
+    base: str
+    tokenizer: str
+    architecture: str
+    quant_profile: str
+    runtime: dict
+    adapters: tuple[AdapterRef, ...] = ()
+    base_name: str = ""  # display only
+    created_at: str = ""  # provenance, not identity
+    created_by: str = ""
+
+    def identity(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "base": self.base,
+            "tokenizer": self.tokenizer,
+            "architecture": self.architecture,
+            "quant_profile": self.quant_profile,
+            "runtime": {"name": self.runtime["name"], "version": self.runtime["version"]},
+            "adapters": [
+                {"digest": a.digest, "load_order": i + 1, "weight": float(a.weight).hex()}
+                for i, a in enumerate(self.adapters)
+            ],
+        }
+
+    @property
+    def id(self) -> str:
+        return dg.of_bytes(canonical_json(self.identity()))
+
+    def to_toml(self) -> bytes:
+        return dumps({
+            "schema": SCHEMA,
+            "base": self.base,
+            "base_name": self.base_name,
+            "tokenizer": self.tokenizer,
+            "architecture": self.architecture,
+            "quant_profile": self.quant_profile,
+            "runtime": dict(self.runtime),
+            "adapters": [
+                {"name": a.name, "digest": a.digest, "load_order": i + 1, "weight": a.weight}
+                for i, a in enumerate(self.adapters)
+            ],
+            "provenance": {"created_at": self.created_at, "created_by": self.created_by},
+        })
+
+    def with_adapters(self, adapters) -> "Composition":
+        return Composition(self.base, self.tokenizer, self.architecture, self.quant_profile,
+                           self.runtime, tuple(adapters), self.base_name)
+
+
+def architecture_digest(base: BaseManifest) -> str:
+    """The architecture id: hyperparameters plus the q/k row layout, canonically hashed."""
+    return dg.of_bytes(canonical_json({"architecture": base.architecture,
+                                       "qk_row_layout": base.qk_row_layout}))
+
+
+def for_base(base_digest: str, base: BaseManifest, base_name: str = "") -> Composition:
+    return Composition(
+        base=base_digest,
+        tokenizer=base.tokenizer_digest,
+        architecture=architecture_digest(base),
+        quant_profile=base.quant_profile,
+        runtime=dict(RUNTIME),
+        base_name=base_name,
+    )
+
+
+def stamped(c: Composition, created_by: str) -> Composition:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Composition(c.base, c.tokenizer, c.architecture, c.quant_profile, c.runtime,
+                       c.adapters, c.base_name, now, created_by)
+
+
+def check_weight(weight, where: str) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise InvalidInput(f"{where}: weight {weight!r} is not a finite number")
+    return float(weight)
+
+
+def parse_composition(data: bytes, what: str = "composition manifest") -> Composition:
+    doc = loads(data, what)
+    if doc.get("schema") != SCHEMA:
+        raise InvalidInput(f"{what}: schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    digests = {}
+    for key in ("base", "tokenizer", "architecture"):
+        value = req(doc, key, str, what)
+        if not dg.is_digest(value):
+            raise InvalidInput(f"{what}: {key} {value!r} is not a blake3 digest")
+        digests[key] = value
+    runtime = req(doc, "runtime", dict, what)
+    for key in ("name", "version"):
+        req(runtime, key, str, f"{what} [runtime]")
+    adapters = []
+    entries = req(doc, "adapters", list, what)
+    for i, entry in enumerate(entries):
+        where = f"{what} adapters[{i}]"
+        if not isinstance(entry, dict):
+            raise InvalidInput(f"{where}: not a table")
+        digest = req(entry, "digest", str, where)
+        if not dg.is_digest(digest):
+            raise InvalidInput(f"{where}: digest {digest!r} is malformed")
+        order = req(entry, "load_order", int, where)
+        if order != i + 1:
+            raise InvalidInput(f"{where}: load_order {order} out of sequence (expected {i + 1})")
+        weight = check_weight(req(entry, "weight", (int, float), where), where)
+        adapters.append(AdapterRef(digest, weight, str(entry.get("name", ""))))
+    provenance = doc.get("provenance", {}) if isinstance(doc.get("provenance"), dict) else {}
+    return Composition(
+        base=digests["base"],
+        tokenizer=digests["tokenizer"],
+        architecture=digests["architecture"],
+        quant_profile=req(doc, "quant_profile", str, what),
+        runtime={"name": runtime["name"], "version": runtime["version"]},
+        adapters=tuple(adapters),
+        base_name=str(doc.get("base_name", "")),
+        created_at=str(provenance.get("created_at", "")),
+        created_by=str(provenance.get("created_by", "")),
+    )

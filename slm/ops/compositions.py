@@ -1,0 +1,129 @@
+"""Building, finding and staging compositions (shared by activate, run and verify)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from slm.compose.adapter_manifest import AdapterManifest, parse_adapter_manifest, tensor_from_bytes
+from slm.compose.base_manifest import BaseManifest, parse_base_manifest
+from slm.compose.composition import AdapterRef, Composition, check_weight, for_base, parse_composition
+from slm.compose.validate import validate
+from slm.errors import Incompatible, IntegrityError, InvalidInput, NotFound
+from slm.model.overlays import Overlay, TargetData, build_overlay
+from slm.ops.resolve import load_base, resolve
+from slm.store import Store
+from slm.store import digest as dg
+
+
+def parse_adapter_spec(spec: str) -> tuple[str, float]:
+    """'name' or 'name@0.7' -> (name, weight)."""
+    name, sep, weight_text = spec.partition("@")
+    if not sep:
+        return name, 1.0
+    try:
+        weight = float(weight_text)
+    except ValueError as err:
+        raise InvalidInput(f"adapter {name}: weight {weight_text!r} is not a number") from err
+    return name, check_weight(weight, f"adapter {name}")
+
+
+def build(store: Store, base_ref: str, adapter_specs: list[str]) -> Composition:
+    base_digest, base = load_base(store, base_ref)
+    adapters = []
+    for spec in adapter_specs:
+        name, weight = parse_adapter_spec(spec)
+        digest, found_name = resolve(store, name, ("adapters",))
+        adapters.append(AdapterRef(digest, weight, found_name or name))
+    _, base_name = resolve(store, base_ref, ("bases",))
+    return for_base(base_digest, base, base_name or "").with_adapters(adapters)
+
+
+def from_file(path: Path) -> Composition:
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError as err:
+        raise NotFound(f"no such file: {path}") from err
+    except OSError as err:
+        raise InvalidInput(f"cannot read {path}: {err.strerror}") from err
+    return parse_composition(data, Path(path).name)
+
+
+def load(store: Store, comp_id: str) -> Composition:
+    """The stored manifest of a composition id, checked to hash back to that id."""
+    manifest_digest = store.names.get("compositions", dg.hex_of(comp_id))
+    if manifest_digest is None:
+        raise NotFound(f"no composition {comp_id} in the store")
+    comp = parse_composition(store.objects.read_verified(manifest_digest), f"composition {dg.short(comp_id)}")
+    if comp.id != comp_id:
+        raise IntegrityError(f"composition {dg.short(comp_id)}: its manifest hashes to another id")
+    return comp
+
+
+def find_id(store: Store, ref: str) -> str:
+    """A composition id from a full id or a unique prefix of one."""
+    hex_part = ref.removeprefix(dg.PREFIX).lower()
+    known = [d for name, _ in store.names.items("compositions") for d in [dg.PREFIX + name]]
+    matches = [d for d in known if dg.hex_of(d).startswith(hex_part)] if len(hex_part) >= 4 else []
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise InvalidInput(f"composition prefix {ref!r} is ambiguous")
+    raise NotFound(f"no composition {ref!r} in the store")
+
+
+@dataclass
+class Staged:
+    """A validated composition with everything it needs loaded: ready to run or to swap in."""
+
+    composition: Composition
+    base_digest: str
+    base: BaseManifest
+    adapters: list[tuple[AdapterRef, AdapterManifest]]
+    overlays: list[Overlay]
+
+
+def _verified(store: Store, digest: str, what: str) -> bytes:
+    if not store.objects.has(digest):
+        raise NotFound(f"{what}: unknown digest {digest}")
+    return store.objects.read_verified(digest)
+
+
+def stage(store: Store, comp: Composition, verify_base: bool = True) -> Staged:
+    """Validate everything (re-hashing every blob) and load the overlays. Changes nothing."""
+    base = parse_base_manifest(_verified(store, comp.base, "base"), f"base {dg.short(comp.base)}")
+    if verify_base:
+        for digest in base.blob_digests():
+            if not store.objects.has(digest) or not store.objects.verify(digest):
+                raise IntegrityError(f"base blob {dg.short(digest)} is missing or corrupt (run `slm fsck`)")
+    adapters = []
+    for ref in comp.adapters:
+        label = ref.name or dg.short(ref.digest)
+        manifest = parse_adapter_manifest(_verified(store, ref.digest, f"adapter {label}"), f"adapter {label}")
+        adapters.append((ref, manifest))
+    validate(comp, comp.base, base, adapters)
+    arch = base.architecture
+    heads = {"attn_q": arch["num_heads"], "attn_k": arch["num_kv_heads"]}
+    overlays = []
+    for ref, manifest in adapters:
+        label = ref.name or dg.short(ref.digest)
+        targets = [_target_data(store, label, manifest.kind, t) for t in manifest.targets]
+        overlays.append(build_overlay(manifest.kind, ref.weight, targets, src_layout=manifest.row_layout,
+                                      dst_layout=base.qk_row_layout, heads=heads))
+    return Staged(comp, comp.base, base, adapters, overlays)
+
+
+def _target_data(store: Store, label: str, kind: str, t) -> TargetData:
+    tensors = {}
+    for key, ref in t.tensors.items():
+        arr = tensor_from_bytes(ref, _verified(store, ref.digest, f"adapter {label}"))
+        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+            raise Incompatible(f"adapter {label}: tensor {key} of {t.module} has non-finite values")
+        tensors[key] = arr
+    if kind == "sparse":
+        idx = tensors["indices"]
+        if idx.size and (idx.min() < 0 or idx.max() >= t.out_features * t.in_features):
+            raise Incompatible(f"adapter {label}: sparse indices of {t.module} fall outside the weight")
+    return TargetData(t.module, t.out_features, t.in_features, tensors, t.scale, t.ia3_on)

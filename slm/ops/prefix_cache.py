@@ -1,0 +1,64 @@
+"""Prompt KV cache under .slm/cache/prefix/<composition id>/<key>.npz.
+
+The key is (composition id, prompt token ids): an entry made under one composition is never
+looked up under another, so a switch can never serve stale state. Entries are derived data:
+a damaged or mismatched one is treated as a miss, and the whole folder is safe to delete.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from slm.model.llama import KVCache
+from slm.store import digest as dg
+from slm.store import fs
+
+MAX_ENTRIES = 64  # per composition; the oldest are dropped first
+
+
+class PrefixCache:
+    def __init__(self, cache_root: Path, comp_id: str):
+        self.dir = cache_root / "prefix" / dg.hex_of(comp_id)
+        self.comp_id = comp_id
+
+    def _path(self, tokens: list[int]) -> Path:
+        key = dg.of_bytes(np.asarray(tokens, dtype="<i8").tobytes())
+        return self.dir / f"{dg.hex_of(key)}.npz"
+
+    def get(self, tokens: list[int], cache: KVCache) -> np.ndarray | None:
+        """Fill `cache` with the prompt's keys/values and return its last logits, or None."""
+        path = self._path(tokens)
+        try:
+            with np.load(path, allow_pickle=False) as entry:
+                if str(entry["composition"]) != self.comp_id or entry["tokens"].tolist() != list(tokens):
+                    return None
+                k, v, logits = entry["k"], entry["v"], entry["logits"]
+        except (OSError, KeyError, ValueError):
+            return None
+        n = len(tokens)
+        if k.shape != cache.k[:, :n].shape or v.shape != cache.v[:, :n].shape:
+            return None
+        cache.k[:, :n], cache.v[:, :n] = k, v
+        cache.length = n
+        return logits
+
+    def put(self, tokens: list[int], cache: KVCache, logits: np.ndarray) -> None:
+        n = len(tokens)
+        buf = io.BytesIO()
+        np.savez(buf, composition=np.str_(self.comp_id), tokens=np.asarray(tokens, dtype=np.int64),
+                 k=cache.k[:, :n], v=cache.v[:, :n], logits=logits)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fs.atomic_replace(self._path(tokens), buf.getvalue())
+            self._trim()
+        except Exception:
+            pass  # a cache that cannot be written is only a missed speed-up
+
+    def _trim(self) -> None:
+        entries = sorted(self.dir.glob("*.npz"), key=lambda p: p.stat().st_mtime)
+        for old in entries[:-MAX_ENTRIES]:
+            os.unlink(old)

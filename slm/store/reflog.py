@@ -1,0 +1,110 @@
+"""logs/active: one checksummed line per transition of refs/active, append-only.
+
+    <seq> <old id or -> <new id> <unix time> <op> <check>\n
+    check = first 16 hex of BLAKE3 of everything before it on the line
+
+Each line is appended and fsynced before refs/active changes. A last line without its
+newline or with a bad check is a torn tail from a crash: readers ignore it and report it;
+`slm fsck --repair` truncates it. A bad line anywhere else is corruption.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slm.errors import IntegrityError, NeedsRecovery
+from slm.store import digest as dg
+from slm.store import fs
+
+NONE = "-"
+_OP = re.compile(r"[a-z][a-z-]{0,31}")
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    old: str | None
+    new: str
+    time: float
+    op: str
+
+    def body(self) -> str:
+        return f"{self.seq} {self.old or NONE} {self.new} {self.time:.6f} {self.op}"
+
+
+def _check(body: str) -> str:
+    return dg.of_bytes(body.encode("ascii"))[len(dg.PREFIX):][:16]
+
+
+def encode(entry: Entry) -> bytes:
+    body = entry.body()
+    return f"{body} {_check(body)}\n".encode("ascii")
+
+
+def parse_line(line: str) -> Entry | None:
+    """The entry on a line (without its newline), or None if the line is not intact."""
+    parts = line.split(" ")
+    if len(parts) != 6:
+        return None
+    seq, old, new, stamp, op, check = parts
+    if check != _check(" ".join(parts[:5])):
+        return None
+    try:
+        entry = Entry(int(seq), None if old == NONE else old, new, float(stamp), op)
+    except ValueError:
+        return None
+    ok = dg.is_digest(entry.new) and (entry.old is None or dg.is_digest(entry.old))
+    return entry if ok and _OP.fullmatch(op) else None
+
+
+@dataclass
+class ReflogState:
+    entries: list[Entry]
+    torn_tail: bytes  # bytes after the last intact line (empty when clean)
+    intact_size: int  # length of the intact prefix, for truncation
+
+
+class Reflog:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def read(self) -> ReflogState:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return ReflogState([], b"", 0)
+        entries: list[Entry] = []
+        pos = 0
+        while pos < len(data):
+            end = data.find(b"\n", pos)
+            if end < 0:
+                break  # no newline: torn
+            try:
+                entry = parse_line(data[pos:end].decode("ascii"))
+            except UnicodeDecodeError:
+                entry = None
+            if entry is None or entry.seq != len(entries) + 1:
+                if data.find(b"\n", end + 1) >= 0:
+                    raise IntegrityError(
+                        f"{self.path}: line {len(entries) + 1} is damaged (run `slm fsck`)"
+                    )
+                break  # the damaged line is the last one: a torn tail
+            entries.append(entry)
+            pos = end + 1
+        return ReflogState(entries, data[pos:], pos)
+
+    def entries(self) -> list[Entry]:
+        return self.read().entries
+
+    def append(self, old: str | None, new: str, op: str, state: ReflogState | None = None) -> Entry:
+        state = state or self.read()
+        if state.torn_tail:
+            raise NeedsRecovery(f"{self.path} has a torn last line; run `slm fsck --repair`")
+        entry = Entry(len(state.entries) + 1, old, new, time.time(), op)
+        fs.point("reflog.before-append")
+        fs.append_durably(self.path, encode(entry))
+        fs.point("reflog.after-append")
+        return entry

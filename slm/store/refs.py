@@ -1,0 +1,53 @@
+"""refs/active: the one pointer that names the active composition.
+
+    refs/active   "<composition id> <check>\n"   check = first 16 hex of BLAKE3(id)
+
+Replaced with fs.atomic_replace (temp, fsync, rename, fsync dir), so a reader sees the old or
+the new pointer, never a mix; the check catches a file that was damaged some other way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slm.errors import IntegrityError
+from slm.store import digest as dg
+from slm.store import fs
+
+
+def _check(value: str) -> str:
+    return dg.of_bytes(value.encode("ascii"))[len(dg.PREFIX):][:16]
+
+
+def encode_ref(value: str) -> bytes:
+    return f"{value} {_check(value)}\n".encode("ascii")
+
+
+def decode_ref(data: bytes, where: str) -> str:
+    try:
+        value, check = data.decode("ascii").rstrip("\n").split(" ")
+    except (UnicodeDecodeError, ValueError) as err:
+        raise IntegrityError(f"{where} is damaged (run `slm fsck`)") from err
+    if not data.endswith(b"\n") or not dg.is_digest(value) or check != _check(value):
+        raise IntegrityError(f"{where} is damaged (run `slm fsck`)")
+    return value
+
+
+class Ref:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def read(self) -> str | None:
+        """The composition id, or None if nothing was ever activated."""
+        if self.path.is_symlink():
+            raise IntegrityError(f"{self.path} is a symlink; the store refuses links")
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return decode_ref(data, str(self.path))
+
+    def write(self, value: str) -> None:
+        fs.point("ref.before-replace")
+        fs.atomic_replace(self.path, encode_ref(value))
+        fs.point("ref.after-replace")

@@ -1,0 +1,180 @@
+"""Compositions, refs/active, the reflog and the activate/rollback transaction (tiny bases)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import one_line, snapshot
+from slm.compose.composition import parse_composition
+from slm.store.refs import decode_ref
+
+
+@pytest.fixture
+def two_bases(cli, store, tiny_model):
+    assert cli("import", "base", tiny_model["gguf_q"], "--name", "tq").code == 0
+    assert cli("import", "base", tiny_model["hf"], "--name", "th").code == 0
+    return store
+
+
+def _activate(cli, *args):
+    r = cli("activate", *args, "--json")
+    assert r.code == 0, r.err
+    return r.json()
+
+
+def test_activate_writes_ref_and_reflog(cli, two_bases, store_dir):
+    first = _activate(cli, "tq")
+    assert first["changed"] and first["previous"] is None
+    comp_id = first["active"]["id"]
+    assert decode_ref((store_dir / "refs" / "active").read_bytes(), "ref") == comp_id
+    log = cli("log", "--json").json()
+    assert [(e["seq"], e["op"], e["old"], e["new"]) for e in log] == [(1, "activate", None, comp_id)]
+    status = cli("status", "--json").json()
+    assert status["active"]["id"] == comp_id and status["active"]["base_name"] == "tq"
+    assert not status["interrupted_transaction"] and not status["torn_reflog_tail"]
+
+
+def test_activating_the_active_composition_changes_nothing(cli, two_bases, store_dir):
+    _activate(cli, "tq")
+    before = snapshot(store_dir)
+    again = _activate(cli, "tq")
+    assert again["changed"] is False
+    assert snapshot(store_dir) == before
+
+
+def test_rollback_steps_and_to(cli, two_bases):
+    a = _activate(cli, "tq")["active"]["id"]
+    b = _activate(cli, "th")["active"]["id"]
+    back = _activate_rollback(cli)
+    assert back == a
+    assert _activate_rollback(cli) == b, "rollback is itself a transition, so it can be undone"
+    assert _activate_rollback(cli, "-n", "3") == a
+    assert _activate_rollback(cli, "--to", b[7:19]) == b
+    ops = [e["op"] for e in cli("log", "--json").json()]
+    assert ops == ["rollback"] * 4 + ["activate"] * 2
+
+
+def _activate_rollback(cli, *args):
+    r = cli("rollback", *args, "--json")
+    assert r.code == 0, r.err
+    return r.json()["active"]["id"]
+
+
+def test_rollback_past_the_beginning_is_refused(cli, two_bases, store_dir):
+    _activate(cli, "tq")
+    before = snapshot(store_dir)
+    r = cli("rollback")
+    assert r.code == 4 and one_line(r.err)
+    r = cli("rollback", "-n", "5")
+    assert r.code == 4 and one_line(r.err)
+    assert snapshot(store_dir) == before
+
+
+def test_composition_identity_ignores_spelling():
+    base, adapter = "blake3:" + "1" * 64, "blake3:" + "2" * 64
+    plain = (
+        f'schema = "slm.composition/1"\nbase = "{base}"\ntokenizer = "{base}"\n'
+        f'architecture = "{base}"\nquant_profile = "q4_1"\n'
+        'runtime = { name = "slm", version = "0.1.0" }\n'
+        f'[[adapters]]\ndigest = "{adapter}"\nload_order = 1\nweight = 0.7\n'
+    )
+    # other key order, other float spelling, other whitespace, a name and provenance added
+    respelled = (
+        f'quant_profile="q4_1"\nschema="slm.composition/1"\narchitecture="{base}"\n'
+        f'tokenizer="{base}"\nbase="{base}"\nruntime={{version="0.1.0",name="slm"}}\n'
+        '[provenance]\ncreated_at="2020-01-01T00:00:00Z"\n'
+        f'[[adapters]]\nweight=7e-1\nload_order=1\nname="renamed"\ndigest="{adapter}"\n'
+    )
+    a, b = parse_composition(plain.encode()), parse_composition(respelled.encode())
+    assert a.id == b.id
+    c = parse_composition(respelled.replace("7e-1", "0.75").encode())
+    assert c.id != a.id, "the weight is part of the identity"
+
+
+def _write_manifest(tmp_path, cli, drop=None, **changes):
+    base_id = cli("status", "--json").json()["active"]["id"]
+    text = cli("show", base_id, "--json").json()["manifest_toml"]
+    lines = [ln for ln in text.splitlines() if not (drop and ln.startswith(drop + " "))]
+    text = "\n".join(lines) + "\n"
+    for key, value in changes.items():
+        text = "\n".join(f'{key} = "{value}"' if ln.startswith(key + " ") else ln
+                         for ln in text.splitlines()) + "\n"
+    path = tmp_path / "comp.toml"
+    path.write_text(text)
+    return path
+
+
+def test_activate_from_file(cli, two_bases, tmp_path):
+    first = _activate(cli, "tq")["active"]["id"]
+    path = _write_manifest(tmp_path, cli)
+    _activate(cli, "th")
+    again = _activate(cli, "-f", path)
+    assert again["active"]["id"] == first
+
+
+@pytest.mark.parametrize("case,code", [
+    ("missing_field", 4), ("tokenizer_mismatch", 6), ("unknown_digest", 3), ("bad_toml", 4),
+    ("profile_mismatch", 6), ("runtime_skew", 6),
+])
+def test_bad_manifests_are_rejected_without_change(cli, two_bases, store_dir, tmp_path, case, code):
+    _activate(cli, "tq")
+    other_tok = cli("show", "th", "--json").json()["tokenizer"]["digest"]
+    if case == "missing_field":
+        path = _write_manifest(tmp_path, cli, drop="tokenizer")
+    elif case == "tokenizer_mismatch":
+        path = _write_manifest(tmp_path, cli, tokenizer=other_tok)
+    elif case == "unknown_digest":
+        path = _write_manifest(tmp_path, cli, base="blake3:" + "e" * 64)
+    elif case == "profile_mismatch":
+        path = _write_manifest(tmp_path, cli, quant_profile="q8_0")
+    elif case == "runtime_skew":
+        path = _write_manifest(tmp_path, cli)
+        path.write_text(path.read_text().replace('version = "0.1.0"', 'version = "9.9.9"'))
+    else:
+        path = tmp_path / "comp.toml"
+        path.write_text("this is = = not toml")
+    before = snapshot(store_dir)
+    r = cli("activate", "-f", path)
+    assert r.code == code, r.err
+    assert one_line(r.err)
+    assert snapshot(store_dir) == before
+
+
+def test_torn_reflog_tail_blocks_switching(cli, two_bases, store_dir):
+    _activate(cli, "tq")
+    with open(store_dir / "logs" / "active", "ab") as f:
+        f.write(b"2 blake3:abc")  # a crash mid-append
+    assert cli("status", "--json").json()["torn_reflog_tail"] is True
+    assert len(cli("log", "--json").json()) == 1, "the torn line is not an entry"
+    r = cli("activate", "th")
+    assert r.code == 9 and "fsck" in r.err
+
+
+def test_damaged_ref_is_an_integrity_error(cli, two_bases, store_dir):
+    _activate(cli, "tq")
+    (store_dir / "refs" / "active").write_text("blake3:" + "0" * 64 + " 0000\n")
+    r = cli("status")
+    assert r.code == 5 and one_line(r.err)
+
+
+def test_pending_journal_intent_refuses(cli, two_bases, store_dir):
+    _activate(cli, "tq")
+    (store_dir / "journal" / "active.intent").write_text("garbage\n")
+    r = cli("activate", "th")
+    assert r.code == 9 and "fsck --repair" in r.err
+
+
+def test_run_uses_the_active_composition_and_the_prefix_cache(cli, two_bases):
+    r = cli("run", "hello there", "-n", "3", "--json")
+    assert r.code == 3, "nothing active yet"
+    comp = _activate(cli, "tq")["active"]["id"]
+    first = cli("run", "hello there", "-n", "4", "--json").json()
+    second = cli("run", "hello there", "-n", "4", "--json").json()
+    assert first["composition"] == comp
+    assert (first["prefix_cache"], second["prefix_cache"]) == ("miss", "hit")
+    assert first["tokens"] == second["tokens"]
+    _activate(cli, "th")
+    switched = cli("run", "hello there", "-n", "4", "--json").json()
+    assert switched["prefix_cache"] == "miss", "an entry of another composition is never used"
+    direct = cli("run", "hello there", "-n", "4", "--base", "th", "--json").json()
+    assert switched["tokens"] == direct["tokens"]
