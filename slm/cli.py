@@ -12,9 +12,9 @@ import typer
 
 from slm import render
 from slm.errors import ExitCode, SlmError, UsageError
-from slm.ops import activation, importing, inspect
+from slm.ops import activation, fsck as fsck_ops, importing, inspect
 from slm.ops.run import RunOptions, run_prompt
-from slm.store import Store, find_store, init_store
+from slm.store import Store, faults, find_store, init_store
 from slm.store.store import default_init_path
 
 app = typer.Typer(
@@ -157,6 +157,24 @@ def log_cmd(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     else:
         render.reflog(entries)
 
+
+@app.command()
+def fsck(
+    ctx: typer.Context,
+    repair: bool = typer.Option(False, "--repair", help="Restore the last consistent state; say what was done."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Check every blob, manifest, name, ref and reflog line (re-hashing everything)."""
+    progress = render.BarProgress(enabled=False if json_out else None)
+    report = fsck_ops.fsck(_store(ctx), repair, progress)
+    if json_out:
+        render.print_json(report)
+    else:
+        render.fsck_report(report)
+    code = fsck_ops.exit_code(report)
+    if code:
+        raise typer.Exit(code)
+
 @app.command("ls")
 def ls(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """List the bases, adapters and compositions in the store."""
@@ -226,6 +244,7 @@ def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (tests call this; `main` exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
+    faults.install_from_env()
     try:
         result = app(args=argv, prog_name="slm", standalone_mode=False)
     except SlmError as err:

@@ -183,3 +183,19 @@ def run_footer(result: dict) -> None:
         f"{len(result['tokens'])} generated at {t['decode_tok_s']:.1f} tok/s "
         f"(stopped: {result['stop_reason']})[/]"
     )
+
+
+def fsck_report(report: dict) -> None:
+    checked = f"{report['blobs_checked']} blobs ({human_bytes(report['bytes_checked'])}) re-hashed"
+    if report["clean"]:
+        out.print(f"clean: {checked}")
+        return
+    for f in report["findings"]:
+        if f["repaired"]:
+            mark = f"[green]fixed[/]: {f['action']}"
+        elif report["repair"] or not f["repairable"]:
+            mark = "[red]cannot be repaired from inside the store[/]"
+        else:
+            mark = f"[yellow]`slm fsck --repair` will {f['action']}[/]"
+        out.print(f"{f['problem']}: {f['what']} -- {mark}", highlight=False)
+    out.print(f"{checked}; {len(report['findings'])} finding(s), {report['unresolved']} unresolved")

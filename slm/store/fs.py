@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -210,3 +211,25 @@ def append_durably(path: Path, data: bytes) -> None:
         os.close(fd)
     if created:
         fsync_dir(path.parent)
+
+
+def truncate(path: Path, size: int) -> None:
+    """Cut a file to `size` bytes and fsync it (drops a torn log tail)."""
+    _fault_point("truncate", f"{path} to {size}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise _io_error("open", path, err) from err
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    except OSError as err:
+        raise _io_error("truncate", path, err) from err
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a staging directory or other junk (best effort: junk may be half gone)."""
+    _fault_point("rmtree", str(path))
+    shutil.rmtree(path, ignore_errors=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -147,6 +146,6 @@ class Staging:
 
     def discard(self) -> None:
         if self.dir is not None and self.dir.exists():
-            shutil.rmtree(self.dir, ignore_errors=True)
+            fs.remove_tree(self.dir)
         self.dir = None
         self.staged = {}

@@ -1,0 +1,218 @@
+"""`slm fsck [--repair]`: check every invariant of the store; with --repair, restore the last
+consistent state and say exactly what was done.
+
+Recovery rule: the reflog is the commit record. A transaction is committed once its reflog
+line is durable (everything it names was made durable before that line). So after a crash:
+    torn last reflog line            -> truncated (that transaction never committed)
+    refs/active != last reflog entry -> refs/active := last entry (roll forward)
+    journal intent left behind       -> removed once the ref agrees with the reflog
+A blob whose bytes do not match its name cannot be repaired from inside the store: it is moved
+to lost+found/ so that re-importing the original file can store it again.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slm.compose.adapter_manifest import parse_adapter_manifest
+from slm.compose.base_manifest import parse_base_manifest
+from slm.errors import ExitCode, SlmError
+from slm.ops import compositions
+from slm.ops.progress import NoProgress, Progress
+from slm.store import Store
+from slm.store import digest as dg
+from slm.store import fs
+from slm.store.objects import BLOB_MODE
+
+
+@dataclass
+class Finding:
+    problem: str  # a short kind: corrupt-blob, torn-reflog, interrupted, ...
+    what: str  # which file or object, and what is wrong
+    action: str = ""  # what --repair did (or would do)
+    repaired: bool = False
+    repairable: bool = True
+
+
+class Fsck:
+    def __init__(self, store: Store, repair: bool, progress: Progress):
+        self.store, self.repair, self.progress = store, repair, progress
+        self.findings: list[Finding] = []
+        self.corrupt: set[str] = set()
+        self.blobs = 0
+        self.bytes = 0
+
+    def add(self, problem: str, what: str, action: str = "", fix=None, repairable: bool = True) -> None:
+        finding = Finding(problem, what, action, repairable=repairable and fix is not None)
+        if self.repair and fix is not None:
+            fix()
+            finding.repaired = True
+        self.findings.append(finding)
+
+    # -- files ---------------------------------------------------------------------------
+    def check_junk(self) -> None:
+        root = self.store.root
+        for entry in sorted((root / "tmp").iterdir()):
+            self.add("junk", f"tmp/{entry.name} left by an interrupted command", "remove it",
+                     lambda e=entry: fs.remove_tree(e) if e.is_dir() else fs.unlink(e))
+        for folder in [root / "refs", root / "logs", root / "journal", *(root / "names").glob("*")]:
+            for entry in sorted(folder.glob(".*.tmp")):
+                self.add("junk", f"{entry.relative_to(root)}: a temp file of an interrupted write",
+                         "remove it", lambda e=entry: fs.unlink(e))
+
+    def check_blobs(self) -> None:
+        objects = self.store.objects
+        digests = sorted(objects.digests())
+        self.progress.start("re-hashing blobs", sum(objects.path(d).lstat().st_size for d in digests))
+        for digest in digests:
+            path = objects.path(digest)
+            info = path.lstat()
+            self.blobs += 1
+            self.bytes += info.st_size
+            if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+                self.corrupt.add(digest)
+                self.add("symlink", f"objects/blake3/{path.name} is not a regular file",
+                         "move it to lost+found/", lambda p=path: self._quarantine(p))
+            elif objects.hash_file(digest) != digest:
+                self.corrupt.add(digest)
+                self.add("corrupt-blob", f"blob {dg.short(digest)}: its bytes do not hash to its name",
+                         "move it to lost+found/ (re-import the original to restore it)",
+                         lambda p=path: self._quarantine(p))
+            elif stat.S_IMODE(info.st_mode) != BLOB_MODE:
+                self.add("blob-mode", f"blob {dg.short(digest)} is writable "
+                         f"(mode {stat.S_IMODE(info.st_mode):o})", "make it read-only (0444)",
+                         lambda p=path: fs.chmod(p, BLOB_MODE))
+            self.progress.advance(info.st_size)
+        self.progress.finish()
+
+    def _quarantine(self, path: Path) -> None:
+        lost = self.store.root / "lost+found"
+        fs.mkdir(lost)
+        fs.rename(path, lost / path.name)
+        fs.fsync_dir(path.parent)
+
+    def _blob_ok(self, digest: str) -> bool:
+        return digest not in self.corrupt and self.store.objects.has(digest)
+
+    # -- manifests and names ------------------------------------------------------------------
+    def check_names(self) -> None:
+        parsers = {"bases": self._base_blobs, "adapters": self._adapter_blobs}
+        for kind, blobs_of in parsers.items():
+            for name, digest in self._names(kind):
+                self._check_manifest(f"{kind[:-1]} {name}", digest, blobs_of)
+        for hex_id, digest in self._names("compositions"):
+            self._check_composition(dg.PREFIX + hex_id)
+
+    def _names(self, kind: str) -> list[tuple[str, str]]:
+        try:
+            return self.store.names.items(kind)
+        except SlmError as err:
+            self.add("bad-name", str(err), repairable=False)
+            return []
+
+    def _check_manifest(self, label: str, digest: str, blobs_of) -> list[str]:
+        if not self._blob_ok(digest):
+            self.add("missing-manifest", f"{label}: manifest {dg.short(digest)} is missing or corrupt",
+                     repairable=False)
+            return []
+        try:
+            blobs = blobs_of(self.store.objects.read_verified(digest))
+        except SlmError as err:
+            self.add("bad-manifest", f"{label}: {err}", repairable=False)
+            return []
+        missing = [d for d in blobs if not self._blob_ok(d)]
+        if missing:
+            self.add("missing-blob", f"{label}: {len(missing)} blob(s) missing or corrupt, "
+                     f"e.g. {dg.short(missing[0])}", repairable=False)
+        return blobs
+
+    @staticmethod
+    def _base_blobs(data: bytes) -> list[str]:
+        return parse_base_manifest(data).blob_digests()
+
+    @staticmethod
+    def _adapter_blobs(data: bytes) -> list[str]:
+        return parse_adapter_manifest(data).blob_digests()
+
+    def _check_composition(self, comp_id: str) -> bool:
+        label = f"composition {dg.short(comp_id)}"
+        try:
+            comp = compositions.load(self.store, comp_id)
+        except SlmError as err:
+            self.add("bad-composition", f"{label}: {err}", repairable=False)
+            return False
+        ok = bool(self._check_manifest(f"{label} base", comp.base, self._base_blobs))
+        for a in comp.adapters:
+            ok &= bool(self._check_manifest(f"{label} adapter {a.name}", a.digest, self._adapter_blobs))
+        return ok
+
+    # -- refs/active, reflog, journal -----------------------------------------------------
+    def check_transitions(self) -> None:
+        store = self.store
+        log = store.reflog.read()
+        if log.torn_tail:
+            self.add("torn-reflog", f"logs/active ends with {len(log.torn_tail)} bytes of a torn line",
+                     "truncate the torn line", lambda: fs.truncate(store.reflog.path, log.intact_size))
+        known = {dg.PREFIX + h for h, _ in store.names.items("compositions")}
+        for e in log.entries:
+            for comp_id in filter(None, (e.old, e.new)):
+                if comp_id not in known:
+                    self.add("unknown-composition", f"reflog entry {e.seq} names {dg.short(comp_id)}, "
+                             "which the store does not have", repairable=False)
+        committed = log.entries[-1].new if log.entries else None
+        try:
+            ref = store.active_ref.read()
+            ref_damaged = False
+        except SlmError:
+            ref, ref_damaged = None, True
+        if ref_damaged or ref != committed:
+            state = "damaged" if ref_damaged else (dg.short(ref) if ref else "absent")
+            if committed is None:
+                self.add("ref-mismatch", f"refs/active is {state} but the reflog is empty",
+                         "remove refs/active", lambda: fs.unlink(store.active_ref.path))
+            else:
+                self.add("ref-mismatch", f"refs/active is {state}; the last committed transition "
+                         f"made {dg.short(committed)} active", f"set refs/active to {dg.short(committed)}",
+                         lambda: store.active_ref.write(committed))
+        for intent in store.journal.pending():
+            path = intent if isinstance(intent, Path) else store.journal.root / f"{intent.name}.intent"
+            what = (f"journal/{path.name}: a damaged intent record" if isinstance(intent, Path) else
+                    f"interrupted {intent.op} from {dg.short(intent.old or '-')} to {dg.short(intent.new)}")
+            self.add("interrupted", what, "clear it (refs/active follows the reflog)",
+                     lambda p=path: (fs.unlink(p), fs.fsync_dir(p.parent)))
+
+    def run(self) -> dict:
+        self.check_junk()
+        self.check_blobs()
+        self.check_names()
+        self.check_transitions()
+        unresolved = [f for f in self.findings if not f.repaired]
+        return {
+            "clean": not self.findings,
+            "repair": self.repair,
+            "blobs_checked": self.blobs,
+            "bytes_checked": self.bytes,
+            "findings": [asdict(f) for f in self.findings],
+            "unresolved": len(unresolved),
+        }
+
+
+def exit_code(report: dict) -> int:
+    unresolved = [f for f in report["findings"] if not f["repaired"]]
+    if not unresolved:
+        return int(ExitCode.OK)
+    if any(f["problem"] in ("torn-reflog", "interrupted", "ref-mismatch", "junk") and f["repairable"]
+           for f in unresolved):
+        return int(ExitCode.NEEDS_RECOVERY)
+    return int(ExitCode.INTEGRITY)
+
+
+def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -> dict:
+    checker = Fsck(store, repair, progress or NoProgress())
+    if not repair:
+        return checker.run()
+    with store.locked():
+        return checker.run()

@@ -1,0 +1,63 @@
+"""Test hook: inject crashes and I/O errors into the fs layer (SQLite test6.c style).
+
+Selected by the environment variable SLM_FAULTS, read once when the CLI starts:
+
+    SLM_FAULTS=crash@point=ref.before-replace   exit at once (os._exit) at a named point
+    SLM_FAULTS=crash@op=7                        exit at once before the 7th fs operation
+    SLM_FAULTS=eio@op=3                          the 3rd fs operation fails with EIO
+    SLM_FAULTS=enospc@op=3                       ... with ENOSPC
+    SLM_FAULTS=trace                             print every fs operation to stderr
+
+Operations are counted from 1 in the order the fs layer performs them (named points are
+not counted). A crash exits with CRASH_EXIT_CODE without flushing or cleaning anything, as
+a power cut would leave the process. This is a test hook, not a user feature.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+from slm.errors import IOFailure
+from slm.store import fs
+
+ENV = "SLM_FAULTS"
+CRASH_EXIT_CODE = 86
+
+
+class FaultPlan:
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.count = 0
+        self.trace = spec == "trace"
+        self.action, _, where = spec.partition("@")
+        self.point = where.removeprefix("point=") if where.startswith("point=") else None
+        self.op = int(where.removeprefix("op=")) if where.startswith("op=") else None
+        if not self.trace and (self.action not in ("crash", "eio", "enospc") or
+                               (self.point is None and self.op is None)):
+            raise ValueError(f"bad {ENV}={spec!r}")
+
+    def __call__(self, op: str, detail: str) -> None:
+        if op == "point":
+            if self.trace:
+                print(f"slm-fault point {detail}", file=sys.stderr)
+            if detail == self.point:
+                self._fire(op, detail)
+            return
+        self.count += 1
+        if self.trace:
+            print(f"slm-fault op {self.count} {op} {detail}", file=sys.stderr)
+        if self.count == self.op:
+            self._fire(op, detail)
+
+    def _fire(self, op: str, detail: str) -> None:
+        if self.action == "crash":
+            os._exit(CRASH_EXIT_CODE)
+        code = errno.EIO if self.action == "eio" else errno.ENOSPC
+        raise IOFailure(f"cannot {op} {detail}: {os.strerror(code)} (injected)")
+
+
+def install_from_env() -> None:
+    spec = os.environ.get(ENV)
+    fs.fault_hook = FaultPlan(spec) if spec else None
