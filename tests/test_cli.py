@@ -20,7 +20,8 @@ def test_cli_reference_is_up_to_date():
 def test_help_lists_the_verbs(cli):
     r = cli("--help")
     assert r.code == 0
-    for verb in ("init", "import", "ls", "show", "run"):
+    for verb in ("init", "import", "ls", "show", "run", "activate", "deactivate", "rollback",
+                 "status", "log", "fsck"):
         assert verb in r.out
 
 
@@ -53,7 +54,7 @@ def test_show_unknown_name(cli):
     assert r.code == 3 and one_line(r.err)
 
 
-def test_run_needs_a_base(cli):
+def test_run_with_nothing_active(cli):
     cli("init")
     r = cli("run", "hello")
-    assert r.code == 2 and one_line(r.err)
+    assert r.code == 3 and one_line(r.err) and "slm activate" in r.err
