@@ -12,7 +12,7 @@ import typer
 
 from slm import render
 from slm.errors import ExitCode, SlmError, UsageError
-from slm.ops import activation, fsck as fsck_ops, importing, inspect
+from slm.ops import activation, fsck as fsck_ops, gc as gc_ops, importing, inspect
 from slm.ops.run import RunOptions, run_prompt
 from slm.store import Store, faults, find_store, init_store
 from slm.store.store import default_init_path
@@ -174,6 +174,20 @@ def fsck(
     code = fsck_ops.exit_code(report)
     if code:
         raise typer.Exit(code)
+
+
+@app.command()
+def gc(
+    ctx: typer.Context,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; remove nothing."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Remove blobs and records that no name, ref or reflog line can reach."""
+    result = gc_ops.gc(_store(ctx), dry_run, on_plan=None if json_out else render.gc_plan)
+    if json_out:
+        render.print_json(result)
+    else:
+        render.gc_done(result)
 
 @app.command("ls")
 def ls(ctx: typer.Context, json_out: bool = JsonOpt) -> None:

@@ -199,3 +199,19 @@ def fsck_report(report: dict) -> None:
             mark = f"[yellow]`slm fsck --repair` will {f['action']}[/]"
         out.print(f"{f['problem']}: {f['what']} -- {mark}", highlight=False)
     out.print(f"{checked}; {len(report['findings'])} finding(s), {report['unresolved']} unresolved")
+
+
+def gc_plan(plan: dict) -> None:
+    out.print(
+        f"plan: remove {len(plan['blobs'])} blobs ({human_bytes(plan['bytes'])}), "
+        f"{len(plan['composition_records'])} composition records, "
+        f"{len(plan['cache_dirs'])} prefix-cache folders; keep {plan['kept_blobs']} blobs"
+    )
+    for b in plan["blobs"][:20]:
+        out.print(f"  blob {dg.short(b['digest'])}  {human_bytes(b['bytes'])}")
+    if len(plan["blobs"]) > 20:
+        out.print(f"  ... and {len(plan['blobs']) - 20} more")
+
+
+def gc_done(result: dict) -> None:
+    out.print("dry run: nothing removed" if result["dry_run"] else "done")

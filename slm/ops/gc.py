@@ -1,0 +1,84 @@
+"""`slm gc [--dry-run]`: remove what nothing can reach; print the plan first.
+
+Retention: kept are every named base and adapter, the active composition, and every
+composition that appears in the reflog (so `slm rollback --to` can reach any of them), with
+every blob those manifests name. Removed: other blobs (e.g. left by an interrupted import),
+composition records that no ref or reflog line names, and prefix-cache entries of compositions
+that are no longer kept. lost+found/ is left for the operator.
+"""
+
+from __future__ import annotations
+
+from slm.compose.adapter_manifest import parse_adapter_manifest
+from slm.compose.base_manifest import parse_base_manifest
+from slm.errors import NeedsRecovery
+from slm.ops import compositions
+from slm.store import Store
+from slm.store import digest as dg
+from slm.store import fs
+
+
+def _reachable(store: Store) -> tuple[set[str], set[str]]:
+    """(blobs to keep, composition ids to keep)."""
+    keep: set[str] = set()
+
+    def base(digest: str) -> None:
+        keep.add(digest)
+        keep.update(parse_base_manifest(store.objects.read_verified(digest)).blob_digests())
+
+    def adapter(digest: str) -> None:
+        keep.add(digest)
+        keep.update(parse_adapter_manifest(store.objects.read_verified(digest)).blob_digests())
+
+    for _, digest in store.names.items("bases"):
+        base(digest)
+    for _, digest in store.names.items("adapters"):
+        adapter(digest)
+    comps = {e.new for e in store.reflog.entries()} | {e.old for e in store.reflog.entries() if e.old}
+    active = store.active_ref.read()
+    if active:
+        comps.add(active)
+    for comp_id in comps:
+        keep.add(store.names.resolve("compositions", dg.hex_of(comp_id)))
+        comp = compositions.load(store, comp_id)
+        base(comp.base)
+        for a in comp.adapters:
+            adapter(a.digest)
+    return keep, comps
+
+
+def plan(store: Store) -> dict:
+    if store.journal.pending() or store.reflog.read().torn_tail:
+        raise NeedsRecovery("an earlier transaction was interrupted; run `slm fsck --repair` before gc")
+    keep, comps = _reachable(store)
+    blobs = sorted(d for d in store.objects.digests() if d not in keep)
+    records = sorted(h for h, _ in store.names.items("compositions") if dg.PREFIX + h not in comps)
+    prefix_root = store.path("cache", "prefix")
+    caches = sorted(p.name for p in prefix_root.iterdir() if dg.PREFIX + p.name not in comps) \
+        if prefix_root.is_dir() else []
+    return {
+        "blobs": [{"digest": d, "bytes": store.objects.size(d)} for d in blobs],
+        "composition_records": records,
+        "cache_dirs": caches,
+        "bytes": sum(store.objects.size(d) for d in blobs),
+        "kept_blobs": len(keep),
+    }
+
+
+def gc(store: Store, dry_run: bool = False, on_plan=None) -> dict:
+    with store.locked():
+        p = plan(store)
+        if on_plan:
+            on_plan(p)
+        if dry_run:
+            return {**p, "dry_run": True}
+        for hex_id in p["composition_records"]:
+            store.names.remove("compositions", hex_id)
+        for entry in p["blobs"]:
+            fs.point("gc.before-unlink")
+            fs.unlink(store.objects.path(entry["digest"]))
+        if p["blobs"]:
+            fs.fsync_dir(store.objects.dir)
+        for name in p["cache_dirs"]:
+            fs.remove_tree(store.path("cache", "prefix", name))
+    return {**p, "dry_run": False}
