@@ -61,17 +61,19 @@ def _check_target(label: str, kind: str, t: TargetRecord, shapes: dict, base: Ba
         raise Incompatible(f"adapter {label} targets the output head, which this base ties to the embedding")
     if t.module not in shapes:
         raise Incompatible(f"adapter {label} targets {t.module}, which the base lacks")
-    if tuple(shapes[t.module]) != (t.out_features, t.in_features):
+    out_features, in_features = shapes[t.module]
+    # 0 means the adapter file does not say (an IA3 vector knows only one side)
+    if t.out_features not in (0, out_features) or t.in_features not in (0, in_features):
         raise Incompatible(
             f"adapter {label}: {t.module} is {t.out_features}x{t.in_features} in the adapter, "
-            f"{'x'.join(map(str, shapes[t.module]))} in the base"
+            f"{out_features}x{in_features} in the base"
         )
     ts = {k: v.shape for k, v in t.tensors.items()}
     if kind == "lora":
         r = ts["A"][0] if len(ts["A"]) == 2 else -1
-        ok = ts["A"] == (r, t.in_features) and ts["B"] == (t.out_features, r) and r > 0
+        ok = ts["A"] == (r, in_features) and ts["B"] == (out_features, r) and r > 0
     elif kind == "ia3":
-        n = t.in_features if t.ia3_on == "input" else t.out_features
+        n = in_features if t.ia3_on == "input" else out_features
         ok = ts["vector"] == (n,) and t.ia3_on in ("input", "output")
     else:
         ok = len(ts["indices"]) == 1 and ts["indices"] == ts["values"]

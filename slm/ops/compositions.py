@@ -107,15 +107,18 @@ def stage(store: Store, comp: Composition, verify_base: bool = True) -> Staged:
     arch = base.architecture
     heads = {"attn_q": arch["num_heads"], "attn_k": arch["num_kv_heads"]}
     overlays = []
+    shapes = {t.name: t.shape for t in base.tensors}
     for ref, manifest in adapters:
         label = ref.name or dg.short(ref.digest)
-        targets = [_target_data(store, label, manifest.kind, t) for t in manifest.targets]
+        targets = [_target_data(store, label, manifest.kind, t, shapes[t.module]) for t in manifest.targets]
         overlays.append(build_overlay(manifest.kind, ref.weight, targets, src_layout=manifest.row_layout,
                                       dst_layout=base.qk_row_layout, heads=heads))
     return Staged(comp, comp.base, base, adapters, overlays)
 
 
-def _target_data(store: Store, label: str, kind: str, t) -> TargetData:
+def _target_data(store: Store, label: str, kind: str, t, base_shape: tuple[int, ...]) -> TargetData:
+    """Load a target's tensors; its dimensions come from the base weight (validated equal)."""
+    out_features, in_features = base_shape
     tensors = {}
     for key, ref in t.tensors.items():
         arr = tensor_from_bytes(ref, _verified(store, ref.digest, f"adapter {label}"))
@@ -124,6 +127,6 @@ def _target_data(store: Store, label: str, kind: str, t) -> TargetData:
         tensors[key] = arr
     if kind == "sparse":
         idx = tensors["indices"]
-        if idx.size and (idx.min() < 0 or idx.max() >= t.out_features * t.in_features):
+        if idx.size and (idx.min() < 0 or idx.max() >= out_features * in_features):
             raise Incompatible(f"adapter {label}: sparse indices of {t.module} fall outside the weight")
-    return TargetData(t.module, t.out_features, t.in_features, tensors, t.scale, t.ia3_on)
+    return TargetData(t.module, out_features, in_features, tensors, t.scale, t.ia3_on)

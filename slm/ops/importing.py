@@ -19,8 +19,10 @@ from slm.errors import InvalidInput, NotFound
 from slm.formats.adapter_source import AdapterSource
 from slm.formats.base_source import BaseSource
 from slm.formats.gguf import MAGIC
+from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
 from slm.formats.gguf_model import open_gguf_base
 from slm.formats.hf_checkpoint import is_hf_checkpoint, open_hf_base
+from slm.formats.peft import is_peft_dir, read_peft_adapter
 from slm.ops.progress import NoProgress, Progress
 from slm.store import Store
 from slm.store.names import validate_name
@@ -126,9 +128,6 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
 
 
 def open_adapter_source(path: Path) -> AdapterSource:
-    from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
-    from slm.formats.peft import is_peft_dir, read_peft_adapter
-
     if not path.exists():
         raise NotFound(f"no such file or directory: {path}")
     if path.is_dir():
