@@ -130,3 +130,22 @@ def test_adapter_for_another_hidden_size_is_refused(cli, real, tiny_model, tmp_p
     r = cli(*store, "activate", "smollm2", "tiny-lora")
     assert r.code == 6 and one_line(r.err) and "hidden_size" in r.err
     assert snapshot(real.root) == before
+
+
+def test_base_a_base_logits_are_bit_identical(cli, real, tmp_path):
+    store = ["--store", real.root]
+
+    def logits(name):
+        path = tmp_path / f"{name}.npy"
+        assert cli(*store, "run", PROMPT, "-n", "3", "--logits-out", path).code == 0
+        return np.load(path)
+
+    assert cli(*store, "activate", "smollm2").code == 0
+    base = logits("base")
+    assert cli(*store, "activate", "smollm2", "lora", "shira").code == 0
+    adapted = logits("adapted")
+    assert cli(*store, "deactivate", "shira").code == 0
+    assert cli(*store, "deactivate", "lora").code == 0
+    again = logits("again")
+    assert not np.array_equal(adapted, base)
+    assert np.array_equal(again, base) and again.tobytes() == base.tobytes()
