@@ -29,6 +29,11 @@ import_app = typer.Typer(help="Import a base model or an adapter into the store.
 app.add_typer(import_app, name="import")
 
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")
+MemoryBudgetOpt = typer.Option(
+    None, "--memory-budget", metavar="SIZE",
+    help="Refuse if the estimated peak memory exceeds SIZE (e.g. 512M, 2G); "
+         "default: memory_budget in the store's config.toml, else no limit.",
+)
 
 
 @app.callback()
@@ -101,10 +106,11 @@ def activate(
     adapters: Optional[list[str]] = typer.Argument(
         None, metavar="[ADAPTER[@WEIGHT]]...", help="Adapters in load order, each with an optional weight."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Activate a composition manifest (TOML)."),
+    memory_budget: Optional[str] = MemoryBudgetOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Validate a composition and make it the active one, atomically."""
-    result = activation.activate(_store(ctx), base, adapters or [], file)
+    result = activation.activate(_store(ctx), base, adapters or [], file, memory_budget)
     _transition(result, json_out)
 
 
@@ -228,13 +234,15 @@ def run_cmd(
         None, "--logits-out", metavar="FILE.npy",
         help="Save float32 logits (positions x vocab) for every prompt and generated position.",
     ),
+    memory_budget: Optional[str] = MemoryBudgetOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Generate text on the active composition (or --base), streaming it."""
     if prompt == "-":
         prompt = sys.stdin.read()
     options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
-                         top_p=top_p, seed=seed, chat=chat, logits_out=logits_out)
+                         top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
+                         memory_budget=memory_budget)
     sink = None if json_out else render.stream_text
     result = run_prompt(_store(ctx), options, on_text=sink)
     if json_out:

@@ -29,3 +29,18 @@ def copy_tree(src: Path, dst: Path) -> Path:
 def one_line(text: str) -> bool:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return len(lines) == 1 and "Traceback" not in text
+
+
+def peak_rss_of(argv: list[str]) -> tuple[int, str]:
+    """Run a command in a fresh process; return (its peak RSS in bytes, its stdout)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, subprocess, sys;"
+        "r = subprocess.run(sys.argv[1:], check=True, capture_output=True, text=True);"
+        "sys.stderr.write(r.stdout);"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip()), out.stderr

@@ -149,3 +149,19 @@ def test_base_a_base_logits_are_bit_identical(cli, real, tmp_path):
     again = logits("again")
     assert not np.array_equal(adapted, base)
     assert np.array_equal(again, base) and again.tobytes() == base.tobytes()
+
+
+@pytest.mark.parametrize("composition", [[], ["lora"]])
+def test_peak_rss_stays_under_the_estimate(real, composition):
+    import json
+    import subprocess
+    import sys
+
+    from helpers import peak_rss_of
+
+    slm = [sys.executable, "-m", "slm", "--store", str(real.root)]
+    subprocess.run([*slm, "activate", "smollm2", *composition], check=True, capture_output=True)
+    peak, out = peak_rss_of([*slm, "run", PROMPT, "-n", "4", "--json"])
+    estimate = json.loads(out)["memory_estimate"]["total"]
+    print(f"{composition or 'base'}: peak RSS {peak / 2**20:.0f} MiB, estimate {estimate / 2**20:.0f} MiB")
+    assert peak < estimate

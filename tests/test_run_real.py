@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import resource
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from helpers import one_line
+from helpers import one_line, peak_rss_of
 
 pytestmark = [pytest.mark.real_model]
 
@@ -89,17 +86,8 @@ def test_seeded_sampling_is_reproducible(cli, real_store):
 
 def test_peak_rss_has_no_whole_model_float32_copy(real_store):
     blob_bytes = sum(p.stat().st_size for p in (real_store.root / "objects" / "blake3").iterdir())
-    code = (
-        "import resource, subprocess, sys;"
-        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL);"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, sys.executable, "-m", "slm", "--store", str(real_store.root),
-         "run", PROMPT, "--base", "smollm2", "-n", "8"],
-        capture_output=True, text=True, check=True,
-    )
-    peak = int(out.stdout.strip())
+    peak, _ = peak_rss_of([sys.executable, "-m", "slm", "--store", str(real_store.root),
+                           "run", PROMPT, "--base", "smollm2", "-n", "8"])
     limit = blob_bytes * 2 + 150 * 2**20
     print(f"peak RSS {peak / 2**20:.0f} MiB; limit {limit / 2**20:.0f} MiB")
     assert peak < limit

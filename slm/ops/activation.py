@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from slm.compose.composition import Composition, stamped
 from slm.errors import InvalidInput, NeedsRecovery, NotFound
-from slm.ops import compositions
+from slm.ops import budget, compositions
 from slm.store import Store
 from slm.store import digest as dg
 from slm.store.reflog import Entry
@@ -32,21 +32,25 @@ def _describe(comp: Composition, comp_id: str) -> dict:
     }
 
 
-def switch(store: Store, comp: Composition, op: str) -> dict:
+def switch(store: Store, comp: Composition, op: str, memory_budget: str | None = None) -> dict:
     """Make `comp` the active composition (the one transaction behind every verb)."""
     with store.locked():
         _check_recovered(store)
         old = store.active_ref.read()
-        compositions.stage(store, comp)  # every check, every re-hash; nothing written yet
+        staged = compositions.stage(store, comp)  # every check, every re-hash; nothing written
+        est = budget.of_staged(staged)
+        budget.check(est, budget.resolve(store, memory_budget), "this composition")
         new = comp.id
         if new == old:
-            return {"changed": False, "previous": old, "active": _describe(comp, new)}
+            return {"changed": False, "previous": old, "active": _describe(comp, new),
+                    "memory_estimate": est.to_json()}
         _store_manifest(store, stamped(comp, f"slm {op}"))
         intent = store.journal.begin("active", op, old, new)
         store.reflog.append(old, new, op)
         store.active_ref.write(new)
         store.journal.end(intent)
-    return {"changed": True, "previous": old, "active": _describe(comp, new)}
+    return {"changed": True, "previous": old, "active": _describe(comp, new),
+            "memory_estimate": est.to_json()}
 
 
 def _store_manifest(store: Store, comp: Composition) -> None:
@@ -62,7 +66,8 @@ def _store_manifest(store: Store, comp: Composition) -> None:
     store.names.set("compositions", key, digest)
 
 
-def activate(store: Store, base: str | None, adapters: list[str], manifest_file=None) -> dict:
+def activate(store: Store, base: str | None, adapters: list[str], manifest_file=None,
+             memory_budget: str | None = None) -> dict:
     if manifest_file is not None:
         if base is not None or adapters:
             raise InvalidInput("give either -f FILE or BASE [ADAPTER...], not both")
@@ -71,7 +76,7 @@ def activate(store: Store, base: str | None, adapters: list[str], manifest_file=
         raise InvalidInput("name a base (and adapters), or a composition file with -f")
     else:
         comp = compositions.build(store, base, adapters)
-    return switch(store, comp, "activate")
+    return switch(store, comp, "activate", memory_budget)
 
 
 def active(store: Store) -> Composition | None:

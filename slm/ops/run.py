@@ -13,7 +13,7 @@ from slm.errors import InvalidInput, IOFailure, NotFound
 from slm.model.chat import render_chat
 from slm.model.generate import generate
 from slm.model.sampling import Sampler
-from slm.ops import activation, compositions
+from slm.ops import activation, budget, compositions
 from slm.ops.loading import load_composition
 from slm.ops.prefix_cache import PrefixCache
 from slm.store import Store
@@ -29,6 +29,7 @@ class RunOptions:
     seed: int = 0
     chat: bool = False
     logits_out: Path | None = None
+    memory_budget: str | None = None
 
 
 def _check_options(o: RunOptions) -> None:
@@ -85,6 +86,9 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
     context = model.cfg.context_length
     if len(prompt_ids) >= context:
         raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}")
+    positions = min(context, len(prompt_ids) + o.max_tokens)
+    est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=out_file is not None)
+    budget.check(est, budget.resolve(store, o.memory_budget), "this run")
 
     streamed = _Streamer(tok.decode, on_text)
     gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
@@ -109,6 +113,7 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
             "decode_tok_s": round(gen.decode_tok_s, 2),
         },
         "logits_out": str(o.logits_out) if o.logits_out else None,
+        "memory_estimate": est.to_json(),
     }
 
 

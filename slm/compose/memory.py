@@ -1,0 +1,82 @@
+"""The peak-memory estimate of running a composition (the seed's formulas, made concrete).
+
+    P = (O + B + A + D + R + KV) * (1 + slack)
+      O   runtime: the interpreter and libraries, plus the tokenizer (~500 bytes per token)
+      B   base bytes: every quantized blob is memory-mapped and read once per token
+      A   adapters: their float32 tensors, counted twice (the bytes read and the overlay copies)
+      D   dequantization scratch: bounded, allocated once (slm.model.kernels)
+      R   activations for a prefill of T tokens over S positions:
+          4 bytes x T x (6 hidden + 4 ffn + 3 heads x S), plus T x vocab when all logits are kept
+      KV  the KV cache: 2 x layers x S x kv_heads x head_dim x 4 bytes
+The constants were measured on SmolLM2-135M (docs/numerics.md, "Memory"); the slack covers
+the allocator and NumPy temporaries.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from slm.errors import InvalidInput
+
+RUNTIME_BYTES = 70 << 20
+TOKENIZER_BYTES_PER_TOKEN = 500
+SCRATCH_BYTES = 4 << 20
+SLACK = 0.10
+DEFAULT_POSITIONS = 512  # what `slm activate` plans for: a 512-token prompt + generation
+
+
+@dataclass(frozen=True)
+class Estimate:
+    runtime: int
+    base: int
+    adapters: int
+    scratch: int
+    activations: int
+    kv_cache: int
+    positions: int
+
+    @property
+    def total(self) -> int:
+        parts = self.runtime + self.base + self.adapters + self.scratch + self.activations + self.kv_cache
+        return int(parts * (1 + SLACK))
+
+    def to_json(self) -> dict:
+        return {**{k: getattr(self, k) for k in self.__dataclass_fields__}, "total": self.total}
+
+    def describe(self) -> str:
+        mib = lambda n: f"{n / 2**20:.0f} MiB"  # noqa: E731
+        return (f"{mib(self.total)} = (runtime {mib(self.runtime)} + base {mib(self.base)} + adapters "
+                f"{mib(self.adapters)} + scratch {mib(self.scratch)} + activations "
+                f"{mib(self.activations)} + KV cache {mib(self.kv_cache)}) x {1 + SLACK:g}")
+
+
+def estimate(arch: dict, base_bytes: int, adapter_float_bytes: int, positions: int,
+             prompt_tokens: int | None = None, all_logits: bool = False) -> Estimate:
+    T = prompt_tokens if prompt_tokens is not None else positions
+    h, f, v = arch["hidden_size"], arch["intermediate_size"], arch["vocab_size"]
+    per_token = 6 * h + 4 * f + 3 * arch["num_heads"] * positions + (v if all_logits else 0)
+    return Estimate(
+        runtime=RUNTIME_BYTES + TOKENIZER_BYTES_PER_TOKEN * v,
+        base=base_bytes,
+        adapters=2 * adapter_float_bytes,
+        scratch=SCRATCH_BYTES,
+        activations=4 * T * per_token + 4 * v,
+        kv_cache=2 * arch["num_layers"] * positions * arch["num_kv_heads"] * arch["head_dim"] * 4,
+        positions=positions,
+    )
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """'512M', '2G', '1.5GiB', '300000000' -> bytes (binary units)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = _SIZE.fullmatch(str(text))
+    if not m:
+        raise InvalidInput(f"memory budget {text!r} is not a size (e.g. 512M, 2G)")
+    unit = (m.group(2) or "").lower().replace("i", "").replace("b", "") or ""
+    return int(float(m.group(1)) * _UNITS[unit])
