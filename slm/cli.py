@@ -11,7 +11,7 @@ import click
 import typer
 
 from slm import render
-from slm.errors import ExitCode, SlmError, UsageError
+from slm.errors import ExitCode, SlmError, Switched, UsageError
 from slm.ops import activation, fsck as fsck_ops, gc as gc_ops, importing, inspect
 from slm.ops.run import RunOptions, run_prompt
 from slm.store import Store, faults, find_store, init_store
@@ -235,6 +235,10 @@ def run_cmd(
         help="Save float32 logits (positions x vocab) for every prompt and generated position.",
     ),
     memory_budget: Optional[str] = MemoryBudgetOpt,
+    on_switch: str = typer.Option(
+        "stop", "--on-switch", metavar="stop|finish",
+        help="If the active composition changes mid-generation: stop at the next token "
+             "(exit code 11) or finish on the composition generation started with."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Generate text on the active composition (or --base), streaming it."""
@@ -242,13 +246,16 @@ def run_cmd(
         prompt = sys.stdin.read()
     options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
-                         memory_budget=memory_budget)
+                         memory_budget=memory_budget, on_switch=on_switch)
     sink = None if json_out else render.stream_text
     result = run_prompt(_store(ctx), options, on_text=sink)
     if json_out:
         render.print_json(result)
     else:
         render.run_footer(result)
+    if result["stop_reason"] == "switched":
+        raise Switched("the active composition changed during generation; stopped at a token "
+                       "boundary (use --on-switch finish to complete on the pinned composition)")
 
 
 def _fail(code: int, message: str, as_json: bool) -> int:

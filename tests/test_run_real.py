@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -114,3 +117,28 @@ def test_bad_input_is_one_line_with_documented_code(cli, real_store, tmp_path, c
     r = cli(*args)
     assert r.code == expected, r.err
     assert one_line(r.err), r.err
+
+
+@pytest.mark.parametrize("policy", ["stop", "finish"])
+def test_switch_during_generation(real_store, policy, tmp_path):
+    import make_random_lora
+
+    slm = [sys.executable, "-m", "slm", "--store", str(real_store.root)]
+    adapter = make_random_lora.make_random_lora(tmp_path / "noisy", seed=1)
+    subprocess.run([*slm, "import", "adapter", str(adapter), "--name", "noisy"], check=True, capture_output=True)
+    subprocess.run([*slm, "activate", "smollm2"], check=True, capture_output=True)
+    expected = json.loads(subprocess.run([*slm, "run", PROMPT, "-n", "24", "--json"], check=True,
+                                         capture_output=True, text=True).stdout)["text"]
+    proc = subprocess.Popen([*slm, "run", PROMPT, "-n", "24", "--on-switch", policy],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = os.read(proc.stdout.fileno(), 1)  # the first token is out: generation is under way
+    subprocess.run([*slm, "activate", "smollm2", "noisy"], check=True, capture_output=True)
+    out, err = proc.communicate(timeout=300)
+    text = (first + out).decode()
+    if policy == "stop":
+        assert proc.returncode == 11, err.decode()
+        assert "changed during generation" in err.decode()
+        assert expected.startswith(text.rstrip("\n")) and len(text.rstrip("\n")) < len(expected)
+    else:
+        assert proc.returncode == 0, err.decode()
+        assert text.rstrip("\n") == expected, "finished on the pinned composition"

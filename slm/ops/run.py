@@ -30,6 +30,7 @@ class RunOptions:
     chat: bool = False
     logits_out: Path | None = None
     memory_budget: str | None = None
+    on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
 
 
 def _check_options(o: RunOptions) -> None:
@@ -41,6 +42,8 @@ def _check_options(o: RunOptions) -> None:
         raise InvalidInput("--temperature must be a finite number >= 0")
     if not 0 < o.top_p <= 1:
         raise InvalidInput("--top-p must be in (0, 1]")
+    if o.on_switch not in ("stop", "finish"):
+        raise InvalidInput("--on-switch must be 'stop' or 'finish'")
 
 
 def _open_output(path: Path):
@@ -91,8 +94,16 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
     budget.check(est, budget.resolve(store, o.memory_budget), "this run")
 
     streamed = _Streamer(tok.decode, on_text)
+    # Generation is pinned to the composition it started on. When running the active one,
+    # each token boundary checks refs/active; a switch stops generation unless told to finish.
+    watch = o.base is None and o.on_switch == "stop"
+
+    def on_token(token: int) -> str | None:
+        streamed.push(token)
+        return "switched" if watch and _switched(store, loaded.id) else None
+
     gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
-                   tok.eos_ids, keep_logits=out_file is not None, on_token=streamed.push,
+                   tok.eos_ids, keep_logits=out_file is not None, on_token=on_token,
                    prefix_cache=PrefixCache(store.path("cache"), loaded.id))
     streamed.flush()
     if out_file:
@@ -115,6 +126,13 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
         "logits_out": str(o.logits_out) if o.logits_out else None,
         "memory_estimate": est.to_json(),
     }
+
+
+def _switched(store: Store, pinned: str) -> bool:
+    try:
+        return store.active_ref.read() != pinned
+    except Exception:  # a ref we cannot read is not the one we pinned
+        return True
 
 
 class _Streamer:
