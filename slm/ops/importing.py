@@ -24,7 +24,7 @@ from slm.formats.gguf_model import open_gguf_base
 from slm.formats.hf_checkpoint import is_hf_checkpoint, open_hf_base
 from slm.formats.peft import is_peft_dir, read_peft_adapter
 from slm.ops.progress import NoProgress, Progress
-from slm.store import Store
+from slm.store import Store, fs
 from slm.store.names import validate_name
 
 
@@ -109,9 +109,11 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
         )
         digest = staging.put(manifest.to_bytes())
         _check_name_free(store, name, digest)
+        fs.point("import.before-commit")
         new = staging.commit()
     finally:
         staging.discard()
+    fs.point("import.before-name")
     store.names.set("bases", name, digest)
     return ImportResult(
         kind="base",
@@ -167,9 +169,11 @@ def import_adapter(store: Store, path: Path, name: str,
             existing = store.names.get("adapters", name)
             if existing is not None and existing != digest:
                 raise InvalidInput(f"a different adapter is already named {name!r}; choose another name")
+            fs.point("import.before-commit")
             new = staging.commit()
         finally:
             staging.discard()
+        fs.point("import.before-name")
         store.names.set("adapters", name, digest)
     return ImportResult(
         kind="adapter",

@@ -1,0 +1,136 @@
+"""Crashes and I/O errors at every step: afterwards `slm fsck --repair` leaves exactly the old
+or the new composition active, a second fsck is clean, and the reflog has no torn or lost line.
+
+Faults are injected through the fs layer (slm/store/faults.py) in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from slm.cli import run as slm_run
+from slm.store import Store
+from slm.store.faults import CRASH_EXIT_CODE
+
+pytestmark = pytest.mark.slow
+
+
+def _slm(store_dir, *args, faults=None, check=False):
+    env = {k: v for k, v in os.environ.items() if k != "SLM_FAULTS"}
+    if faults:
+        env["SLM_FAULTS"] = faults
+    return subprocess.run([sys.executable, "-m", "slm", "--store", str(store_dir), *map(str, args)],
+                          env=env, capture_output=True, text=True, check=check)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, tiny_model):
+    """A store with two bases, two adapters, three transitions in its reflog, and orphan blobs."""
+    import make_random_lora
+
+    root = tmp_path_factory.mktemp("crash")
+    store = root / "store"
+    for seed in (1, 2):
+        make_random_lora.make_random_lora(root / f"lora{seed}", rank=4, seed=seed, hidden=64,
+                                          intermediate=128, layers=2, kv_dim=32)
+    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"],
+                 ["import", "base", tiny_model["gguf"], "--name", "tf"],
+                 ["import", "adapter", root / "lora1", "--name", "a1"],
+                 ["import", "adapter", root / "lora2", "--name", "a2"],
+                 ["activate", "tf"], ["activate", "tq"], ["activate", "tq", "a1"]):
+        _slm(store, *args, check=True)
+    # blobs that only gc can reach: an import that died after its commit, before its name
+    make_random_lora.make_random_lora(root / "lora3", rank=4, seed=3, hidden=64,
+                                      intermediate=128, layers=2, kv_dim=32)
+    r = _slm(store, "import", "adapter", root / "lora3", "--name", "a3",
+             faults="crash@point=import.before-name")
+    assert r.returncode == CRASH_EXIT_CODE
+    _slm(store, "fsck", check=True)
+    return {"store": store, "root": root, "tiny": tiny_model}
+
+
+def _copy(template, tmp_path):
+    dst = tmp_path / "store"
+    shutil.copytree(template["store"], dst, symlinks=True)
+    return dst
+
+
+VERBS = {
+    "import": lambda t: ["import", "base", t["tiny"]["hf"], "--name", "th", "--quant", "q4_0"],
+    "import-adapter": lambda t: ["import", "adapter", t["root"] / "lora2", "--name", "a2b"],
+    "activate": lambda t: ["activate", "tq", "a1", "a2@0.5"],
+    "deactivate": lambda t: ["deactivate", "a1"],
+    "rollback": lambda t: ["rollback", "-n", "2"],
+    "gc": lambda t: ["gc"],
+}
+
+
+def _trace(store_dir, args) -> tuple[list[str], int]:
+    r = _slm(store_dir, *args, faults="trace")
+    assert r.returncode == 0, r.stderr
+    lines = [ln.split(" ", 2) for ln in r.stderr.splitlines() if ln.startswith("slm-fault ")]
+    points = [ln[2] for ln in lines if ln[1] == "point"]
+    ops = sum(1 for ln in lines if ln[1] == "op")
+    return points, ops
+
+
+def _state(store_dir):
+    """(refs/active, the reflog as (seq, old, new, op)); times differ from run to run."""
+    s = Store.open(store_dir)
+    return s.active_ref.read(), [(e.seq, e.old, e.new, e.op) for e in s.reflog.entries()]
+
+
+def _recover_and_check(store_dir, before, after_ok):
+    """fsck --repair, then everything must be consistent and old-or-new."""
+    assert slm_run(["--store", str(store_dir), "fsck", "--repair"]) == 0
+    assert slm_run(["--store", str(store_dir), "fsck"]) == 0, "a second fsck is clean"
+    ref, entries = _state(store_dir)
+    old_ref, old_entries = before
+    new_ref, new_entries = after_ok
+    assert ref in (old_ref, new_ref), "exactly the old or the new composition"
+    assert entries in (old_entries, new_entries), "no torn, lost or extra reflog line"
+    assert (entries[-1][2] if entries else None) == ref
+    assert list((store_dir / "tmp").iterdir()) == []
+
+
+def _expected_after(template, tmp_path, args):
+    clean = _copy(template, tmp_path / "clean")
+    assert _slm(clean, *args).returncode == 0
+    return _state(clean)
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_crash_at_every_named_point(template, tmp_path, verb):
+    args = VERBS[verb](template)
+    points, _ = _trace(_copy(template, tmp_path / "trace"), args)
+    assert points, f"{verb} passes no named fault point"
+    after = _expected_after(template, tmp_path, args)
+    for i, point in enumerate(points):
+        store_dir = _copy(template, tmp_path / f"p{i}")
+        before = _state(store_dir)
+        r = _slm(store_dir, *args, faults=f"crash@point={point}")
+        assert r.returncode == CRASH_EXIT_CODE, (point, r.stderr)
+        _recover_and_check(store_dir, before, after)
+
+
+@pytest.mark.parametrize("fault", ["crash", "eio", "enospc"])
+def test_fault_at_every_operation_of_an_activation(template, tmp_path, fault):
+    args = VERBS["activate"](template)
+    _, n_ops = _trace(_copy(template, tmp_path / "trace"), args)
+    assert n_ops >= 10
+    after = _expected_after(template, tmp_path, args)
+    for op in range(1, n_ops + 1):
+        store_dir = _copy(template, tmp_path / f"op{op}")
+        before = _state(store_dir)
+        r = _slm(store_dir, *args, faults=f"{fault}@op={op}")
+        if fault == "crash":
+            assert r.returncode == CRASH_EXIT_CODE, (op, r.stderr)
+        else:
+            assert r.returncode == 12, (op, r.returncode, r.stderr)
+            assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        _recover_and_check(store_dir, before, after)
