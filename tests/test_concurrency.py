@@ -1,0 +1,67 @@
+"""Concurrent writers are serialised by the store lock; readers never see a torn refs/active."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from slm.store import Store
+
+pytestmark = pytest.mark.slow
+
+WORKERS, EACH = 8, 50
+
+WRITER = textwrap.dedent("""
+    import sys
+    from slm.ops.activation import activate
+    from slm.store import Store
+    store, worker, each = Store.open(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    for i in range(each):
+        # a distinct weight per activation: every one is a real transition
+        activate(store, "tq", [f"a1@{1 + worker * 1000 + i}"])
+""")
+
+READER = textwrap.dedent("""
+    import sys, time
+    from slm.store import Store
+    store = Store.open(sys.argv[1])
+    reads = 0
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        store.active_ref.read()  # raises on a torn or damaged ref
+        reads += 1
+        if (store.root / "stop-reading").exists():
+            break
+    print(reads)
+""")
+
+
+def test_eight_writers_fifty_activations_each(cli, store, store_dir, tiny_model, tmp_path):
+    import make_random_lora
+
+    lora = make_random_lora.make_random_lora(tmp_path / "lora", rank=2, hidden=64, intermediate=128,
+                                             layers=2, kv_dim=32)
+    assert cli("import", "base", tiny_model["gguf_q"], "--name", "tq").code == 0
+    assert cli("import", "adapter", lora, "--name", "a1").code == 0
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(store_dir)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(store_dir), str(w), str(EACH)],
+                                stderr=subprocess.PIPE, text=True) for w in range(WORKERS)]
+    for w in writers:
+        _, err = w.communicate(timeout=900)
+        assert w.returncode == 0, err
+    (store_dir / "stop-reading").touch()
+    reads, err = reader.communicate(timeout=60)
+    assert reader.returncode == 0, err
+    assert int(reads) > 0
+    s = Store.open(store_dir)
+    entries = s.reflog.entries()
+    assert len(entries) == WORKERS * EACH
+    assert [e.seq for e in entries] == list(range(1, WORKERS * EACH + 1))
+    assert all(a.new == b.old for a, b in zip(entries, entries[1:])), "each transition starts where the last ended"
+    assert s.active_ref.read() == entries[-1].new
+    (store_dir / "stop-reading").unlink()
+    assert cli("fsck").code == 0
