@@ -34,8 +34,21 @@ class SlmError(Exception):
         super().__init__(message)
         self.message = message
 
-    def __str__(self) -> str:  # one line, always
-        return " ".join(self.message.split())
+    def __str__(self) -> str:  # one line, always, safe to print to any terminal
+        return printable(" ".join(self.message.split()))
+
+
+def printable(text: str) -> str:
+    """Escape what a hostile file could smuggle into a message: control characters (terminal
+    escape sequences) and lone surrogates (undecodable bytes in names)."""
+    out = []
+    for ch in text:
+        if ch.isprintable() or ch == " ":
+            out.append(ch)
+        else:
+            out.append(ch.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+                       if "\ud800" <= ch <= "\udfff" else repr(ch)[1:-1])
+    return "".join(out)
 
 
 class UsageError(SlmError):

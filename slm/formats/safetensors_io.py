@@ -86,7 +86,7 @@ class SafetensorsFile:
         if not isinstance(spec, dict):
             raise self._fail(f"entry {name} is not an object")
         dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise self._fail(f"tensor {name} has unsupported dtype {dtype!r}")
         if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
             raise self._fail(f"tensor {name} has an invalid shape {shape!r}")
