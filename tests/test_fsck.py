@@ -108,3 +108,21 @@ def test_junk_is_removed(cli, active_store, store_dir):
     assert r.code == 9 and len(r.json()["findings"]) == 2
     assert cli("fsck", "--repair").code == 0
     assert cli("fsck").code == 0
+
+
+def test_interrupted_import_is_finished_by_repair(cli, store, store_dir, tiny_model):
+    import subprocess
+    import sys
+
+    from slm.store.faults import CRASH_EXIT_CODE
+
+    env = {**os.environ, "SLM_FAULTS": "crash@point=import.before-name"}
+    r = subprocess.run([sys.executable, "-m", "slm", "--store", str(store_dir), "import", "base",
+                        str(tiny_model["gguf_q"]), "--name", "tq"], env=env, capture_output=True)
+    assert r.returncode == CRASH_EXIT_CODE
+    assert cli("ls", "--json").json() == [], "not named yet"
+    report = cli("fsck", "--json")
+    assert report.code == 9 and "interrupted import" in report.json()["findings"][0]["what"]
+    assert cli("fsck", "--repair").code == 0
+    assert [e["name"] for e in cli("ls", "--json").json()] == ["tq"]
+    assert cli("run", "hello", "--base", "tq", "-n", "2").code == 0

@@ -6,6 +6,7 @@ line is durable (everything it names was made durable before that line). So afte
     torn last reflog line            -> truncated (that transaction never committed)
     refs/active != last reflog entry -> refs/active := last entry (roll forward)
     journal intent left behind       -> removed once the ref agrees with the reflog
+    interrupted import               -> finished (name set) if every blob is stored, else undone
 A blob whose bytes do not match its name cannot be repaired from inside the store: it is moved
 to lost+found/ so that re-importing the original file can store it again.
 """
@@ -178,11 +179,45 @@ class Fsck:
                          f"made {dg.short(committed)} active", f"set refs/active to {dg.short(committed)}",
                          lambda: store.active_ref.write(committed))
         for intent in store.journal.pending():
-            path = intent if isinstance(intent, Path) else store.journal.root / f"{intent.name}.intent"
-            what = (f"journal/{path.name}: a damaged intent record" if isinstance(intent, Path) else
-                    f"interrupted {intent.op} from {dg.short(intent.old or '-')} to {dg.short(intent.new)}")
-            self.add("interrupted", what, "clear it (refs/active follows the reflog)",
-                     lambda p=path: (fs.unlink(p), fs.fsync_dir(p.parent)))
+            self.check_intent(intent)
+
+    def check_intent(self, intent) -> None:
+        store = self.store
+        if isinstance(intent, Path):
+            self.add("interrupted", f"journal/{intent.name}: a damaged intent record", "remove it",
+                     lambda: self._clear(intent))
+            return
+        path = store.journal.root / f"{intent.name}.intent"
+        if intent.op == "import":
+            self._check_import(intent, path)
+        elif intent.op == "gc":
+            self.add("interrupted", "an interrupted gc (it removed only unreachable data)",
+                     "clear it; run `slm gc` again to finish", lambda: self._clear(path))
+        else:
+            self.add("interrupted", f"interrupted {intent.op} from {dg.short(intent.old or '-')} to "
+                     f"{dg.short(intent.new)}", "clear it (refs/active follows the reflog)",
+                     lambda: self._clear(path))
+
+    def _check_import(self, intent, path: Path) -> None:
+        _, kind, name = intent.name.split("-", 2)
+        kinds = kind + "s"
+        blobs_of = self._base_blobs if kind == "base" else self._adapter_blobs
+        complete = self._blob_ok(intent.new) and all(
+            self._blob_ok(d) for d in blobs_of(self.store.objects.read_verified(intent.new)))
+        current = self.store.names.get(kinds, name)
+        if complete and current in (None, intent.new):
+            def finish():
+                self.store.names.set(kinds, name, intent.new)
+                self._clear(path)
+            self.add("interrupted", f"interrupted import of {kind} {name!r} (all its blobs are stored)",
+                     f"finish it: name {name!r} -> {dg.short(intent.new)}", finish)
+        else:
+            self.add("interrupted", f"interrupted import of {kind} {name!r} (not all blobs stored)",
+                     "undo it (`slm gc` removes what it stored)", lambda: self._clear(path))
+
+    def _clear(self, path: Path) -> None:
+        fs.unlink(path)
+        fs.fsync_dir(path.parent)
 
     def run(self) -> dict:
         self.check_junk()

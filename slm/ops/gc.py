@@ -72,6 +72,7 @@ def gc(store: Store, dry_run: bool = False, on_plan=None) -> dict:
             on_plan(p)
         if dry_run:
             return {**p, "dry_run": True}
+        intent = store.journal.begin("gc", "gc", None, dg.of_bytes(repr(p).encode()))
         for hex_id in p["composition_records"]:
             store.names.remove("compositions", hex_id)
         for entry in p["blobs"]:
@@ -81,4 +82,5 @@ def gc(store: Store, dry_run: bool = False, on_plan=None) -> dict:
             fs.fsync_dir(store.objects.dir)
         for name in p["cache_dirs"]:
             fs.remove_tree(store.path("cache", "prefix", name))
+        store.journal.end(intent)
     return {**p, "dry_run": False}

@@ -1,8 +1,9 @@
 """`slm import base|adapter`: a file becomes blobs, a manifest and a name.
 
-Everything is read and checked before the store changes; blobs are staged under tmp/ and
-committed together, then the manifest, then the name. A failure before the commit leaves the
-store exactly as it was.
+Everything is read and checked before the store changes; blobs are staged under tmp/ (with
+the manifest), an intent is journaled, the blobs are committed together, the name is set, the
+intent is cleared. A failure before the commit leaves the store exactly as it was; a crash
+after it is finished by `slm fsck --repair` (it sets the name if every blob is there).
 """
 
 from __future__ import annotations
@@ -109,12 +110,14 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
         )
         digest = staging.put(manifest.to_bytes())
         _check_name_free(store, name, digest)
+        intent = store.journal.begin(f"import-base-{name}", "import", None, digest)
         fs.point("import.before-commit")
         new = staging.commit()
     finally:
         staging.discard()
     fs.point("import.before-name")
     store.names.set("bases", name, digest)
+    store.journal.end(intent)
     return ImportResult(
         kind="base",
         name=name,
@@ -169,12 +172,14 @@ def import_adapter(store: Store, path: Path, name: str,
             existing = store.names.get("adapters", name)
             if existing is not None and existing != digest:
                 raise InvalidInput(f"a different adapter is already named {name!r}; choose another name")
+            intent = store.journal.begin(f"import-adapter-{name}", "import", None, digest)
             fs.point("import.before-commit")
             new = staging.commit()
         finally:
             staging.discard()
         fs.point("import.before-name")
         store.names.set("adapters", name, digest)
+        store.journal.end(intent)
     return ImportResult(
         kind="adapter",
         name=name,
