@@ -13,6 +13,7 @@ import typer
 from slm import render
 from slm.errors import ExitCode, SlmError, Switched, UsageError
 from slm.ops import activation, fsck as fsck_ops, gc as gc_ops, importing, inspect
+from slm.ops import verify as verify_ops
 from slm.ops.run import RunOptions, run_prompt
 from slm.store import Store, faults, find_store, init_store
 from slm.store.store import default_init_path
@@ -194,6 +195,31 @@ def gc(
         render.print_json(result)
     else:
         render.gc_done(result)
+
+
+@app.command()
+def verify(
+    ctx: typer.Context,
+    ref: Optional[str] = typer.Argument(
+        None, metavar="[COMPOSITION]", help="A composition id (or prefix), or a base name; default: the active one."),
+    numerics: bool = typer.Option(True, "--numerics/--no-numerics",
+                                  help="Also compare logits with the fresh-base oracle."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Re-hash every blob of a composition and check its logits against the fresh-base oracle."""
+    progress = render.BarProgress(enabled=False if json_out else None)
+    report = verify_ops.verify(_store(ctx), ref, numerics, progress)
+    if json_out:
+        render.print_json(report)
+    else:
+        render.verify_report(report)
+    try:
+        verify_ops.raise_for(report)
+    except SlmError as err:
+        if json_out:  # the report on stdout already says what failed; one JSON document only
+            print(f"slm: error: {err}", file=sys.stderr)
+            raise typer.Exit(int(err.code)) from err
+        raise
 
 @app.command("ls")
 def ls(ctx: typer.Context, json_out: bool = JsonOpt) -> None:

@@ -215,3 +215,19 @@ def gc_plan(plan: dict) -> None:
 
 def gc_done(result: dict) -> None:
     out.print("dry run: nothing removed" if result["dry_run"] else "done")
+
+
+def verify_report(report: dict) -> None:
+    i = report["integrity"]
+    mark = "[green]ok[/]" if i["ok"] else f"[red]{len(i['bad_blobs'])} bad[/]"
+    out.print(f"composition {report['composition']}")
+    out.print(f"  integrity: {i['blobs']} blobs ({human_bytes(i['bytes'])}) re-hashed, {mark}")
+    n = report["numerics"]
+    if n is not None:
+        mark = "[green]ok[/]" if n["ok"] else "[red]FAILED[/]"
+        t = n["tolerance"]
+        out.print(
+            f"  numerics vs fresh-base oracle ({n['probes']} probes, {n['positions']} positions): "
+            f"max abs {n['max_abs_error']:.2e} (<= {t['max_abs']:g}), mean {n['mean_abs_error']:.2e} "
+            f"(<= {t['mean_abs']:g}), top-1 {n['top1_agreement']:.3f}: {mark}"
+        )

@@ -165,3 +165,15 @@ def test_peak_rss_stays_under_the_estimate(real, composition):
     estimate = json.loads(out)["memory_estimate"]["total"]
     print(f"{composition or 'base'}: peak RSS {peak / 2**20:.0f} MiB, estimate {estimate / 2**20:.0f} MiB")
     assert peak < estimate
+
+
+@pytest.mark.parametrize("composition", [[], ["lora"], ["ia3"], ["lora@0.7", "lora2@0.3"]])
+def test_verify_passes_on_smollm2(cli, real, composition):
+    store = ["--store", real.root]
+    assert cli(*store, "activate", "smollm2", *composition).code == 0
+    r = cli(*store, "verify", "--json")
+    assert r.code == 0, r.err
+    n = r.json()["numerics"]
+    print(f"verify {composition or 'base'}: max abs {n['max_abs_error']:.2e}, mean {n['mean_abs_error']:.2e}, "
+          f"top-1 {n['top1_agreement']:.3f}")
+    assert n["ok"] and n["top1_agreement"] == 1.0

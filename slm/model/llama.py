@@ -19,7 +19,7 @@ from slm.model.weights import QuantTensor
 class Overlay(Protocol):
     """An adapter's contribution to linear layers (see slm.model.overlays)."""
 
-    def before(self, name: str, x: np.ndarray) -> np.ndarray: ...
+    def input_scale(self, name: str) -> np.ndarray | None: ...
 
     def after(self, name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray: ...
 
@@ -48,10 +48,10 @@ class Config:
 class KVCache:
     """Keys and values of every layer for up to `capacity` positions, allocated once."""
 
-    def __init__(self, cfg: Config, capacity: int):
+    def __init__(self, cfg: Config, capacity: int, dtype=np.float32):
         shape = (cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim)
-        self.k = np.zeros(shape, dtype=np.float32)  # (L, S, n_kv, hd)
-        self.v = np.zeros(shape, dtype=np.float32)
+        self.k = np.zeros(shape, dtype=dtype)  # (L, S, n_kv, hd)
+        self.v = np.zeros(shape, dtype=dtype)
         self.length = 0  # positions filled
         self.capacity = capacity
 
@@ -105,15 +105,25 @@ class Llama:
         self.norms = {n: w.dequantize().reshape(-1) for n, w in tensors.items() if len(w.shape) == 1}
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        for overlay in self.overlays:  # input scaling (IA3 on feed-forward modules)
-            x = overlay.before(name, x)
+        """y = x W'^T where W' is the base weight with every overlay applied in load order.
+
+        An additive overlay (LoRA, sparse) adds its delta; an IA3 output vector scales all
+        that came before it; an IA3 input vector scales the input of the base and of every
+        earlier overlay, so overlay i sees x scaled by the input vectors that come after it.
+        """
+        inputs = [x] * len(self.overlays)
+        for i in reversed(range(len(self.overlays))):
+            inputs[i] = x
+            scale = self.overlays[i].input_scale(name)
+            if scale is not None:
+                x = x * scale  # (T, in) * (in,)
         y = self.kernels.matmul(x, self.t[name])  # (T, out)
-        for overlay in self.overlays:  # in load order
-            y = overlay.after(name, x, y)
+        for overlay, seen in zip(self.overlays, inputs):
+            y = overlay.after(name, seen, y)
         return y
 
-    def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(self.cfg, capacity)
+    def new_cache(self, capacity: int, dtype=np.float32) -> KVCache:
+        return KVCache(self.cfg, capacity, dtype)
 
     def forward(self, tokens: np.ndarray, cache: KVCache, logits_for: str = "last") -> np.ndarray:
         """Run tokens (T,) at positions cache.length.. ; returns logits (T, V) if
@@ -172,4 +182,4 @@ class Llama:
         scores = np.where(future, np.float32(-np.inf), scores)
         probs = softmax(scores, axis=-1)
         out = np.einsum("kgts,skd->tkgd", probs, v)  # (T, n_kv, g, hd)
-        return out.reshape(T, cfg.num_heads * cfg.head_dim).astype(np.float32, copy=False)
+        return out.reshape(T, cfg.num_heads * cfg.head_dim).astype(q.dtype, copy=False)

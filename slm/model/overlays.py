@@ -6,8 +6,9 @@ For a linear layer y = x W^T (x (T, in), W (out, in)):
             x *= 1 + weight * (v - 1)   (input, for feed-forward modules)   v (in,)
     sparse  y += weight * scale * x D^T, D (out, in) with k stored entries
 
-`before(name, x)` may rescale the input; `after(name, x, y)` adds to the output. The base
-weights are never touched, so removing an overlay restores the base bit for bit.
+`input_scale(name)` is an IA3 input vector or None; `after(name, x, y)` adds to or scales the
+output (slm.model.llama.Llama.linear composes them in load order). The base weights are never
+touched, so removing an overlay restores the base bit for bit.
 """
 
 from __future__ import annotations
@@ -51,9 +52,8 @@ class Overlay:
     def targets(self) -> set[str]:
         return set(self.lora) | set(self.scale_out) | set(self.scale_in) | set(self.sparse)
 
-    def before(self, name: str, x: np.ndarray) -> np.ndarray:
-        scale = self.scale_in.get(name)
-        return x if scale is None else x * scale  # (T, in) * (in,)
+    def input_scale(self, name: str) -> np.ndarray | None:
+        return self.scale_in.get(name)  # (in,) or None
 
     def after(self, name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         if name in self.lora:

@@ -1,0 +1,128 @@
+"""`slm verify`: integrity (every blob re-hashed, the id recomputed), then numerics against the
+fresh-base oracle (slm.model.oracle) on fixed probe prompts.
+
+Exit codes: 5 when bytes are wrong (integrity), 10 when the numbers are (numerics).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slm.compose.composition import Composition
+from slm.errors import IntegrityError, NotFound
+from slm.model.llama import Llama
+from slm.model.oracle import OracleAdapter, OracleKernels
+from slm.ops import activation, compositions
+from slm.ops.loading import load_composition
+from slm.ops.progress import NoProgress, Progress
+from slm.store import Store
+from slm.store import digest as dg
+
+# One sequence (one oracle pass: each float64 weight is built once) mixing prose, a fact,
+# code and digits.
+PROBES = ("Once upon a time, in a small village, the capital of France was 2024 km away.\n"
+          "def fibonacci(n):",)
+# float32 executor vs float64 oracle on the same bytes: summation order and float32 rounding
+# stay far below these (measured max 2e-4 on SmolLM2, docs/numerics.md); a 1% error in one
+# adapter's scale does not.
+MAX_ABS_TOL = 1e-3
+MEAN_ABS_TOL = 1e-4
+
+
+def _composition(store: Store, ref: str | None) -> Composition:
+    if ref is None:
+        comp = activation.active(store)
+        if comp is None:
+            raise NotFound("nothing is active; name a composition or a base to verify")
+        return comp
+    try:
+        return compositions.load(store, compositions.find_id(store, ref))
+    except NotFound:
+        return compositions.build(store, ref, [])  # a base name: the base alone
+
+
+def _blobs(store: Store, comp: Composition) -> list[str]:
+    from slm.compose.adapter_manifest import parse_adapter_manifest
+    from slm.compose.base_manifest import parse_base_manifest
+
+    blobs = [comp.base]
+    if store.objects.has(comp.base):
+        blobs += parse_base_manifest(store.objects.read_verified(comp.base)).blob_digests()
+    for a in comp.adapters:
+        blobs.append(a.digest)
+        if store.objects.has(a.digest):
+            blobs += parse_adapter_manifest(store.objects.read_verified(a.digest)).blob_digests()
+    return blobs
+
+
+def check_integrity(store: Store, comp: Composition, progress: Progress) -> dict:
+    blobs = _blobs(store, comp)
+    sizes = {d: store.objects.size(d) if store.objects.has(d) else 0 for d in blobs}
+    progress.start("re-hashing blobs", sum(sizes.values()))
+    bad = []
+    for d in blobs:
+        if not store.objects.has(d) or not store.objects.verify(d):
+            bad.append(d)
+        progress.advance(sizes[d])
+    progress.finish()
+    return {"blobs": len(blobs), "bytes": sum(sizes.values()), "bad_blobs": bad, "ok": not bad}
+
+
+def check_numerics(store: Store, comp: Composition) -> dict:
+    loaded = load_composition(store, comp, verify=False)  # integrity was checked just before
+    staged, model = loaded.staged, loaded.model
+    arch = staged.base.architecture
+    heads = {"attn_q": arch["num_heads"], "attn_k": arch["num_kv_heads"]}
+    adapters = []
+    shapes = {t.name: t.shape for t in staged.base.tensors}
+    for ref, manifest in staged.adapters:
+        label = ref.name or dg.short(ref.digest)
+        targets = [compositions._target_data(store, label, manifest.kind, t, shapes[t.module])
+                   for t in manifest.targets]
+        adapters.append(OracleAdapter(manifest.kind, ref.weight, targets, manifest.row_layout))
+    oracle = Llama(model.cfg, model.t, kernels=OracleKernels(adapters, staged.base.qk_row_layout, heads))
+    worst, total, count, agree, positions = 0.0, 0.0, 0, 0, 0
+    for probe in PROBES:
+        ids = np.asarray(loaded.tokenizer.encode(probe))
+        ours = model.forward(ids, model.new_cache(len(ids)), "all").astype(np.float64)
+        ref_logits = oracle.forward(ids, oracle.new_cache(len(ids), np.float64), "all")
+        err = np.abs(ours - ref_logits)
+        worst = max(worst, float(err.max()))
+        total += float(err.sum())
+        count += err.size
+        agree += int(np.sum(ours.argmax(-1) == ref_logits.argmax(-1)))
+        positions += len(ids)
+    mean = total / count
+    return {
+        "probes": len(PROBES), "positions": positions,
+        "max_abs_error": worst, "mean_abs_error": mean, "top1_agreement": agree / positions,
+        "tolerance": {"max_abs": MAX_ABS_TOL, "mean_abs": MEAN_ABS_TOL, "top1": 1.0},
+        "ok": worst <= MAX_ABS_TOL and mean <= MEAN_ABS_TOL and agree == positions,
+    }
+
+
+def verify(store: Store, ref: str | None = None, numerics: bool = True,
+           progress: Progress | None = None) -> dict:
+    comp = _composition(store, ref)  # loading re-derives the id from the manifest and checks it
+    report = {"composition": comp.id, "base": comp.base,
+              "adapters": [{"name": a.name, "digest": a.digest, "weight": a.weight} for a in comp.adapters]}
+    report["integrity"] = check_integrity(store, comp, progress or NoProgress())
+    if not report["integrity"]["ok"]:
+        report["numerics"] = None
+        return report
+    report["numerics"] = check_numerics(store, comp) if numerics else None
+    return report
+
+
+def raise_for(report: dict) -> None:
+    from slm.errors import NumericsError
+
+    if not report["integrity"]["ok"]:
+        bad = report["integrity"]["bad_blobs"]
+        raise IntegrityError(f"verify failed: {len(bad)} blob(s) missing or corrupt, e.g. {dg.short(bad[0])}")
+    n = report["numerics"]
+    if n is not None and not n["ok"]:
+        raise NumericsError(
+            f"verify failed: logits differ from the fresh-base oracle (max abs {n['max_abs_error']:.2e}, "
+            f"mean {n['mean_abs_error']:.2e}, top-1 agreement {n['top1_agreement']:.3f})"
+        )
