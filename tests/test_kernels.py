@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from slm import quant
+from slm.model import kernels_fused
 from slm.model.kernels import ReferenceKernels
 from slm.model.weights import quant_tensor
-
-kernels_fused = pytest.importorskip("slm.model.kernels_fused")
 
 
 @pytest.mark.parametrize("codec", ["q8_0", "q4_0", "q4_1", "nf4", "f16", "bf16", "f32"])
