@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -12,9 +13,6 @@ import typer
 
 from slm import render
 from slm.errors import ExitCode, SlmError, Switched, UsageError
-from slm.ops import activation, fsck as fsck_ops, gc as gc_ops, importing, inspect
-from slm.ops import verify as verify_ops
-from slm.ops.run import RunOptions, run_prompt
 from slm.store import Store, faults, find_store, init_store
 from slm.store.store import default_init_path
 
@@ -48,6 +46,12 @@ def _global(
     ctx.obj = {"store": store}
 
 
+def _ops(name: str):
+    """Import an operation module when its command runs: `slm status` need not load the
+    executor, the tokenizer or jinja2 (start-up time is part of every command's latency)."""
+    return importlib.import_module(f"slm.ops.{name}")
+
+
 def _store(ctx: typer.Context) -> Store:
     return Store.open(find_store(ctx.obj["store"]))
 
@@ -76,7 +80,7 @@ def import_base(
 ) -> None:
     """Import a base model. GGUF tensors are kept byte for byte; HF weights are quantized."""
     progress = render.BarProgress(enabled=False if json_out else None)
-    result = importing.import_base(_store(ctx), path, name, quant, progress).to_json()
+    result = _ops("importing").import_base(_store(ctx), path, name, quant, progress).to_json()
     if json_out:
         render.print_json(result)
     else:
@@ -93,7 +97,7 @@ def import_adapter(
 ) -> None:
     """Import a LoRA, IA3 or SHiRA adapter (PEFT), or a GGUF LoRA (llama.cpp)."""
     progress = render.BarProgress(enabled=False if json_out else None)
-    result = importing.import_adapter(_store(ctx), path, name, progress).to_json()
+    result = _ops("importing").import_adapter(_store(ctx), path, name, progress).to_json()
     if json_out:
         render.print_json(result)
     else:
@@ -111,7 +115,7 @@ def activate(
     json_out: bool = JsonOpt,
 ) -> None:
     """Validate a composition and make it the active one, atomically."""
-    result = activation.activate(_store(ctx), base, adapters or [], file, memory_budget)
+    result = _ops("activation").activate(_store(ctx), base, adapters or [], file, memory_budget)
     _transition(result, json_out)
 
 
@@ -122,7 +126,7 @@ def deactivate(
     json_out: bool = JsonOpt,
 ) -> None:
     """Remove one adapter from the active composition."""
-    _transition(activation.deactivate(_store(ctx), adapter), json_out)
+    _transition(_ops("activation").deactivate(_store(ctx), adapter), json_out)
 
 
 @app.command()
@@ -135,7 +139,7 @@ def rollback(
     """Make an earlier composition active again (itself a logged transition)."""
     if steps is not None and to is not None:
         raise UsageError("give -n or --to, not both")
-    _transition(activation.rollback(_store(ctx), steps, to), json_out)
+    _transition(_ops("activation").rollback(_store(ctx), steps, to), json_out)
 
 
 def _transition(result: dict, json_out: bool) -> None:
@@ -148,7 +152,7 @@ def _transition(result: dict, json_out: bool) -> None:
 @app.command()
 def status(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """Show the active composition."""
-    info = activation.status(_store(ctx))
+    info = _ops("activation").status(_store(ctx))
     if json_out:
         render.print_json(info)
     else:
@@ -158,7 +162,7 @@ def status(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
 @app.command("log")
 def log_cmd(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """Show the reflog: every transition of the active composition, newest first."""
-    entries = activation.log(_store(ctx))
+    entries = _ops("activation").log(_store(ctx))
     if json_out:
         render.print_json(entries)
     else:
@@ -173,12 +177,12 @@ def fsck(
 ) -> None:
     """Check every blob, manifest, name, ref and reflog line (re-hashing everything)."""
     progress = render.BarProgress(enabled=False if json_out else None)
-    report = fsck_ops.fsck(_store(ctx), repair, progress)
+    report = _ops("fsck").fsck(_store(ctx), repair, progress)
     if json_out:
         render.print_json(report)
     else:
         render.fsck_report(report)
-    code = fsck_ops.exit_code(report)
+    code = _ops("fsck").exit_code(report)
     if code:
         raise typer.Exit(code)
 
@@ -190,7 +194,7 @@ def gc(
     json_out: bool = JsonOpt,
 ) -> None:
     """Remove blobs and records that no name, ref or reflog line can reach."""
-    result = gc_ops.gc(_store(ctx), dry_run, on_plan=None if json_out else render.gc_plan)
+    result = _ops("gc").gc(_store(ctx), dry_run, on_plan=None if json_out else render.gc_plan)
     if json_out:
         render.print_json(result)
     else:
@@ -208,13 +212,13 @@ def verify(
 ) -> None:
     """Re-hash every blob of a composition and check its logits against the fresh-base oracle."""
     progress = render.BarProgress(enabled=False if json_out else None)
-    report = verify_ops.verify(_store(ctx), ref, numerics, progress)
+    report = _ops("verify").verify(_store(ctx), ref, numerics, progress)
     if json_out:
         render.print_json(report)
     else:
         render.verify_report(report)
     try:
-        verify_ops.raise_for(report)
+        _ops("verify").raise_for(report)
     except SlmError as err:
         if json_out:  # the report on stdout already says what failed; one JSON document only
             print(f"slm: error: {err}", file=sys.stderr)
@@ -224,7 +228,7 @@ def verify(
 @app.command("ls")
 def ls(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """List the bases, adapters and compositions in the store."""
-    entries = inspect.list_entries(_store(ctx))
+    entries = _ops("inspect").list_entries(_store(ctx))
     if json_out:
         render.print_json(entries)
     else:
@@ -238,7 +242,7 @@ def show(
     json_out: bool = JsonOpt,
 ) -> None:
     """Print a base, adapter or composition manifest."""
-    info = inspect.show(_store(ctx), ref)
+    info = _ops("inspect").show(_store(ctx), ref)
     if json_out:
         render.print_json(info)
     else:
@@ -270,11 +274,12 @@ def run_cmd(
     """Generate text on the active composition (or --base), streaming it."""
     if prompt == "-":
         prompt = sys.stdin.read()
-    options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
+    run_ops = _ops("run")
+    options = run_ops.RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
                          memory_budget=memory_budget, on_switch=on_switch)
     sink = None if json_out else render.stream_text
-    result = run_prompt(_store(ctx), options, on_text=sink)
+    result = run_ops.run_prompt(_store(ctx), options, on_text=sink)
     if json_out:
         render.print_json(result)
     else:
