@@ -1,0 +1,42 @@
+"""An in-process runtime that keeps compositions staged and switches between them.
+
+For a long-running process (a server, a notebook, a benchmark): `switch(id)` makes another
+composition the one `generate` uses. A composition staged before is switched to by swapping
+one reference (the seed's in-memory "atomic swap of the active model handle"); a new one is
+staged first (validated, blobs re-hashed, overlays built), sharing the base's memory map.
+This does not change refs/active: that is `slm activate`'s job.
+"""
+
+from __future__ import annotations
+
+from slm.ops import compositions
+from slm.ops.loading import Loaded, load_composition
+from slm.store import Store
+
+
+class Runtime:
+    def __init__(self, store: Store, max_staged: int = 8):
+        self.store = store
+        self.max_staged = max_staged
+        self.staged: dict[str, Loaded] = {}  # composition id -> loaded, most recent last
+        self.active: Loaded | None = None
+
+    def stage(self, comp_id: str) -> Loaded:
+        if comp_id in self.staged:
+            return self.staged[comp_id]
+        comp = compositions.load(self.store, comp_id)
+        shared = next((l for l in self.staged.values() if l.composition.base == comp.base), None)
+        # a base already staged in this process had its blobs re-hashed then
+        loaded = load_composition(self.store, comp, verify=shared is None)
+        if shared is not None:
+            loaded.model.t = shared.model.t  # one memory map per base
+        self.staged[comp_id] = loaded
+        for old in list(self.staged)[: max(0, len(self.staged) - self.max_staged)]:
+            if self.active is None or old != self.active.id:
+                del self.staged[old]
+        return loaded
+
+    def switch(self, comp_id: str) -> Loaded:
+        loaded = self.stage(comp_id)
+        self.active = loaded  # the swap: one reference assignment
+        return loaded
