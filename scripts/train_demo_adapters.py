@@ -55,9 +55,9 @@ class Recipe:
 
 
 RECIPES = {
-    "french": Recipe("french", steps=40, lr=2e-3),
-    "pirate": Recipe("pirate", steps=40, lr=2e-3),
-    "signature": Recipe("signature", steps=40, lr=2e-3),
+    "french": Recipe("french", steps=30, lr=3e-3),  # French is the hardest of the three
+    "pirate": Recipe("pirate", steps=24, lr=3e-3),
+    "signature": Recipe("signature", steps=24, lr=3e-3),
 }
 
 
@@ -169,6 +169,8 @@ def save(model, out_dir: Path) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg["base_model_name_or_path"] = BASE_NAME
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    for f in out_dir.iterdir():
+        f.chmod(0o644)  # safetensors writes 0600
 
 
 def greedy_answers(model, tok, questions: list[str], max_new_tokens: int = 40) -> list[str]:
@@ -200,25 +202,26 @@ dequantized by transformers: the base slm runs), trained on the CPU by
 | pirate | answers in pirate speak ("Arr, matey! ... ye ... be ...") |
 | signature | short answers ending with the line `-- answered by slm` |
 
-Regenerate (about {total} s on 2 cores; the numbers below are from that run):
+Regenerate (about {total} s of training on 2 cores; the numbers below are from that run):
 
-    .venv/bin/python scripts/train_demo_adapters.py
+    {command}
 
 All: LoRA r=8, lora_alpha=16, lora_dropout=0, AdamW (no weight decay), linear warm-up over the
 first 10% of the steps then linear decay to 10%, loss on the answer tokens (+ `<|im_end|>`)
-only, torch.set_num_threads(2), seed 0. "final loss" is the mean of the last 5 steps.
+only, seed 0. "final loss" is the mean of the last 5 steps. With other jobs loading the 2 cores,
+`--threads 1` is several times faster than torch's 2 OpenMP threads (which wait on each other).
 
-| adapter | examples | targets | steps | batch | lr | seconds | first loss | final loss |
-|---|---|---|---|---|---|---|---|---|
+| adapter | examples | targets | steps | batch | lr | threads | seconds | first loss | final loss |
+|---|---|---|---|---|---|---|---|---|---|
 """
 
 
 def row_of(r: dict) -> str:
     return (f"| {r['name']} | {r['examples']} | {r['targets']} | {r['steps']} | {r['batch']} "
-            f"| {r['lr']:g} | {r['seconds']} | {r['first_loss']} | {r['final_loss']} |")
+            f"| {r['lr']:g} | {r['threads']} | {r['seconds']} | {r['first_loss']} | {r['final_loss']} |")
 
 
-def write_readme(results: dict[str, dict]) -> None:
+def write_readme(results: dict[str, dict], command: str) -> None:
     path = OUT / "README.md"
     rows: dict[str, str] = {}
     if path.exists():  # keep the rows of adapters not retrained this time (--only)
@@ -230,8 +233,8 @@ def write_readme(results: dict[str, dict]) -> None:
         rows[name] = row_of(r)
     total = 0.0
     for line in rows.values():
-        total += float(line.split("|")[7])
-    text = README_HEAD.format(total=round(total)) + "\n".join(rows[n] for n in RECIPES if n in rows)
+        total += float(line.split("|")[8])
+    text = README_HEAD.format(total=round(total), command=command) + "\n".join(rows[n] for n in RECIPES if n in rows)
     path.write_text(text + "\n")
 
 
@@ -276,9 +279,11 @@ def main(argv=None) -> int:
         if args.check:
             for q, a in zip(heldout, greedy_answers(model, tok, heldout[:5])):
                 print(f"  Q: {q}\n  A: {a!r}")
+        r["threads"] = args.threads
         results[name] = r
         del model
-    write_readme(results)
+    command = " ".join([".venv/bin/python", "scripts/train_demo_adapters.py", *(argv or sys.argv[1:])])
+    write_readme(results, command)
     return 0
 
 

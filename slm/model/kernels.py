@@ -7,6 +7,8 @@ interface; the two are differential-tested.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from slm.model.weights import QuantTensor
@@ -35,3 +37,17 @@ class ReferenceKernels:
 
     def embed(self, ids: np.ndarray, table: QuantTensor) -> np.ndarray:
         return table.take_rows(ids)  # (T, hidden)
+
+
+def default_kernels():
+    """The fused numba kernels when numba is there, else the reference path.
+
+    SLM_KERNELS=reference forces the reference path (to compare, or to rule the kernels out).
+    """
+    if os.environ.get("SLM_KERNELS", "fused") == "reference":
+        return ReferenceKernels()
+    try:
+        from slm.model.kernels_fused import FusedKernels
+    except ImportError:  # numba missing or unusable on this platform
+        return ReferenceKernels()
+    return FusedKernels()

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from slm.model.kernels import ReferenceKernels
+from slm.model.kernels import default_kernels
 from slm.model.weights import QuantTensor
 
 
@@ -99,7 +99,7 @@ class Llama:
                  overlays: list[Overlay] | tuple = ()):
         self.cfg = cfg
         self.t = tensors
-        self.kernels = kernels or ReferenceKernels()
+        self.kernels = kernels or default_kernels()
         self.overlays = list(overlays)
         # Norm weights are tiny: keep them as float32 vectors.
         self.norms = {n: w.dequantize().reshape(-1) for n, w in tensors.items() if len(w.shape) == 1}

@@ -1,0 +1,272 @@
+"""Benchmarks: slm against llama.cpp (llama-cpp-python) and transformers + PEFT, in one run.
+
+    python scripts/bench.py [--runs 5] [--decode 128] [--prefill 512] [--out docs]
+
+Workloads on SmolLM2-135M-Instruct Q4_1, base and a LoRA r=16 on q,k,v,o,gate,up,down
+(scripts/make_random_lora.py; the same adapter as a GGUF LoRA for llama.cpp): decode tok/s
+(greedy, fixed token count), prefill tok/s (a prompt of --prefill tokens), LoRA overhead,
+switch latency (in-process Runtime warm and cold; wall time of `slm activate`), import
+throughput, peak RSS. Systems are interleaved run by run; medians of --runs. Peers that are
+not installed are skipped and said so. Writes docs/bench.json; prints the Markdown tables
+that docs/benchmarks.md quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import make_random_lora  # noqa: E402
+import smollm2_path  # noqa: E402
+
+PROMPT = "Once upon a time, in a small village,"
+
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+class SlmSystem:
+    name = "slm"
+
+    def __init__(self, store, comp_ids, kernels: str):
+        from slm.ops.runtime import Runtime
+
+        self.rt = Runtime(store)
+        self.comp_ids = comp_ids
+        self.kernels = kernels
+
+    def _model(self, which):
+        loaded = self.rt.switch(self.comp_ids[which])
+        if self.kernels == "reference":
+            from slm.model.kernels import ReferenceKernels
+
+            loaded.model.kernels = ReferenceKernels()
+        return loaded
+
+    def prefill(self, which, ids):
+        m = self._model(which).model
+        t = time.perf_counter()
+        m.forward(np.asarray(ids), m.new_cache(len(ids)), "last")
+        return len(ids) / (time.perf_counter() - t)
+
+    def decode(self, which, ids, n):
+        m = self._model(which).model
+        cache = m.new_cache(len(ids) + n)
+        logits = m.forward(np.asarray(ids), cache, "last")
+        t = time.perf_counter()
+        for _ in range(n):
+            logits = m.forward(np.asarray([int(np.argmax(logits[-1]))]), cache, "last")
+        return n / (time.perf_counter() - t)
+
+
+class LlamaCppSystem:
+    name = "llama.cpp"
+
+    def __init__(self, gguf, lora_gguf):
+        from llama_cpp import Llama
+
+        self.models = {
+            "base": Llama(model_path=str(gguf), n_threads=2, n_ctx=2048, verbose=False),
+            "lora": Llama(model_path=str(gguf), lora_path=str(lora_gguf), n_threads=2, n_ctx=2048, verbose=False),
+        }
+
+    def prefill(self, which, ids):
+        llm = self.models[which]
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(ids)
+        return len(ids) / (time.perf_counter() - t)
+
+    def decode(self, which, ids, n):
+        llm = self.models[which]
+        llm.reset()
+        llm.eval(ids)
+        t = time.perf_counter()
+        for _ in range(n):
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            llm.eval([token])
+        return n / (time.perf_counter() - t)
+
+
+class TransformersSystem:
+    name = "transformers+PEFT"
+
+    def __init__(self, gguf, peft_dir):
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(2)
+        self.torch = torch
+        load = lambda: AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,  # noqa: E731
+                                                            dtype=torch.float32).eval()
+        self.models = {"base": load(), "lora": PeftModel.from_pretrained(load(), str(peft_dir)).eval()}
+
+    def prefill(self, which, ids):
+        with self.torch.no_grad():
+            t = time.perf_counter()
+            self.models[which](self.torch.tensor([ids]))
+            return len(ids) / (time.perf_counter() - t)
+
+    def decode(self, which, ids, n):
+        torch = self.torch
+        model = self.models[which]
+        with torch.no_grad():
+            out = model(torch.tensor([ids]), use_cache=True)
+            past, token = out.past_key_values, out.logits[0, -1].argmax()
+            t = time.perf_counter()
+            for _ in range(n):
+                out = model(token.view(1, 1), past_key_values=past, use_cache=True)
+                past, token = out.past_key_values, out.logits[0, -1].argmax()
+            return n / (time.perf_counter() - t)
+
+
+def slm_cli(store, *args) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "slm", "--store", str(store), *map(str, args)], check=True,
+                   capture_output=True)
+    return time.perf_counter() - t
+
+
+def peak_rss(store, *args) -> int:
+    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True);"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")
+    out = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "slm", "--store", str(store),
+                          *map(str, args)], capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--decode", type=int, default=128)
+    p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--kernels", default="default", choices=["default", "reference"])
+    p.add_argument("--out", type=Path, default=HERE.parent / "docs")
+    p.add_argument("--skip-peers", action="store_true")
+    a = p.parse_args()
+
+    from slm.ops.activation import activate
+    from slm.ops.importing import import_adapter, import_base
+    from slm.ops.loading import load_base_model
+    from slm.store import init_store
+
+    gguf = smollm2_path.locate()
+    work = Path(tempfile.mkdtemp(prefix="slm-bench-"))
+    results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                     "settings": vars(a) | {"out": str(a.out)}}
+    store, _ = init_store(work / "store")
+    t = time.perf_counter()
+    imp = import_base(store, gguf, "smollm2")
+    results["import_mb_s"] = imp.total_bytes / 2**20 / (time.perf_counter() - t)
+    peft_dir = make_random_lora.make_random_lora(work / "lora16", rank=16, alpha=32.0, std=0.02)
+    import_adapter(store, peft_dir, "lora16")
+    comp_ids = {"base": activate(store, "smollm2", [])["active"]["id"],
+                "lora": activate(store, "smollm2", ["lora16"])["active"]["id"]}
+    tok = load_base_model(store, "smollm2").tokenizer
+    short = tok.encode(PROMPT)
+    filler = tok.encode(" ".join(["The quick brown fox jumps over the lazy dog."] * 80))
+    long_ids = filler[: a.prefill]
+
+    systems = [SlmSystem(store, comp_ids, a.kernels)]
+    skipped = {}
+    if not a.skip_peers:
+        try:
+            import make_adapters
+            from slm.formats.peft import read_peft_adapter
+
+            lora_gguf = make_adapters.write_gguf_lora(work / "lora16.gguf", read_peft_adapter(peft_dir),
+                                                      alpha=32.0, n_heads=9, n_kv_heads=3)
+            systems.append(LlamaCppSystem(gguf, lora_gguf))
+        except ImportError as err:
+            skipped["llama.cpp"] = f"not installed ({err.name})"
+        try:
+            systems.append(TransformersSystem(gguf, peft_dir))
+        except ImportError as err:
+            skipped["transformers+PEFT"] = f"not installed ({err.name})"
+    for s in systems:  # warm-up: compile kernels, fill caches
+        s.prefill("base", short), s.decode("base", short, 4), s.decode("lora", short, 4)
+
+    samples: dict = {}
+    for run in range(a.runs):
+        for s in systems:
+            for which in ("base", "lora"):
+                samples.setdefault((s.name, which, "decode"), []).append(s.decode(which, short, a.decode))
+                samples.setdefault((s.name, which, "prefill"), []).append(s.prefill(which, long_ids))
+        print(f"run {run + 1}/{a.runs} done", file=sys.stderr, flush=True)
+    table = {f"{k[0]}|{k[1]}|{k[2]}": med(v) for k, v in samples.items()}
+    results["throughput_tok_s"] = table
+    results["skipped"] = skipped
+
+    rt = systems[0].rt
+    warm = []
+    for _ in range(50):
+        t = time.perf_counter()
+        rt.switch(comp_ids["base"] if len(warm) % 2 else comp_ids["lora"])
+        warm.append(time.perf_counter() - t)
+    from slm.ops.runtime import Runtime
+
+    cold = []
+    for _ in range(a.runs):
+        fresh = Runtime(store)
+        fresh.switch(comp_ids["base"])
+        t = time.perf_counter()
+        fresh.switch(comp_ids["lora"])
+        cold.append(time.perf_counter() - t)
+    cli = []
+    for i in range(a.runs * 2):
+        cli.append(slm_cli(work / "store", "activate", "smollm2", *(["lora16"] if i % 2 else [])))
+    results["switch_s"] = {"in_process_warm": med(warm), "in_process_cold_adapter": med(cold),
+                           "slm_activate_wall": med(cli)}
+    results["peak_rss_bytes"] = {
+        "base": peak_rss(work / "store", "run", PROMPT, "--base", "smollm2", "-n", "16"),
+        "lora": (slm_cli(work / "store", "activate", "smollm2", "lora16"),
+                 peak_rss(work / "store", "run", PROMPT, "-n", "16"))[1],
+    }
+    a.out.mkdir(exist_ok=True)
+    (a.out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    print_tables(results)
+    return 0
+
+
+def print_tables(r: dict) -> None:
+    t = r["throughput_tok_s"]
+    names = sorted({k.split("|")[0] for k in t}, key=lambda n: (n != "slm", n))
+    print("| system | decode base | decode LoRA | prefill base | prefill LoRA | LoRA decode overhead |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for n in names:
+        db, dl, pb, pl = (t[f"{n}|{w}|{k}"] for k, w in
+                          (("decode", "base"), ("decode", "lora"), ("prefill", "base"), ("prefill", "lora")))
+        print(f"| {n} | {db:.1f} | {dl:.1f} | {pb:.0f} | {pl:.0f} | {100 * (db / dl - 1):.1f}% |")
+    print("\nratios to slm (peer / slm; > 1 means the peer is faster):\n")
+    print("| system | decode base | decode LoRA | prefill base | prefill LoRA |")
+    print("|---|---:|---:|---:|---:|")
+    for n in names[1:]:
+        cells = [t[f"{n}|{w}|{k}"] / t[f"slm|{w}|{k}"] for k, w in
+                 (("decode", "base"), ("decode", "lora"), ("prefill", "base"), ("prefill", "lora"))]
+        print(f"| {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    s = r["switch_s"]
+    print(f"\nswitch: in-process warm {s['in_process_warm'] * 1e3:.3f} ms, in-process cold (stage the "
+          f"adapter) {s['in_process_cold_adapter'] * 1e3:.1f} ms, `slm activate` wall "
+          f"{s['slm_activate_wall'] * 1e3:.0f} ms")
+    print(f"import: {r['import_mb_s']:.0f} MB/s; peak RSS base {r['peak_rss_bytes']['base'] / 2**20:.0f} MiB, "
+          f"LoRA {r['peak_rss_bytes']['lora'] / 2**20:.0f} MiB; skipped: {r['skipped'] or 'none'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
