@@ -178,3 +178,24 @@ def test_run_uses_the_active_composition_and_the_prefix_cache(cli, two_bases):
     assert switched["prefix_cache"] == "miss", "an entry of another composition is never used"
     direct = cli("run", "hello there", "-n", "4", "--base", "th", "--json").json()
     assert switched["tokens"] == direct["tokens"]
+
+
+def test_a_held_lock_gives_a_clear_busy_error(cli, two_bases, store_dir):
+    import subprocess
+    import sys
+
+    config = store_dir / "config.toml"
+    config.write_text(config.read_text().replace("lock_timeout_s = 30.0", "lock_timeout_s = 0.3"))
+
+    # another process holds the lock (filelock is re-entrant within one process)
+    code = ("import filelock, sys, time; l = filelock.FileLock(sys.argv[1]); l.acquire();"
+            "print('held', flush=True); time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(store_dir / "lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        r = cli("activate", "tq")
+        assert r.code == 7 and one_line(r.err) and "lock" in r.err
+    finally:
+        proc.kill()
+        proc.wait()
+    assert cli("activate", "tq").code == 0
