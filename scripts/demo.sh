@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job on the bundled SmolLM2: a fresh store, the real base imported, an adapter
-# switched on and off as an overlay, a rollback, and a check that the base answer comes back
-# byte for byte.
+# The main job on the bundled SmolLM2: a fresh store, the real base imported, trained demo
+# adapters switched on, stacked and verified, a rollback, and a check that the base answer
+# comes back byte for byte.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export SLM_STORE="$PWD/.demo/store"
@@ -24,24 +24,25 @@ echo "... ($(grep -c 'blk\.\|token_embd\|output_norm' .demo/show.txt) tensor row
 step slm import base "$GGUF" --name smollm2   # again: nothing new is stored
 
 step slm activate smollm2
-step slm run --max-tokens 24 --chat "What is the capital of France?"
-show slm run --max-tokens 24 "$PROMPT" "|" tee .demo/base.txt
-slm run --max-tokens 24 "$PROMPT" | tee .demo/base.txt
+step slm run --max-tokens 24 "$PROMPT"
+QUESTION="What is your favourite season?"
+show slm run --max-tokens 40 --chat "$QUESTION" "|" tee .demo/base.txt
+slm run --max-tokens 40 --chat "$QUESTION" | tee .demo/base.txt
 
-# Two adapters in PEFT's format (random LoRAs made with NumPy; see scripts/make_random_lora.py).
-python scripts/make_random_lora.py .demo/noisy --seed 1 >/dev/null
-python scripts/make_random_lora.py .demo/noisy2 --seed 2 --std 0.03 >/dev/null
-step slm import adapter .demo/noisy --name noisy
-step slm import adapter .demo/noisy2 --name noisy2
-step slm activate smollm2 noisy
-step slm run --max-tokens 24 "$PROMPT"
-step slm activate smollm2 noisy@0.5 noisy2
+# Three small LoRA adapters trained on SmolLM2 (scripts/train_demo_adapters.py, PEFT format).
+step slm import adapter fixtures/demo_adapters/french --name french
+step slm import adapter fixtures/demo_adapters/pirate --name pirate
+step slm import adapter fixtures/demo_adapters/signature --name signature
+step slm activate smollm2 french
+step slm run --max-tokens 24 --chat "$QUESTION"
+step slm activate smollm2 pirate signature
 step slm status
-step slm run --max-tokens 24 "$PROMPT"
+step slm run --max-tokens 40 --chat "$QUESTION"
+step slm verify
 step slm log
 step slm rollback -n 2
-show slm run --max-tokens 24 "$PROMPT" "|" tee .demo/again.txt
-slm run --max-tokens 24 "$PROMPT" | tee .demo/again.txt
+show slm run --max-tokens 40 --chat "$QUESTION" "|" tee .demo/again.txt
+slm run --max-tokens 40 --chat "$QUESTION" | tee .demo/again.txt
 if cmp -s .demo/base.txt .demo/again.txt; then
   echo "after the rollback the base answers byte for byte as before"
 else

@@ -208,8 +208,9 @@ Regenerate (about {total} s of training on 2 cores; the numbers below are from t
 
 All: LoRA r=8, lora_alpha=16, lora_dropout=0, AdamW (no weight decay), linear warm-up over the
 first 10% of the steps then linear decay to 10%, loss on the answer tokens (+ `<|im_end|>`)
-only, seed 0. "final loss" is the mean of the last 5 steps. With other jobs loading the 2 cores,
-`--threads 1` is several times faster than torch's 2 OpenMP threads (which wait on each other).
+only, seed 0. "final loss" is the mean of the last 5 steps. `--threads 1` gives bit-identical
+adapters, and is several times faster when other jobs load the 2 cores (2 OpenMP threads then
+wait on each other); the run below had the machine to itself, mostly.
 
 | adapter | examples | targets | steps | batch | lr | threads | seconds | first loss | final loss |
 |---|---|---|---|---|---|---|---|---|---|
@@ -234,8 +235,8 @@ def write_readme(results: dict[str, dict], command: str) -> None:
     total = 0.0
     for line in rows.values():
         total += float(line.split("|")[8])
-    text = README_HEAD.format(total=round(total), command=command) + "\n".join(rows[n] for n in RECIPES if n in rows)
-    path.write_text(text + "\n")
+    table = "\n".join(rows[n] for n in RECIPES if n in rows)
+    path.write_text(README_HEAD.format(total=round(total), command=command) + table + "\n")
 
 
 def main(argv=None) -> int:
