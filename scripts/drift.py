@@ -33,11 +33,11 @@ import smollm2_path  # noqa: E402
 
 from slm import quant  # noqa: E402
 from slm.model.llama import Llama  # noqa: E402
-from slm.model.oracle import OracleAdapter, OracleKernels  # noqa: E402
 from slm.model.weights import QuantTensor  # noqa: E402
 from slm.ops import compositions  # noqa: E402
 from slm.ops.importing import import_adapter, import_base  # noqa: E402
 from slm.ops.loading import load_composition  # noqa: E402
+from slm.ops.verify import oracle_kernels  # noqa: E402
 from slm.store import init_store  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village, the capital of France was 2024 km away."
@@ -45,24 +45,12 @@ PROMPT = "Once upon a time, in a small village, the capital of France was 2024 k
 
 def deltas(store, loaded) -> dict[str, np.ndarray]:
     """Each adapted weight's dense float64 delta, in the base's row layout (via the oracle)."""
-    oracle = oracle_kernels(store, loaded)
+    oracle = oracle_kernels(store, loaded.staged)
     out = {}
     for name in oracle.adapters[0].targets:
         w = loaded.model.t[name]
         out[name] = oracle.weight(w) - w.dequantize().astype(np.float64)
     return out
-
-
-def oracle_kernels(store, loaded) -> OracleKernels:
-    staged = loaded.staged
-    arch = staged.base.architecture
-    shapes = {t.name: t.shape for t in staged.base.tensors}
-    adapters = []
-    for ref, m in staged.adapters:
-        targets = [compositions._target_data(store, ref.name, m.kind, t, shapes[t.module]) for t in m.targets]
-        adapters.append(OracleAdapter(m.kind, ref.weight, targets, m.row_layout))
-    return OracleKernels(adapters, staged.base.qk_row_layout,
-                         {"attn_q": arch["num_heads"], "attn_k": arch["num_kv_heads"]})
 
 
 def requantized(tensors: dict[str, QuantTensor], delta: dict[str, np.ndarray], sign: float) -> dict:
@@ -95,7 +83,7 @@ def run(cycles: list[int], work: Path) -> dict:
     d_a, d_b = deltas(store, with_a), deltas(store, with_b)
 
     base_logits = logits(cfg, pristine, ids)
-    oracle_a = logits(cfg, pristine, ids, kernels=oracle_kernels(store, with_a))
+    oracle_a = logits(cfg, pristine, ids, kernels=oracle_kernels(store, with_a.staged))
     overlay_a = with_a.model.forward(ids, with_a.model.new_cache(len(ids)), "all").astype(np.float64)
     overlay_err = float(np.abs(overlay_a - oracle_a).max())
 

@@ -1,7 +1,8 @@
 """The peak-memory estimate of running a composition (the seed's formulas, made concrete).
 
     P = (O + B + A + D + R + KV) * (1 + slack)
-      O   runtime: the interpreter and libraries, plus the tokenizer (~500 bytes per token)
+      O   runtime: the interpreter and libraries (+100 MiB with the fused numba kernels), plus
+          the tokenizer (~500 bytes per token)
       B   base bytes: every quantized blob is memory-mapped and read once per token
       A   adapters: their float32 tensors, counted twice (the bytes read and the overlay copies)
       D   dequantization scratch: bounded, allocated once (slm.model.kernels)
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from slm.errors import InvalidInput
 
 RUNTIME_BYTES = 70 << 20
+FUSED_KERNEL_BYTES = 100 << 20  # numba + llvmlite + compiled kernels (measured +87 MiB)
 TOKENIZER_BYTES_PER_TOKEN = 500
 SCRATCH_BYTES = 4 << 20
 SLACK = 0.10
@@ -52,12 +54,13 @@ class Estimate:
 
 
 def estimate(arch: dict, base_bytes: int, adapter_float_bytes: int, positions: int,
-             prompt_tokens: int | None = None, all_logits: bool = False) -> Estimate:
+             prompt_tokens: int | None = None, all_logits: bool = False,
+             fused_kernels: bool = False) -> Estimate:
     T = prompt_tokens if prompt_tokens is not None else positions
     h, f, v = arch["hidden_size"], arch["intermediate_size"], arch["vocab_size"]
     per_token = 6 * h + 4 * f + 3 * arch["num_heads"] * positions + (v if all_logits else 0)
     return Estimate(
-        runtime=RUNTIME_BYTES + TOKENIZER_BYTES_PER_TOKEN * v,
+        runtime=RUNTIME_BYTES + (FUSED_KERNEL_BYTES if fused_kernels else 0) + TOKENIZER_BYTES_PER_TOKEN * v,
         base=base_bytes,
         adapters=2 * adapter_float_bytes,
         scratch=SCRATCH_BYTES,

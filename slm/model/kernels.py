@@ -39,15 +39,23 @@ class ReferenceKernels:
         return table.take_rows(ids)  # (T, hidden)
 
 
+def fused_selected() -> bool:
+    """Whether default_kernels() picks the fused kernels (without importing numba)."""
+    import importlib.util
+
+    return os.environ.get("SLM_KERNELS", "fused") != "reference" and \
+        importlib.util.find_spec("numba") is not None
+
+
 def default_kernels():
     """The fused numba kernels when numba is there, else the reference path.
 
     SLM_KERNELS=reference forces the reference path (to compare, or to rule the kernels out).
     """
-    if os.environ.get("SLM_KERNELS", "fused") == "reference":
+    if not fused_selected():
         return ReferenceKernels()
     try:
         from slm.model.kernels_fused import FusedKernels
-    except ImportError:  # numba missing or unusable on this platform
+    except ImportError:  # numba present but unusable on this platform
         return ReferenceKernels()
     return FusedKernels()

@@ -110,13 +110,13 @@ def stage(store: Store, comp: Composition, verify_base: bool = True) -> Staged:
     shapes = {t.name: t.shape for t in base.tensors}
     for ref, manifest in adapters:
         label = ref.name or dg.short(ref.digest)
-        targets = [_target_data(store, label, manifest.kind, t, shapes[t.module]) for t in manifest.targets]
+        targets = [target_data(store, label, manifest.kind, t, shapes[t.module]) for t in manifest.targets]
         overlays.append(build_overlay(manifest.kind, ref.weight, targets, src_layout=manifest.row_layout,
                                       dst_layout=base.qk_row_layout, heads=heads))
     return Staged(comp, comp.base, base, adapters, overlays)
 
 
-def _target_data(store: Store, label: str, kind: str, t, base_shape: tuple[int, ...]) -> TargetData:
+def target_data(store: Store, label: str, kind: str, t, base_shape: tuple[int, ...]) -> TargetData:
     """Load a target's tensors; its dimensions come from the base weight (validated equal)."""
     out_features, in_features = base_shape
     tensors = {}

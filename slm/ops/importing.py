@@ -65,10 +65,22 @@ def open_base_source(path: Path, quant: str | None) -> BaseSource:
     )
 
 
-def _check_name_free(store: Store, name: str, digest: str | None = None) -> None:
-    existing = store.names.get("bases", name)
+def _commit_named(store: Store, staging, kind: str, name: str, manifest: bytes) -> tuple[str, list[str]]:
+    """Stage the manifest, journal the intent, commit every staged blob, then set the name.
+
+    Returns (manifest digest, digests new to the store). Runs under the store lock.
+    """
+    digest = staging.put(manifest)
+    existing = store.names.get(kind + "s", name)
     if existing is not None and existing != digest:
-        raise InvalidInput(f"a different base is already named {name!r}; choose another name")
+        raise InvalidInput(f"a different {kind} is already named {name!r}; choose another name")
+    intent = store.journal.begin(f"import-{kind}-{name}", "import", None, digest)
+    fs.point("import.before-commit")
+    new = staging.commit()
+    fs.point("import.before-name")
+    store.names.set(kind + "s", name, digest)
+    store.journal.end(intent)
+    return digest, new
 
 
 def import_base(store: Store, path: Path, name: str, quant: str | None = None,
@@ -108,16 +120,9 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
             tokenizer_source=source.format,
             tensors=tuple(records),
         )
-        digest = staging.put(manifest.to_bytes())
-        _check_name_free(store, name, digest)
-        intent = store.journal.begin(f"import-base-{name}", "import", None, digest)
-        fs.point("import.before-commit")
-        new = staging.commit()
+        digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes())
     finally:
         staging.discard()
-    fs.point("import.before-name")
-    store.names.set("bases", name, digest)
-    store.journal.end(intent)
     return ImportResult(
         kind="base",
         name=name,
@@ -168,18 +173,9 @@ def import_adapter(store: Store, path: Path, name: str,
             progress.finish()
             manifest = AdapterManifest(source.kind, source.format, source.row_layout,
                                        dict(source.requires), tuple(targets))
-            digest = staging.put(manifest.to_bytes())
-            existing = store.names.get("adapters", name)
-            if existing is not None and existing != digest:
-                raise InvalidInput(f"a different adapter is already named {name!r}; choose another name")
-            intent = store.journal.begin(f"import-adapter-{name}", "import", None, digest)
-            fs.point("import.before-commit")
-            new = staging.commit()
+            digest, new = _commit_named(store, staging, "adapter", name, manifest.to_bytes())
         finally:
             staging.discard()
-        fs.point("import.before-name")
-        store.names.set("adapters", name, digest)
-        store.journal.end(intent)
     return ImportResult(
         kind="adapter",
         name=name,

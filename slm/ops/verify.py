@@ -68,19 +68,24 @@ def check_integrity(store: Store, comp: Composition, progress: Progress) -> dict
     return {"blobs": len(blobs), "bytes": sum(sizes.values()), "bad_blobs": bad, "ok": not bad}
 
 
-def check_numerics(store: Store, comp: Composition) -> dict:
-    loaded = load_composition(store, comp, verify=False)  # integrity was checked just before
-    staged, model = loaded.staged, loaded.model
+def oracle_kernels(store: Store, staged: compositions.Staged) -> OracleKernels:
+    """The fresh-base oracle for a staged composition (its adapters' tensors read afresh)."""
     arch = staged.base.architecture
-    heads = {"attn_q": arch["num_heads"], "attn_k": arch["num_kv_heads"]}
-    adapters = []
     shapes = {t.name: t.shape for t in staged.base.tensors}
+    adapters = []
     for ref, manifest in staged.adapters:
         label = ref.name or dg.short(ref.digest)
-        targets = [compositions._target_data(store, label, manifest.kind, t, shapes[t.module])
+        targets = [compositions.target_data(store, label, manifest.kind, t, shapes[t.module])
                    for t in manifest.targets]
         adapters.append(OracleAdapter(manifest.kind, ref.weight, targets, manifest.row_layout))
-    oracle = Llama(model.cfg, model.t, kernels=OracleKernels(adapters, staged.base.qk_row_layout, heads))
+    heads = {"attn_q": arch["num_heads"], "attn_k": arch["num_kv_heads"]}
+    return OracleKernels(adapters, staged.base.qk_row_layout, heads)
+
+
+def check_numerics(store: Store, comp: Composition) -> dict:
+    loaded = load_composition(store, comp, verify=False)  # integrity was checked just before
+    model = loaded.model
+    oracle = Llama(model.cfg, model.t, kernels=oracle_kernels(store, loaded.staged))
     worst, total, count, agree, positions = 0.0, 0.0, 0, 0, 0
     for probe in PROBES:
         ids = np.asarray(loaded.tokenizer.encode(probe))
