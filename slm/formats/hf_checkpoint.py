@@ -12,7 +12,6 @@ RoPE to match. Names are mapped to slm's GGUF-style names.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from slm import quant
@@ -20,6 +19,7 @@ from slm.errors import InvalidInput, NotFound
 from slm.formats import llama
 from slm.formats.base_source import BaseSource, SourceTensor, canonical_json
 from slm.formats.gguf_model import TOKENIZER_FORMAT
+from slm.formats.jsonfile import read_json_object
 from slm.formats.safetensors_io import SafetensorsFile
 
 QUANT_PROFILES = ("q8_0", "q4_0", "q4_1", "nf4", "f16", "f32")
@@ -31,17 +31,7 @@ def is_hf_checkpoint(path: Path) -> bool:
 
 
 def _read_json(path: Path, what: str) -> dict:
-    try:
-        if path.stat().st_size > MAX_JSON:
-            raise InvalidInput(f"{path.name}: {what} is larger than {MAX_JSON >> 20} MB")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise InvalidInput(f"{path.parent.name}: missing {path.name} ({what})") from err
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InvalidInput(f"{path.name}: {what} is not valid JSON ({err})") from err
-    if not isinstance(data, dict):
-        raise InvalidInput(f"{path.name}: {what} is not a JSON object")
-    return data
+    return read_json_object(path, what, MAX_JSON)
 
 
 def architecture_from_config(cfg: dict, source: str) -> dict:

@@ -51,6 +51,7 @@ from slm.errors import InvalidInput, NotFound
 from slm.formats.adapter_source import AdapterSource, AdapterTarget
 from slm.formats.llama import hf_to_gguf_name
 from slm.formats.safetensors_io import SafetensorsFile
+from slm.formats.jsonfile import no_duplicate_keys, read_json_object
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -290,33 +291,8 @@ def _adapter_folder(path: Path) -> Path:
     return path
 
 
-def _no_duplicates(pairs):
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"key {key!r} appears twice")
-        out[key] = value
-    return out
-
-
 def _load_config(folder: Path) -> dict:
-    cfg_path = folder / CONFIG_NAME
-    try:
-        size = cfg_path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise InvalidInput(f"{cfg_path}: {size} bytes is too large for an adapter config")
-        text = cfg_path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InvalidInput(f"{cfg_path}: not UTF-8 text") from err
-    except OSError as err:
-        raise InvalidInput(f"cannot read {cfg_path}: {err.strerror}") from err
-    try:
-        config = json.loads(text, object_pairs_hook=_no_duplicates)
-    except ValueError as err:
-        raise InvalidInput(f"{cfg_path}: not valid JSON ({err})") from err
-    if not isinstance(config, dict):
-        raise InvalidInput(f"{cfg_path}: not a JSON object")
-    return config
+    return read_json_object(folder / CONFIG_NAME, "adapter config", MAX_CONFIG_BYTES, strict_keys=True)
 
 
 def _peft_type(config: dict, folder: Path) -> str:
@@ -476,7 +452,7 @@ def _check_unique_header_keys(st: SafetensorsFile) -> None:
     except OSError as err:
         raise InvalidInput(f"cannot read {st.path}: {err.strerror}") from err
     try:
-        json.loads(header.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        json.loads(header.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
     except ValueError as err:
         raise InvalidInput(f"{st.path}: malformed safetensors header: {err}") from err
 

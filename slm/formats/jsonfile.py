@@ -1,0 +1,39 @@
+"""Reading a JSON object from a file someone else wrote: bounded, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slm.errors import InvalidInput
+
+
+def no_duplicate_keys(pairs):
+    """object_pairs_hook: a key given twice is an error (json keeps the last one silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def read_json_object(path: Path, what: str, max_bytes: int, strict_keys: bool = False) -> dict:
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise InvalidInput(f"{path}: {what} is {size} bytes, more than the {max_bytes} allowed")
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError as err:
+        raise InvalidInput(f"{path.parent.name}: missing {path.name} ({what})") from err
+    except UnicodeDecodeError as err:
+        raise InvalidInput(f"{path}: {what} is not UTF-8 text") from err
+    except OSError as err:
+        raise InvalidInput(f"cannot read {path}: {err.strerror}") from err
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicate_keys if strict_keys else None)
+    except ValueError as err:
+        raise InvalidInput(f"{path}: {what} is not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{path}: {what} is not a JSON object")
+    return data
