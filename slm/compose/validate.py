@@ -35,6 +35,7 @@ def validate(comp: Composition, base_digest: str, base: BaseManifest,
             f"{comp.runtime.get('version')}, this is {RUNTIME['name']} {RUNTIME['version']}"
         )
     seen: set[str] = set()
+    shapes = {t.name: t.shape for t in base.tensors}
     for ref, manifest in adapters:
         label = ref.name or dg.short(ref.digest)
         if ref.digest in seen:
@@ -42,7 +43,6 @@ def validate(comp: Composition, base_digest: str, base: BaseManifest,
         seen.add(ref.digest)
         check_weight(ref.weight, f"adapter {label}")
         _check_requires(label, manifest, base)
-        shapes = {t.name: t.shape for t in base.tensors}
         for target in manifest.targets:
             _check_target(label, manifest.kind, target, shapes, base)
 

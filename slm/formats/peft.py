@@ -323,18 +323,8 @@ def _check_common_config(config: dict, folder: Path, peft_type: str) -> None:
             f"{where}: modules_to_save {config['modules_to_save']!r} stores full trained modules; "
             f"slm applies only adapter overlays"
         )
-    target = config.get("target_modules")
-    if not (target is None or isinstance(target, str)
-            or (isinstance(target, list) and all(isinstance(t, str) for t in target))):
-        raise InvalidInput(f"{where}: target_modules must be a string, a list of strings or null")
-    if isinstance(target, str):
-        _compile(target, where, "target_modules")
-    exclude = config.get("exclude_modules")
-    if not (exclude is None or isinstance(exclude, str)
-            or (isinstance(exclude, list) and all(isinstance(t, str) for t in exclude))):
-        raise InvalidInput(f"{where}: exclude_modules must be a string, a list of strings or null")
-    if isinstance(exclude, str) and exclude:
-        _compile(exclude, where, "exclude_modules")
+    target = _module_selector(config, "target_modules", where)
+    _module_selector(config, "exclude_modules", where)
     layers = config.get("layers_to_transform")
     if layers is not None and not (
         (isinstance(layers, int) and not isinstance(layers, bool))
@@ -349,12 +339,19 @@ def _check_common_config(config: dict, folder: Path, peft_type: str) -> None:
         raise InvalidInput(f"{where}: layers_to_transform/layers_pattern cannot be combined with "
                            f"a regular-expression target_modules")
     if peft_type == "IA3":
-        ff = config.get("feedforward_modules")
-        if not (ff is None or isinstance(ff, str)
-                or (isinstance(ff, list) and all(isinstance(t, str) for t in ff))):
-            raise InvalidInput(f"{where}: feedforward_modules must be a string, a list of strings or null")
-        if isinstance(ff, str):
-            _compile(ff, where, "feedforward_modules")
+        _module_selector(config, "feedforward_modules", where)
+
+
+def _module_selector(config: dict, key: str, where: str):
+    """A PEFT module selector: a regular expression, a list of names, or null. Checked, and
+    a non-empty regular expression compiled, before anything is matched against it."""
+    value = config.get(key)
+    if not (value is None or isinstance(value, str)
+            or (isinstance(value, list) and all(isinstance(t, str) for t in value))):
+        raise InvalidInput(f"{where}: {key} must be a string, a list of strings or null")
+    if isinstance(value, str) and value:
+        _compile(value, where, key)
+    return value
 
 
 def _check_lora_config(config: dict, folder: Path) -> None:
