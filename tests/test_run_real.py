@@ -127,9 +127,11 @@ def test_switch_during_generation(real_store, policy, tmp_path):
     adapter = make_random_lora.make_random_lora(tmp_path / "noisy", seed=1)
     subprocess.run([*slm, "import", "adapter", str(adapter), "--name", "noisy"], check=True, capture_output=True)
     subprocess.run([*slm, "activate", "smollm2"], check=True, capture_output=True)
-    expected = json.loads(subprocess.run([*slm, "run", PROMPT, "-n", "24", "--json"], check=True,
+    # long enough (about 4 s at 70 tok/s) that the activation below lands mid-generation
+    tokens = "300"
+    expected = json.loads(subprocess.run([*slm, "run", PROMPT, "-n", tokens, "--json"], check=True,
                                          capture_output=True, text=True).stdout)["text"]
-    proc = subprocess.Popen([*slm, "run", PROMPT, "-n", "24", "--on-switch", policy],
+    proc = subprocess.Popen([*slm, "run", PROMPT, "-n", tokens, "--on-switch", policy],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = os.read(proc.stdout.fileno(), 1)  # the first token is out: generation is under way
     subprocess.run([*slm, "activate", "smollm2", "noisy"], check=True, capture_output=True)

@@ -16,7 +16,25 @@ from slm.model.weights import QuantTensor
 DEFAULT_SCRATCH_ELEMS = 1 << 20  # 4 MiB of float32: bounds the dequantized working set
 
 
-class ReferenceKernels:
+class Kernels:
+    """What the model asks of a kernel set. matmul and embed are each set's own; the batched
+    forms default to a loop, which a parallel set replaces."""
+
+    name = "abstract"
+
+    def matmul(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
+        raise NotImplementedError
+
+    def matmul_many(self, x: np.ndarray, weights: list[QuantTensor]) -> list[np.ndarray]:
+        """[x @ w.T for w in weights]: one input, several weights (q, k, v; gate, up)."""
+        return [self.matmul(x, w) for w in weights]
+
+    def map_parallel(self, fn, items: list) -> list:
+        """[fn(i) for i in items]; the fused kernels run these on their two threads."""
+        return [fn(i) for i in items]
+
+
+class ReferenceKernels(Kernels):
     name = "numpy-reference"
 
     def __init__(self, scratch_elems: int = DEFAULT_SCRATCH_ELEMS):
@@ -40,22 +58,20 @@ class ReferenceKernels:
 
 
 def fused_selected() -> bool:
-    """Whether default_kernels() picks the fused kernels (without importing numba)."""
+    """Whether default_kernels() picks the fused C kernels (SLM_KERNELS=reference says no)."""
     import importlib.util
 
     return os.environ.get("SLM_KERNELS", "fused") != "reference" and \
-        importlib.util.find_spec("numba") is not None
+        importlib.util.find_spec("slm.model._qkernels") is not None
 
 
 def default_kernels():
-    """The fused numba kernels when numba is there, else the reference path.
+    """The fused C kernels when they were built at install, else the reference path.
 
     SLM_KERNELS=reference forces the reference path (to compare, or to rule the kernels out).
     """
     if not fused_selected():
         return ReferenceKernels()
-    try:
-        from slm.model.kernels_fused import FusedKernels
-    except ImportError:  # numba present but unusable on this platform
-        return ReferenceKernels()
-    return FusedKernels()
+    from slm.model.kernels_native import NativeKernels
+
+    return NativeKernels()

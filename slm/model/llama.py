@@ -63,7 +63,10 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
+    d = np.negative(x)  # x / (1 + exp(-x)), in one scratch array
+    np.exp(d, out=d)
+    d += np.float32(1.0)
+    return np.divide(x, d, out=d)
 
 
 def rope_tables(head_dim: int, theta: float, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,9 +92,10 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str) -> np.nda
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    x = x - np.max(x, axis=axis, keepdims=True)
-    e = np.exp(x)
-    return e / np.sum(e, axis=axis, keepdims=True)
+    e = x - np.max(x, axis=axis, keepdims=True)
+    np.exp(e, out=e)
+    e /= np.sum(e, axis=axis, keepdims=True)
+    return e
 
 
 class Llama:
@@ -121,6 +125,17 @@ class Llama:
         for overlay, seen in zip(self.overlays, inputs):
             y = overlay.after(name, seen, y)
         return y
+
+    def linears(self, x: np.ndarray, names: list[str]) -> list[np.ndarray]:
+        """[linear(x, n) for n in names], the base products in one kernel call when no overlay
+        scales these layers' input (the fused kernels then wake their threads once)."""
+        if any(o.input_scale(n) is not None for o in self.overlays for n in names):
+            return [self.linear(x, n) for n in names]
+        ys = self.kernels.matmul_many(x, [self.t[n] for n in names])  # [(T, out_n)]
+        for i, name in enumerate(names):
+            for overlay in self.overlays:
+                ys[i] = overlay.after(name, x, ys[i])
+        return ys
 
     def new_cache(self, capacity: int, dtype=np.float32) -> KVCache:
         return KVCache(self.cfg, capacity, dtype)
@@ -156,9 +171,10 @@ class Llama:
         p = f"blk.{layer}."
         T = x.shape[0]
         h = rms_norm(x, self.norms[p + "attn_norm.weight"], cfg.rms_norm_eps)
-        q = self.linear(h, p + "attn_q.weight").reshape(T, cfg.num_heads, cfg.head_dim)
-        k = self.linear(h, p + "attn_k.weight").reshape(T, cfg.num_kv_heads, cfg.head_dim)
-        v = self.linear(h, p + "attn_v.weight").reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self.linears(h, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
+        q = q.reshape(T, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
         q = rope(q, cos, sin, cfg.qk_row_layout)
         k = rope(k, cos, sin, cfg.qk_row_layout)
         cache.k[layer, start:start + T] = k
@@ -166,20 +182,42 @@ class Llama:
         attn = self.attention(q, cache.k[layer, :start + T], cache.v[layer, :start + T], start)
         x = x + self.linear(attn, p + "attn_output.weight")
         h = rms_norm(x, self.norms[p + "ffn_norm.weight"], cfg.rms_norm_eps)
-        gate = self.linear(h, p + "ffn_gate.weight")  # (T, F)
-        up = self.linear(h, p + "ffn_up.weight")  # (T, F)
+        gate, up = self.linears(h, [p + "ffn_gate.weight", p + "ffn_up.weight"])  # (T, F) each
         return x + self.linear(silu(gate) * up, p + "ffn_down.weight")
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
-        """Grouped-query causal attention. q (T, nh, hd); k, v (S, n_kv, hd), S = start + T."""
+        """Causal attention of q (T, nh, hd) over k, v (S, n_kv, hd), S = start + T.
+
+        A long batch is split into two query ranges of about equal causal work, run by the
+        kernels' two threads (NumPy releases the GIL); each range only needs the keys up to
+        its last position."""
+        T = q.shape[0]
+        if T < 64:
+            return self.attend(q, k, v, start)
+        split = int(T / np.sqrt(2)) if start == 0 else T // 2  # equal areas of the triangle
+        ranges = [(0, split), (split, T)]
+        outs = self.kernels.map_parallel(
+            lambda r: self.attend(q[r[0]:r[1]], k[:start + r[1]], v[:start + r[1]], start + r[0]), ranges)
+        return np.concatenate(outs)  # (T, nh*hd)
+
+    def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int) -> np.ndarray:
+        """Grouped-query attention for queries at positions first.. ; q (T, nh, hd); k, v
+        (S, n_kv, hd) with S = first + T.
+
+        Query head h uses kv head h // group; each kv head's queries are stacked so that both
+        products are batched matrix multiplications (BLAS)."""
         cfg = self.cfg
         T, S = q.shape[0], k.shape[0]
-        group = cfg.num_heads // cfg.num_kv_heads
-        qg = q.reshape(T, cfg.num_kv_heads, group, cfg.head_dim)  # query head h uses kv head h // group
-        scores = np.einsum("tkgd,skd->kgts", qg, k) / np.float32(np.sqrt(cfg.head_dim))  # (n_kv, g, T, S)
-        # query t sits at position start + t and sees keys 0..start + t
-        future = np.arange(S)[None, :] > (start + np.arange(T))[:, None]  # (T, S)
-        scores = np.where(future, np.float32(-np.inf), scores)
-        probs = softmax(scores, axis=-1)
-        out = np.einsum("kgts,skd->tkgd", probs, v)  # (T, n_kv, g, hd)
-        return out.reshape(T, cfg.num_heads * cfg.head_dim).astype(q.dtype, copy=False)
+        n_kv, hd = cfg.num_kv_heads, cfg.head_dim
+        group = cfg.num_heads // n_kv
+        qg = q.reshape(T, n_kv, group, hd).transpose(1, 2, 0, 3).reshape(n_kv, group * T, hd)
+        scores = np.matmul(qg, k.transpose(1, 2, 0))  # (n_kv, g*T, S)
+        scores *= np.float32(1.0 / np.sqrt(hd))
+        scores = scores.reshape(n_kv, group, T, S)
+        if T > 1:  # query t sits at position first + t and sees keys 0..first + t
+            future = np.arange(S)[None, :] > (first + np.arange(T))[:, None]  # (T, S)
+            scores[:, :, future] = np.float32(-np.inf)
+        probs = softmax(scores, axis=-1).reshape(n_kv, group * T, S)
+        out = np.matmul(probs, v.transpose(1, 0, 2))  # (n_kv, g*T, hd)
+        out = out.reshape(n_kv, group, T, hd).transpose(2, 0, 1, 3)  # (T, n_kv, g, hd)
+        return out.reshape(T, cfg.num_heads * hd).astype(q.dtype, copy=False)

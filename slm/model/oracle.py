@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from slm.formats.llama import permute_gguf_to_hf, permute_hf_to_gguf
+from slm.model.kernels import Kernels
 from slm.model.overlays import TargetData
 from slm.model.weights import QuantTensor
 
@@ -26,7 +27,7 @@ class OracleAdapter:
         self.targets = {t.module: t for t in targets}
 
 
-class OracleKernels:
+class OracleKernels(Kernels):
     """matmul(x, w) = x @ W'^T in float64, W' merged afresh from the stored bytes on every call."""
 
     name = "float64-fresh-base-oracle"

@@ -1,0 +1,271 @@
+/* Fused dequantize-and-multiply kernels for slm's quantized linear layers.
+ *
+ * Loaded with ctypes (slm/model/kernels_native.py); the module init below exists only so
+ * that setuptools can build and place this file like any extension. Every function here is
+ * plain C over caller-owned buffers: no Python objects, no allocation that outlives a call.
+ *
+ * slm_matmul: out[t, r] = x[t] . dequant(row r) for up to SLM_MAX_JOBS weights that share
+ * the input x (q, k and v; gate and up) in ONE parallel region, so a decode step pays for
+ * fewer thread wake-ups. Each row is decoded once into a small float buffer (never a whole
+ * float32 matrix), then dotted with every input row: both loops vectorise.
+ *
+ * slm_dequantize: rows [start, stop) of one weight into a float32 buffer (the long-batch path,
+ * where BLAS on a dequantized chunk wins).
+ *
+ * Block layouts are those of slm/quant (q8_0.py, q4_0.py, q4_1.py, nf4.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* The number of threads a parallel region uses here. */
+int slm_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static inline int thread_index(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+enum { T_Q8_0 = 0, T_Q4_0 = 1, T_Q4_1 = 2, T_NF4 = 3 };
+#define SLM_MAX_JOBS 4
+#define SLM_MAX_COLS 65536
+
+static const float NF4_LEVELS[16] = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+/* IEEE half -> float, exact for every value (normals, subnormals, inf, NaN): one instruction
+ * where the CPU has F16C, else bit manipulation. */
+#ifdef __F16C__
+#include <immintrin.h>
+static inline float half_to_float(const uint8_t *p) {
+    return _cvtsh_ss((unsigned short)((unsigned)p[0] | ((unsigned)p[1] << 8)));
+}
+#else
+static inline float half_to_float(const uint8_t *p) {
+    uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        exp = 113;
+        while (!(mant & 0x400)) { mant <<= 1; exp--; }
+        bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+#endif
+
+static inline float read_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* One row of n values (n a multiple of the block size) into w, per type. Each inner loop
+ * has a fixed trip count and no branches, so that it vectorises. */
+static inline void decode_q8_0(const uint8_t *row, int n, float *restrict w) {
+    for (int b = 0; b < n / 32; b++) { /* 34 bytes: d (f16), 32 int8 codes; x = d * q */
+        const uint8_t *blk = row + b * 34;
+        const float d = half_to_float(blk);
+        const int8_t *q = (const int8_t *)(blk + 2);
+        float *restrict o = w + b * 32;
+        for (int j = 0; j < 32; j++) o[j] = d * (float)q[j];
+    }
+}
+
+/* Q4_0 (18 bytes: d, 16 bytes; x = d * (q - 8)) and Q4_1 (20 bytes: d, m, 16 bytes;
+ * x = d * q + m). Byte j holds value j in its low nibble and value j + 16 in its high. */
+static inline void decode_q4(const uint8_t *row, int n, float *restrict w, const int with_min) {
+    const int size = with_min ? 20 : 18;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + b * size;
+        const float d = half_to_float(blk);
+        const float m = with_min ? half_to_float(blk + 2) : -8.0f * d;
+        const uint8_t *q = blk + (with_min ? 4 : 2);
+        float *restrict o = w + b * 32;
+        for (int j = 0; j < 16; j++) o[j] = d * (float)(q[j] & 15) + m;
+        for (int j = 0; j < 16; j++) o[j + 16] = d * (float)(q[j] >> 4) + m;
+    }
+}
+
+/* NF4: 36 bytes per 64 values: absmax (f32), then pairs with the even element high. */
+static inline void decode_nf4(const uint8_t *row, int n, float *restrict w) {
+    for (int b = 0; b < n / 64; b++) {
+        const uint8_t *blk = row + b * 36;
+        const float a = read_f32(blk);
+        float *restrict o = w + b * 64;
+        for (int j = 0; j < 32; j++) {
+            o[2 * j] = a * NF4_LEVELS[blk[4 + j] >> 4];
+            o[2 * j + 1] = a * NF4_LEVELS[blk[4 + j] & 15];
+        }
+    }
+}
+
+static inline void decode_row(int type, const uint8_t *row, int n, float *restrict w) {
+    switch (type) {
+    case T_Q8_0: decode_q8_0(row, n, w); break;
+    case T_Q4_0: decode_q4(row, n, w, 0); break;
+    case T_Q4_1: decode_q4(row, n, w, 1); break;
+    case T_NF4: decode_nf4(row, n, w); break;
+    }
+}
+
+/* GCC/Clang vector extensions: 16 lanes, lowered to whatever SIMD width the CPU has (one
+ * AVX-512 register, two AVX2 registers, ...). Loads go through memcpy (no alignment). */
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+/* Small integers to float in widening steps: GCC (12) turns a direct u8 -> f32 conversion
+ * into 16 scalar instructions, and i8 -> i32 too, but each step below into vector ones. */
+#define TO_F32(v) __builtin_convertvector(__builtin_convertvector((v), i32x16), f32x16)
+#define I8_TO_F32(v) TO_F32(__builtin_convertvector((v), i16x16))
+
+static inline f32x16 load_f32x16(const float *p) {
+    f32x16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float sum_lanes(f32x16 v) {
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) s += v[j];
+    return s;
+}
+
+/* x . row without materialising the row, for the types with an affine decode. Per block of
+ * 32: d * (q . x_b) + m * sum(x_b), with sum(x_b) computed once per call (xsum). */
+static inline float dot_q4(const uint8_t *row, int n, const float *restrict x,
+                           const float *restrict xsum, const int with_min) {
+    const int size = with_min ? 20 : 18;
+    f32x16 acc = {0};
+    float offsets = 0.0f;
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + b * size;
+        const float d = half_to_float(blk);
+        const float m = with_min ? half_to_float(blk + 2) : -8.0f * d;
+        u8x16 q;
+        memcpy(&q, blk + (with_min ? 4 : 2), sizeof q);
+        const f32x16 lo = TO_F32(q & 15);  /* values 0..15 */
+        const f32x16 hi = TO_F32(q >> 4);  /* values 16..31 */
+        acc += d * (lo * load_f32x16(x + b * 32) + hi * load_f32x16(x + b * 32 + 16));
+        offsets += m * xsum[b];
+    }
+    return sum_lanes(acc) + offsets;
+}
+
+static inline float dot_q8_0(const uint8_t *row, int n, const float *restrict x) {
+    f32x16 acc = {0};
+    for (int b = 0; b < n / 32; b++) {
+        const uint8_t *blk = row + b * 34;
+        const float d = half_to_float(blk);
+        i8x16 q0, q1;
+        memcpy(&q0, blk + 2, sizeof q0);
+        memcpy(&q1, blk + 18, sizeof q1);
+        acc += d * (I8_TO_F32(q0) * load_f32x16(x + b * 32) +
+                    I8_TO_F32(q1) * load_f32x16(x + b * 32 + 16));
+    }
+    return sum_lanes(acc);
+}
+
+static inline float dot(const float *restrict a, const float *restrict b, int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* x (tokens, n) float32, C order. For job j: weight rows[j] x n in `types[j]` blocks of
+ * row_bytes[j] bytes each; out[j] (tokens, ld_out[j]) float32, columns 0..rows[j]-1 written.
+ * Returns 0; -1 when n or count is out of range, -2 when out of memory. */
+int slm_matmul(int count, const int *types, const uint8_t *const *data, const int64_t *rows,
+               const int64_t *row_bytes, float *const *out, const int64_t *ld_out,
+               const float *x, int64_t tokens, int64_t n) {
+    if (n <= 0 || n > SLM_MAX_COLS || count < 1 || count > SLM_MAX_JOBS) return -1;
+    int64_t total = 0, first[SLM_MAX_JOBS + 1];
+    for (int j = 0; j < count; j++) {
+        first[j] = total;
+        total += rows[j];
+    }
+    first[count] = total;
+    /* per thread: a decoded row (NF4); per token: the sums of x over each 32-value block */
+    const int64_t threads = slm_threads(), blocks = n / 32;
+    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + tokens * blocks));
+    if (scratch == NULL) return -2;
+    float *xsum = scratch + n * threads;
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t b = 0; b < blocks; b++) {
+            float s = 0.0f;
+            for (int j = 0; j < 32; j++) s += x[t * n + b * 32 + j];
+            xsum[t * blocks + b] = s;
+        }
+#pragma omp parallel
+    {
+        float *w = scratch + (size_t)n * (size_t)thread_index();
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < total; i++) {
+            int j = 0;
+            while (i >= first[j + 1]) j++;
+            const int64_t r = i - first[j];
+            const uint8_t *row = data[j] + r * row_bytes[j];
+            float *o = out[j] + r;
+            switch (types[j]) {
+            case T_Q8_0:
+                for (int64_t t = 0; t < tokens; t++) o[t * ld_out[j]] = dot_q8_0(row, (int)n, x + t * n);
+                break;
+            case T_Q4_0:
+            case T_Q4_1:
+                for (int64_t t = 0; t < tokens; t++)
+                    o[t * ld_out[j]] = dot_q4(row, (int)n, x + t * n, xsum + t * blocks, types[j] == T_Q4_1);
+                break;
+            default: /* a table lookup per value: decode the row once, dot it per token */
+                decode_row(types[j], row, (int)n, w);
+                for (int64_t t = 0; t < tokens; t++) o[t * ld_out[j]] = dot(w, x + t * n, (int)n);
+            }
+        }
+    }
+    free(scratch);
+    return 0;
+}
+
+/* Rows [start, stop) of one weight into out ((stop - start), n) float32, on the calling
+ * thread (the caller runs several of these at once, each feeding its own BLAS call). */
+int slm_dequantize(int type, const uint8_t *data, int64_t row_bytes, int64_t start, int64_t stop,
+                   int64_t n, float *out) {
+    if (n <= 0 || n > SLM_MAX_COLS) return -1;
+    for (int64_t r = start; r < stop; r++)
+        decode_row(type, data + r * row_bytes, (int)n, out + (r - start) * n);
+    return 0;
+}
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qkernels",
+                                    "C kernels, called through ctypes.", -1, NULL};
+
+PyMODINIT_FUNC PyInit__qkernels(void) { return PyModule_Create(&module); }
