@@ -4,10 +4,12 @@
  * that setuptools can build and place this file like any extension. Every function here is
  * plain C over caller-owned buffers: no Python objects, no allocation that outlives a call.
  *
- * slm_matmul: out[t, r] = x[t] . dequant(row r) for up to SLM_MAX_JOBS weights that share
- * the input x (q, k and v; gate and up) in ONE parallel region, so a decode step pays for
- * fewer thread wake-ups. Each row is decoded once into a small float buffer (never a whole
- * float32 matrix), then dotted with every input row: both loops vectorise.
+ * slm_matmul: out[t, r] = x[t] . dequant(row r) (+ a low-rank term) for up to SLM_MAX_JOBS
+ * weights that share the input x (q, k and v; gate and up) in ONE parallel region, so a
+ * decode step pays for fewer thread wake-ups. No float32 weight matrix is ever built: Q4 and
+ * Q8 rows are dotted block by block straight from their bytes; NF4 rows (a table lookup per
+ * value) are decoded into a small per-thread buffer first. The LoRA overlays of a weight are
+ * added inside the same loop, so an adapter costs no extra pass over the output.
  *
  * slm_dequantize: rows [start, stop) of one weight into a float32 buffer (the long-batch path,
  * where BLAS on a dequantized chunk wins).
@@ -202,24 +204,39 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
     return s;
 }
 
-/* x (tokens, n) float32, C order. For job j: weight rows[j] x n in `types[j]` blocks of
- * row_bytes[j] bytes each; out[j] (tokens, ld_out[j]) float32, columns 0..rows[j]-1 written.
- * Returns 0; -1 when n or count is out of range, -2 when out of memory. */
-int slm_matmul(int count, const int *types, const uint8_t *const *data, const int64_t *rows,
-               const int64_t *row_bytes, float *const *out, const int64_t *ld_out,
-               const float *x, int64_t tokens, int64_t n) {
-    if (n <= 0 || n > SLM_MAX_COLS || count < 1 || count > SLM_MAX_JOBS) return -1;
-    int64_t total = 0, first[SLM_MAX_JOBS + 1];
+/* One weight to multiply by the shared input, and optionally a low-rank term to add to its
+ * output (the sum of the LoRA overlays on that weight, their ranks concatenated). The
+ * layout is mirrored by slm/model/kernels_native.py's Job. */
+typedef struct {
+    int32_t type;          /* T_Q8_0, ... */
+    int32_t rank;          /* 0: no low-rank term */
+    const uint8_t *data;   /* (rows, row_bytes) */
+    int64_t rows, row_bytes;
+    float *out;            /* (tokens, rows) */
+    const float *lora_a;   /* (rank, n): A */
+    const float *lora_b;   /* (rows, rank): weight * scale * B */
+} slm_job;
+
+/* out[t, r] = x[t] . dequant(row r) + (A x[t]) . B[r] for every job, in one parallel region.
+ * x (tokens, n) float32, C order. Returns 0; -1 when an argument is out of range, -2 when
+ * out of memory. */
+int slm_matmul(int count, const slm_job *jobs, const float *x, int64_t tokens, int64_t n) {
+    if (n <= 0 || n > SLM_MAX_COLS || n % 32 != 0 || count < 1 || count > SLM_MAX_JOBS) return -1;
+    int64_t total = 0, first[SLM_MAX_JOBS + 1], ranks = 0, rank_first[SLM_MAX_JOBS];
     for (int j = 0; j < count; j++) {
+        if ((jobs[j].type == T_NF4 && n % 64 != 0) || jobs[j].rank < 0) return -1;
         first[j] = total;
-        total += rows[j];
+        total += jobs[j].rows;
+        rank_first[j] = ranks;
+        ranks += jobs[j].rank;
     }
     first[count] = total;
-    /* per thread: a decoded row (NF4); per token: the sums of x over each 32-value block */
+    /* per thread: a decoded row (NF4); per token: the sums of x over each 32-value block, and
+     * u = A x for every job's low-rank term */
     const int64_t threads = slm_threads(), blocks = n / 32;
-    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + tokens * blocks));
+    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + tokens * (blocks + ranks)));
     if (scratch == NULL) return -2;
-    float *xsum = scratch + n * threads;
+    float *xsum = scratch + n * threads, *u = xsum + tokens * blocks; /* u (tokens, ranks) */
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t b = 0; b < blocks; b++) {
             float s = 0.0f;
@@ -230,25 +247,37 @@ int slm_matmul(int count, const int *types, const uint8_t *const *data, const in
     {
         float *w = scratch + (size_t)n * (size_t)thread_index();
 #pragma omp for schedule(static)
+        for (int64_t i = 0; i < ranks; i++) {
+            int j = 0;
+            while (j + 1 < count && i >= rank_first[j + 1]) j++;
+            const int64_t k = i - rank_first[j];
+            for (int64_t t = 0; t < tokens; t++) u[t * ranks + i] = dot(jobs[j].lora_a + k * n, x + t * n, (int)n);
+        }
+        /* (the implied barrier: every u is ready) */
+#pragma omp for schedule(static)
         for (int64_t i = 0; i < total; i++) {
             int j = 0;
             while (i >= first[j + 1]) j++;
+            const slm_job *job = &jobs[j];
             const int64_t r = i - first[j];
-            const uint8_t *row = data[j] + r * row_bytes[j];
-            float *o = out[j] + r;
-            switch (types[j]) {
+            const uint8_t *row = job->data + r * job->row_bytes;
+            float *o = job->out + r;
+            switch (job->type) {
             case T_Q8_0:
-                for (int64_t t = 0; t < tokens; t++) o[t * ld_out[j]] = dot_q8_0(row, (int)n, x + t * n);
+                for (int64_t t = 0; t < tokens; t++) o[t * job->rows] = dot_q8_0(row, (int)n, x + t * n);
                 break;
             case T_Q4_0:
             case T_Q4_1:
                 for (int64_t t = 0; t < tokens; t++)
-                    o[t * ld_out[j]] = dot_q4(row, (int)n, x + t * n, xsum + t * blocks, types[j] == T_Q4_1);
+                    o[t * job->rows] = dot_q4(row, (int)n, x + t * n, xsum + t * blocks, job->type == T_Q4_1);
                 break;
             default: /* a table lookup per value: decode the row once, dot it per token */
-                decode_row(types[j], row, (int)n, w);
-                for (int64_t t = 0; t < tokens; t++) o[t * ld_out[j]] = dot(w, x + t * n, (int)n);
+                decode_row(job->type, row, (int)n, w);
+                for (int64_t t = 0; t < tokens; t++) o[t * job->rows] = dot(w, x + t * n, (int)n);
             }
+            if (job->rank > 0)
+                for (int64_t t = 0; t < tokens; t++)
+                    o[t * job->rows] += dot(u + t * ranks + rank_first[j], job->lora_b + r * job->rank, job->rank);
         }
     }
     free(scratch);

@@ -1,11 +1,11 @@
 """The fused C kernels (slm/model/_qkernels.c), called through ctypes.
 
-`matmul(x, w)` for up to FUSED_MAX_TOKENS input rows decodes each weight row into a small
-float buffer and dots it with every input row, rows split over all cores (OpenMP); it never
-materialises a float32 weight matrix. `matmul_many` multiplies one input by several weights
-in one parallel region (q, k, v; gate, up), so a decode step wakes the threads 4 times per
-layer instead of 7. Longer batches (a prompt's prefill) dequantize bounded chunks with the C
-decoder and multiply them with BLAS, two chunks at a time on two threads.
+`matmul_many(x, weights, low_rank)` multiplies one input (T <= FUSED_MAX_TOKENS rows) by
+several quantized weights (q, k, v; gate, up) in one parallel region, so a decode step wakes
+the threads 4 times per layer instead of 7; no float32 weight matrix is ever built. A
+weight's LoRA overlays, passed as one low-rank pair, are added inside the same loop.
+Longer batches (a prompt's prefill) dequantize bounded chunks with the C decoder and
+multiply them with BLAS, two chunks at a time on two threads.
 
 The NumPy reference path (slm.model.kernels) stays the ground truth: tests/test_kernels.py
 differential-tests the two on every type (1e-5 relative). ctypes releases the GIL for every
@@ -26,9 +26,15 @@ from slm.model.weights import QuantTensor
 TYPE_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "nf4": 3}
 FUSED_MAX_TOKENS = 8  # above this, dequantize + BLAS is faster
 MAX_JOBS = 4  # SLM_MAX_JOBS in the C file
+_f32p = ctypes.POINTER(ctypes.c_float)
 
-_i64 = ctypes.c_int64
-_ptr = ctypes.c_void_p
+
+class Job(ctypes.Structure):
+    """slm_job in _qkernels.c: one weight, its output, and an optional low-rank term."""
+
+    _fields_ = [("type", ctypes.c_int32), ("rank", ctypes.c_int32), ("data", ctypes.c_void_p),
+                ("rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("out", ctypes.c_void_p),
+                ("lora_a", ctypes.c_void_p), ("lora_b", ctypes.c_void_p)]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -37,9 +43,10 @@ def _load() -> ctypes.CDLL | None:
         return None
     lib = ctypes.CDLL(spec.origin)
     lib.slm_matmul.restype = ctypes.c_int
-    lib.slm_matmul.argtypes = [ctypes.c_int, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64]
+    lib.slm_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
     lib.slm_dequantize.restype = ctypes.c_int
-    lib.slm_dequantize.argtypes = [ctypes.c_int, _ptr, _i64, _i64, _i64, _i64, _ptr]
+    lib.slm_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                   ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.slm_threads.restype = ctypes.c_int
     return lib
 
@@ -57,39 +64,60 @@ def supports(w: QuantTensor) -> bool:
 
 class NativeKernels(ReferenceKernels):
     name = "c-fused"
+    fuses_low_rank = True  # matmul_many takes low-rank terms (slm.model.llama)
 
     def __init__(self, scratch_elems: int | None = None):
         if LIB is None:
             raise ImportError("slm's C kernels are not built (slm/model/_qkernels.c)")
         super().__init__(*(() if scratch_elems is None else (scratch_elems,)))
-        self.threads = max(1, LIB.slm_threads())
         self.scratch2 = np.empty_like(self.scratch)  # the second prefill thread's chunk
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="slm-prefill")
+        # job descriptors per (weights, low-rank terms): built once, only `out` changes per call
+        self._jobs: dict[tuple, tuple] = {}
 
     def matmul(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         return self.matmul_many(x, [w])[0]
 
-    def matmul_many(self, x: np.ndarray, weights: list[QuantTensor]) -> list[np.ndarray]:
-        """[x @ w.T for w in weights], the short-batch ones in one parallel region."""
+    def matmul_many(self, x: np.ndarray, weights: list[QuantTensor],
+                    low_rank: list | None = None) -> list[np.ndarray]:
+        """[x @ w.T (+ (x @ A.T) @ B.T) for each weight]; low_rank: per weight, None or (A (r, in),
+        B (out, r)) float32 C-ordered, B already scaled."""
         x = np.ascontiguousarray(x, dtype=np.float32)  # (T, in)
+        low_rank = low_rank or [None] * len(weights)
         if x.shape[0] > FUSED_MAX_TOKENS or len(weights) > MAX_JOBS or \
                 not all(supports(w) for w in weights):
-            return [self._long(x, w) for w in weights]
+            outs = [self._long(x, w) for w in weights]
+            for i, term in enumerate(low_rank):
+                if term is not None:
+                    outs[i] += (x @ term[0].T) @ term[1].T  # (T, r) @ (r, out)
+            return outs
         tokens, cols = x.shape
-        outs = [np.empty((tokens, w.rows), dtype=np.float32) for w in weights]  # (T, out) each
         for w in weights:
             assert w.cols == cols, (w.name, x.shape, w.shape)
-        count = len(weights)
-        types = (ctypes.c_int * count)(*(TYPE_CODES[w.codec.name] for w in weights))
-        data = (_ptr * count)(*(w.data.ctypes.data for w in weights))
-        rows = (_i64 * count)(*(w.rows for w in weights))
-        row_bytes = (_i64 * count)(*(w.data.strides[0] for w in weights))
-        out_ptrs = (_ptr * count)(*(o.ctypes.data for o in outs))
-        ld = (_i64 * count)(*(w.rows for w in weights))
-        status = LIB.slm_matmul(count, types, data, rows, row_bytes, out_ptrs, ld, x.ctypes.data, tokens, cols)
+        jobs = self._job_array(weights, low_rank)
+        outs = [np.empty((tokens, w.rows), dtype=np.float32) for w in weights]  # (T, out) each
+        for job, out in zip(jobs, outs):
+            job.out = out.ctypes.data
+        status = LIB.slm_matmul(len(weights), jobs, x.ctypes.data, tokens, cols)
         if status != 0:
             raise MemoryError(f"slm_matmul failed ({status})")
         return outs
+
+    def _job_array(self, weights: list[QuantTensor], low_rank: list) -> ctypes.Array:
+        key = tuple(id(w) for w in weights) + tuple(id(t) for t in low_rank)
+        cached = self._jobs.get(key)
+        if cached is None:
+            jobs = (Job * len(weights))()
+            for job, w, term in zip(jobs, weights, low_rank):
+                job.type, job.data = TYPE_CODES[w.codec.name], w.data.ctypes.data
+                job.rows, job.row_bytes = w.rows, w.data.strides[0]
+                if term is not None:
+                    a, b = term
+                    assert a.shape == (b.shape[1], w.cols) and b.shape[0] == w.rows, (w.name, a.shape, b.shape)
+                    job.rank, job.lora_a, job.lora_b = a.shape[0], a.ctypes.data, b.ctypes.data
+            # the arrays are kept alive with the descriptor that points into them
+            cached = self._jobs[key] = (jobs, weights, low_rank)
+        return cached[0]
 
     def map_parallel(self, fn, items: list) -> list:
         futures = [self.pool.submit(fn, i) for i in items[1:]]
@@ -122,4 +150,3 @@ class NativeKernels(ReferenceKernels):
             chunk(pair[0], self.scratch)
             second.result()
         return out
-

@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from slm.model.kernels import default_kernels
+from slm.model.overlays import combined_low_rank
 from slm.model.weights import QuantTensor
 
 
@@ -107,6 +108,7 @@ class Llama:
         self.overlays = list(overlays)
         # Norm weights are tiny: keep them as float32 vectors.
         self.norms = {n: w.dequantize().reshape(-1) for n, w in tensors.items() if len(w.shape) == 1}
+        self._plans: dict[tuple, tuple] = {}  # (name, fuses) -> (low-rank term, overlays after)
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
         """y = x W'^T where W' is the base weight with every overlay applied in load order.
@@ -115,6 +117,8 @@ class Llama:
         that came before it; an IA3 input vector scales the input of the base and of every
         earlier overlay, so overlay i sees x scaled by the input vectors that come after it.
         """
+        if all(o.input_scale(name) is None for o in self.overlays):
+            return self.linears(x, [name])[0]
         inputs = [x] * len(self.overlays)
         for i in reversed(range(len(self.overlays))):
             inputs[i] = x
@@ -128,14 +132,29 @@ class Llama:
 
     def linears(self, x: np.ndarray, names: list[str]) -> list[np.ndarray]:
         """[linear(x, n) for n in names], the base products in one kernel call when no overlay
-        scales these layers' input (the fused kernels then wake their threads once)."""
+        scales these layers' input (the fused kernels then wake their threads once, and add
+        LoRA overlays inside their own loop)."""
         if any(o.input_scale(n) is not None for o in self.overlays for n in names):
             return [self.linear(x, n) for n in names]
-        ys = self.kernels.matmul_many(x, [self.t[n] for n in names])  # [(T, out_n)]
-        for i, name in enumerate(names):
-            for overlay in self.overlays:
+        plans = [self._plan(n) for n in names]
+        if any(term is not None for term, _ in plans):
+            ys = self.kernels.matmul_many(x, [self.t[n] for n in names], [term for term, _ in plans])
+        else:
+            ys = self.kernels.matmul_many(x, [self.t[n] for n in names])  # [(T, out_n)]
+        for i, (name, (_, after)) in enumerate(zip(names, plans)):
+            for overlay in after:
                 ys[i] = overlay.after(name, x, ys[i])
         return ys
+
+    def _plan(self, name: str) -> tuple:
+        """(low-rank term the kernel adds, or None; overlays to apply after it, in load order)."""
+        fuses = getattr(self.kernels, "fuses_low_rank", False)  # kernels can be swapped (tests)
+        plan = self._plans.get((name, fuses))
+        if plan is None:
+            touching = [o for o in self.overlays if name in o.targets()]
+            term = combined_low_rank(touching, name) if fuses else None
+            plan = self._plans[(name, fuses)] = (term, [] if term is not None else touching)
+        return plan
 
     def new_cache(self, capacity: int, dtype=np.float32) -> KVCache:
         return KVCache(self.cfg, capacity, dtype)
