@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 
 from slm import render
@@ -309,9 +308,9 @@ def run(argv: list[str] | None = None) -> int:
         result = app(args=argv, prog_name="slm", standalone_mode=False)
     except SlmError as err:
         return _fail(err.code, str(err), as_json)
-    except (typer.Exit, click.exceptions.Exit) as err:
+    except typer.Exit as err:
         return int(err.exit_code)
-    except (typer.Abort, click.exceptions.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt):
         print("slm: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

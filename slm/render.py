@@ -7,8 +7,6 @@ import json
 import sys
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-from rich.table import Table
 
 from slm.store import digest as dg
 
@@ -29,17 +27,25 @@ def human_bytes(n: int) -> str:
     return str(n)
 
 
+def _table():
+    from rich.table import Table  # imported when a table is shown: start-up time of every command
+
+    return Table(box=None, pad_edge=False)
+
+
 class BarProgress:
     """Byte progress on stderr; silent when stderr is not a terminal (CI logs stay clean)."""
 
     def __init__(self, enabled: bool | None = None):
         self.enabled = err.is_terminal if enabled is None else enabled
-        self._bar: Progress | None = None
+        self._bar = None  # a rich Progress while a bar is shown
         self._task = None
 
     def start(self, description: str, total: int) -> None:
         if not self.enabled:
             return
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
         self._bar = Progress(
             "[progress.description]{task.description}", BarColumn(), DownloadColumn(),
             TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
@@ -71,7 +77,7 @@ def entries_table(entries: list[dict]) -> None:
     if not entries:
         out.print("the store is empty; import a base with `slm import base PATH --name NAME`")
         return
-    table = Table(box=None, pad_edge=False)
+    table = _table()
     for col in ("KIND", "NAME", "DIGEST", "DETAILS"):
         table.add_column(col)
     for e in entries:
@@ -98,7 +104,7 @@ def adapter_manifest(info: dict) -> None:
     out.print(f"[bold]adapter {info['name'] or info['digest']}[/]  {info['digest']}")
     out.print(f"  {info['adapter_kind']} from {info['source_format']}, rows {info['row_layout']}, "
               f"{len(info['targets'])} targets, {human_bytes(info['total_bytes'])}; requires {info['requires']}")
-    table = Table(box=None, pad_edge=False)
+    table = _table()
     for col in ("TARGET", "SHAPE", "RANK", "SCALE", "IA3"):
         table.add_column(col)
     for t in info["targets"]:
@@ -134,7 +140,7 @@ def status(info: dict) -> None:
 
 
 def reflog(entries: list[dict]) -> None:
-    table = Table(box=None, pad_edge=False)
+    table = _table()
     for col in ("SEQ", "WHEN", "OP", "FROM", "TO"):
         table.add_column(col)
     for e in entries:
@@ -159,7 +165,7 @@ def base_manifest(info: dict) -> None:
         f"{info['qk_row_layout']}, tokenizer {dg.short(info['tokenizer']['digest'])}"
     )
     out.print(f"  {len(info['tensors'])} tensors ({types}), {human_bytes(info['total_bytes'])}")
-    table = Table(box=None, pad_edge=False)
+    table = _table()
     for col in ("TENSOR", "SHAPE", "TYPE", "BYTES", "DIGEST"):
         table.add_column(col, justify="right" if col == "BYTES" else "left")
     for t in info["tensors"]:

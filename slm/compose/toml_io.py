@@ -1,8 +1,13 @@
-"""Reading and writing manifest TOML, with errors that name the manifest."""
+"""Reading and writing manifest TOML, with errors that name the manifest.
+
+Reading uses the standard library's tomllib (strict TOML 1.0, and about 20x faster than
+tomlkit's style-preserving parser: that parse was 0.3 s of every `slm activate`); writing
+uses tomlkit, imported only when a manifest is written.
+"""
 
 from __future__ import annotations
 
-import tomlkit
+import tomllib
 
 from slm.errors import InvalidInput
 
@@ -10,6 +15,8 @@ MAX_MANIFEST = 16 << 20
 
 
 def dumps(doc: dict) -> bytes:
+    import tomlkit
+
     return tomlkit.dumps(doc).encode("utf-8")
 
 
@@ -17,12 +24,11 @@ def loads(data: bytes, what: str) -> dict:
     if len(data) > MAX_MANIFEST:
         raise InvalidInput(f"{what}: larger than {MAX_MANIFEST >> 20} MB")
     try:
-        doc = tomlkit.parse(data.decode("utf-8")).unwrap()
+        return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as err:
         raise InvalidInput(f"{what}: not UTF-8 text") from err
-    except Exception as err:  # tomlkit's parse errors share no useful base class
+    except (tomllib.TOMLDecodeError, RecursionError) as err:
         raise InvalidInput(f"{what}: not valid TOML ({' '.join(str(err).split())})") from err
-    return doc
 
 
 def field(doc: dict, key: str, kind: type | tuple[type, ...], what: str):

@@ -95,9 +95,9 @@ def stage(store: Store, comp: Composition, verify_base: bool = True) -> Staged:
     """Validate everything (re-hashing every blob) and load the overlays. Changes nothing."""
     base = parse_base_manifest(_verified(store, comp.base, "base"), f"base {dg.short(comp.base)}")
     if verify_base:
-        for digest in base.blob_digests():
-            if not store.objects.has(digest) or not store.objects.verify(digest):
-                raise IntegrityError(f"base blob {dg.short(digest)} is missing or corrupt (run `slm fsck`)")
+        bad = store.objects.first_bad(list(base.blob_digests()))
+        if bad is not None:
+            raise IntegrityError(f"base blob {dg.short(bad)} is missing or corrupt (run `slm fsck`)")
     adapters = []
     for ref in comp.adapters:
         label = ref.name or dg.short(ref.digest)

@@ -61,6 +61,22 @@ class ObjectStore:
     def verify(self, digest: str) -> bool:
         return self.hash_file(digest) == digest
 
+    def first_bad(self, digests: list[str], threads: int = 2) -> str | None:
+        """The first of `digests` that is missing or does not hash to its name, or None.
+
+        Hashed on `threads` threads (BLAKE3 releases the GIL): an activation re-hashes the
+        whole base, mostly files too small for BLAKE3's own threading."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def ok(digest: str) -> bool:
+            return self.has(digest) and self.verify(digest)
+
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            for digest, good in zip(digests, pool.map(ok, digests)):
+                if not good:
+                    return digest
+        return None
+
     def read_verified(self, digest: str) -> bytes:
         data = self._existing(digest).read_bytes()
         if dg.of_bytes(data) != digest:

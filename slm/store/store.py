@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import tomlkit
+import tomllib
 
 from slm.errors import IntegrityError, InvalidInput, NotFound
 from slm.store import fs
@@ -93,10 +93,10 @@ class Store:
 def read_config(root: Path) -> dict:
     path = root / "config.toml"
     try:
-        data = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as err:
         raise NotFound(f"{root} is not an slm store (no config.toml)") from err
-    except Exception as err:  # tomlkit raises several parse error types
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise IntegrityError(f"{path} is not valid TOML: {err}") from err
     version = data.get("format")
     if version != FORMAT_VERSION:
@@ -122,6 +122,8 @@ def init_store(root: Path) -> tuple[Store, bool]:
     fs.atomic_replace(root / "lock", b"")  # the writers' lock file lives for the store's life
     fs.fsync_dir(root)
     # config.toml last: its presence is what makes the directory a store.
+    import tomlkit
+
     fs.atomic_replace(root / "config.toml", tomlkit.dumps(default_config()).encode("utf-8"))
     return Store(root), True
 
