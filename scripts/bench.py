@@ -6,9 +6,11 @@ Workloads on SmolLM2-135M-Instruct Q4_1, base and a LoRA r=16 on q,k,v,o,gate,up
 (scripts/make_random_lora.py; the same adapter as a GGUF LoRA for llama.cpp): decode tok/s
 (greedy, fixed token count), prefill tok/s (a prompt of --prefill tokens), LoRA overhead,
 switch latency (in-process Runtime warm and cold; wall time of `slm activate`), import
-throughput, peak RSS. Systems are interleaved run by run; medians of --runs. Peers that are
-not installed are skipped and said so. Writes docs/bench.json; prints the Markdown tables
-that docs/benchmarks.md quotes.
+throughput, peak RSS. Each system runs in a worker process of its own (no thread pool or
+environment setting of one can slow another; slm's sets one OpenBLAS thread, torch's two),
+driven by this process one request at a time, so the systems are interleaved run by run
+and never run at once; medians of --runs. Peers that are not installed are skipped and said
+so. Writes docs/bench.json; prints the Markdown tables that docs/benchmarks.md quotes.
 """
 
 from __future__ import annotations
@@ -43,12 +45,13 @@ def med(xs):
 class SlmSystem:
     name = "slm"
 
-    def __init__(self, store, comp_ids, kernels: str):
+    def __init__(self, plan: dict):
         from slm.ops.runtime import Runtime
+        from slm.store import Store
 
-        self.rt = Runtime(store)
-        self.comp_ids = comp_ids
-        self.kernels = kernels
+        self.rt = Runtime(Store(Path(plan["store"])))
+        self.comp_ids = plan["comp_ids"]
+        self.kernels = plan["kernels"]
 
     def _model(self, which):
         loaded = self.rt.switch(self.comp_ids[which])
@@ -77,8 +80,10 @@ class SlmSystem:
 class LlamaCppSystem:
     name = "llama.cpp"
 
-    def __init__(self, gguf, lora_gguf):
+    def __init__(self, plan: dict):
         from llama_cpp import Llama
+
+        gguf, lora_gguf = plan["gguf"], plan["lora_gguf"]
 
         self.models = {
             "base": Llama(model_path=str(gguf), n_threads=2, n_ctx=2048, verbose=False),
@@ -106,11 +111,12 @@ class LlamaCppSystem:
 class TransformersSystem:
     name = "transformers+PEFT"
 
-    def __init__(self, gguf, peft_dir):
+    def __init__(self, plan: dict):
         import torch
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 
+        gguf, peft_dir = Path(plan["gguf"]), plan["peft_dir"]
         torch.set_num_threads(2)
         self.torch = torch
         load = lambda: AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,  # noqa: E731
@@ -136,6 +142,53 @@ class TransformersSystem:
             return n / (time.perf_counter() - t)
 
 
+SYSTEMS = {c.name: c for c in (SlmSystem, LlamaCppSystem, TransformersSystem)}
+
+
+def worker(name: str, plan_path: Path) -> int:
+    """Serve one system: a JSON request per line on stdin, a JSON answer per line on stdout."""
+    plan = json.loads(plan_path.read_text())
+    try:
+        system = SYSTEMS[name](plan)
+    except ImportError as err:
+        print(json.dumps({"skip": f"not installed ({err.name})"}), flush=True)
+        return 0
+    short, long_ids = plan["short"], plan["long"]
+    system.prefill("base", short), system.decode("base", short, 4), system.decode("lora", short, 4)  # warm-up
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "decode":
+            value = system.decode(req["which"], short, req["n"])
+        else:
+            value = system.prefill(req["which"], long_ids)
+        print(json.dumps({"value": value}), flush=True)
+    return 0
+
+
+class Worker:
+    def __init__(self, name: str, plan_path: Path):
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", name, "--plan", str(plan_path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.hello = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} worker exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, **req) -> float:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["value"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
 def slm_cli(store, *args) -> float:
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "slm", "--store", str(store), *map(str, args)], check=True,
@@ -159,7 +212,11 @@ def main() -> int:
     p.add_argument("--kernels", default="default", choices=["default", "reference"])
     p.add_argument("--out", type=Path, default=HERE.parent / "docs")
     p.add_argument("--skip-peers", action="store_true")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.worker:
+        return worker(a.worker, a.plan)
 
     from slm.ops.activation import activate
     from slm.ops.importing import import_adapter, import_base
@@ -169,7 +226,7 @@ def main() -> int:
     gguf = smollm2_path.locate()
     work = Path(tempfile.mkdtemp(prefix="slm-bench-"))
     results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                     "settings": vars(a) | {"out": str(a.out)}}
+                     "settings": {k: v for k, v in vars(a).items() if k not in ("worker", "plan")} | {"out": str(a.out)}}
     store, _ = init_store(work / "store")
     t = time.perf_counter()
     imp = import_base(store, gguf, "smollm2")
@@ -183,44 +240,48 @@ def main() -> int:
     filler = tok.encode(" ".join(["The quick brown fox jumps over the lazy dog."] * 80))
     long_ids = filler[: a.prefill]
 
-    systems = [SlmSystem(store, comp_ids, a.kernels)]
-    skipped = {}
+    plan = {"store": str(store.root), "comp_ids": comp_ids, "kernels": a.kernels, "gguf": str(gguf),
+            "peft_dir": str(peft_dir), "short": short, "long": long_ids, "lora_gguf": None}
+    names = ["slm"]
     if not a.skip_peers:
-        try:
-            import make_adapters
-            from slm.formats.peft import read_peft_adapter
+        import make_adapters
+        from slm.formats.peft import read_peft_adapter
 
-            lora_gguf = make_adapters.write_gguf_lora(work / "lora16.gguf", read_peft_adapter(peft_dir),
-                                                      alpha=32.0, n_heads=9, n_kv_heads=3)
-            systems.append(LlamaCppSystem(gguf, lora_gguf))
-        except ImportError as err:
-            skipped["llama.cpp"] = f"not installed ({err.name})"
-        try:
-            systems.append(TransformersSystem(gguf, peft_dir))
-        except ImportError as err:
-            skipped["transformers+PEFT"] = f"not installed ({err.name})"
-    for s in systems:  # warm-up: compile kernels, fill caches
-        s.prefill("base", short), s.decode("base", short, 4), s.decode("lora", short, 4)
+        plan["lora_gguf"] = str(make_adapters.write_gguf_lora(
+            work / "lora16.gguf", read_peft_adapter(peft_dir), alpha=32.0, n_heads=9, n_kv_heads=3))
+        names += ["llama.cpp", "transformers+PEFT"]
+    plan_path = work / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    workers, skipped = [], {}
+    for name in names:
+        w = Worker(name, plan_path)
+        if "skip" in w.hello:
+            skipped[name] = w.hello["skip"]
+            w.close()
+        else:
+            workers.append(w)
 
     samples: dict = {}
     for run in range(a.runs):
-        for s in systems:
+        for w in workers:
             for which in ("base", "lora"):
-                samples.setdefault((s.name, which, "decode"), []).append(s.decode(which, short, a.decode))
-                samples.setdefault((s.name, which, "prefill"), []).append(s.prefill(which, long_ids))
+                samples.setdefault((w.name, which, "decode"), []).append(w.ask(op="decode", which=which, n=a.decode))
+                samples.setdefault((w.name, which, "prefill"), []).append(w.ask(op="prefill", which=which))
         print(f"run {run + 1}/{a.runs} done", file=sys.stderr, flush=True)
+    for w in workers:
+        w.close()
     table = {f"{k[0]}|{k[1]}|{k[2]}": med(v) for k, v in samples.items()}
     results["throughput_tok_s"] = table
     results["skipped"] = skipped
 
-    rt = systems[0].rt
+    from slm.ops.runtime import Runtime
+
+    rt = Runtime(store)
     warm = []
     for _ in range(50):
         t = time.perf_counter()
         rt.switch(comp_ids["base"] if len(warm) % 2 else comp_ids["lora"])
         warm.append(time.perf_counter() - t)
-    from slm.ops.runtime import Runtime
-
     cold = []
     for _ in range(a.runs):
         fresh = Runtime(store)
