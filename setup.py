@@ -12,8 +12,9 @@ setup(
         Extension(
             "slm.model._qkernels",
             sources=["slm/model/_qkernels.c"],
-            extra_compile_args=["-O3", "-march=native", "-fopenmp", "-std=c11"],
+            extra_compile_args=["-O3", "-march=native", "-fopenmp", "-std=c11", "-ffp-contract=fast"],
             extra_link_args=["-fopenmp"],
+            libraries=["m"],
             optional=True,
         )
     ]

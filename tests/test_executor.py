@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from slm.model.kernels import ReferenceKernels
-from slm.model.llama import rope, rope_tables
+from slm.model.mathops import rope, rope_tables
 from slm.model.tokenizer import load_tokenizer
 from slm.ops.loading import load_base_model
 from slm.ops.resolve import load_base

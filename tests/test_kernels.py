@@ -85,3 +85,30 @@ def test_fused_low_rank_matches_reference_overlays(tiny_model, store):
     assert fused_terms, "the fused path was not taken"
     ref = logits["numpy-reference"]
     assert np.abs(logits["c-fused"] - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("layout", ["gguf", "hf"])
+def test_decode_step_helpers_match_numpy(layout):
+    """RMSNorm, RoPE, one-token GQA attention and SwiGLU in C vs their NumPy definitions."""
+    from slm.model import mathops
+
+    rng = np.random.default_rng(3)
+    fused, ref = kernels_native.NativeKernels(), ReferenceKernels()
+
+    def close(a, b):
+        assert a.shape == b.shape and a.dtype == b.dtype == np.float32
+        assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(b).max())
+
+    x = rng.standard_normal((3, 96)).astype(np.float32) * 4
+    w = rng.standard_normal(96).astype(np.float32)
+    close(fused.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5))
+    q = rng.standard_normal((2, 6, 16)).astype(np.float32)
+    cos, sin = mathops.rope_tables(16, 10000.0, np.array([7, 300]))
+    close(fused.rope(q, cos, sin, layout), ref.rope(q, cos, sin, layout))
+    for seen in (1, 2, 45):  # positions in the cache, the new one included
+        q1 = rng.standard_normal((1, 6, 16)).astype(np.float32)
+        k = rng.standard_normal((seen, 2, 16)).astype(np.float32) * 3
+        v = rng.standard_normal((seen, 2, 16)).astype(np.float32)
+        close(fused.attend(q1, k, v, seen - 1), ref.attend(q1, k, v, seen - 1))
+    gate, up = (rng.standard_normal((2, 40)).astype(np.float32) * 5 for _ in range(2))
+    close(fused.swiglu(gate, up), ref.swiglu(gate, up))

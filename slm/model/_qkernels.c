@@ -19,6 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,6 +293,74 @@ int slm_dequantize(int type, const uint8_t *data, int64_t row_bytes, int64_t sta
     for (int64_t r = start; r < stop; r++)
         decode_row(type, data + r * row_bytes, (int)n, out + (r - start) * n);
     return 0;
+}
+
+/* ---- the rest of a decode step: small, single-threaded, no thread wake-ups ---------- */
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w; x, out (tokens, n). */
+void slm_rms_norm(const float *x, const float *w, float *out, int64_t tokens, int64_t n, float eps) {
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *xt = x + t * n;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < n; i++) s += xt[i] * xt[i];
+        const float r = 1.0f / sqrtf(s / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) out[t * n + i] = xt[i] * r * w[i];
+    }
+}
+
+/* Rotary position embedding: x, out (tokens, heads, hd); cos, sin (tokens, hd/2). The pairs
+ * rotated together are (2i, 2i+1) when interleaved (GGUF row order), else (i, i + hd/2). */
+void slm_rope(const float *x, float *out, const float *cos_t, const float *sin_t, int64_t tokens,
+              int64_t heads, int64_t hd, int interleaved) {
+    const int64_t half = hd / 2;
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            const float *xh = x + (t * heads + h) * hd, *c = cos_t + t * half, *s = sin_t + t * half;
+            float *oh = out + (t * heads + h) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                const int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+                oh[a] = xh[a] * c[i] - xh[b] * s[i];
+                oh[b] = xh[b] * c[i] + xh[a] * s[i];
+            }
+        }
+}
+
+/* One query position attending to keys 0..S-1 (grouped-query: head h reads kv head
+ * h / (nh / n_kv)). q, out (nh, hd); k, v (S, n_kv, hd). Returns -2 when out of memory. */
+int slm_attend_one(const float *q, const float *k, const float *v, float *out, int64_t S,
+                   int64_t nh, int64_t n_kv, int64_t hd) {
+    float *p = malloc(sizeof(float) * (size_t)(S > 0 ? S : 1));
+    if (p == NULL) return -2;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t group = nh / n_kv;
+    for (int64_t h = 0; h < nh; h++) {
+        const float *qh = q + h * hd;
+        const int64_t kv = h / group;
+        float top = -INFINITY;
+        for (int64_t s = 0; s < S; s++) {
+            p[s] = dot(qh, k + (s * n_kv + kv) * hd, (int)hd) * scale;
+            top = p[s] > top ? p[s] : top;
+        }
+        float total = 0.0f;
+        for (int64_t s = 0; s < S; s++) {
+            p[s] = expf(p[s] - top);
+            total += p[s];
+        }
+        float *oh = out + h * hd;
+        for (int64_t d = 0; d < hd; d++) oh[d] = 0.0f;
+        for (int64_t s = 0; s < S; s++) {
+            const float ps = p[s] / total, *vs = v + (s * n_kv + kv) * hd;
+            for (int64_t d = 0; d < hd; d++) oh[d] += ps * vs[d];
+        }
+    }
+    free(p);
+    return 0;
+}
+
+/* out = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values. */
+void slm_swiglu(const float *gate, const float *up, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qkernels",

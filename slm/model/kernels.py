@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from slm.model import mathops
 from slm.model.weights import QuantTensor
 
 DEFAULT_SCRATCH_ELEMS = 1 << 20  # 4 MiB of float32: bounds the dequantized working set
@@ -32,6 +33,19 @@ class Kernels:
     def map_parallel(self, fn, items: list) -> list:
         """[fn(i) for i in items]; the fused kernels run these on their two threads."""
         return [fn(i) for i in items]
+
+    # The rest of a block (slm.model.mathops defines them; a kernel set may do them faster).
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        return mathops.rms_norm(x, weight, eps)
+
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str) -> np.ndarray:
+        return mathops.rope(x, cos, sin, layout)
+
+    def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int) -> np.ndarray:
+        return mathops.attend(q, k, v, first)
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return mathops.swiglu(gate, up)
 
 
 class ReferenceKernels(Kernels):

@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from slm.model.kernels import default_kernels
+from slm.model.mathops import rope_tables
 from slm.model.overlays import combined_low_rank
 from slm.model.weights import QuantTensor
 
@@ -55,48 +56,6 @@ class KVCache:
         self.v = np.zeros(shape, dtype=dtype)
         self.length = 0  # positions filled
         self.capacity = capacity
-
-
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    # x: (T, H); statistics in float32 like the reference implementation
-    variance = np.mean(np.square(x), axis=-1, keepdims=True)
-    return (x / np.sqrt(variance + np.float32(eps))) * weight
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    d = np.negative(x)  # x / (1 + exp(-x)), in one scratch array
-    np.exp(d, out=d)
-    d += np.float32(1.0)
-    return np.divide(x, d, out=d)
-
-
-def rope_tables(head_dim: int, theta: float, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin of shape (T, head_dim/2) for the given positions."""
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
-    angles = positions.astype(np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-
-
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str) -> np.ndarray:
-    """Rotate x (T, heads, hd) by position. The pairs rotated together depend on the q/k row
-    layout: GGUF interleaves them (2i, 2i+1); Hugging Face splits halves (i, i + hd/2)."""
-    c, s = cos[:, None, :], sin[:, None, :]  # (T, 1, hd/2)
-    if layout == "gguf":
-        even, odd = x[..., 0::2], x[..., 1::2]  # (T, heads, hd/2) each
-        out = np.empty_like(x)
-        out[..., 0::2] = even * c - odd * s
-        out[..., 1::2] = odd * c + even * s
-        return out
-    half = x.shape[-1] // 2
-    first, second = x[..., :half], x[..., half:]
-    return np.concatenate([first * c - second * s, second * c + first * s], axis=-1)
-
-
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    e = x - np.max(x, axis=axis, keepdims=True)
-    np.exp(e, out=e)
-    e /= np.sum(e, axis=axis, keepdims=True)
-    return e
 
 
 class Llama:
@@ -175,7 +134,7 @@ class Llama:
         cache.length = start + T
         if logits_for != "all":
             x = x[-1:]
-        x = rms_norm(x, self.norms["output_norm.weight"], cfg.rms_norm_eps)
+        x = self.kernels.rms_norm(x, self.norms["output_norm.weight"], cfg.rms_norm_eps)
         return self.logits(x)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -189,20 +148,21 @@ class Llama:
         cfg = self.cfg
         p = f"blk.{layer}."
         T = x.shape[0]
-        h = rms_norm(x, self.norms[p + "attn_norm.weight"], cfg.rms_norm_eps)
+        kern = self.kernels
+        h = kern.rms_norm(x, self.norms[p + "attn_norm.weight"], cfg.rms_norm_eps)
         q, k, v = self.linears(h, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
         q = q.reshape(T, cfg.num_heads, cfg.head_dim)
         k = k.reshape(T, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
-        q = rope(q, cos, sin, cfg.qk_row_layout)
-        k = rope(k, cos, sin, cfg.qk_row_layout)
+        q = kern.rope(q, cos, sin, cfg.qk_row_layout)
+        k = kern.rope(k, cos, sin, cfg.qk_row_layout)
         cache.k[layer, start:start + T] = k
         cache.v[layer, start:start + T] = v
         attn = self.attention(q, cache.k[layer, :start + T], cache.v[layer, :start + T], start)
         x = x + self.linear(attn, p + "attn_output.weight")
-        h = rms_norm(x, self.norms[p + "ffn_norm.weight"], cfg.rms_norm_eps)
+        h = kern.rms_norm(x, self.norms[p + "ffn_norm.weight"], cfg.rms_norm_eps)
         gate, up = self.linears(h, [p + "ffn_gate.weight", p + "ffn_up.weight"])  # (T, F) each
-        return x + self.linear(silu(gate) * up, p + "ffn_down.weight")
+        return x + self.linear(kern.swiglu(gate, up), p + "ffn_down.weight")
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
         """Causal attention of q (T, nh, hd) over k, v (S, n_kv, hd), S = start + T.
@@ -212,31 +172,9 @@ class Llama:
         its last position."""
         T = q.shape[0]
         if T < 64:
-            return self.attend(q, k, v, start)
+            return self.kernels.attend(q, k, v, start)
         split = int(T / np.sqrt(2)) if start == 0 else T // 2  # equal areas of the triangle
         ranges = [(0, split), (split, T)]
         outs = self.kernels.map_parallel(
-            lambda r: self.attend(q[r[0]:r[1]], k[:start + r[1]], v[:start + r[1]], start + r[0]), ranges)
+            lambda r: self.kernels.attend(q[r[0]:r[1]], k[:start + r[1]], v[:start + r[1]], start + r[0]), ranges)
         return np.concatenate(outs)  # (T, nh*hd)
-
-    def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int) -> np.ndarray:
-        """Grouped-query attention for queries at positions first.. ; q (T, nh, hd); k, v
-        (S, n_kv, hd) with S = first + T.
-
-        Query head h uses kv head h // group; each kv head's queries are stacked so that both
-        products are batched matrix multiplications (BLAS)."""
-        cfg = self.cfg
-        T, S = q.shape[0], k.shape[0]
-        n_kv, hd = cfg.num_kv_heads, cfg.head_dim
-        group = cfg.num_heads // n_kv
-        qg = q.reshape(T, n_kv, group, hd).transpose(1, 2, 0, 3).reshape(n_kv, group * T, hd)
-        scores = np.matmul(qg, k.transpose(1, 2, 0))  # (n_kv, g*T, S)
-        scores *= np.float32(1.0 / np.sqrt(hd))
-        scores = scores.reshape(n_kv, group, T, S)
-        if T > 1:  # query t sits at position first + t and sees keys 0..first + t
-            future = np.arange(S)[None, :] > (first + np.arange(T))[:, None]  # (T, S)
-            scores[:, :, future] = np.float32(-np.inf)
-        probs = softmax(scores, axis=-1).reshape(n_kv, group * T, S)
-        out = np.matmul(probs, v.transpose(1, 0, 2))  # (n_kv, g*T, hd)
-        out = out.reshape(n_kv, group, T, hd).transpose(2, 0, 1, 3)  # (T, n_kv, g, hd)
-        return out.reshape(T, cfg.num_heads * hd).astype(q.dtype, copy=False)
