@@ -34,7 +34,7 @@ class Job(ctypes.Structure):
 
     _fields_ = [("type", ctypes.c_int32), ("rank", ctypes.c_int32), ("data", ctypes.c_void_p),
                 ("rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("out", ctypes.c_void_p),
-                ("lora_a", ctypes.c_void_p), ("lora_b", ctypes.c_void_p)]
+                ("lora_a", ctypes.c_void_p), ("lora_bt", ctypes.c_void_p)]
 
 
 def _load() -> ctypes.CDLL | None:
@@ -97,7 +97,7 @@ class NativeKernels(ReferenceKernels):
     def matmul_many(self, x: np.ndarray, weights: list[QuantTensor],
                     low_rank: list | None = None) -> list[np.ndarray]:
         """[x @ w.T (+ (x @ A.T) @ B.T) for each weight]; low_rank: per weight, None or (A (r, in),
-        B (out, r)) float32 C-ordered, B already scaled."""
+        B^T (r, out)) float32 C-ordered, B already scaled."""
         x = np.ascontiguousarray(x, dtype=np.float32)  # (T, in)
         low_rank = low_rank or [None] * len(weights)
         if x.shape[0] > FUSED_MAX_TOKENS or len(weights) > MAX_JOBS or \
@@ -105,7 +105,7 @@ class NativeKernels(ReferenceKernels):
             outs = [self._long(x, w) for w in weights]
             for i, term in enumerate(low_rank):
                 if term is not None:
-                    outs[i] += (x @ term[0].T) @ term[1].T  # (T, r) @ (r, out)
+                    outs[i] += (x @ term[0].T) @ term[1]  # (T, r) @ (r, out)
             return outs
         tokens, cols = x.shape
         for w in weights:
@@ -128,9 +128,9 @@ class NativeKernels(ReferenceKernels):
                 job.type, job.data = TYPE_CODES[w.codec.name], w.data.ctypes.data
                 job.rows, job.row_bytes = w.rows, w.data.strides[0]
                 if term is not None:
-                    a, b = term
-                    assert a.shape == (b.shape[1], w.cols) and b.shape[0] == w.rows, (w.name, a.shape, b.shape)
-                    job.rank, job.lora_a, job.lora_b = a.shape[0], a.ctypes.data, b.ctypes.data
+                    a, b_t = term
+                    assert a.shape == (b_t.shape[0], w.cols) and b_t.shape[1] == w.rows, (w.name, a.shape, b_t.shape)
+                    job.rank, job.lora_a, job.lora_bt = a.shape[0], a.ctypes.data, b_t.ctypes.data
             # the arrays are kept alive with the descriptor that points into them
             cached = self._jobs[key] = (jobs, weights, low_rank)
         return cached[0]

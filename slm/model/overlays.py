@@ -44,7 +44,7 @@ class Overlay:
     def __init__(self, kind: str, weight: float):
         self.kind = kind
         self.weight = np.float32(weight)
-        self.lora: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # name -> (A (r, in), w*s*B (out, r))
+        self.lora: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # name -> (A (r, in), (w*s*B)^T (r, out))
         self.scale_out: dict[str, np.ndarray] = {}
         self.scale_in: dict[str, np.ndarray] = {}
         self.sparse: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # rows, cols, vals
@@ -57,8 +57,8 @@ class Overlay:
 
     def after(self, name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         if name in self.lora:
-            a, b = self.lora[name]
-            y = y + (x @ a.T) @ b.T  # (T, in) @ (in, r) @ (r, out)
+            a, b_t = self.lora[name]
+            y = y + (x @ a.T) @ b_t  # (T, in) @ (in, r) @ (r, out)
         if name in self.scale_out:
             y = y * self.scale_out[name]  # (T, out) * (out,)
         if name in self.sparse:
@@ -85,7 +85,7 @@ def build_overlay(kind: str, weight: float, targets: list[TargetData], *, src_la
                 b = b[perm]
             ov.lora[t.module] = (
                 np.ascontiguousarray(a, dtype=np.float32),
-                np.ascontiguousarray(b * np.float32(t.scale) * w, dtype=np.float32),
+                np.ascontiguousarray((b * np.float32(t.scale) * w).T, dtype=np.float32),
             )
         elif kind == "ia3":
             v = t.tensors["vector"].astype(np.float32)
@@ -107,17 +107,17 @@ def build_overlay(kind: str, weight: float, targets: list[TargetData], *, src_la
 
 
 def combined_low_rank(overlays: list[Overlay], name: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """The overlays' contributions at `name` as ONE low-rank pair (A (R, in), B (out, R)), for a
-    kernel that adds (x A^T) B^T inside its own loop; None unless every one of them is a plain
+    """The overlays' contributions at `name` as ONE low-rank pair (A (R, in), B^T (R, out)), for
+    a kernel that adds (x A^T) B^T inside its own loop; None unless every one of them is a plain
     LoRA there (an IA3 scale or a sparse delta must apply in load order, after the sum so far).
 
-    A sum of LoRAs is a LoRA of the summed rank: the A's stacked, the B's side by side (a
-    copy only when more than one adapter targets the layer)."""
+    A sum of LoRAs is a LoRA of the summed rank: the A's and the B^T's stacked (a copy only
+    when more than one adapter targets the layer)."""
     if not overlays or any(name not in o.lora or name in o.scale_out or name in o.scale_in or
                            name in o.sparse for o in overlays):
         return None
     if len(overlays) == 1:
         return overlays[0].lora[name]
     a = np.concatenate([o.lora[name][0] for o in overlays], axis=0)  # (R, in)
-    b = np.concatenate([o.lora[name][1] for o in overlays], axis=1)  # (out, R)
-    return a, np.ascontiguousarray(b)
+    b_t = np.concatenate([o.lora[name][1] for o in overlays], axis=0)  # (R, out)
+    return a, b_t
