@@ -63,7 +63,7 @@ def init(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
         render.print_json({"store": str(store.root), "created": created})
     else:
         verb = "created" if created else "already initialised:"
-        render.out.print(f"{verb} store {store.root}")
+        render.out().print(f"{verb} store {store.root}")
 
 
 @import_app.command("base")

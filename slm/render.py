@@ -5,13 +5,25 @@ from __future__ import annotations
 import datetime
 import json
 import sys
-
-from rich.console import Console
+from functools import cache
 
 from slm.store import digest as dg
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+
+@cache
+def out():
+    """The rich console on stdout, made on first use: importing rich is ~40 ms of start-up,
+    which commands that print plain lines or JSON do not pay."""
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+@cache
+def err():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
 
 
 def print_json(obj) -> None:
@@ -37,7 +49,7 @@ class BarProgress:
     """Byte progress on stderr; silent when stderr is not a terminal (CI logs stay clean)."""
 
     def __init__(self, enabled: bool | None = None):
-        self.enabled = err.is_terminal if enabled is None else enabled
+        self.enabled = err().is_terminal if enabled is None else enabled
         self._bar = None  # a rich Progress while a bar is shown
         self._task = None
 
@@ -48,7 +60,7 @@ class BarProgress:
 
         self._bar = Progress(
             "[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-            TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
+            TransferSpeedColumn(), TimeRemainingColumn(), console=err(), transient=True,
         )
         self._bar.start()
         self._task = self._bar.add_task(description, total=total)
@@ -65,7 +77,7 @@ class BarProgress:
 
 def import_summary(result: dict) -> None:
     types = ", ".join(f"{n} {t.upper()}" for t, n in result["dtype_counts"].items())
-    out.print(
+    out().print(
         f"imported {result['kind']} [bold]{result['name']}[/] {result['digest']}\n"
         f"  {result['tensors']} tensors ({types}), {human_bytes(result['total_bytes'])}; "
         f"{result['new_blobs']} new blobs ({human_bytes(result['new_bytes'])}) "
@@ -75,7 +87,7 @@ def import_summary(result: dict) -> None:
 
 def entries_table(entries: list[dict]) -> None:
     if not entries:
-        out.print("the store is empty; import a base with `slm import base PATH --name NAME`")
+        out().print("the store is empty; import a base with `slm import base PATH --name NAME`")
         return
     table = _table()
     for col in ("KIND", "NAME", "DIGEST", "DETAILS"):
@@ -93,7 +105,7 @@ def entries_table(entries: list[dict]) -> None:
         else:
             details = " + ".join([e["base"], *e["adapters"]]) + ("  [bold](active)[/]" if e["active"] else "")
         table.add_row(e["kind"], e["name"], dg.short(e["digest"]), details)
-    out.print(table)
+    out().print(table)
 
 
 def manifest(info: dict) -> None:
@@ -101,8 +113,8 @@ def manifest(info: dict) -> None:
 
 
 def adapter_manifest(info: dict) -> None:
-    out.print(f"[bold]adapter {info['name'] or info['digest']}[/]  {info['digest']}")
-    out.print(f"  {info['adapter_kind']} from {info['source_format']}, rows {info['row_layout']}, "
+    out().print(f"[bold]adapter {info['name'] or info['digest']}[/]  {info['digest']}")
+    out().print(f"  {info['adapter_kind']} from {info['source_format']}, rows {info['row_layout']}, "
               f"{len(info['targets'])} targets, {human_bytes(info['total_bytes'])}; requires {info['requires']}")
     table = _table()
     for col in ("TARGET", "SHAPE", "RANK", "SCALE", "IA3"):
@@ -110,13 +122,13 @@ def adapter_manifest(info: dict) -> None:
     for t in info["targets"]:
         table.add_row(t["module"], "x".join(map(str, t["shape"])), str(t["rank"] or ""),
                       f"{t['scale']:g}", t["ia3_on"] or "")
-    out.print(table)
+    out().print(table)
 
 
 def composition(info: dict) -> None:
     flag = "  [bold](active)[/]" if info["active"] else ""
-    out.print(f"[bold]composition {info['id']}[/]{flag}")
-    out.print(info["manifest_toml"], markup=False)
+    out().print(f"[bold]composition {info['id']}[/]{flag}")
+    out().print(info["manifest_toml"], markup=False)
 
 
 def transition(result: dict) -> None:
@@ -125,18 +137,18 @@ def transition(result: dict) -> None:
                         *(f"{x['name']}@{x['weight']:g}" for x in a["adapters"])])
     if not result["changed"]:
         note = result.get("note", "already active; nothing changed")
-        out.print(f"{note}: {stack} ({dg.short(a['id'])})")
+        print(f"{note}: {stack} ({dg.short(a['id'])})")  # plain: names hold no markup
     else:
-        out.print(f"active: {stack}\n  {a['id']}")
+        print(f"active: {stack}\n  {a['id']}")
 
 
 def status(info: dict) -> None:
     if info["active"] is None:
-        out.print("nothing is active; run `slm activate BASE [ADAPTER[@WEIGHT]...]`")
+        out().print("nothing is active; run `slm activate BASE [ADAPTER[@WEIGHT]...]`")
     else:
         transition({"changed": True, "active": info["active"]})
     if info["interrupted_transaction"] or info["torn_reflog_tail"]:
-        err.print("[red]an interrupted transaction needs `slm fsck --repair`[/]")
+        err().print("[red]an interrupted transaction needs `slm fsck --repair`[/]")
 
 
 def reflog(entries: list[dict]) -> None:
@@ -146,32 +158,32 @@ def reflog(entries: list[dict]) -> None:
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(str(e["seq"]), when, e["op"], dg.short(e["old"] or "-"), dg.short(e["new"]))
-    out.print(table)
+    out().print(table)
 
 
 def base_manifest(info: dict) -> None:
     a = info["architecture"]
     title = info["name"] or info["digest"]
-    out.print(f"[bold]base {title}[/]  {info['digest']}")
-    out.print(
+    out().print(f"[bold]base {title}[/]  {info['digest']}")
+    out().print(
         f"  {a['family']}: {a['num_layers']} layers, hidden {a['hidden_size']}, ffn "
         f"{a['intermediate_size']}, heads {a['num_heads']}/{a['num_kv_heads']} x {a['head_dim']}, "
         f"vocab {a['vocab_size']}, context {a['context_length']}, "
         f"{'tied' if a['tie_word_embeddings'] else 'untied'} head"
     )
     types = ", ".join(f"{n} {t.upper()}" for t, n in info["dtype_counts"].items())
-    out.print(
+    out().print(
         f"  source {info['source_format']}, profile {info['quant_profile']}, q/k rows "
         f"{info['qk_row_layout']}, tokenizer {dg.short(info['tokenizer']['digest'])}"
     )
-    out.print(f"  {len(info['tensors'])} tensors ({types}), {human_bytes(info['total_bytes'])}")
+    out().print(f"  {len(info['tensors'])} tensors ({types}), {human_bytes(info['total_bytes'])}")
     table = _table()
     for col in ("TENSOR", "SHAPE", "TYPE", "BYTES", "DIGEST"):
         table.add_column(col, justify="right" if col == "BYTES" else "left")
     for t in info["tensors"]:
         table.add_row(t["name"], "x".join(map(str, t["shape"])), t["dtype"].upper(),
                       str(t["nbytes"]), dg.short(t["digest"]))
-    out.print(table)
+    out().print(table)
 
 
 def stream_text(piece: str) -> None:
@@ -184,7 +196,7 @@ def run_footer(result: dict) -> None:
     t = result["timings"]
     prefill = ("prefix cache hit" if result["prefix_cache"] == "hit"
                else f"{t['prefill_tok_s']:.1f} tok/s")
-    err.print(
+    err().print(
         f"[dim]{len(result['prompt_tokens'])} prompt tokens ({prefill}), "
         f"{len(result['tokens'])} generated at {t['decode_tok_s']:.1f} tok/s "
         f"(stopped: {result['stop_reason']})[/]"
@@ -194,7 +206,7 @@ def run_footer(result: dict) -> None:
 def fsck_report(report: dict) -> None:
     checked = f"{report['blobs_checked']} blobs ({human_bytes(report['bytes_checked'])}) re-hashed"
     if report["clean"]:
-        out.print(f"clean: {checked}")
+        out().print(f"clean: {checked}")
         return
     for f in report["findings"]:
         if f["repaired"]:
@@ -203,36 +215,36 @@ def fsck_report(report: dict) -> None:
             mark = "[red]cannot be repaired from inside the store[/]"
         else:
             mark = f"[yellow]`slm fsck --repair` will {f['action']}[/]"
-        out.print(f"{f['problem']}: {f['what']} -- {mark}", highlight=False)
-    out.print(f"{checked}; {len(report['findings'])} finding(s), {report['unresolved']} unresolved")
+        out().print(f"{f['problem']}: {f['what']} -- {mark}", highlight=False)
+    out().print(f"{checked}; {len(report['findings'])} finding(s), {report['unresolved']} unresolved")
 
 
 def gc_plan(plan: dict) -> None:
-    out.print(
+    out().print(
         f"plan: remove {len(plan['blobs'])} blobs ({human_bytes(plan['bytes'])}), "
         f"{len(plan['composition_records'])} composition records, "
         f"{len(plan['cache_dirs'])} prefix-cache folders; keep {plan['kept_blobs']} blobs"
     )
     for b in plan["blobs"][:20]:
-        out.print(f"  blob {dg.short(b['digest'])}  {human_bytes(b['bytes'])}")
+        out().print(f"  blob {dg.short(b['digest'])}  {human_bytes(b['bytes'])}")
     if len(plan["blobs"]) > 20:
-        out.print(f"  ... and {len(plan['blobs']) - 20} more")
+        out().print(f"  ... and {len(plan['blobs']) - 20} more")
 
 
 def gc_done(result: dict) -> None:
-    out.print("dry run: nothing removed" if result["dry_run"] else "done")
+    out().print("dry run: nothing removed" if result["dry_run"] else "done")
 
 
 def verify_report(report: dict) -> None:
     i = report["integrity"]
     mark = "[green]ok[/]" if i["ok"] else f"[red]{len(i['bad_blobs'])} bad[/]"
-    out.print(f"composition {report['composition']}")
-    out.print(f"  integrity: {i['blobs']} blobs ({human_bytes(i['bytes'])}) re-hashed, {mark}")
+    out().print(f"composition {report['composition']}")
+    out().print(f"  integrity: {i['blobs']} blobs ({human_bytes(i['bytes'])}) re-hashed, {mark}")
     n = report["numerics"]
     if n is not None:
         mark = "[green]ok[/]" if n["ok"] else "[red]FAILED[/]"
         t = n["tolerance"]
-        out.print(
+        out().print(
             f"  numerics vs fresh-base oracle ({n['probes']} probes, {n['positions']} positions): "
             f"max abs {n['max_abs_error']:.2e} (<= {t['max_abs']:g}), mean {n['mean_abs_error']:.2e} "
             f"(<= {t['mean_abs']:g}), top-1 {n['top1_agreement']:.3f}: {mark}"

@@ -22,6 +22,7 @@ class Kernels:
     forms default to a loop, which a parallel set replaces."""
 
     name = "abstract"
+    fuses_low_rank = False  # whether matmul_many also takes LoRA terms to add (slm.model.llama)
 
     def matmul(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         raise NotImplementedError

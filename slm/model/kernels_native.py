@@ -26,7 +26,6 @@ from slm.model.weights import QuantTensor
 TYPE_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "nf4": 3}
 FUSED_MAX_TOKENS = 8  # above this, dequantize + BLAS is faster
 MAX_JOBS = 4  # SLM_MAX_JOBS in the C file
-_f32p = ctypes.POINTER(ctypes.c_float)
 
 
 class Job(ctypes.Structure):
@@ -142,14 +141,16 @@ class NativeKernels(ReferenceKernels):
     # The rest of a decode step in C: each replaces 5-30 small NumPy operations (1-3 us each).
     # Short float32 batches only; anything else goes to the NumPy definitions.
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        if not _short_f32(x) or weight.dtype != np.float32:
+        # (the C side trusts shapes: anything unexpected takes the checked NumPy path)
+        if not _short_f32(x) or x.ndim != 2 or weight.dtype != np.float32 or weight.shape != x.shape[1:]:
             return super().rms_norm(x, weight, eps)
         out = np.empty_like(x)  # (T, H)
         LIB.slm_rms_norm(x.ctypes.data, weight.ctypes.data, out.ctypes.data, x.shape[0], x.shape[1], eps)
         return out
 
     def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str) -> np.ndarray:
-        if not _short_f32(x) or not (_short_f32(cos) and _short_f32(sin)):
+        table = (x.shape[0], x.shape[-1] // 2) if x.ndim == 3 else None
+        if not (_short_f32(x) and _f32_c(cos) and _f32_c(sin)) or not cos.shape == sin.shape == table:
             return super().rope(x, cos, sin, layout)
         out = np.empty_like(x)  # (T, heads, hd)
         LIB.slm_rope(x.ctypes.data, out.ctypes.data, cos.ctypes.data, sin.ctypes.data, *x.shape,
@@ -157,7 +158,8 @@ class NativeKernels(ReferenceKernels):
         return out
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int) -> np.ndarray:
-        if q.shape[0] != 1 or not all(_f32_c(a) for a in (q, k, v)):
+        if q.ndim != 3 or q.shape[0] != 1 or k.ndim != 3 or k.shape != v.shape or \
+                k.shape[2] != q.shape[2] or q.shape[1] % k.shape[1] or not all(_f32_c(a) for a in (q, k, v)):
             return super().attend(q, k, v, first)
         _, nh, hd = q.shape
         out = np.empty((1, nh * hd), dtype=np.float32)
