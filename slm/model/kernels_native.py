@@ -85,8 +85,11 @@ class NativeKernels(ReferenceKernels):
         if LIB is None:
             raise ImportError("slm's C kernels are not built (slm/model/_qkernels.c)")
         super().__init__(*(() if scratch_elems is None else (scratch_elems,)))
-        self.scratch2 = np.empty_like(self.scratch)  # the second prefill thread's chunk
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="slm-prefill")
+        # OMP_NUM_THREADS=1 (advised on a shared machine) makes the prefill single-threaded too
+        self.threads = max(1, LIB.slm_threads())
+        self.scratch2 = np.empty_like(self.scratch) if self.threads > 1 else self.scratch
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slm-prefill") \
+            if self.threads > 1 else None
         # job descriptors per (weights, low-rank terms): built once, only `out` changes per call
         self._jobs: dict[tuple, tuple] = {}
 
@@ -135,8 +138,10 @@ class NativeKernels(ReferenceKernels):
         return cached[0]
 
     def map_parallel(self, fn, items: list) -> list:
+        if self.pool is None or len(items) < 2:
+            return [fn(i) for i in items]
         futures = [self.pool.submit(fn, i) for i in items[1:]]
-        return [fn(items[0])] + [f.result() for f in futures] if items else []
+        return [fn(items[0])] + [f.result() for f in futures]
 
     # The rest of a decode step in C: each replaces 5-30 small NumPy operations (1-3 us each).
     # Short float32 batches only; anything else goes to the NumPy definitions.
@@ -176,7 +181,8 @@ class NativeKernels(ReferenceKernels):
         return out
 
     def _long(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
-        """Dequantize bounded row chunks (C) and multiply them with BLAS, on two threads."""
+        """Dequantize bounded row chunks (C) and multiply them with BLAS, two chunks at a time:
+        one here, one on the pool's thread (each BLAS call on one thread)."""
         if not supports(w):
             return super().matmul(x, w)
         tokens, cols = x.shape
@@ -195,8 +201,9 @@ class NativeKernels(ReferenceKernels):
         starts = list(range(0, w.rows, step))
         for i in range(0, len(starts), 2):
             pair = starts[i:i + 2]
-            if len(pair) == 1:
-                chunk(pair[0], self.scratch)
+            if len(pair) == 1 or self.pool is None:
+                for start in pair:
+                    chunk(start, self.scratch)
                 continue
             second = self.pool.submit(chunk, pair[1], self.scratch2)
             chunk(pair[0], self.scratch)
