@@ -9,7 +9,7 @@
  * decode step pays for fewer thread wake-ups. No float32 weight matrix is ever built: Q4 and
  * Q8 rows are dotted block by block straight from their bytes; NF4 rows (a table lookup per
  * value) are decoded into a small per-thread buffer first. The LoRA overlays of a weight are
- * added inside the same loop, so an adapter costs no extra pass over the output.
+ * added in the same parallel region, over the rows each thread just wrote.
  *
  * slm_dequantize: rows [start, stop) of one weight into a float32 buffer (the long-batch path,
  * where BLAS on a dequantized chunk wins).
@@ -227,6 +227,8 @@ typedef struct {
 } slm_job;
 
 /* out[t, r] = x[t] . dequant(row r) + (A x[t]) . B[r] for every job, in one parallel region.
+ * The result does not depend on the number of threads: each output is computed whole by one
+ * thread, in a fixed order.
  * x (tokens, n) float32, C order. Returns 0; -1 when an argument is out of range, -2 when
  * out of memory. */
 int slm_matmul(int count, const slm_job *jobs, const float *x, int64_t tokens, int64_t n) {

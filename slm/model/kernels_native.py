@@ -3,7 +3,7 @@
 `matmul_many(x, weights, low_rank)` multiplies one input (T <= FUSED_MAX_TOKENS rows) by
 several quantized weights (q, k, v; gate, up) in one parallel region, so a decode step wakes
 the threads 4 times per layer instead of 7; no float32 weight matrix is ever built. A
-weight's LoRA overlays, passed as one low-rank pair, are added inside the same loop.
+weight's LoRA overlays, passed as one low-rank pair, are added in the same parallel region.
 Longer batches (a prompt's prefill) dequantize bounded chunks with the C decoder and
 multiply them with BLAS, two chunks at a time on two threads.
 

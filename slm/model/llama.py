@@ -64,9 +64,17 @@ class Llama:
         self.cfg = cfg
         self.t = tensors
         self.kernels = kernels or default_kernels()
-        self.overlays = list(overlays)
+        self.overlays = overlays
         # Norm weights are tiny: keep them as float32 vectors.
         self.norms = {n: w.dequantize().reshape(-1) for n, w in tensors.items() if len(w.shape) == 1}
+
+    @property
+    def overlays(self) -> list[Overlay]:
+        return self._overlays
+
+    @overlays.setter
+    def overlays(self, overlays) -> None:
+        self._overlays = list(overlays)
         self._plans: dict[tuple, tuple] = {}  # (name, fuses) -> (low-rank term, overlays after)
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
