@@ -268,6 +268,10 @@ def run_cmd(
         "stop", "--on-switch", metavar="stop|finish",
         help="If the active composition changes mid-generation: stop at the next token "
              "(exit code 11) or finish on the composition generation started with."),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", metavar="N",
+        help="Threads for the kernels (default: every core; 1 is faster when another program "
+             "keeps a core busy). The text does not depend on it."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Generate text on the active composition (or --base), streaming it."""
@@ -276,7 +280,7 @@ def run_cmd(
     run_ops = _ops("run")
     options = run_ops.RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
-                         memory_budget=memory_budget, on_switch=on_switch)
+                         memory_budget=memory_budget, on_switch=on_switch, threads=threads)
     sink = None if json_out else render.stream_text
     result = run_ops.run_prompt(_store(ctx), options, on_text=sink)
     if json_out:

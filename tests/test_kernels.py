@@ -112,3 +112,42 @@ def test_decode_step_helpers_match_numpy(layout):
         close(fused.attend(q1, k, v, seen - 1), ref.attend(q1, k, v, seen - 1))
     gate, up = (rng.standard_normal((2, 40)).astype(np.float32) * 5 for _ in range(2))
     close(fused.swiglu(gate, up), ref.swiglu(gate, up))
+
+
+def test_results_do_not_depend_on_thread_count(tiny_model, store):
+    """Each output is computed whole by one thread in a fixed order, and the prefill's chunks
+    and query ranges do not depend on the thread count: 1 and 2 threads agree bit for bit,
+    with fused LoRA terms and through a long prompt (dequantize + BLAS) and decode steps."""
+    from slm.ops.importing import import_base
+    from slm.ops.loading import load_base_model
+
+    import_base(store, tiny_model["gguf_q"], "tq")
+    model = load_base_model(store, "tq").model
+    rng = np.random.default_rng(11)
+    linear = [n for n, w in model.t.items() if len(w.shape) == 2 and n.startswith("blk.")]
+    model.overlays = [_random_overlay("lora", model, rng, linear)]
+    model.kernels = kernels_native.NativeKernels()
+    prompt = rng.integers(0, model.cfg.vocab_size, 70)  # long enough for the two-range attention
+    runs = []
+    for threads in (1, 2):
+        model.kernels.set_threads(threads)
+        cache = model.new_cache(80)
+        steps = [model.forward(prompt, cache, "all")]
+        steps += [model.forward(np.asarray([int(np.argmax(steps[-1][-1]))]), cache) for _ in range(4)]
+        runs.append(np.concatenate(steps))
+    assert runs[0].tobytes() == runs[1].tobytes()
+
+
+def test_run_threads_option(cli, store, tiny_model, tmp_path):
+    from slm.ops.importing import import_base
+
+    import_base(store, tiny_model["gguf_q"], "tq")
+    texts = []
+    for threads in ("1", "2"):
+        r = cli("--store", store.root, "run", "hello there", "--base", "tq", "-n", "6", "--threads", threads,
+                "--json")
+        assert r.code == 0, r.err
+        texts.append(r.json()["tokens"])
+    assert texts[0] == texts[1]
+    r = cli("--store", store.root, "run", "hello", "--base", "tq", "--threads", "0")
+    assert r.code == 4 and "--threads" in r.err and r.err.count("\n") <= 1

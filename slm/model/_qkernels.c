@@ -37,6 +37,15 @@ int slm_threads(void) {
 #endif
 }
 
+/* Parallel regions started from the calling thread use n threads from now on. */
+void slm_set_threads(int n) {
+#ifdef _OPENMP
+    if (n >= 1) omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
 static inline int thread_count(void) {
 #ifdef _OPENMP
     return omp_get_num_threads();

@@ -35,6 +35,9 @@ class Kernels:
         """[fn(i) for i in items]; the fused kernels run these on their two threads."""
         return [fn(i) for i in items]
 
+    def set_threads(self, n: int) -> None:
+        """Use at most n threads (the NumPy reference path uses one anyway)."""
+
     # The rest of a block (slm.model.mathops defines them; a kernel set may do them faster).
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return mathops.rms_norm(x, weight, eps)

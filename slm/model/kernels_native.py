@@ -47,6 +47,8 @@ def _load() -> ctypes.CDLL | None:
     lib.slm_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                    ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.slm_threads.restype = ctypes.c_int
+    lib.slm_set_threads.argtypes = [ctypes.c_int]
+    lib.slm_set_threads.restype = None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.slm_rms_norm.argtypes = [p, p, p, i64, i64, ctypes.c_float]
     lib.slm_rope.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int]
@@ -59,6 +61,8 @@ def _load() -> ctypes.CDLL | None:
 
 
 LIB = _load()
+# OMP_NUM_THREADS, else every core: read once, before any set_threads changes what OpenMP reports
+DEFAULT_THREADS = max(1, LIB.slm_threads()) if LIB is not None else 1
 
 
 def available() -> bool:
@@ -85,13 +89,23 @@ class NativeKernels(ReferenceKernels):
         if LIB is None:
             raise ImportError("slm's C kernels are not built (slm/model/_qkernels.c)")
         super().__init__(*(() if scratch_elems is None else (scratch_elems,)))
-        # OMP_NUM_THREADS=1 (advised on a shared machine) makes the prefill single-threaded too
-        self.threads = max(1, LIB.slm_threads())
-        self.scratch2 = np.empty_like(self.scratch) if self.threads > 1 else self.scratch
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slm-prefill") \
-            if self.threads > 1 else None
+        self.scratch2 = self.pool = None
+        # OMP_NUM_THREADS (or set_threads) = 1, advised on a shared machine, also keeps the
+        # prefill on one thread
+        self.set_threads(DEFAULT_THREADS)
         # job descriptors per (weights, low-rank terms): built once, only `out` changes per call
         self._jobs: dict[tuple, tuple] = {}
+
+    def set_threads(self, n: int) -> None:
+        """n threads for the kernels' parallel regions (from this thread) and the prefill."""
+        LIB.slm_set_threads(n)
+        self.threads = n
+        if n > 1 and self.pool is None:
+            self.scratch2 = np.empty_like(self.scratch)  # the second prefill thread's chunk
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slm-prefill")
+        elif n == 1 and self.pool is not None:
+            self.pool.shutdown()
+            self.scratch2 = self.pool = None
 
     def matmul(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         return self.matmul_many(x, [w])[0]

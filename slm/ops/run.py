@@ -19,6 +19,9 @@ from slm.ops.prefix_cache import PrefixCache
 from slm.store import Store
 
 
+MAX_THREADS = 256
+
+
 @dataclass
 class RunOptions:
     prompt: str
@@ -31,6 +34,7 @@ class RunOptions:
     logits_out: Path | None = None
     memory_budget: str | None = None
     on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
+    threads: int | None = None  # None: every core
 
 
 def _check_options(o: RunOptions) -> None:
@@ -44,6 +48,8 @@ def _check_options(o: RunOptions) -> None:
         raise InvalidInput("--top-p must be in (0, 1]")
     if o.on_switch not in ("stop", "finish"):
         raise InvalidInput("--on-switch must be 'stop' or 'finish'")
+    if o.threads is not None and not 1 <= o.threads <= MAX_THREADS:
+        raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
 
 
 def _open_output(path: Path):
@@ -80,6 +86,8 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
             raise NotFound("nothing is active: run `slm activate BASE [ADAPTER...]` or pass --base")
     loaded = load_composition(store, comp)
     tok, model = loaded.tokenizer, loaded.model
+    if o.threads is not None:
+        model.kernels.set_threads(o.threads)
     text = o.prompt
     if o.chat:
         text = render_chat(tok.chat_template, [{"role": "user", "content": o.prompt}], tok.special_tokens)
