@@ -107,8 +107,7 @@ class NativeKernels(ReferenceKernels):
         # OMP_NUM_THREADS (or set_threads) = 1, advised on a shared machine, also keeps the
         # prefill on one thread
         self.set_threads(DEFAULT_THREADS)
-        # job descriptors per (weights, low-rank terms): built once, only `out` changes per call
-        self._jobs: dict[tuple, tuple] = {}
+        self._jobs: dict[tuple, tuple] = {}  # see _plan
 
     def set_threads(self, n: int) -> None:
         """n threads for the kernels' parallel regions (from this thread) and the prefill."""
@@ -128,31 +127,36 @@ class NativeKernels(ReferenceKernels):
                     low_rank: list | None = None) -> list[np.ndarray]:
         """[x @ w.T (+ (x @ A.T) @ B.T) for each weight]; low_rank: per weight, None or (A (r, in),
         B^T (r, out)) float32 C-ordered, B already scaled."""
-        x = np.ascontiguousarray(x, dtype=np.float32)  # (T, in)
-        low_rank = low_rank or [None] * len(weights)
-        if x.shape[0] > FUSED_MAX_TOKENS or len(weights) > MAX_JOBS or \
-                not all(supports(w) for w in weights):
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)  # (T, in)
+        plan = self._plan(weights, low_rank)
+        if plan is None or x.shape[0] > FUSED_MAX_TOKENS:
             outs = [self._long(x, w) for w in weights]
-            for i, term in enumerate(low_rank):
+            for i, term in enumerate(low_rank or ()):
                 if term is not None:
                     outs[i] += (x @ term[0].T) @ term[1]  # (T, r) @ (r, out)
             return outs
-        tokens, cols = x.shape
-        for w in weights:
-            assert w.cols == cols, (w.name, x.shape, w.shape)
-        jobs = self._job_array(weights, low_rank)
-        outs = [np.empty((tokens, w.rows), dtype=np.float32) for w in weights]  # (T, out) each
+        jobs, cols, rows = plan
+        tokens = x.shape[0]
+        assert x.shape[1] == cols, (weights[0].name, x.shape, cols)
+        outs = [np.empty((tokens, r), dtype=np.float32) for r in rows]  # (T, out) each
         for job, out in zip(jobs, outs):
             job.out = _addr(out)
-        status = LIB.slm_matmul(len(weights), jobs, _addr(x), tokens, cols)
+        status = LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols)
         if status != 0:
             raise MemoryError(f"slm_matmul failed ({status})")
         return outs
 
-    def _job_array(self, weights: list[QuantTensor], low_rank: list) -> ctypes.Array:
-        key = tuple(id(w) for w in weights) + tuple(id(t) for t in low_rank)
+    def _plan(self, weights: list[QuantTensor], low_rank: list | None):
+        """(job descriptors, input width, output widths) for these weights and terms, built
+        once (only `out` changes per call); None when the fused kernel cannot take them."""
+        key = (*map(id, weights), *map(id, low_rank or ()))
         cached = self._jobs.get(key)
-        if cached is None:
+        if cached is not None:
+            return cached[0]
+        low_rank = low_rank or [None] * len(weights)
+        plan = None
+        if len(weights) <= MAX_JOBS and all(supports(w) and w.cols == weights[0].cols for w in weights):
             jobs = (Job * len(weights))()
             for job, w, term in zip(jobs, weights, low_rank):
                 job.type, job.data = TYPE_CODES[w.codec.name], w.data.ctypes.data
@@ -161,9 +165,10 @@ class NativeKernels(ReferenceKernels):
                     a, b_t = term
                     assert a.shape == (b_t.shape[0], w.cols) and b_t.shape[1] == w.rows, (w.name, a.shape, b_t.shape)
                     job.rank, job.lora_a, job.lora_bt = a.shape[0], a.ctypes.data, b_t.ctypes.data
-            # the arrays are kept alive with the descriptor that points into them
-            cached = self._jobs[key] = (jobs, weights, low_rank)
-        return cached[0]
+            plan = (jobs, weights[0].cols, tuple(w.rows for w in weights))
+        # the arrays stay alive with the descriptors that point into them
+        self._jobs[key] = (plan, weights, low_rank)
+        return plan
 
     def map_parallel(self, fn, items: list) -> list:
         if self.pool is None or len(items) < 2:
