@@ -263,15 +263,18 @@ int slm_matmul(int count, const slm_job *jobs, const float *x, int64_t tokens, i
             for (int j = 0; j < 32; j++) s += x[t * n + b * 32 + j];
             xsum[t * blocks + b] = s;
         }
-    /* u = A x on this thread: ~16 x n multiply-adds per job, cheaper than a barrier */
-    for (int j = 0; j < count; j++)
-        for (int64_t k = 0; k < jobs[j].rank; k++)
-            for (int64_t t = 0; t < tokens; t++)
-                u[t * ranks + rank_first[j] + k] = dot(jobs[j].lora_a + k * n, x + t * n, (int)n);
 #pragma omp parallel
     {
-        /* each thread takes one contiguous range of rows (of all jobs), the same in both loops */
         const int64_t tid = thread_index(), nth = thread_count();
+        /* this thread's share of u = A x: the A factors are as many bytes as the B factors,
+         * too many to stream on one thread */
+        for (int64_t i = ranks * tid / nth; i < ranks * (tid + 1) / nth; i++) {
+            int j = 0;
+            while (j + 1 < count && i >= rank_first[j + 1]) j++;
+            const int64_t k = i - rank_first[j];
+            for (int64_t t = 0; t < tokens; t++) u[t * ranks + i] = dot(jobs[j].lora_a + k * n, x + t * n, (int)n);
+        }
+        /* each thread takes one contiguous range of rows (of all jobs), the same in both loops */
         const int64_t i0 = total * tid / nth, i1 = total * (tid + 1) / nth;
         float *w = scratch + (size_t)n * (size_t)tid;
         for (int64_t i = i0; i < i1; i++) {
@@ -295,8 +298,11 @@ int slm_matmul(int count, const slm_job *jobs, const float *x, int64_t tokens, i
                 for (int64_t t = 0; t < tokens; t++) o[t * job->rows] = dot(w, x + t * n, (int)n);
             }
         }
-        /* low-rank terms over the same rows: y[r] += sum_k u[k] B^T[k, r], vectorised across
-         * rows (a 16-long dot per row would pay a horizontal sum per row) */
+        if (ranks > 0) {
+#pragma omp barrier
+        }
+        /* (every u is ready) low-rank terms over the same rows: y[r] += sum_k u[k] B^T[k, r],
+         * vectorised across rows (a 16-long dot per row would pay a horizontal sum per row) */
         for (int j = 0; j < count; j++) {
             const slm_job *job = &jobs[j];
             const int64_t r0 = (i0 > first[j] ? i0 : first[j]) - first[j];
