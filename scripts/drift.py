@@ -31,7 +31,6 @@ sys.path.insert(0, str(HERE))
 import make_random_lora  # noqa: E402
 import smollm2_path  # noqa: E402
 
-from slm import quant  # noqa: E402
 from slm.model.llama import Llama  # noqa: E402
 from slm.model.weights import QuantTensor  # noqa: E402
 from slm.ops import compositions  # noqa: E402

@@ -41,22 +41,20 @@ def _load() -> ctypes.CDLL | None:
     if spec is None or not spec.origin:
         return None
     lib = ctypes.CDLL(spec.origin)
-    lib.slm_matmul.restype = ctypes.c_int
-    lib.slm_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-    lib.slm_dequantize.restype = ctypes.c_int
-    lib.slm_dequantize.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                   ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    lib.slm_threads.restype = ctypes.c_int
-    lib.slm_set_threads.argtypes = [ctypes.c_int]
-    lib.slm_set_threads.restype = None
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.slm_rms_norm.argtypes = [p, p, p, i64, i64, ctypes.c_float]
-    lib.slm_rope.argtypes = [p, p, p, p, i64, i64, i64, ctypes.c_int]
-    lib.slm_attend_one.argtypes = [p, p, p, p, i64, i64, i64, i64]
-    lib.slm_attend_one.restype = ctypes.c_int
-    lib.slm_swiglu.argtypes = [p, p, p, i64]
-    for f in (lib.slm_rms_norm, lib.slm_rope, lib.slm_swiglu):
-        f.restype = None
+    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    signatures = {  # name: (result, arguments), as in _qkernels.c
+        "slm_matmul": (i32, [i32, p, p, i64, i64]),
+        "slm_dequantize": (i32, [i32, p, i64, i64, i64, i64, p]),
+        "slm_threads": (i32, []),
+        "slm_set_threads": (None, [i32]),
+        "slm_rms_norm": (None, [p, p, p, i64, i64, ctypes.c_float]),
+        "slm_rope": (None, [p, p, p, p, i64, i64, i64, i32]),
+        "slm_attend_one": (i32, [p, p, p, p, i64, i64, i64, i64]),
+        "slm_swiglu": (None, [p, p, p, i64]),
+    }
+    for name, (result, arguments) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = result, arguments
     return lib
 
 

@@ -78,14 +78,30 @@ class Llama:
         self._plans: dict[tuple, tuple] = {}  # (name, fuses) -> (low-rank term, overlays after)
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        """y = x W'^T where W' is the base weight with every overlay applied in load order.
+        """y = x W'^T where W' is the base weight with every overlay applied in load order."""
+        return self.linears(x, [name])[0]
 
-        An additive overlay (LoRA, sparse) adds its delta; an IA3 output vector scales all
-        that came before it; an IA3 input vector scales the input of the base and of every
-        earlier overlay, so overlay i sees x scaled by the input vectors that come after it.
-        """
-        if all(o.input_scale(name) is None for o in self.overlays):
-            return self.linears(x, [name])[0]
+    def linears(self, x: np.ndarray, names: list[str]) -> list[np.ndarray]:
+        """[linear(x, n) for n in names]: the base products in one kernel call (the fused
+        kernels then wake their threads once, and add plain-LoRA overlays inside their own
+        loop), unless an overlay scales one of these layers' input."""
+        if any(o.input_scale(n) is not None for o in self.overlays for n in names):
+            return [self._linear_in_load_order(x, n) for n in names]
+        plans = [self._plan(n) for n in names]
+        if any(term is not None for term, _ in plans):
+            ys = self.kernels.matmul_many(x, [self.t[n] for n in names], [term for term, _ in plans])
+        else:
+            ys = self.kernels.matmul_many(x, [self.t[n] for n in names])  # [(T, out_n)]
+        for i, (name, (_, after)) in enumerate(zip(names, plans)):
+            for overlay in after:
+                ys[i] = overlay.after(name, x, ys[i])
+        return ys
+
+    def _linear_in_load_order(self, x: np.ndarray, name: str) -> np.ndarray:
+        """The general case. An additive overlay (LoRA, sparse) adds its delta; an IA3 output
+        vector scales all that came before it; an IA3 input vector scales the input of the
+        base and of every earlier overlay, so overlay i sees x scaled by the input vectors
+        that come after it."""
         inputs = [x] * len(self.overlays)
         for i in reversed(range(len(self.overlays))):
             inputs[i] = x
@@ -97,25 +113,9 @@ class Llama:
             y = overlay.after(name, seen, y)
         return y
 
-    def linears(self, x: np.ndarray, names: list[str]) -> list[np.ndarray]:
-        """[linear(x, n) for n in names], the base products in one kernel call when no overlay
-        scales these layers' input (the fused kernels then wake their threads once, and add
-        LoRA overlays inside their own loop)."""
-        if any(o.input_scale(n) is not None for o in self.overlays for n in names):
-            return [self.linear(x, n) for n in names]
-        plans = [self._plan(n) for n in names]
-        if any(term is not None for term, _ in plans):
-            ys = self.kernels.matmul_many(x, [self.t[n] for n in names], [term for term, _ in plans])
-        else:
-            ys = self.kernels.matmul_many(x, [self.t[n] for n in names])  # [(T, out_n)]
-        for i, (name, (_, after)) in enumerate(zip(names, plans)):
-            for overlay in after:
-                ys[i] = overlay.after(name, x, ys[i])
-        return ys
-
     def _plan(self, name: str) -> tuple:
         """(low-rank term the kernel adds, or None; overlays to apply after it, in load order)."""
-        fuses = getattr(self.kernels, "fuses_low_rank", False)  # kernels can be swapped (tests)
+        fuses = self.kernels.fuses_low_rank  # the kernels can be swapped (tests, bench)
         plan = self._plans.get((name, fuses))
         if plan is None:
             touching = [o for o in self.overlays if name in o.targets()]

@@ -13,7 +13,6 @@ to lost+found/ so that re-importing the original file can store it again.
 
 from __future__ import annotations
 
-import os
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
