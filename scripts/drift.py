@@ -31,12 +31,12 @@ sys.path.insert(0, str(HERE))
 import make_random_lora  # noqa: E402
 import smollm2_path  # noqa: E402
 
-from slm.model.llama import Llama  # noqa: E402
+from slm.model.decoder import Decoder  # noqa: E402
 from slm.model.weights import QuantTensor  # noqa: E402
 from slm.ops import compositions  # noqa: E402
 from slm.ops.importing import import_adapter, import_base  # noqa: E402
 from slm.ops.loading import load_composition  # noqa: E402
-from slm.ops.verify import oracle_kernels  # noqa: E402
+from slm.ops.verify import oracle  # noqa: E402
 from slm.store import init_store  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village, the capital of France was 2024 km away."
@@ -44,11 +44,11 @@ PROMPT = "Once upon a time, in a small village, the capital of France was 2024 k
 
 def deltas(store, loaded) -> dict[str, np.ndarray]:
     """Each adapted weight's dense float64 delta, in the base's row layout (via the oracle)."""
-    oracle = oracle_kernels(store, loaded.staged)
+    reference = oracle(store, loaded.staged, loaded.model.t)
     out = {}
-    for name in oracle.adapters[0].targets:
+    for name in reference.adapters[0].targets:
         w = loaded.model.t[name]
-        out[name] = oracle.weight(w) - w.dequantize().astype(np.float64)
+        out[name] = reference.weight(name) - w.dequantize().astype(np.float64)
     return out
 
 
@@ -63,10 +63,9 @@ def requantized(tensors: dict[str, QuantTensor], delta: dict[str, np.ndarray], s
     return out
 
 
-def logits(cfg, tensors, ids, kernels=None, overlays=()) -> np.ndarray:
-    model = Llama(cfg, tensors, kernels=kernels, overlays=overlays)
-    dtype = np.float64 if kernels is not None else np.float32
-    return model.forward(ids, model.new_cache(len(ids), dtype), "all").astype(np.float64)
+def logits(cfg, tensors, ids, overlays=()) -> np.ndarray:
+    model = Decoder(cfg, tensors, overlays=overlays)
+    return model.forward(ids, model.new_cache(len(ids)), "all").astype(np.float64)
 
 
 def run(cycles: list[int], work: Path) -> dict:
@@ -82,7 +81,7 @@ def run(cycles: list[int], work: Path) -> dict:
     d_a, d_b = deltas(store, with_a), deltas(store, with_b)
 
     base_logits = logits(cfg, pristine, ids)
-    oracle_a = logits(cfg, pristine, ids, kernels=oracle_kernels(store, with_a.staged))
+    oracle_a = oracle(store, with_a.staged, pristine).logits(ids)
     overlay_a = with_a.model.forward(ids, with_a.model.new_cache(len(ids)), "all").astype(np.float64)
     overlay_err = float(np.abs(overlay_a - oracle_a).max())
 

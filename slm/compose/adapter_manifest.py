@@ -28,7 +28,7 @@ import numpy as np
 from slm.compose.toml_io import dumps, field, loads
 from slm.errors import InvalidInput
 from slm.formats.adapter_source import ADAPTER_KINDS
-from slm.formats.llama import QK_LAYOUTS
+from slm.arch import QK_LAYOUTS
 from slm.store import digest as dg
 
 SCHEMA = "slm.adapter/1"

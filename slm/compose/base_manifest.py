@@ -3,8 +3,8 @@
     schema = "slm.base/1"
     source_format = "gguf" | "hf"
     quant_profile = "q4_1"
-    qk_row_layout = "gguf" | "hf"     # see slm.formats.llama.QK_LAYOUTS
-    [architecture]  family, vocab_size, hidden_size, ... (slm.formats.llama.ARCH_FIELDS)
+    qk_row_layout = "gguf" | "hf"     # see slm.arch.QK_LAYOUTS
+    [architecture]  family, vocab_size, hidden_size, ... (the family's manifest_fields, slm.arch)
     [tokenizer]     digest, source
     [[tensors]]     name, shape, dtype, nbytes, digest
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slm import arch as archs
 from slm import quant
 from slm.compose.toml_io import dumps, field, loads
 from slm.errors import InvalidInput
@@ -67,7 +68,8 @@ class BaseManifest:
             "source_format": self.source_format,
             "quant_profile": self.quant_profile,
             "qk_row_layout": self.qk_row_layout,
-            "architecture": {k: self.architecture[k] for k in llama.ARCH_FIELDS},
+            "architecture": {k: self.architecture[k]
+                             for k in archs.get(self.architecture["family"]).manifest_fields},
             "tokenizer": {"digest": self.tokenizer_digest, "source": self.tokenizer_source},
             "tensors": [
                 {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "nbytes": t.nbytes,
@@ -108,10 +110,10 @@ def _parse(data: bytes, what: str) -> BaseManifest:
     if doc.get("schema") != SCHEMA:
         raise InvalidInput(f"{what}: schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
     arch = dict(field(doc, "architecture", dict, what))
-    llama.check_architecture(arch, what)
+    archs.check(arch, what)
     layout = field(doc, "qk_row_layout", str, what)
-    if layout not in llama.QK_LAYOUTS:
-        raise InvalidInput(f"{what}: qk_row_layout {layout!r} is not one of {llama.QK_LAYOUTS}")
+    if layout not in archs.QK_LAYOUTS:
+        raise InvalidInput(f"{what}: qk_row_layout {layout!r} is not one of {archs.QK_LAYOUTS}")
     tok = field(doc, "tokenizer", dict, what)
     tok_digest = field(tok, "digest", str, what + " [tokenizer]")
     if not dg.is_digest(tok_digest):

@@ -1,4 +1,5 @@
-"""A Llama GGUF file as a BaseSource: tensors kept byte for byte as stored."""
+"""A GGUF model file (one of the slm.arch families) as a BaseSource: tensors kept byte for byte
+as stored."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slm import arch as archs
 from slm import quant
 from slm.errors import InvalidInput
 from slm.formats import llama
@@ -60,7 +62,7 @@ def _source(g: GGUFFile) -> BaseSource:
     return BaseSource(
         format="gguf",
         architecture=arch,
-        qk_row_layout="gguf",
+        qk_row_layout=archs.get(arch["family"]).gguf_qk_row_layout,
         quant_profile=_dominant_type(tensors),
         tokenizer_doc=tokenizer_doc_from_gguf(g),
         tensors=tensors,
@@ -90,39 +92,46 @@ def _meta(g: GGUFFile, key: str, default=None, *, required: bool = False):
 
 
 def architecture_from_gguf(g: GGUFFile) -> dict:
-    arch_name = _meta(g, "general.architecture", required=True)
-    if arch_name != "llama":
-        raise InvalidInput(
-            f"{g.path.name}: architecture {arch_name!r} is not supported (slm runs 'llama')"
-        )
-    scaling = _meta(g, "llama.rope.scaling.type", "none")
+    """The [architecture] table of a GGUF model: the common fields read the way llama.cpp reads
+    them (keys under "<general.architecture>."), then the family's own (slm.arch)."""
+    desc = archs.by_gguf_arch(_meta(g, "general.architecture", required=True), g.path.name)
+    p = desc.gguf_arch + "."
+
+    def meta(key: str, default=archs.REQUIRED):
+        return _meta(g, p + key, None if default is archs.REQUIRED else default,
+                     required=default is archs.REQUIRED)
+
+    scaling = meta("rope.scaling.type", "none")
     if scaling not in ("none", None):
         raise InvalidInput(f"{g.path.name}: RoPE scaling {scaling!r} is not supported")
-    p = "llama."
-    hidden = int(_meta(g, p + "embedding_length", required=True))
-    n_heads = int(_meta(g, p + "attention.head_count", required=True))
-    n_kv = int(_meta(g, p + "attention.head_count_kv", n_heads))
-    head_dim = int(_meta(g, p + "attention.key_length", hidden // max(n_heads, 1)))
-    rope_dims = int(_meta(g, p + "rope.dimension_count", head_dim))
-    if rope_dims != head_dim:
+    hidden = int(meta("embedding_length"))
+    n_heads = int(meta("attention.head_count"))
+    n_kv = int(meta("attention.head_count_kv", n_heads))
+    head_dim = int(meta("attention.key_length", hidden // max(n_heads, 1)))
+    if int(meta("attention.value_length", head_dim)) != head_dim:
+        raise InvalidInput(f"{g.path.name}: value heads of another size than key heads are not supported")
+    if int(meta("rope.dimension_count", head_dim)) != head_dim:
         raise InvalidInput(f"{g.path.name}: partial rotary embeddings are not supported")
     tokens = _meta(g, "tokenizer.ggml.tokens", required=True)
-    tie = not any(t.name == "output.weight" for t in g.tensors)
     arch = {
-        "family": "llama",
-        "vocab_size": int(_meta(g, p + "vocab_size", len(tokens))),
+        "family": desc.family,
+        "vocab_size": int(meta("vocab_size", len(tokens))),
         "hidden_size": hidden,
-        "intermediate_size": int(_meta(g, p + "feed_forward_length", required=True)),
-        "num_layers": int(_meta(g, p + "block_count", required=True)),
+        "intermediate_size": int(meta("feed_forward_length")),
+        "num_layers": int(meta("block_count")),
         "num_heads": n_heads,
         "num_kv_heads": n_kv,
         "head_dim": head_dim,
-        "context_length": int(_meta(g, p + "context_length", required=True)),
-        "rms_norm_eps": float(_meta(g, p + "attention.layer_norm_rms_epsilon", required=True)),
-        "rope_theta": float(_meta(g, p + "rope.freq_base", 10000.0)),
-        "tie_word_embeddings": tie,
+        "context_length": int(meta("context_length")),
+        "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(meta("rope.freq_base", 10000.0)),
+        "tie_word_embeddings": not any(t.name == "output.weight" for t in g.tensors),
     }
-    return llama.check_architecture(arch, g.path.name)
+    try:
+        arch |= desc.from_gguf(meta, arch)
+    except (TypeError, ValueError) as err:
+        raise InvalidInput(f"{g.path.name}: malformed {desc.family} metadata ({err})") from err
+    return archs.check(arch, g.path.name)
 
 
 def _plain(value):

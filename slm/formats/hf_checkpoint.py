@@ -1,19 +1,24 @@
-"""A Hugging Face Llama checkpoint directory as a BaseSource, quantized on import.
+"""A Hugging Face checkpoint directory (one of the slm.arch families) as a BaseSource, quantized
+on import.
 
-    DIR/config.json                       architecture (LlamaForCausalLM)
+    DIR/config.json                       architecture (model_type: llama, gemma3_text, qwen2, qwen3)
     DIR/model.safetensors                 or model.safetensors.index.json + shards
     DIR/tokenizer.json                    HF tokenizers file
     DIR/tokenizer_config.json (optional)  chat template, special tokens
     DIR/chat_template.jinja   (optional)  chat template (newer transformers)
 
 Weights keep the Hugging Face q/k row layout (qk_row_layout = "hf"); the executor applies
-RoPE to match. Names are mapped to slm's GGUF-style names.
+RoPE to match. Names are mapped to slm's GGUF-style names; norm weights get the family's
+hf_norm_offset added (Gemma: 1), so that slm stores what GGUF stores.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from slm import arch as archs
 from slm import quant
 from slm.errors import InvalidInput, NotFound
 from slm.formats import llama
@@ -35,19 +40,28 @@ def _read_json(path: Path, what: str) -> dict:
 
 
 def architecture_from_config(cfg: dict, source: str) -> dict:
-    model_type = cfg.get("model_type")
-    if model_type != "llama":
-        raise InvalidInput(f"{source}: model_type {model_type!r} is not supported (slm runs 'llama')")
+    """The [architecture] table from config.json: the common fields, then the family's own."""
+    desc = archs.by_hf_model_type(cfg.get("model_type"), source)
     if cfg.get("rope_scaling"):
         raise InvalidInput(f"{source}: RoPE scaling {cfg['rope_scaling']!r} is not supported")
     rope = cfg.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise InvalidInput(f"{source}: RoPE type {rope['rope_type']!r} is not supported")
+    # transformers 5 spells it {"rope_type", "rope_theta"}, or one such table per layer type
+    per_type = rope if all(isinstance(v, dict) for v in rope.values()) else {"full_attention": rope}
+    for params in per_type.values():
+        if params.get("rope_type", "default") != "default":
+            raise InvalidInput(f"{source}: RoPE type {params['rope_type']!r} is not supported")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if archs.HF_ACTIVATIONS.get(act) != desc.activation:
+        raise InvalidInput(f"{source}: activation {act!r} is not {desc.family}'s ({desc.activation})")
+    sliding = cfg.get("use_sliding_window") or "sliding_attention" in (cfg.get("layer_types") or ())
+    if sliding and "sliding_window" not in desc.fields:
+        raise InvalidInput(f"{source}: sliding-window attention is not supported for {desc.family} "
+                           f"(llama.cpp ignores it)")
     try:
         n_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         arch = {
-            "family": "llama",
+            "family": desc.family,
             "vocab_size": int(cfg["vocab_size"]),
             "hidden_size": hidden,
             "intermediate_size": int(cfg["intermediate_size"]),
@@ -57,14 +71,17 @@ def architecture_from_config(cfg: dict, source: str) -> dict:
             "head_dim": int(cfg.get("head_dim") or hidden // n_heads),
             "context_length": int(cfg["max_position_embeddings"]),
             "rms_norm_eps": float(cfg["rms_norm_eps"]),
-            "rope_theta": float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            "rope_theta": float(cfg.get("rope_theta", per_type.get("full_attention", {}).get("rope_theta", 10000.0))),
             "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         }
+        arch |= desc.from_hf(cfg, arch)
     except KeyError as err:
         raise InvalidInput(f"{source}: config.json lacks {err.args[0]}") from err
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, AttributeError) as err:
         raise InvalidInput(f"{source}: config.json has a malformed value ({err})") from err
-    return llama.check_architecture(arch, source)
+    except InvalidInput as err:
+        raise InvalidInput(f"{source}: {err}") from err
+    return archs.check(arch, source)
 
 
 def _weight_files(root: Path) -> list[Path]:
@@ -119,35 +136,37 @@ def open_hf_base(root: Path, profile: str) -> BaseSource:
 
 
 def _source(root: Path, arch: dict, profile: str, files: list[SafetensorsFile]) -> BaseSource:
-    where: dict[str, SafetensorsFile] = {}
+    desc = archs.get(arch["family"])
+    where: dict[str, tuple[SafetensorsFile, str]] = {}  # slm name -> (file, HF name)
     for f in files:
         for hf_name, entry in f.tensors.items():
             if hf_name.endswith("rotary_emb.inv_freq"):
                 continue  # derived, recomputed by the executor
-            name = llama.hf_to_gguf_name(hf_name)
+            name = llama.hf_to_gguf_name(hf_name, desc)
             if name is None:
-                raise InvalidInput(f"{root.name}: unexpected tensor {hf_name} for a Llama model")
+                raise InvalidInput(f"{root.name}: unexpected tensor {hf_name} for a {desc.family} model")
             if name == "output.weight" and arch["tie_word_embeddings"]:
                 continue  # tied: the head is the embedding
             if name in where:
                 raise InvalidInput(f"{root.name}: tensor {hf_name} appears in two shards")
-            where[name] = f
-    shapes = {n: f.tensors[_hf_name(n)].shape for n, f in where.items()}
+            where[name] = (f, hf_name)
+    shapes = {n: f.tensors[hf_name].shape for n, (f, hf_name) in where.items()}
     llama.check_tensors(arch, shapes, root.name)
     codec = quant.get_codec(profile)
     tensors = []
-    for name, f in where.items():
-        hf_name = _hf_name(name)
+    for name, (f, hf_name) in where.items():
         shape = shapes[name]
         if len(shape) == 1:
-            target = quant.get_codec("f32")  # norms stay exact
+            target = quant.get_codec("f32")  # norms and biases stay exact
         elif shape[-1] % codec.block_size == 0:
             target = codec
         else:
             target = quant.get_codec("f16")  # rows not a multiple of the block: keep 16-bit
+        # slm stores a norm weight as the factor it multiplies by (slm.arch: hf_norm_offset)
+        offset = desc.hf_norm_offset if name.endswith("norm.weight") else 0.0
         tensors.append(SourceTensor(
             name=name, shape=shape, dtype=target.name, nbytes=target.nbytes(shape),
-            stored_bytes=(lambda f=f, n=hf_name, c=target, name=name: _quantize(f, n, c, name)),
+            stored_bytes=(lambda f=f, n=hf_name, c=target, o=offset: _quantize(f, n, c, o)),
         ))
     return BaseSource(
         format="hf", architecture=arch, qk_row_layout="hf", quant_profile=profile,
@@ -156,14 +175,11 @@ def _source(root: Path, arch: dict, profile: str, files: list[SafetensorsFile]) 
     )
 
 
-def _hf_name(gguf_name: str) -> str:
-    module = llama.gguf_to_hf_module(gguf_name)
-    assert module is not None
-    return module + ".weight"
-
-
-def _quantize(f: SafetensorsFile, hf_name: str, codec, name: str) -> memoryview:
+def _quantize(f: SafetensorsFile, hf_name: str, codec, offset: float) -> memoryview:
+    values = f.float32(hf_name)
+    if offset:
+        values = values + np.float32(offset)  # float32, as Gemma3RMSNorm computes 1 + w
     try:
-        return memoryview(codec.quantize(f.float32(hf_name))).cast("B")
+        return memoryview(codec.quantize(values)).cast("B")
     except quant.QuantError as err:
         raise InvalidInput(f"{f.path.name}: tensor {hf_name}: {err}") from err

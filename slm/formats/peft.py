@@ -21,7 +21,7 @@ What each supported type means, exactly as PEFT 0.21 applies it in forward (eval
          are always (r, in) and (out, r): the flag is recorded and otherwise ignored.
   IA³    (tuners/ia3/layer.py Linear.forward)  ia3_l is (1, in) for a module matched by
          feedforward_modules: y = W (l * x) ("input"); otherwise (out, 1): y = l * (W x)
-         ("output"). Llama projections have no bias, so the two readings never differ there.
+         ("output", the base layer's bias included: Qwen2's q/k/v biases are scaled too).
   SHiRA  (tuners/shira/layer.py)  y = (W + S) x with S a sparse (out, in) matrix:
          shira_indices (2, k) int32 holds (row, column) pairs and shira_weight (k,) the values
          (S = sparse_coo_tensor(indices, weight * scaling); scaling is 1.0 and not saved).
@@ -174,7 +174,9 @@ def read_peft_adapter(path: Path, base_shapes: Mapping[str, tuple[int, int]] | N
         dims.solve(pending)
     targets = [t.finish(dims, fname) for t in sorted(pending, key=_target_order)]
 
-    requires: dict[str, Any] = {"family": "llama"}
+    # No family: PEFT saves none, and the module names (q_proj ... down_proj under
+    # model.layers.N) are the same in every slm.arch family, as are their row layouts.
+    requires: dict[str, Any] = {}
     for var, field_name in _DIM_FIELDS.items():
         if var in dims.values:
             requires[field_name] = dims.values[var]
@@ -251,7 +253,8 @@ def linear_role(name: str) -> str | None:
 
 
 def requires_from_lora(targets: list[AdapterTarget]) -> dict[str, Any]:
-    """What fully-shaped targets (LoRA) reveal of the base: {"family": "llama", sizes...}."""
+    """What fully-shaped targets (LoRA) of a GGUF LoRA reveal of the base: {"family": "llama",
+    sizes...} (slm.formats.gguf_lora reads Llama adapters only)."""
     found: dict[str, int] = {}
     for t in targets:
         out_var, in_var = LINEAR_ROLES[linear_role(t.module)]

@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from slm.model.llama import Llama
+from slm.model.decoder import Decoder
 from slm.model.sampling import Sampler
 
 
@@ -33,7 +33,7 @@ class Generation:
         return steps / self.decode_s if self.decode_s else 0.0
 
 
-def generate(model: Llama, prompt_ids: list[int], max_tokens: int, sampler: Sampler,
+def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sampler,
              eos_ids: frozenset[int], keep_logits: bool = False,
              on_token: Callable[[int], str | None] | None = None,
              prefix_cache=None) -> Generation:

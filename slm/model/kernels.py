@@ -22,7 +22,7 @@ class Kernels:
     forms default to a loop, which a parallel set replaces."""
 
     name = "abstract"
-    fuses_low_rank = False  # whether matmul_many also takes LoRA terms to add (slm.model.llama)
+    fuses_low_rank = False  # whether matmul_many also takes LoRA terms to add (slm.model.decoder)
 
     def matmul(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         raise NotImplementedError
@@ -50,6 +50,9 @@ class Kernels:
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return mathops.swiglu(gate, up)
+
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return mathops.geglu(gate, up)
 
 
 class ReferenceKernels(Kernels):

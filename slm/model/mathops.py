@@ -1,10 +1,12 @@
-"""The NumPy math of a Llama block besides the linear layers: the reference definitions.
+"""The NumPy math of a decoder block besides the linear layers: the reference definitions.
 
 The kernel sets (slm.model.kernels) call these; the fused C kernels replace some of them for
 short batches and are differential-tested against them.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -55,9 +57,21 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return silu(gate) * up  # (T, F)
 
 
-def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int) -> np.ndarray:
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (transformers' gelu_pytorch_tanh, GGML's gelu):
+    x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    inner = np.float32(math.sqrt(2.0 / math.pi)) * (x + np.float32(0.044715) * x * x * x)
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return gelu_tanh(gate) * up  # (T, F)
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int, window: int = 0) -> np.ndarray:
     """Grouped-query attention for queries at positions first.. ; q (T, nh, hd); k, v
-    (S, n_kv, hd) with S = first + T.
+    (S, n_kv, hd) with S = first + T. With a window, query t sees only keys
+    first + t - window + 1 .. first + t (a sliding layer).
 
     Query head h uses kv head h // group; each kv head's queries are stacked so that both
     products are batched matrix multiplications (BLAS)."""
@@ -68,9 +82,12 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int) -> np.ndarra
     scores = np.matmul(qg, k.transpose(1, 2, 0))  # (n_kv, g*T, S)
     scores *= np.float32(1.0 / np.sqrt(hd))
     scores = scores.reshape(n_kv, group, T, S)
-    if T > 1:  # query t sits at position first + t and sees keys 0..first + t
-        future = np.arange(S)[None, :] > (first + np.arange(T))[:, None]  # (T, S)
-        scores[:, :, future] = np.float32(-np.inf)
+    if T > 1 or window:  # query t sits at position first + t and sees keys 0..first + t
+        behind = (first + np.arange(T))[:, None] - np.arange(S)[None, :]  # (T, S) query - key
+        hidden = behind < 0  # the future
+        if window:
+            hidden |= behind >= window  # older than the window
+        scores[:, :, hidden] = np.float32(-np.inf)
     probs = softmax(scores, axis=-1).reshape(n_kv, group * T, S)
     out = np.matmul(probs, v.transpose(1, 0, 2))  # (n_kv, g*T, hd)
     out = out.reshape(n_kv, group, T, hd).transpose(2, 0, 1, 3)  # (T, n_kv, g, hd)

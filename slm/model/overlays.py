@@ -7,7 +7,7 @@ For a linear layer y = x W^T (x (T, in), W (out, in)):
     sparse  y += weight * scale * x D^T, D (out, in) with k stored entries
 
 `input_scale(name)` is an IA3 input vector or None; `after(name, x, y)` adds to or scales the
-output (slm.model.llama.Llama.linear composes them in load order). The base weights are never
+output (slm.model.decoder.Decoder.linears composes them in load order). The base weights are never
 touched, so removing an overlay restores the base bit for bit.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slm.compose.composition import Composition
-from slm.model.llama import Config, Llama
+from slm.model.decoder import Config, Decoder
 from slm.model.tokenizer import TextTokenizer, load_tokenizer
 from slm.model.weights import load_tensors
 from slm.ops import compositions
@@ -17,7 +17,7 @@ from slm.store import Store
 class Loaded:
     composition: Composition
     staged: Staged
-    model: Llama
+    model: Decoder
     tokenizer: TextTokenizer
 
     @property
@@ -32,7 +32,7 @@ def load_composition(store: Store, comp: Composition, verify: bool = True) -> Lo
     tokenizer = load_tokenizer(store.objects.read_verified(base.tokenizer_digest))
     tensors = load_tensors(base.tensors, store.objects.map)
     cfg = Config.from_architecture(base.architecture, base.qk_row_layout)
-    return Loaded(comp, staged, Llama(cfg, tensors, overlays=staged.overlays), tokenizer)
+    return Loaded(comp, staged, Decoder(cfg, tensors, overlays=staged.overlays), tokenizer)
 
 
 def load_base_model(store: Store, ref: str, verify: bool = True) -> Loaded:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slm.model.llama import KVCache
+from slm.model.decoder import KVCache
 from slm.store import digest as dg
 from slm.store import fs
 
@@ -36,21 +36,16 @@ class PrefixCache:
             with np.load(path, allow_pickle=False) as entry:
                 if str(entry["composition"]) != self.comp_id or entry["tokens"].tolist() != list(tokens):
                     return None
-                k, v, logits = entry["k"], entry["v"], entry["logits"]
+                state = {name: entry[name] for name in entry.files if name[0] in "kv"}
+                logits = entry["logits"]
         except (OSError, KeyError, ValueError):
             return None
-        n = len(tokens)
-        if k.shape != cache.k[:, :n].shape or v.shape != cache.v[:, :n].shape:
-            return None
-        cache.k[:, :n], cache.v[:, :n] = k, v
-        cache.length = n
-        return logits
+        return logits if cache.restore(state, len(tokens)) else None
 
     def put(self, tokens: list[int], cache: KVCache, logits: np.ndarray) -> None:
-        n = len(tokens)
         buf = io.BytesIO()
         np.savez(buf, composition=np.str_(self.comp_id), tokens=np.asarray(tokens, dtype=np.int64),
-                 k=cache.k[:, :n], v=cache.v[:, :n], logits=logits)
+                 logits=logits, **cache.state())  # k0, v0, k1, ...: each layer's kept positions
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             fs.atomic_replace(self._path(tokens), buf.getvalue())

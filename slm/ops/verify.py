@@ -10,8 +10,7 @@ import numpy as np
 
 from slm.compose.composition import Composition
 from slm.errors import IntegrityError, NotFound
-from slm.model.llama import Llama
-from slm.model.oracle import OracleAdapter, OracleKernels
+from slm.model.oracle import Oracle, OracleAdapter
 from slm.ops import activation, compositions
 from slm.ops.loading import load_composition
 from slm.ops.progress import NoProgress, Progress
@@ -68,9 +67,8 @@ def check_integrity(store: Store, comp: Composition, progress: Progress) -> dict
     return {"blobs": len(blobs), "bytes": sum(sizes.values()), "bad_blobs": bad, "ok": not bad}
 
 
-def oracle_kernels(store: Store, staged: compositions.Staged) -> OracleKernels:
+def oracle(store: Store, staged: compositions.Staged, tensors: dict) -> Oracle:
     """The fresh-base oracle for a staged composition (its adapters' tensors read afresh)."""
-    arch = staged.base.architecture
     shapes = {t.name: t.shape for t in staged.base.tensors}
     adapters = []
     for ref, manifest in staged.adapters:
@@ -78,19 +76,18 @@ def oracle_kernels(store: Store, staged: compositions.Staged) -> OracleKernels:
         targets = [compositions.target_data(store, label, manifest.kind, t, shapes[t.module])
                    for t in manifest.targets]
         adapters.append(OracleAdapter(manifest.kind, ref.weight, targets, manifest.row_layout))
-    heads = {"attn_q": arch["num_heads"], "attn_k": arch["num_kv_heads"]}
-    return OracleKernels(adapters, staged.base.qk_row_layout, heads)
+    return Oracle(staged.base.architecture, staged.base.qk_row_layout, tensors, adapters)
 
 
 def check_numerics(store: Store, comp: Composition) -> dict:
     loaded = load_composition(store, comp, verify=False)  # integrity was checked just before
     model = loaded.model
-    oracle = Llama(model.cfg, model.t, kernels=oracle_kernels(store, loaded.staged))
+    reference = oracle(store, loaded.staged, model.t)
     worst, total, count, agree, positions = 0.0, 0.0, 0, 0, 0
     for probe in PROBES:
         ids = np.asarray(loaded.tokenizer.encode(probe))
         ours = model.forward(ids, model.new_cache(len(ids)), "all").astype(np.float64)
-        ref_logits = oracle.forward(ids, oracle.new_cache(len(ids), np.float64), "all")
+        ref_logits = reference.logits(ids)
         err = np.abs(ours - ref_logits)
         worst = max(worst, float(err.max()))
         total += float(err.sum())
