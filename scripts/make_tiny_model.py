@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Write a tiny synthetic Llama model, deterministically, as HF checkpoints and as GGUF files.
+"""Write a tiny synthetic model, deterministically, as HF checkpoints and as GGUF files.
 
-    python scripts/make_tiny_model.py OUTDIR [--seed 0]
+    python scripts/make_tiny_model.py OUTDIR [--seed 0] [--arch llama|gemma3|qwen2|qwen3]
+
+The default is a Llama; the other architectures are described after the Llama part (ARCHS).
 
 Layout written under OUTDIR (same bytes on every run for the same seed; nothing time-dependent):
 
@@ -405,10 +407,179 @@ def write_gguf(path: Path, tensors, tok: Tokenizer, vocab: int, plan, file_type:
 
 
 # --------------------------------------------------------------------------------------------
+# Gemma 3, Qwen2, Qwen3: the Hugging Face side is built with transformers' own config and model
+# classes (so transformers can load it by construction), the GGUF side the way
+# convert_hf_to_gguf.py converts it: names from gguf-py's tensor map (the converter's), its
+# metadata keys, +1 on every Gemma norm weight (Gemma3Model.norm_shift), no q/k permutation
+# (llama.cpp runs these with NEOX RoPE), no output.weight when the head is tied.
+# --------------------------------------------------------------------------------------------
+ARCHS = {
+    # 7 layers: sliding 0-4, full 5 (llama.cpp's pattern of 6), sliding 6; a window of 4 is
+    # crossed by every prompt the tests use. head_dim 32 != hidden / heads, as in Gemma 3 270M.
+    "gemma3": {
+        "config": "Gemma3TextConfig", "model": "Gemma3ForCausalLM", "gguf_arch": gguf.MODEL_ARCH.GEMMA3,
+        "layers": 7, "head_dim": 32, "tie": True, "norm_shift": 1.0,
+        "config_extra": {"query_pre_attn_scalar": 32, "sliding_window": 4, "rope_theta": 1_000_000.0,
+                         "rope_local_base_freq": 10_000.0, "rms_norm_eps": 1e-6,
+                         "hidden_activation": "gelu_pytorch_tanh"},
+    },
+    # q/k/v biases; tied head, as Qwen2.5-0.5B
+    "qwen2": {
+        "config": "Qwen2Config", "model": "Qwen2ForCausalLM", "gguf_arch": gguf.MODEL_ARCH.QWEN2,
+        "layers": 2, "head_dim": HIDDEN // N_HEADS, "tie": True, "norm_shift": 0.0,
+        "config_extra": {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "use_sliding_window": False},
+    },
+    # q/k norms, head_dim 32 != hidden / heads, untied head
+    "qwen3": {
+        "config": "Qwen3Config", "model": "Qwen3ForCausalLM", "gguf_arch": gguf.MODEL_ARCH.QWEN3,
+        "layers": 2, "head_dim": 32, "tie": False, "norm_shift": 0.0,
+        "config_extra": {"rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "attention_bias": False},
+    },
+}
+
+
+def arch_config(arch: str, vocab: int, bos_id: int, eos_id: int):
+    import transformers
+
+    spec = ARCHS[arch]
+    return getattr(transformers, spec["config"])(
+        vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+        num_hidden_layers=spec["layers"], num_attention_heads=N_HEADS, num_key_value_heads=N_KV_HEADS,
+        head_dim=spec["head_dim"], max_position_embeddings=CONTEXT, tie_word_embeddings=spec["tie"],
+        bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=None, **spec["config_extra"],
+    )
+
+
+def arch_weights(model, seed: int, norm_shift: float) -> dict[str, np.ndarray]:
+    """Random float32 weights from PCG64(seed) for every parameter, in the model's order.
+
+    Norm gains near 1.0 as the model applies them (Gemma stores gain - 1: norm_shift), biases
+    and projections small, the embedding larger (see make_weights)."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    out = {}
+    for name, param in model.state_dict().items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue  # the embedding itself
+        shape = tuple(param.shape)
+        if name.endswith("norm.weight"):
+            w = 1.0 - norm_shift + 0.05 * rng.standard_normal(shape, dtype=np.float32)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            w = 0.1 * rng.standard_normal(shape, dtype=np.float32)
+        else:
+            w = 0.05 * rng.standard_normal(shape, dtype=np.float32)
+        out[name] = np.ascontiguousarray(w, dtype=np.float32)
+    return out
+
+
+def write_hf_arch(d: Path, arch: str, weights: dict[str, np.ndarray], tok: Tokenizer, config) -> None:
+    import torch
+    import transformers
+
+    model = getattr(transformers, ARCHS[arch]["model"])(config)
+    model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()}, strict=not config.tie_word_embeddings)
+    model.save_pretrained(d, safe_serialization=True)
+    write_hf_common(d, tok, json.loads((d / "config.json").read_text()))  # + tokenizer files
+
+
+def gguf_arch_tensors(arch: str, weights: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """HF weights -> [(gguf name, float32 array)] as convert_hf_to_gguf.py yields them."""
+    spec = ARCHS[arch]
+    names = gguf.get_tensor_name_map(spec["gguf_arch"], spec["layers"])
+    out = []
+    for hf_name, w in weights.items():
+        base, suffix = hf_name.rsplit(".", 1)
+        if hf_name.endswith("norm.weight"):
+            w = w + np.float32(spec["norm_shift"])
+        out.append((f"{names.get_name(base)}.{suffix}", np.ascontiguousarray(w)))
+    return out
+
+
+def quant_plan_arch(name: str, ndim: int) -> QT:
+    """model-q.gguf of the other architectures: F32 vectors, F16 attn_v, Q8_0 for the rest."""
+    if ndim == 1:
+        return QT.F32
+    return QT.F16 if name.endswith(".attn_v.weight") else QT.Q8_0
+
+
+def write_gguf_arch(path: Path, arch: str, tensors, tok: Tokenizer, config, plan, file_type) -> dict[str, str]:
+    spec = ARCHS[arch]
+    tokens, merges, token_types = tokenizer_tables(tok)
+    w = GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[spec["gguf_arch"]])
+    w.add_type("model")
+    w.add_name(f"slm-tiny-{arch}")
+    w.add_block_count(config.num_hidden_layers)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(config.num_key_value_heads)
+    w.add_rope_freq_base(config.rope_parameters.get("full_attention", config.rope_parameters)["rope_theta"])
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if getattr(config, "head_dim", None):
+        w.add_key_length(config.head_dim)
+        w.add_value_length(config.head_dim)
+    if getattr(config, "sliding_window", None):  # Gemma 3 (a Qwen config holds None here)
+        w.add_sliding_window(config.sliding_window)
+    w.add_file_type(int(file_type))
+    w.add_vocab_size(config.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(token_types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokens.index(BOS_TOKEN))
+    w.add_eos_token_id(tokens.index(EOS_TOKEN))
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    written = {}
+    for name, arr in tensors:
+        qtype = plan(name, arr.ndim)
+        data, raw_dtype = encode_tensor(arr, qtype)
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+        written[name] = qtype.name
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return written
+
+
+def make_tiny_arch_model(outdir: Path, arch: str, seed: int = 0) -> dict:
+    """hf/, model.gguf (F32) and model-q.gguf (F32/F16/Q8_0) of a tiny `arch` model."""
+    import torch
+    import transformers
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    vocab = tok.get_vocab_size()
+    bos_id, eos_id = tok.token_to_id(BOS_TOKEN), tok.token_to_id(EOS_TOKEN)
+    config = arch_config(arch, vocab, bos_id, eos_id)
+    torch.manual_seed(seed)  # the initial draw, all of it overwritten by arch_weights
+    weights = arch_weights(getattr(transformers, ARCHS[arch]["model"])(config), seed, ARCHS[arch]["norm_shift"])
+    hf_dir = outdir / "hf"
+    write_hf_arch(hf_dir, arch, weights, tok, config)
+    tensors = gguf_arch_tensors(arch, weights)
+    paths = {"gguf": outdir / "model.gguf", "gguf_q": outdir / "model-q.gguf"}
+    types = {
+        "gguf": write_gguf_arch(paths["gguf"], arch, tensors, tok, config, lambda n, d: QT.F32,
+                                LlamaFileType.ALL_F32),
+        "gguf_q": write_gguf_arch(paths["gguf_q"], arch, tensors, tok, config, quant_plan_arch,
+                                  LlamaFileType.MOSTLY_Q8_0),
+    }
+    return {"outdir": outdir, "hf": hf_dir, **paths, "arch": arch, "vocab_size": vocab,
+            "bos_token_id": bos_id, "eos_token_id": eos_id, "gguf_types": types}
+
+
+# --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------
-def make_tiny_model(outdir: Path, seed: int = 0) -> dict:
+def make_tiny_model(outdir: Path, seed: int = 0, arch: str = "llama") -> dict:
     """Generate everything under outdir; return the paths (and the GGUF type layout)."""
+    if arch != "llama":
+        return make_tiny_arch_model(outdir, arch, seed)
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
 
@@ -452,8 +623,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", choices=["llama", *ARCHS], default="llama")
     args = ap.parse_args(argv)
-    result = make_tiny_model(args.outdir, seed=args.seed)
+    result = make_tiny_model(args.outdir, seed=args.seed, arch=args.arch)
     for path in sorted(p for p in args.outdir.rglob("*") if p.is_file()):
         print(f"{path.stat().st_size:>9}  {path.relative_to(args.outdir)}")
     print(f"vocab_size={result['vocab_size']} bos={result['bos_token_id']} eos={result['eos_token_id']}")
