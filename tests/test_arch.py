@@ -147,6 +147,17 @@ def test_sliding_layer_cache_returns_each_windows_keys_in_order():
     assert state["k0"][:, 0, 0].astype(int).tolist() == [start - 3, start - 2, start - 1]
 
 
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_memory_estimate_counts_the_kv_cache_the_executor_allocates(family):
+    from slm.compose.memory import estimate
+    from slm.model.decoder import Config, KVCache
+
+    a = _arch(family)
+    cache = KVCache(Config.from_architecture(a, "hf"), capacity=50)
+    allocated = sum(k.nbytes + v.nbytes for k, v in zip(cache.k, cache.v))
+    assert estimate(a, 0, 0, positions=50).kv_cache == allocated
+
+
 # -------------------------------------------------------------------------- layering
 
 def _slm_imports(path: Path) -> set[str]:

@@ -9,7 +9,8 @@
       D   dequantization scratch: bounded, allocated once (slm.model.kernels)
       R   activations for a prefill of T tokens over S positions:
           4 bytes x T x (6 hidden + 4 ffn + 3 heads x S), plus T x vocab when all logits are kept
-      KV  the KV cache: 2 x layers x S x kv_heads x head_dim x 4 bytes
+      KV  the KV cache: 2 x kv_heads x head_dim x 4 bytes per position a layer keeps: S for a
+          full-attention layer, at most its window for a sliding one (slm.model.decoder.KVCache)
 The constants were measured on SmolLM2-135M (docs/numerics.md, "Memory"); the slack covers
 the allocator and NumPy temporaries.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from slm import arch as archs
 from slm.errors import InvalidInput
 
 RUNTIME_BYTES = 70 << 20
@@ -60,13 +62,16 @@ def estimate(arch: dict, base_bytes: int, adapter_float_bytes: int, positions: i
     T = prompt_tokens if prompt_tokens is not None else positions
     h, f, v = arch["hidden_size"], arch["intermediate_size"], arch["vocab_size"]
     per_token = 6 * h + 4 * f + 3 * arch["num_heads"] * positions + (v if all_logits else 0)
+    hp = archs.hyperparameters(arch)
+    kept = sum(min(positions, hp["sliding_window"]) if kind == "sliding_attention" else positions
+               for kind in hp["layer_types"])  # positions cached, over all layers
     return Estimate(
         runtime=RUNTIME_BYTES + (FUSED_KERNEL_BYTES if fused_kernels else 0) + TOKENIZER_BYTES_PER_TOKEN * v,
         base=base_bytes,
         adapters=2 * adapter_float_bytes,
         scratch=SCRATCH_BYTES,
         activations=4 * T * per_token + 4 * v,
-        kv_cache=2 * arch["num_layers"] * positions * arch["num_kv_heads"] * arch["head_dim"] * 4,
+        kv_cache=2 * kept * arch["num_kv_heads"] * arch["head_dim"] * 4,
         positions=positions,
     )
 
