@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     NUMERICS = 10  # `slm verify`: numbers disagree with the fresh-base oracle
     SWITCHED = 11  # `slm run`: the active composition changed during generation
     IO = 12  # the OS refused a read or write (permissions, disk full, EIO)
+    INCOMPLETE = 13  # the change is committed (durable), but finishing it failed: `slm fsck --repair`
 
 
 class SlmError(Exception):
@@ -93,3 +94,10 @@ class Switched(SlmError):
 
 class IOFailure(SlmError):
     code = ExitCode.IO
+
+
+class CommittedIncomplete(SlmError):
+    """Raised after a transaction's commit point: the change is durable and will survive, but a
+    clean-up step after it failed. Never a plain failure: a script must not retry it."""
+
+    code = ExitCode.INCOMPLETE
