@@ -39,12 +39,13 @@ class SlmError(Exception):
         return printable(" ".join(self.message.split()))
 
 
-def printable(text: str) -> str:
+def printable(text: str, keep: str = "") -> str:
     """Escape what a hostile file could smuggle into a message: control characters (terminal
-    escape sequences) and lone surrogates (undecodable bytes in names)."""
+    escape sequences) and lone surrogates (undecodable bytes in names). Characters in `keep`
+    (e.g. newlines of a multi-line text) pass unchanged."""
     out = []
     for ch in text:
-        if ch.isprintable() or ch == " ":
+        if ch.isprintable() or ch == " " or ch in keep:
             out.append(ch)
         else:
             out.append(ch.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")

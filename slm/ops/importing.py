@@ -28,6 +28,7 @@ from slm.formats.gguf_model import open_gguf_base
 from slm.formats.hf_checkpoint import is_hf_checkpoint, open_hf_base
 from slm.formats.peft import is_peft_dir, read_peft_adapter
 from slm.ops.progress import NoProgress, Progress
+from slm.quant import get_codec
 from slm.store import Store, fs
 from slm.store.names import validate_name
 
@@ -142,6 +143,8 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
             data = t.stored_bytes()
             if len(data) != t.nbytes:
                 raise InvalidInput(f"tensor {t.name}: {len(data)} bytes, expected {t.nbytes}")
+            if not get_codec(t.dtype).all_finite(data, t.shape):
+                raise InvalidInput(f"tensor {t.name} holds values that are not finite (NaN or inf)")
             records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, staging.put(data)))
             progress.advance(t.nbytes)
         progress.finish()

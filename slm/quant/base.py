@@ -205,6 +205,33 @@ class Codec(ABC):
                 )
         return out
 
+    # ----------------------------------------------------------------- finiteness
+
+    #: The block as a structured dtype and the fields (scale, minimum) whose finiteness makes
+    #: every decoded value finite. With both set, `all_finite` reads only those fields; a codec
+    #: that sets neither is checked by decoding, which is correct for every type.
+    block_dtype: ClassVar[np.dtype | None] = None
+    scale_fields: ClassVar[tuple[str, ...]] = ()
+
+    def all_finite(self, data: BufferLike, shape: ShapeLike) -> bool:
+        """Whether every value the bytes of a tensor of `shape` decode to is finite (import
+        refuses a NaN or inf weight; stored bytes could hold either)."""
+        dims = normalize_shape(shape)
+        raw = self._checked_bytes(data, dims)
+        if self.block_dtype is not None and self.scale_fields:
+            blocks = raw.view(self.block_dtype)  # (n_blocks,) zero-copy
+            return all(bool(np.isfinite(blocks[f]).all()) for f in self.scale_fields)
+        step = max(1, CHUNK_ELEMENTS // self.block_size)
+        out = np.empty((min(step, raw.size // self.type_size), self.block_size), np.float32)
+        with np.errstate(**_GGML_IEEE):
+            for start in range(0, raw.size // self.type_size, step):
+                part = raw[start * self.type_size:(start + step) * self.type_size]
+                k = part.size // self.type_size
+                self._decode_blocks(part, out[:k])
+                if not np.isfinite(out[:k]).all():
+                    return False
+        return True
+
     def _checked_bytes(self, data: BufferLike, dims: tuple[int, ...]) -> np.ndarray:
         """Flat uint8 view of `data`, after checking it holds exactly a tensor of `dims`."""
         expected = self.nbytes(dims)
