@@ -24,8 +24,8 @@ from slm.quant import (  # noqa: E402
 )
 from slm.quant.nf4 import CODEBOOK  # noqa: E402
 
-GGML_BLOCK_TYPES = ["q8_0", "q4_0", "q4_1"]
-ALL_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "nf4"]
+GGML_BLOCK_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
+ALL_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "nf4"]
 F16_MAX = 65504.0
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -145,6 +145,8 @@ def adversarial_blocks() -> dict[str, np.ndarray]:
         "q8_0_halves": np.concatenate([[127.0], np.arange(-15, 16) + 0.5]),
         "q4_0_halves": np.concatenate([[-8.0], np.linspace(-7.5, 7.5, 31)]),
         "q4_1_halves": np.concatenate([[0.0, 15.0], np.arange(30) / 2]),
+        "q5_0_halves": np.concatenate([[-16.0], np.linspace(-15.5, 15.5, 31)]),
+        "q5_1_halves": np.concatenate([[0.0, 31.0], np.arange(30) + 0.5]),
         "just_below_half": np.concatenate([[127.0], np.full(31, np.nextafter(np.float32(0.5), 0))]),
         "powers_of_two": 2.0 ** np.arange(-16, 16),
     }
@@ -463,7 +465,7 @@ def test_wrong_byte_length_is_rejected(name):
         codec.dequantize(raw, (3, codec.block_size * 2))
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "nf4"])
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "nf4"])
 def test_last_dim_not_multiple_of_block_size_is_rejected(name):
     codec = get_codec(name)
     n = codec.block_size + 1
@@ -490,7 +492,7 @@ def test_other_bad_inputs_are_rejected():
 
 
 # Covered in tests/test_quant_kquants.py; listed here so the registry test sees every codec.
-MORE_GGML_TYPES = ["q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+MORE_GGML_TYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 
 
 def test_registry_lookup():
