@@ -2,8 +2,8 @@
 Q4_K/Q5_K, and NumPy ports of ggml's scale searches (ggml-quants.c: make_qkx2_quants,
 make_qx_quants) that decide the codes.
 
-The ports are vectorised over sub-blocks: every array is (m, n), one row per sub-block of n
-values. ggml runs each search as a loop per sub-block; the search steps depend on each other
+The ports are vectorised over sub-blocks, position-major: every array is (n, m), one column
+per sub-block of n values (so C's running sums are n contiguous vector adds). ggml runs each search as a loop per sub-block; the search steps depend on each other
 (a better candidate moves the minimum the next step starts from), so we loop over the *steps*
 in Python and over the sub-blocks in NumPy, never over blocks.
 
@@ -25,13 +25,17 @@ K_SCALE_SIZE = 12  # bytes of packed 6-bit scales and mins in Q4_K / Q5_K
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml: a sub-block with max|x| below this is all zero
 
 
-def sequential_sum(terms: np.ndarray) -> np.ndarray:
-    """(m, n) float32 -> (m,): C's `float s = 0; for (i) s += t[i];`, rounding for rounding.
+def sequential_sum(terms: np.ndarray, first: np.ndarray | None = None) -> np.ndarray:
+    """(n, m) float32 -> (m,): C's `float s = 0; for (i) s += t[i];`, rounding for rounding.
 
-    add.accumulate is strictly left to right. Adding +0.0 at the end reproduces the leading
-    `0 +`: the two only differ when every term is -0.0 (C gives +0.0).
+    Position-major: one row per position, so each += is one contiguous NumPy add over all
+    sub-blocks (np.sum would add pairwise, and rounds differently). `first` replaces the
+    leading 0 when C starts from a value (`float s = t[0]; for (i = 1 ..)`).
     """
-    return np.add.accumulate(terms, axis=1)[:, -1] + np.float32(0)
+    total = np.zeros(terms.shape[1], dtype=np.float32) if first is None else first.copy()
+    for row in terms if first is None else terms[1:]:
+        total += row
+    return total
 
 
 def clamped_codes(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -42,9 +46,15 @@ def clamped_codes(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
 def weighted_sq_error(
     x: np.ndarray, w: np.ndarray, levels: np.ndarray, scale: np.ndarray, low: np.ndarray
 ) -> np.ndarray:
-    """sum_i w_i * (scale * l_i + low - x_i)^2 per row, in ggml's order. x, w, levels: (m, n)."""
-    diff = scale[:, None] * levels + low[:, None] - x  # (m, n)
-    return sequential_sum(w * (diff * diff))
+    """sum_i w_i * (scale * l_i + low - x_i)^2 per sub-block, in ggml's order.
+
+    x, w, levels: (n, m); scale, low: (m,) -> (m,)."""
+    diff = scale * levels  # (n, m)
+    diff += low
+    diff -= x
+    diff *= diff
+    diff *= w
+    return sequential_sum(diff)
 
 
 def make_qkx2_quants(
@@ -52,7 +62,8 @@ def make_qkx2_quants(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ggml's make_qkx2_quants (squared error): x ~= scale * L - the_min, L in 0..nmax.
 
-    x, w: (m, n) float32 values and weights -> scale (m,), the_min (m,), L (m, n) float32.
+    x, w: (n, m) float32 values and weights, one column per sub-block (position-major)
+    -> scale (m,), the_min (m,), L (n, m) float32.
     The minimum is clamped to <= 0; then nstep + 1 candidate scales
     (rmin + rdelta * step + nmax) / (max - min) each get a weighted least-squares fit of
     (scale, min), kept when its weighted error is strictly smaller.
@@ -65,20 +76,21 @@ def _make_qkx2_quants(
     x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     f32 = np.float32
-    low = np.minimum(x.min(axis=1), f32(0))  # (m,) C: if (min > 0) min = 0
-    high = x.max(axis=1)  # (m,)
+    low = np.minimum(x.min(axis=0), f32(0))  # (m,) C: if (min > 0) min = 0
+    high = x.max(axis=0)  # (m,)
     flat = high == low  # (m,) -> all codes 0, scale 0
-    sum_w = np.add.accumulate(w, axis=1)[:, -1]  # (m,) C starts from w[0], not 0 + w[0]
-    sum_x = np.add.accumulate(w * x, axis=1)[:, -1]  # (m,)
+    sum_w = sequential_sum(w, first=w[0])  # (m,) C starts from w[0], not 0 + w[0]
+    wx = w * x  # (n, m)
+    sum_x = sequential_sum(wx, first=wx[0])
     iscale = f32(nmax) / (high - low)  # (m,)
     scale = f32(1) / iscale  # (m,)
-    levels = clamped_codes(iscale[:, None] * (x - low[:, None]), 0, nmax)  # (m, n)
+    levels = clamped_codes(iscale * (x - low), 0, nmax)  # (n, m)
     best = weighted_sq_error(x, w, levels, scale, low)  # (m,)
     for step in range(nstep + 1):
         factor = f32(rmin) + f32(rdelta) * f32(step) + f32(nmax)  # float32 like C
         iscale = factor / (high - low)  # (m,) `low` is the best fit so far
-        trial = clamped_codes(iscale[:, None] * (x - low[:, None]), 0, nmax)  # (m, n)
-        wl = w * trial  # (m, n)
+        trial = clamped_codes(iscale * (x - low), 0, nmax)  # (n, m)
+        wl = w * trial  # (n, m)
         sum_l = sequential_sum(wl)
         sum_l2 = sequential_sum(wl * trial)
         sum_xl = sequential_sum(wl * x)
@@ -90,12 +102,12 @@ def _make_qkx2_quants(
         this_min = np.where(positive, f32(0), this_min)
         error = weighted_sq_error(x, w, trial, this_scale, this_min)
         better = (det > 0) & (error < best) & ~flat  # (m,) NaN compares false, as in C
-        levels = np.where(better[:, None], trial, levels)
+        np.copyto(levels, trial, where=better)
         best = np.where(better, error, best)
         scale = np.where(better, this_scale, scale)
         low = np.where(better, this_min, low)
     scale = np.where(flat, f32(0), scale)
-    levels = np.where(flat[:, None], f32(0), levels)
+    np.copyto(levels, f32(0), where=flat)
     return scale, -low, levels
 
 
@@ -103,24 +115,25 @@ def make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """ggml's make_qx_quants with rmse_type 1 and no importance weights (as Q6_K's _ref uses
     it): x ~= scale * (L - nmax), L in 0..2*nmax-1, weights x^2.
 
-    x: (m, n) float32 -> scale (m,), L (m, n) float32. The scale is signed: it starts at
-    -nmax / peak (peak = first element of largest |x|, with its sign), then 18 neighbouring
-    scales -(nmax + 0.1 * is) / peak, is = -9..9, replace it when sumlx^2 / suml2 improves.
+    x: (n, m) float32, one column per sub-block -> scale (m,), L (n, m) float32. The scale
+    is signed: it starts at -nmax / peak (peak = first element of largest |x|, with its
+    sign), then 18 neighbouring scales -(nmax + 0.1 * is) / peak, is = -9..9, replace it
+    when sumlx^2 / suml2 improves.
     """
     f32 = np.float32
-    m = x.shape[0]
+    m = x.shape[1]
     ax = np.abs(x)
-    first = ax.argmax(axis=1)  # (m,) the FIRST largest |x|, as C's strict `>`
-    peak = x[np.arange(m), first]  # (m,) signed
-    zero = ax[np.arange(m), first] < GROUP_MAX_EPS  # (m,) all (near) zero: codes 0, scale 0
-    w = x * x  # (m, n)
-    wx = w * x  # (m, n) C: w * x[i] * l = (w * x[i]) * l
+    first = ax.argmax(axis=0)  # (m,) the FIRST largest |x|, as C's strict `>`
+    peak = x[first, np.arange(m)]  # (m,) signed
+    zero = ax[first, np.arange(m)] < GROUP_MAX_EPS  # (m,) all (near) zero: codes 0, scale 0
+    w = x * x  # (n, m)
+    wx = w * x  # (n, m) C: w * x[i] * l = (w * x[i]) * l
 
     def attempt(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        signed = clamped_codes(iscale[:, None] * x, -nmax, nmax - 1)  # (m, n)
+        signed = clamped_codes(iscale * x, -nmax, nmax - 1)  # (n, m)
         return signed, sequential_sum(wx * signed), sequential_sum(w * signed * signed)
 
-    # all-zero rows divide by 0 (masked at the end); huge values overflow as in C
+    # all-zero sub-blocks divide by 0 (masked at the end); huge values overflow as in C
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         signed, sumlx, suml2 = attempt(f32(-nmax) / peak)
         scale = np.where(suml2 != 0, sumlx / suml2, f32(0))  # C: suml2 ? sumlx/suml2 : 0
@@ -128,10 +141,11 @@ def make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
         for step in (*range(-9, 0), *range(1, 10)):
             trial, t_sumlx, t_suml2 = attempt(-(f32(nmax) + f32(0.1) * f32(step)) / peak)
             better = (t_suml2 > 0) & (t_sumlx * t_sumlx > best * t_suml2)  # (m,)
-            signed = np.where(better[:, None], trial, signed)
+            np.copyto(signed, trial, where=better)
             scale = np.where(better, t_sumlx / t_suml2, scale)
             best = np.where(better, scale * t_sumlx, best)
-    levels = np.where(zero[:, None], f32(0), signed + f32(nmax))  # (m, n) 0..2*nmax-1
+    levels = signed + f32(nmax)  # (n, m) 0..2*nmax-1
+    np.copyto(levels, f32(0), where=zero)
     return np.where(zero, f32(0), scale), levels
 
 

@@ -76,16 +76,17 @@ def fit_sub_blocks(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: 
     x: (k, 256) -> (sc, mn) (k, 8) uint8, (d, dmin) (k,) float16, codes (k, 8, 32) float32.
     """
     k = x.shape[0]
-    sub = x.reshape(k * 8, 32)  # one row per sub-block
+    sub = np.ascontiguousarray(x.reshape(k * 8, 32).T)  # (32, 8k) one column per sub-block
     av_x = np.sqrt(sequential_sum(sub * sub) / f32(32))  # (8k,)
-    weights = av_x[:, None] + np.abs(sub)  # (8k, 32)
+    weights = av_x + np.abs(sub)  # (32, 8k)
     scales, mins, levels = make_qkx2_quants(sub, weights, nmax, rmin, rdelta, nstep)
     scales, mins = scales.reshape(k, 8), mins.reshape(k, 8)
+    levels = levels.T.reshape(k, 8, 32)  # back to element order
     max_scale, max_min = positive_max(scales), positive_max(mins)  # (k,)
     sc, mn = six_bit_levels(scales, max_scale), six_bit_levels(mins, max_min)  # (k, 8)
     d = (max_scale / f32(63)).astype(np.float16)  # (k,)
     dmin = (max_min / f32(63)).astype(np.float16)
-    codes = requantized_codes(x.reshape(k, 8, 32), levels.reshape(k, 8, 32), d, dmin, sc, mn, nmax)
+    codes = requantized_codes(x.reshape(k, 8, 32), levels, d, dmin, sc, mn, nmax)
     return sc, mn, d, dmin, codes
 
 

@@ -43,8 +43,9 @@ class Q6_K(Codec):
     def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:
         k = x.shape[0]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # C's IEEE results
-            scales, levels = make_qx_quants(x.reshape(k * 16, 16), 32)  # (16k,), (16k, 16)
-            scales, levels = scales.reshape(k, 16), levels.reshape(k, 16, 16)
+            sub = np.ascontiguousarray(x.reshape(k * 16, 16).T)  # (16, 16k) column/sub-block
+            scales, levels = make_qx_quants(sub, 32)  # (16k,), (16, 16k)
+            scales, levels = scales.reshape(k, 16), levels.T.reshape(k, 16, 16)
             # The sub-block scale of largest magnitude, the first on ties (C: strict `>`).
             magnitude = np.abs(scales)
             magnitude = np.where(magnitude > 0, magnitude, f32(0))  # NaN never wins
