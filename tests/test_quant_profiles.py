@@ -37,8 +37,8 @@ def _assert_stored_is_quantized_weights(store, m, hf_dir):
             raw = store.objects.read_verified(t.digest)
             x = weights.float32(llama.gguf_to_hf_module(t.name) + ".weight")
             codec = quant.get_codec(t.dtype)
-            np.testing.assert_array_equal(np.frombuffer(raw, np.uint8), codec.quantize(x).reshape(-1),
-                                          err_msg=t.name)
+            expected = codec.quantize(x).reshape(-1)
+            np.testing.assert_array_equal(np.frombuffer(raw, np.uint8), expected, err_msg=t.name)
             back = codec.dequantize(raw, t.shape)
             assert np.max(np.abs(back - x)) <= 0.05 * np.max(np.abs(x)), t.name
     finally:

@@ -14,7 +14,8 @@ and Q5_K are decode only. GGML type ids and names: ggml_types.GGMLType, the one 
 from __future__ import annotations
 
 # Importing the type modules runs their class statements, which registers the codecs.
-from . import float_types, nf4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0  # noqa: F401
+from . import float_types, nf4, q4_0, q4_1, q5_0, q5_1, q8_0  # noqa: F401
+from . import q2_k, q3_k, q4_k, q5_k, q6_k  # noqa: F401  (k-quants)
 from .base import Codec
 from .errors import QuantError
 from .ggml_types import GGMLType, ggml_type_label

@@ -3,9 +3,10 @@ Q4_K/Q5_K, and NumPy ports of ggml's scale searches (ggml-quants.c: make_qkx2_qu
 make_qx_quants) that decide the codes.
 
 The ports are vectorised over sub-blocks, position-major: every array is (n, m), one column
-per sub-block of n values (so C's running sums are n contiguous vector adds). ggml runs each search as a loop per sub-block; the search steps depend on each other
-(a better candidate moves the minimum the next step starts from), so we loop over the *steps*
-in Python and over the sub-blocks in NumPy, never over blocks.
+per sub-block of n values, so C's running sums become n contiguous vector adds. ggml runs
+each search as a loop per sub-block; its steps depend on each other (a better candidate moves
+the minimum the next step starts from), so we loop over the *steps* (and the n positions of a
+sum) in Python and over the sub-blocks in NumPy, never over blocks.
 
 Bit-exactness with ggml's C needs its float32 operation order, without FMA (ggml-base is
 built for baseline x86-64, where the compiler cannot fuse):
@@ -171,7 +172,7 @@ def pack_scales_mins(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
 def unpack_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(k, 12) packed bytes -> (k, 8) scales, (k, 8) mins, uint8 (ggml's get_scale_min_k4)."""
     a, b, c = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]  # (k, 4) each
-    six = np.uint8(0x3F)
-    sc = np.concatenate([a & six, (c & np.uint8(0x0F)) | ((a >> np.uint8(6)) << np.uint8(4))], axis=1)
-    mn = np.concatenate([b & six, (c >> np.uint8(4)) | ((b >> np.uint8(6)) << np.uint8(4))], axis=1)
+    low6, low4, s4, s6 = np.uint8(0x3F), np.uint8(0x0F), np.uint8(4), np.uint8(6)
+    sc = np.concatenate([a & low6, (c & low4) | ((a >> s6) << s4)], axis=1)  # (k, 8)
+    mn = np.concatenate([b & low6, (c >> s4) | ((b >> s6) << s4)], axis=1)  # (k, 8)
     return sc, mn

@@ -52,7 +52,7 @@ class Q3_K(DecodeOnlyCodec):
         block = raw.view(BLOCK)  # (k,) zero-copy
         k = block.shape[0]
         third = (block["hmask"][:, None, :] >> HMASK_BITS) & np.uint8(1)  # (k, 8, 32)
-        # code - 4 * (1 - bit): -4..3, exact in int8
-        q = two_bit_codes(block["qs"]).astype(np.int8) - ((third.reshape(k, 16, 16) ^ 1) << 2).astype(np.int8)
+        lower = (third.reshape(k, 16, 16) ^ np.uint8(1)) << np.uint8(2)  # 4 where the bit is clear
+        q = two_bit_codes(block["qs"]).astype(np.int8) - lower.astype(np.int8)  # (k, 16, 16) -4..3
         scale = block["d"].astype(np.float32)[:, None] * signed_scales(block["scales"])  # (k, 16)
         np.multiply(q, scale[..., None], out=out.reshape(k, 16, 16))

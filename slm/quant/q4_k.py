@@ -59,7 +59,7 @@ def requantized_codes(
     x: np.ndarray, levels: np.ndarray, d: np.ndarray, dmin: np.ndarray, sc: np.ndarray,
     mn: np.ndarray, nmax: int,
 ) -> np.ndarray:
-    """Codes recomputed from the stored f16 d, dmin and 6-bit sc, mn (Q4_K and Q5_K).
+    """Codes recomputed from the stored f16 d, dmin and 6-bit sc, mn.
 
     x, levels: (k, 8, 32); d, dmin: (k,) f16; sc, mn: (k, 8). A sub-block whose effective
     scale is 0 keeps the search's codes (C: `if (!d) continue;`; NaN is not 0 there either).
@@ -71,7 +71,8 @@ def requantized_codes(
 
 
 def fit_sub_blocks(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
-    """ggml's per-sub-block fit of the *_K_ref quantizers with mins (Q4_K, Q5_K).
+    """ggml's per-sub-block fit of quantize_row_q4_K_ref (Q5_K's _ref differs only in its
+    constants, nmax 31; slm does not write Q5_K).
 
     x: (k, 256) -> (sc, mn) (k, 8) uint8, (d, dmin) (k,) float16, codes (k, 8, 32) float32.
     """

@@ -57,6 +57,12 @@ def _supported() -> str:
     )
 
 
+def _unsupported(type_id: int) -> QuantError:
+    return QuantError(
+        f"unsupported GGML tensor type {ggml_type_label(type_id)}; supported: {_supported()}"
+    )
+
+
 def get_codec(name_or_ggml_type: str | int) -> Codec:
     """The codec named "q4_1"/"Q4_1", or the one for a GGML type id such as 3.
 
@@ -67,9 +73,7 @@ def get_codec(name_or_ggml_type: str | int) -> Codec:
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
         codec = _BY_GGML_TYPE.get(int(key))
         if codec is None:
-            raise QuantError(
-                f"unsupported GGML tensor type {ggml_type_label(key)}; supported: {_supported()}"
-            )
+            raise _unsupported(int(key))
         return codec
     if isinstance(key, str):
         name = key.strip().lower()
@@ -77,7 +81,7 @@ def get_codec(name_or_ggml_type: str | int) -> Codec:
         if codec is None:
             # A GGML type slm cannot handle (iq2_xxs) is named as such, not as a typo.
             if name.upper() in GGMLType.__members__:
-                return get_codec(GGMLType[name.upper()])
+                raise _unsupported(GGMLType[name.upper()])
             raise QuantError(f"unknown quantization type {key!r}; supported: {_supported()}")
         return codec
     raise QuantError(
