@@ -73,7 +73,8 @@ def import_base(
     name: str = typer.Option(..., "--name", "-n", help="Name for the base in the store."),
     quant: Optional[str] = typer.Option(
         None, "--quant", "-q",
-        help="Hugging Face checkpoints only: q8_0 (default), q4_0, q4_1, nf4, f16 or f32.",
+        help="Hugging Face checkpoints only: q8_0 (default), q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, "
+             "q4_k_m (llama.cpp's Q4_K_M mix), nf4, f16 or f32.",
     ),
     json_out: bool = JsonOpt,
 ) -> None:
