@@ -275,12 +275,29 @@ static inline void block_scales(const int type, const uint8_t *restrict blk, flo
     }
 }
 
-/* Lane i: 16 if bit i % 8 of byte 2g + i / 8 of bits[] is set, else 0 (bits: 16 readable bytes). */
-static inline u8x16 bit_per_lane(const uint8_t *bits, const int g) {
+/* Per lane: `set` where v has every bit of `mask`, else `clear` (a code's high bit put in place
+ * as a value, offset included: ((v & mask) == mask) compiles to one compare, shifts of bytes
+ * to several instructions). */
+static inline u8x16 if_bits(u8x16 v, u8x16 mask, uint8_t set, uint8_t clear) {
+    const u8x16 on = (u8x16)((v & mask) == mask);
+    return (on & set) | (~on & clear);
+}
+
+/* Lane i: bit 16g + i of the little-endian bits[0 .. 3] (bits: 16 readable bytes), where the
+ * if_bits mask finds it: byte 2g + i / 8 spread to lane i, mask 1 << (i % 8). */
+static inline u8x16 spread_bits(const uint8_t *bits, const int g) {
     const u8x16 byte = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
-    const u8x16 bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128}, zero = {0};
-    const u8x16 spread = __builtin_shuffle(load_u8x16(bits), byte + (uint8_t)(2 * g));
-    return (u8x16)((spread & bit) != zero) & 16;
+    return __builtin_shuffle(load_u8x16(bits), byte + (uint8_t)(2 * g));
+}
+static const u8x16 LANE_BIT = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+
+/* The bits of v moved k places up (k < 0: down) and kept where `mask` is set: a field of each
+ * byte moved into place. Shifted as 16-bit lanes (one instruction; x86 has no byte shifts) so
+ * bits cross into the neighbouring byte: the mask must drop them. */
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+static inline u8x16 field(u8x16 v, const int k, uint8_t mask) {
+    const u16x8 w = (u16x8)v;
+    return (u8x16)(k >= 0 ? w << k : w >> -k) & mask;
 }
 
 /* q of values 16g .. 16g + 15 of one block (value = d * q + m of its unit), in int8. The K
@@ -292,35 +309,38 @@ static inline i8x16 block_codes(const int type, const uint8_t *restrict blk, con
     switch (type) {
     case T_Q4_0:
     case T_Q4_1: {
-        const u8x16 q = load_u8x16(blk + (type == T_Q4_1 ? 4 : 2)), c = g ? q >> 4 : q & 15;
+        const u8x16 q = load_u8x16(blk + (type == T_Q4_1 ? 4 : 2)), c = field(q, -4 * g, 15);
         return (i8x16)(type == T_Q4_1 ? c : c - 8);
     }
     case T_Q5_0:
-    case T_Q5_1: { /* the fifth bits: bit 16g + i of the little-endian qh */
+    case T_Q5_1: { /* the fifth bits: bit 16g + i of the little-endian qh; for Q5_0, a clear one
+                    * makes q = nibble - 16, in int8 nibble | 0xf0 */
         const uint8_t *qh = blk + (type == T_Q5_1 ? 4 : 2);
-        const u8x16 q = load_u8x16(qh + 4), c = (g ? q >> 4 : q & 15) | bit_per_lane(qh, g);
-        return (i8x16)(type == T_Q5_1 ? c : c - 16);
+        const u8x16 q = load_u8x16(qh + 4);
+        return (i8x16)(field(q, -4 * g, 15) | if_bits(spread_bits(qh, g), LANE_BIT, type == T_Q5_1 ? 16 : 0,
+                                                      type == T_Q5_1 ? 0 : 0xf0));
     }
     case T_Q8_0:
         return (i8x16)load_u8x16(blk + 2 + 16 * g);
     case T_Q2_K: /* run s: bits 2s of qs[32h ..] */
-        return (i8x16)((load_u8x16(blk + 16 + 32 * h + l0) >> (2 * s)) & 3);
-    case T_Q3_K: { /* as Q2_K, and bit 4h + s of hmask[0 .. 31] */
+        return (i8x16)field(load_u8x16(blk + 16 + 32 * h + l0), -2 * s, 3);
+    case T_Q3_K: { /* as Q2_K, and bit 4h + s of hmask[0 .. 31]: when clear, q = 2 bits - 4, in
+                    * int8 2 bits | 0xfc */
         const u8x16 q = load_u8x16(blk + 32 + 32 * h + l0), hm = load_u8x16(blk + l0);
-        return (i8x16)((((q >> (2 * s)) & 3) | ((hm >> (4 * h + s)) & 1) << 2) - 4);
+        return (i8x16)(field(q, -2 * s, 3) | if_bits(hm, (u8x16){} + (uint8_t)(1 << (4 * h + s)), 0, 0xfc));
     }
     case T_Q4_K:
     case T_Q5_K: { /* unit j = g / 2: the low (j even) or high nibbles of qs[32 (j / 2) ..],
                     * and for Q5_K bit j of qh[0 .. 31] */
         const int j = g / 2;
         const u8x16 q = load_u8x16(blk + (type == T_Q5_K ? 48 : 16) + 32 * (j / 2) + l0);
-        const u8x16 c = j % 2 ? q >> 4 : q & 15;
-        return (i8x16)(type == T_Q5_K ? c | ((load_u8x16(blk + 16 + l0) >> j) & 1) << 4 : c);
+        const u8x16 c = field(q, -4 * (j % 2), 15);
+        return (i8x16)(type == T_Q5_K ? c | if_bits(load_u8x16(blk + 16 + l0), (u8x16){} + (uint8_t)(1 << j), 16, 0) : c);
     }
     case T_Q6_K: { /* run s: the low (s < 2) or high nibbles of ql[64h + 32 (s % 2) ..] and bits
                     * 2s of qh[32h ..] */
         const u8x16 ql = load_u8x16(blk + 64 * h + 32 * (s % 2) + l0), qh = load_u8x16(blk + 128 + 32 * h + l0);
-        return (i8x16)(((s < 2 ? ql & 15 : ql >> 4) | ((qh >> (2 * s)) & 3) << 4) - 32);
+        return (i8x16)((field(ql, s < 2 ? 0 : -4, 15) | field(qh, 4 - 2 * s, 0x30)) - 32);
     }
     }
     return (i8x16){0};
@@ -341,8 +361,10 @@ static inline __attribute__((always_inline)) float dot_row(const int type, const
         const float *xb = x + b * bt.values;
         float d[16], m[16];
         block_scales(type, blk, d, m);
+#pragma GCC unroll 16
         for (int u = 0; u < units; u++) {
             vf p = {0};
+#pragma GCC unroll 2
             for (int g = u * bt.unit / 16; g < (u + 1) * bt.unit / 16; g++) {
                 vf c[PER16];
                 codes_to_f32(block_codes(type, blk, g), c);
