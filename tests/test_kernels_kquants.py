@@ -29,7 +29,6 @@ F16_FIELDS = {GT.Q4_0: (0,), GT.Q4_1: (0, 2), GT.Q5_0: (0,), GT.Q5_1: (0, 2), GT
 TYPES = list(F16_FIELDS)
 COLS = 768  # three 256-value blocks, 24 of 32
 ROWS = 37  # odd: two threads split it unevenly
-PATTERNS = 5  # adversarial rows, see blocks()
 
 
 class GgufCodec:
@@ -58,8 +57,8 @@ def blocks(ggml_type: GT, rows: int, cols: int, seed: int, adversarial: bool = T
     """(rows, bytes per row) uint8: random bits (every bit pattern is a valid code or scale) with
     float16 fields in a sane range, +-0.02; with `adversarial`, the first rows are
     0: all float16 fields zero (d = 0 and m = 0: the row is exactly zero)
-    1: every other byte 0xff (maximal codes, 6-bit scales, high bits), the fields positive
-    2: every other byte 0x00 (minimal codes and scales), the fields negative
+    1: all other bytes 0xff (maximal codes, scales and high bits), the fields positive
+    2: all other bytes 0x00 (minimal codes and scales), the fields negative
     3: mins (m, dmin) negative and large against d
     4: d at float16's extremes, +-65504 and the smallest subnormal, by block."""
     values, size = GGML_QUANT_SIZES[ggml_type]
@@ -168,3 +167,36 @@ def test_types_the_kernels_lack_take_the_reference_path():
     for tokens in (1, 12):
         x = np.random.default_rng(tokens).standard_normal((tokens, COLS)).astype(np.float32)
         assert kernels(2).matmul(x, w).tobytes() == ReferenceKernels().matmul(x, w).tobytes()
+
+
+@pytest.mark.real_model
+def test_gemma3_tensors():
+    """Gemma 3 270M Q4_K_M's own weights, one of each quantized type it has (the Q8_0 one is the
+    262144-row embedding, its first 300 rows here): decode and prefill against gguf-py."""
+    import gemma3_path  # scripts/, on the path from conftest
+
+    path = gemma3_path.locate()
+    if path is None:
+        pytest.skip("the Gemma 3 chunk packages are not installed")
+    from slm.formats.gguf import read_gguf
+
+    def nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
+        values, size = GGML_QUANT_SIZES[GT(ggml_type)]
+        return int(np.prod(shape)) // values * size
+
+    wanted = {GT.Q5_0: "blk.0.attn_q.weight", GT.Q4_K: "blk.0.attn_output.weight",
+              GT.Q6_K: "blk.0.ffn_down.weight", GT.Q8_0: "token_embd.weight"}
+    rng = np.random.default_rng(2)
+    with read_gguf(path, nbytes) as g:
+        infos = {t.name: t for t in g.tensors}
+        for ggml_type, name in wanted.items():
+            info = infos[name]
+            assert info.ggml_type == ggml_type, (name, info.type_name)
+            rows = np.frombuffer(g.tensor_bytes(info), dtype=np.uint8).reshape(info.shape[0], -1)
+            raw = rows[:300].copy()  # (300, bytes per row)
+            w = tensor(ggml_type, raw)
+            assert kernels_native.kernel_type(w) == int(ggml_type)
+            for tokens in (1, 12):
+                x = rng.standard_normal((tokens, w.cols)).astype(np.float32)
+                assert_close(kernels(2).matmul(x, w), *reference(x, ggml_type, raw))
+            del rows
