@@ -166,27 +166,28 @@ static inline float read_f32(const uint8_t *p) {
 }
 
 /* GCC/Clang vector extensions. Floats go in vectors of the CPU's register width (16 lanes with
- * AVX-512, else 8): a wider vector type has no machine mode without AVX-512, and GCC (12) then
+ * AVX-512, 8 with AVX, else 4): a wider vector type has no machine mode, and GCC (12) then
  * keeps such variables in memory, accumulators included (measured: 4-5x slower on AVX2). Codes
- * are unpacked 16 at a time in byte vectors (one SSE register anywhere). Loads go through
+ * are unpacked 16 at a time in byte vectors (one SSE or NEON register). Loads go through
  * memcpy (no alignment). */
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
 #define LANES 16
-#else
+#elif defined(__AVX__)
 #define LANES 8
+#else
+#define LANES 4
 #endif
 #define PER16 (16 / LANES) /* float vectors per 16 values */
 typedef float vf __attribute__((vector_size(4 * LANES)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef int16_t i16x16 __attribute__((vector_size(32)));
-typedef int16_t i16x8 __attribute__((vector_size(16)));
-typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
-/* 16 int8 codes as floats, in PER16 vectors. GCC lowers the generic conversions below to
- * vector instructions in widening steps (a direct i8 -> i32 one, to 16 scalar ones), but not
- * as tightly as the AVX2 instructions. */
+/* 16 int8 codes as floats, in PER16 vectors: one instruction per step where the CPU has one
+ * (GCC's generic lowering of __builtin_convertvector takes widening steps to stay vectorised,
+ * a direct i8 -> i32 one becoming 16 scalar ones, and is looser on AVX2 than the intrinsics),
+ * else a plain loop the compiler vectorises. */
 static inline void codes_to_f32(i8x16 q, vf out[PER16]) {
 #if LANES == 16
     out[0] = __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(q, i16x16), i32x16), vf);
@@ -194,10 +195,11 @@ static inline void codes_to_f32(i8x16 q, vf out[PER16]) {
     out[0] = (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((__m128i)q));
     out[1] = (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64((__m128i)q, (__m128i)q)));
 #else
-    const i16x16 w = __builtin_convertvector(q, i16x16);
-    i16x8 half[2];
-    memcpy(half, &w, sizeof half);
-    for (int k = 0; k < 2; k++) out[k] = __builtin_convertvector(__builtin_convertvector(half[k], i32x8), vf);
+    int8_t codes[16];
+    float f[16];
+    memcpy(codes, &q, sizeof codes);
+    for (int i = 0; i < 16; i++) f[i] = (float)codes[i];
+    memcpy(out, f, sizeof f);
 #endif
 }
 
