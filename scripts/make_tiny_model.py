@@ -11,7 +11,7 @@ Layout written under OUTDIR (same bytes on every run for the same seed; nothing 
     hf-sharded/               the same weights split over two safetensors files + index.json
     model.gguf                every tensor F32
     model-q.gguf              F32 norms + a mix of F16, BF16, Q8_0, Q4_0, Q4_1 weight matrices
-    model-unsupported.gguf    like model.gguf, but one tensor is Q5_0 (a type outside the set above)
+    model-unsupported.gguf    like model.gguf, but one tensor is MXFP4 (a type slm does not read)
 
 The GGUF files are laid out the way llama.cpp's convert_hf_to_gguf.py writes a Llama with a
 GPT-2-style byte-level BPE vocabulary (as SmolLM2 is), including the q/k row permutation.
@@ -328,15 +328,14 @@ def quant_plan_mixed(name: str, ndim: int) -> QT:
 
 
 UNSUPPORTED_TENSOR = "blk.1.ffn_up.weight"
-UNSUPPORTED_TYPE = QT.Q5_0
+UNSUPPORTED_TYPE = QT.MXFP4
 
 
 def quant_plan_unsupported(name: str, ndim: int) -> QT:
-    """model-unsupported.gguf: all F32 except one matrix in Q5_0.
+    """model-unsupported.gguf: all F32 except one matrix in MXFP4.
 
-    Q5_0 is a real llama.cpp type that gguf-py can quantize but is outside
-    {F32, F16, BF16, Q8_0, Q4_0, Q4_1}. K-quants (Q5_K, Q6_K) cannot be used: gguf-py 0.19 only
-    dequantizes them, and their 256-element super-blocks do not fit rows of 64 or 128.
+    MXFP4 is a real llama.cpp type that gguf-py can quantize (32-value blocks, so it fits rows
+    of 64 or 128) and that slm does not read.
     It sits in the last layer so a lazy reader meets it only after many supported tensors.
     """
     return UNSUPPORTED_TYPE if name == UNSUPPORTED_TENSOR else QT.F32

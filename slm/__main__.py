@@ -1,3 +1,3 @@
-from slm.cli import main
+from slm.entry import main
 
 main()

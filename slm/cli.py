@@ -73,7 +73,8 @@ def import_base(
     name: str = typer.Option(..., "--name", "-n", help="Name for the base in the store."),
     quant: Optional[str] = typer.Option(
         None, "--quant", "-q",
-        help="Hugging Face checkpoints only: q8_0 (default), q4_0, q4_1, nf4, f16 or f32.",
+        help="Hugging Face checkpoints only: q8_0 (default), q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, "
+             "q4_k_m (llama.cpp's Q4_K_M mix), nf4, f16 or f32.",
     ),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -275,9 +276,9 @@ def run_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """Generate text on the active composition (or --base), streaming it."""
-    if prompt == "-":
-        prompt = sys.stdin.read()
     run_ops = _ops("run")
+    if prompt == "-":
+        prompt = run_ops.prompt_from_stdin(sys.stdin)
     options = run_ops.RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
                          memory_budget=memory_budget, on_switch=on_switch, threads=threads)
@@ -303,22 +304,36 @@ def _is_usage_error(err: Exception) -> bool:
     return any(c.__name__ == "UsageError" for c in type(err).__mro__) and hasattr(err, "format_message")
 
 
+INTERRUPTED = 130
+
+
+def interrupted() -> int:
+    print("slm: interrupted", file=sys.stderr)
+    return INTERRUPTED
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (tests call this; `main` exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
-    faults.install_from_env()
     try:
+        faults.install_from_env()
         result = app(args=argv, prog_name="slm", standalone_mode=False)
     except SlmError as err:
         return _fail(err.code, str(err), as_json)
     except typer.Exit as err:
         return int(err.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        print("slm: interrupted", file=sys.stderr)
-        return 130
+        return interrupted()
     except BrokenPipeError:
         return 0
+    except OSError as err:  # the OS refused something no layer expected: still exit 12, one line
+        if os.environ.get("SLM_DEBUG"):
+            raise
+        where = f" {err.filename}" if err.filename else ""
+        return _fail(ExitCode.IO, f"cannot access{where}: {err.strerror or err}", as_json)
+    except RecursionError:  # a hostile file nested past what a parser can follow
+        return _fail(ExitCode.INVALID_INPUT, "input is nested too deeply to read", as_json)
     except Exception as err:
         if _is_usage_error(err):  # typer vendors its own click; match by shape
             if type(err).__name__ == "NoArgsIsHelpError" and getattr(err, "ctx", None):
@@ -329,8 +344,10 @@ def run(argv: list[str] | None = None) -> int:
             raise
         return _fail(ExitCode.INTERNAL, f"internal error: {type(err).__name__}: {err} "
                      "(set SLM_DEBUG=1 for a traceback)", as_json)
+    if result == INTERRUPTED:  # typer catches Ctrl-C and returns 130 (no command returns a value)
+        return interrupted()
     return int(result or 0)
 
 
 def main() -> None:
-    sys.exit(run())
+    sys.exit(run())  # slm.entry:main wraps this for Ctrl-C during start-up

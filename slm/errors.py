@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     NUMERICS = 10  # `slm verify`: numbers disagree with the fresh-base oracle
     SWITCHED = 11  # `slm run`: the active composition changed during generation
     IO = 12  # the OS refused a read or write (permissions, disk full, EIO)
+    INCOMPLETE = 13  # the change is committed (durable), but finishing it failed: `slm fsck --repair`
 
 
 class SlmError(Exception):
@@ -38,12 +39,13 @@ class SlmError(Exception):
         return printable(" ".join(self.message.split()))
 
 
-def printable(text: str) -> str:
+def printable(text: str, keep: str = "") -> str:
     """Escape what a hostile file could smuggle into a message: control characters (terminal
-    escape sequences) and lone surrogates (undecodable bytes in names)."""
+    escape sequences) and lone surrogates (undecodable bytes in names). Characters in `keep`
+    (e.g. newlines of a multi-line text) pass unchanged."""
     out = []
     for ch in text:
-        if ch.isprintable() or ch == " ":
+        if ch.isprintable() or ch == " " or ch in keep:
             out.append(ch)
         else:
             out.append(ch.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
@@ -93,3 +95,10 @@ class Switched(SlmError):
 
 class IOFailure(SlmError):
     code = ExitCode.IO
+
+
+class CommittedIncomplete(SlmError):
+    """Raised after a transaction's commit point: the change is durable and will survive, but a
+    clean-up step after it failed. Never a plain failure: a script must not retry it."""
+
+    code = ExitCode.INCOMPLETE

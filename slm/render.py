@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import sys
 from functools import cache
 
+from slm.errors import printable
 from slm.store import digest as dg
 
 
@@ -29,6 +31,34 @@ def err():
 def print_json(obj) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def _clean(obj, markup: bool):
+    """Every string of a result made safe to print: control characters escaped (a name, a
+    tensor name or a path from a hostile file cannot drive the terminal) and, for rich, markup
+    brackets escaped (a name cannot restyle the output). Newlines of multi-line text stay."""
+    if isinstance(obj, str):
+        text = printable(obj, keep="\n")
+        if markup:
+            from rich.markup import escape
+
+            text = escape(text)
+        return text
+    if isinstance(obj, dict):
+        return {k: _clean(v, markup) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clean(v, markup) for v in obj)
+    return obj
+
+
+def sanitized(markup: bool = True):
+    """Decorator: the printer receives its result with every string cleaned (see _clean)."""
+    def wrap(printer):
+        @functools.wraps(printer)
+        def inner(result, *args, **kwargs):
+            return printer(_clean(result, markup), *args, **kwargs)
+        return inner
+    return wrap
 
 
 def human_bytes(n: int) -> str:
@@ -75,6 +105,7 @@ class BarProgress:
             self._bar = None
 
 
+@sanitized(markup=True)
 def import_summary(result: dict) -> None:
     types = ", ".join(f"{n} {t.upper()}" for t, n in result["dtype_counts"].items())
     out().print(
@@ -85,6 +116,7 @@ def import_summary(result: dict) -> None:
     )
 
 
+@sanitized(markup=True)
 def entries_table(entries: list[dict]) -> None:
     if not entries:
         out().print("the store is empty; import a base with `slm import base PATH --name NAME`")
@@ -112,6 +144,7 @@ def manifest(info: dict) -> None:
     {"base": base_manifest, "adapter": adapter_manifest, "composition": composition}[info["kind"]](info)
 
 
+@sanitized(markup=True)
 def adapter_manifest(info: dict) -> None:
     out().print(f"[bold]adapter {info['name'] or info['digest']}[/]  {info['digest']}")
     out().print(f"  {info['adapter_kind']} from {info['source_format']}, rows {info['row_layout']}, "
@@ -125,12 +158,14 @@ def adapter_manifest(info: dict) -> None:
     out().print(table)
 
 
+@sanitized(markup=False)
 def composition(info: dict) -> None:
     flag = "  [bold](active)[/]" if info["active"] else ""
     out().print(f"[bold]composition {info['id']}[/]{flag}")
     out().print(info["manifest_toml"], markup=False)
 
 
+@sanitized(markup=False)
 def transition(result: dict) -> None:
     a = result["active"]
     stack = " + ".join([a["base_name"] or dg.short(a["base"]),
@@ -142,6 +177,7 @@ def transition(result: dict) -> None:
         print(f"active: {stack}\n  {a['id']}")
 
 
+@sanitized(markup=False)
 def status(info: dict) -> None:
     if info["active"] is None:
         out().print("nothing is active; run `slm activate BASE [ADAPTER[@WEIGHT]...]`")
@@ -151,6 +187,7 @@ def status(info: dict) -> None:
         err().print("[red]an interrupted transaction needs `slm fsck --repair`[/]")
 
 
+@sanitized(markup=True)
 def reflog(entries: list[dict]) -> None:
     table = _table()
     for col in ("SEQ", "WHEN", "OP", "FROM", "TO"):
@@ -161,6 +198,7 @@ def reflog(entries: list[dict]) -> None:
     out().print(table)
 
 
+@sanitized(markup=True)
 def base_manifest(info: dict) -> None:
     a = info["architecture"]
     title = info["name"] or info["digest"]
@@ -187,10 +225,13 @@ def base_manifest(info: dict) -> None:
 
 
 def stream_text(piece: str) -> None:
-    sys.stdout.write(piece)
+    # generated text keeps its layout; any other control character (an ESC from a hostile
+    # vocabulary) is shown escaped, never sent to the terminal
+    sys.stdout.write(printable(piece, keep="\n\t"))
     sys.stdout.flush()
 
 
+@sanitized(markup=True)
 def run_footer(result: dict) -> None:
     sys.stdout.write("\n")
     t = result["timings"]
@@ -203,6 +244,7 @@ def run_footer(result: dict) -> None:
     )
 
 
+@sanitized(markup=True)
 def fsck_report(report: dict) -> None:
     checked = f"{report['blobs_checked']} blobs ({human_bytes(report['bytes_checked'])}) re-hashed"
     if report["clean"]:
@@ -219,6 +261,7 @@ def fsck_report(report: dict) -> None:
     out().print(f"{checked}; {len(report['findings'])} finding(s), {report['unresolved']} unresolved")
 
 
+@sanitized(markup=True)
 def gc_plan(plan: dict) -> None:
     out().print(
         f"plan: remove {len(plan['blobs'])} blobs ({human_bytes(plan['bytes'])}), "
@@ -235,6 +278,7 @@ def gc_done(result: dict) -> None:
     out().print("dry run: nothing removed" if result["dry_run"] else "done")
 
 
+@sanitized(markup=True)
 def verify_report(report: dict) -> None:
     i = report["integrity"]
     mark = "[green]ok[/]" if i["ok"] else f"[red]{len(i['bad_blobs'])} bad[/]"

@@ -117,19 +117,70 @@ def test_crash_at_every_named_point(template, tmp_path, verb):
         _recover_and_check(store_dir, before, after)
 
 
-@pytest.mark.parametrize("fault", ["crash", "eio", "enospc"])
-def test_fault_at_every_operation_of_an_activation(template, tmp_path, fault):
+def _trace_ops(store_dir, args) -> list[tuple[str, str]]:
+    """(operation, detail) of every fs operation a clean run of `args` performs, in order."""
+    r = _slm(store_dir, *args, faults="trace")
+    assert r.returncode == 0, r.stderr
+    return [tuple(ln.split(" ", 4)[3:5]) for ln in r.stderr.splitlines() if ln.startswith("slm-fault op ")]
+
+
+def _commit_op(ops: list[tuple[str, str]], verb: str) -> int:
+    """The 1-based index of the fs operation that commits `verb` (docs/recovery.md): the fsync of
+    the reflog line for a switch, the rename of the name file for an import."""
+    if verb.startswith("import"):
+        kind = "adapters" if verb == "import-adapter" else "bases"
+        hits = [i for i, (op, detail) in enumerate(ops, 1) if op == "rename" and f"/names/{kind}/" in detail]
+    else:
+        hits = [i for i, (op, detail) in enumerate(ops, 1) if op == "fsync" and detail.endswith("logs/active")]
+    assert len(hits) == 1, ops
+    return hits[0]
+
+
+def snapshot(store_dir) -> dict[str, bytes | None]:
+    """Every entry of a store (files with their bytes, directories as None), lock excluded."""
+    out = {}
+    for path in sorted(store_dir.rglob("*")):
+        rel = str(path.relative_to(store_dir))
+        if rel != "lock":
+            out[rel] = None if path.is_dir() else path.read_bytes()
+    return out
+
+
+def test_crash_at_every_operation_of_an_activation(template, tmp_path):
     args = VERBS["activate"](template)
-    _, n_ops = _trace(_copy(template, tmp_path / "trace"), args)
+    n_ops = len(_trace_ops(_copy(template, tmp_path / "trace"), args))
     assert n_ops >= 10
     after = _expected_after(template, tmp_path, args)
     for op in range(1, n_ops + 1):
         store_dir = _copy(template, tmp_path / f"op{op}")
         before = _state(store_dir)
-        r = _slm(store_dir, *args, faults=f"{fault}@op={op}")
-        if fault == "crash":
-            assert r.returncode == CRASH_EXIT_CODE, (op, r.stderr)
-        else:
-            assert r.returncode == 12, (op, r.returncode, r.stderr)
-            assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        r = _slm(store_dir, *args, faults=f"crash@op={op}")
+        assert r.returncode == CRASH_EXIT_CODE, (op, r.stderr)
         _recover_and_check(store_dir, before, after)
+
+
+@pytest.mark.parametrize("fault", ["eio", "enospc"])
+@pytest.mark.parametrize("verb", ["activate", "rollback", "deactivate", "import-adapter"])
+def test_io_error_at_every_operation_obeys_the_commit_point(template, tmp_path, verb, fault):
+    """The documented contract (docs/exit-codes.md, docs/recovery.md): an I/O error before the
+    commit point exits 12 and leaves the store byte for byte as it was (fsck clean without
+    --repair); one after it exits 13, the change is committed, and fsck --repair finishes it."""
+    args = VERBS[verb](template)
+    ops = _trace_ops(_copy(template, tmp_path / "trace"), args)
+    commit = _commit_op(ops, verb)
+    after = _expected_after(template, tmp_path, args)
+    for op in range(1, len(ops) + 1):
+        store_dir = _copy(template, tmp_path / f"op{op}")
+        before, files = _state(store_dir), snapshot(store_dir)
+        r = _slm(store_dir, *args, faults=f"{fault}@op={op}")
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, (op, r.stderr)
+        if op <= commit:
+            assert r.returncode == 12, (op, ops[op - 1], r.returncode, r.stderr)
+            assert snapshot(store_dir) == files, (op, ops[op - 1], "a failed command changed the store")
+            assert slm_run(["--store", str(store_dir), "fsck"]) == 0
+        else:
+            assert r.returncode == 13, (op, ops[op - 1], r.returncode, r.stderr)
+            assert "committed" in r.stderr or "imported" in r.stderr
+            assert slm_run(["--store", str(store_dir), "fsck", "--repair"]) == 0
+            assert slm_run(["--store", str(store_dir), "fsck"]) == 0
+            assert _state(store_dir) == after or verb.startswith("import")

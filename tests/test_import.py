@@ -122,7 +122,7 @@ def test_truncated_gguf(cli, store, store_dir, tiny_model, tmp_path):
 
 def test_unsupported_tensor_type(cli, store, store_dir, tiny_model):
     r = _assert_rejected(cli, store_dir, ["import", "base", tiny_model["gguf_unsupported"], "--name", "x"], 4)
-    assert "Q5_0" in r.err and "Q4_1" in r.err, "names the type and lists the supported ones"
+    assert "MXFP4" in r.err and "Q4_1" in r.err, "names the type and lists the supported ones"
 
 
 def test_directory_that_is_not_a_checkpoint(cli, store, store_dir, tmp_path):

@@ -24,8 +24,8 @@ from slm.quant import (  # noqa: E402
 )
 from slm.quant.nf4 import CODEBOOK  # noqa: E402
 
-GGML_BLOCK_TYPES = ["q8_0", "q4_0", "q4_1"]
-ALL_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "nf4"]
+GGML_BLOCK_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
+ALL_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "nf4"]
 F16_MAX = 65504.0
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -145,6 +145,8 @@ def adversarial_blocks() -> dict[str, np.ndarray]:
         "q8_0_halves": np.concatenate([[127.0], np.arange(-15, 16) + 0.5]),
         "q4_0_halves": np.concatenate([[-8.0], np.linspace(-7.5, 7.5, 31)]),
         "q4_1_halves": np.concatenate([[0.0, 15.0], np.arange(30) / 2]),
+        "q5_0_halves": np.concatenate([[-16.0], np.linspace(-15.5, 15.5, 31)]),
+        "q5_1_halves": np.concatenate([[0.0, 31.0], np.arange(30) + 0.5]),
         "just_below_half": np.concatenate([[127.0], np.full(31, np.nextafter(np.float32(0.5), 0))]),
         "powers_of_two": 2.0 ** np.arange(-16, 16),
     }
@@ -463,7 +465,7 @@ def test_wrong_byte_length_is_rejected(name):
         codec.dequantize(raw, (3, codec.block_size * 2))
 
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "nf4"])
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "nf4"])
 def test_last_dim_not_multiple_of_block_size_is_rejected(name):
     codec = get_codec(name)
     n = codec.block_size + 1
@@ -489,10 +491,17 @@ def test_other_bad_inputs_are_rejected():
 # ---------------------------------------------------------------- registry
 
 
+# Covered in tests/test_quant_kquants.py; listed here so the registry test sees every codec.
+MORE_GGML_TYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+
+
 def test_registry_lookup():
-    assert codec_names() == sorted(ALL_TYPES)
-    assert SUPPORTED_GGML_TYPES == {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 8: "q8_0", 30: "bf16"}
-    for name in ALL_TYPES:
+    assert codec_names() == sorted(ALL_TYPES + MORE_GGML_TYPES)
+    assert SUPPORTED_GGML_TYPES == {
+        0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 10: "q2_k",
+        11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k", 30: "bf16",
+    }
+    for name in ALL_TYPES + MORE_GGML_TYPES:
         codec = get_codec(name)
         assert isinstance(codec, Codec) and codec.name == name
         assert get_codec(name.upper()) is codec
@@ -503,16 +512,16 @@ def test_registry_lookup():
             assert (codec.block_size, codec.type_size) == (block_size, type_size)
             assert GT(codec.ggml_type).name.lower() == name
     assert get_codec(GT.Q4_1).name == "q4_1"
-    assert by_ggml_type(12) is None
+    assert by_ggml_type(16) is None
 
 
 def test_unknown_codec_lists_supported_names():
     with pytest.raises(QuantError) as info:
-        get_codec("q5_k")
+        get_codec("q7_k")
     for name in ALL_TYPES:
         assert name in str(info.value)
-    with pytest.raises(QuantError, match="unsupported GGML type 12.*q4_0"):
-        get_codec(12)
+    with pytest.raises(QuantError, match=r"unsupported GGML tensor type IQ2_XXS \(id 16\).*q4_0"):
+        get_codec(16)
     with pytest.raises(QuantError):
         get_codec(True)
     with pytest.raises(QuantError):

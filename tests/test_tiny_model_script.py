@@ -146,7 +146,7 @@ def test_gguf_tensor_types(tiny):
         for t in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
             assert q[f"blk.{i}.{t}.weight"] == "Q4_1"
     u = _reader_types(tiny["gguf_unsupported"])
-    assert {n: t for n, t in u.items() if t != "F32"} == {"blk.1.ffn_up.weight": "Q5_0"}
+    assert {n: t for n, t in u.items() if t != "F32"} == {"blk.1.ffn_up.weight": "MXFP4"}
     assert q == tiny["gguf_types"]["gguf_q"] and u == tiny["gguf_types"]["gguf_unsupported"]
 
 
@@ -286,12 +286,12 @@ def _hf_names() -> dict[str, str]:
 
 @pytest.mark.oracle
 def test_gguf_unsupported_type_still_loads_in_transformers(tiny, oracle):
-    """transformers (via gguf-py) dequantizes Q5_0 too, so the file is a valid GGUF and only a
-    runtime that restricts itself to F32/F16/BF16/Q8_0/Q4_0/Q4_1 rejects it."""
+    """transformers (via gguf-py) dequantizes MXFP4 too, so the file is a valid GGUF and only a
+    runtime that does not read MXFP4 rejects it."""
     model, logits = _gguf_model(oracle, tiny["outdir"], "model-unsupported.gguf")
     got = model.get_parameter("model.layers.1.mlp.up_proj.weight").detach().numpy()
     orig = oracle["hf"].get_parameter("model.layers.1.mlp.up_proj.weight").detach().numpy()
-    assert 0 < np.abs(got - orig).max() < 0.05 * np.abs(orig).max()
+    assert 0 < np.abs(got - orig).max() < 0.25 * np.abs(orig).max()  # MXFP4: 4-bit floats, shared exponent
 
 
 @pytest.mark.oracle

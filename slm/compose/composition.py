@@ -21,11 +21,14 @@ from datetime import datetime, timezone
 import slm
 from slm.compose.base_manifest import BaseManifest
 from slm.compose.toml_io import dumps, field as req, loads
-from slm.errors import InvalidInput
+from slm.errors import Incompatible, InvalidInput
 from slm.formats.base_source import canonical_json
 from slm.store import digest as dg
+from slm.store.names import validate_name
 
 SCHEMA = "slm.composition/1"
+MAX_ADAPTERS = 64  # checked before any adapter is loaded or the store is locked
+FLOAT32_MAX = 3.4028234663852886e38
 RUNTIME = {"name": "slm", "version": slm.__version__}
 
 
@@ -111,9 +114,36 @@ def stamped(c: Composition, created_by: str) -> Composition:
 
 
 def check_weight(weight, where: str) -> float:
+    """A finite weight in the precision the overlays use it in: float32 (1e39 is a finite
+    double and an infinite float32)."""
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
         raise InvalidInput(f"{where}: weight {weight!r} is not a finite number")
+    if abs(weight) > FLOAT32_MAX:
+        raise InvalidInput(f"{where}: weight {weight!r} is beyond float32 range (|w| <= 3.4e38)")
     return float(weight)
+
+
+def check_adapter_list(adapters, what: str) -> None:
+    """The cheap checks of an adapter list, made before anything is loaded or locked: how many,
+    and no adapter twice (10,000 copies of one adapter are refused at once, not after loading
+    each copy under the store lock)."""
+    if len(adapters) > MAX_ADAPTERS:
+        raise Incompatible(f"{what}: {len(adapters)} adapters; a composition stacks at most {MAX_ADAPTERS}")
+    seen: set[str] = set()
+    for a in adapters:
+        if a.digest in seen:
+            raise Incompatible(f"{what}: adapter {a.name or dg.short(a.digest)} appears twice")
+        seen.add(a.digest)
+
+
+def _display_name(value, where: str) -> str:
+    """A name carried in a manifest follows the same rules as one typed on the command line
+    (so a manifest cannot smuggle terminal escapes into `slm status`); empty means unnamed."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{where}: name must be a string")
+    return validate_name(value)
 
 
 def parse_composition(data: bytes, what: str = "composition manifest") -> Composition:
@@ -131,6 +161,8 @@ def parse_composition(data: bytes, what: str = "composition manifest") -> Compos
         req(runtime, key, str, f"{what} [runtime]")
     adapters = []
     entries = req(doc, "adapters", list, what)
+    if len(entries) > MAX_ADAPTERS:
+        raise Incompatible(f"{what}: {len(entries)} adapters; a composition stacks at most {MAX_ADAPTERS}")
     for i, entry in enumerate(entries):
         where = f"{what} adapters[{i}]"
         if not isinstance(entry, dict):
@@ -142,7 +174,8 @@ def parse_composition(data: bytes, what: str = "composition manifest") -> Compos
         if order != i + 1:
             raise InvalidInput(f"{where}: load_order {order} out of sequence (expected {i + 1})")
         weight = check_weight(req(entry, "weight", (int, float), where), where)
-        adapters.append(AdapterRef(digest, weight, str(entry.get("name", ""))))
+        adapters.append(AdapterRef(digest, weight, _display_name(entry.get("name"), where)))
+    check_adapter_list(adapters, what)
     provenance = doc.get("provenance", {}) if isinstance(doc.get("provenance"), dict) else {}
     return Composition(
         base=digests["base"],
@@ -151,7 +184,7 @@ def parse_composition(data: bytes, what: str = "composition manifest") -> Compos
         quant_profile=req(doc, "quant_profile", str, what),
         runtime={"name": runtime["name"], "version": runtime["version"]},
         adapters=tuple(adapters),
-        base_name=str(doc.get("base_name", "")),
+        base_name=_display_name(doc.get("base_name"), f"{what} base_name"),
         created_at=str(provenance.get("created_at", "")),
         created_by=str(provenance.get("created_by", "")),
     )

@@ -26,8 +26,9 @@ from slm.formats.base_source import BaseSource, SourceTensor, canonical_json
 from slm.formats.gguf_model import TOKENIZER_FORMAT
 from slm.formats.jsonfile import read_json_object
 from slm.formats.safetensors_io import SafetensorsFile
+from slm.quant import profiles as quant_profiles
 
-QUANT_PROFILES = ("q8_0", "q4_0", "q4_1", "nf4", "f16", "f32")
+QUANT_PROFILES = quant_profiles.PROFILES
 MAX_JSON = 64 << 20
 
 
@@ -152,16 +153,12 @@ def _source(root: Path, arch: dict, profile: str, files: list[SafetensorsFile]) 
             where[name] = (f, hf_name)
     shapes = {n: f.tensors[hf_name].shape for n, (f, hf_name) in where.items()}
     llama.check_tensors(arch, shapes, root.name)
-    codec = quant.get_codec(profile)
     tensors = []
     for name, (f, hf_name) in where.items():
         shape = shapes[name]
-        if len(shape) == 1:
-            target = quant.get_codec("f32")  # norms and biases stay exact
-        elif shape[-1] % codec.block_size == 0:
-            target = codec
-        else:
-            target = quant.get_codec("f16")  # rows not a multiple of the block: keep 16-bit
+        # f32 norms; the profile's type, or llama.cpp's fallback for rows its block cannot split
+        target = quant.get_codec(quant_profiles.tensor_type(
+            profile, name, shape, arch["num_layers"], arch["tie_word_embeddings"]))
         # slm stores a norm weight as the factor it multiplies by (slm.arch: hf_norm_offset)
         offset = desc.hf_norm_offset if name.endswith("norm.weight") else 0.0
         tensors.append(SourceTensor(

@@ -18,6 +18,16 @@ def no_duplicate_keys(pairs):
     return out
 
 
+def parse_json(text: str, strict_keys: bool = False):
+    """json.loads for text someone else wrote: ValueError for anything it cannot read,
+    including nesting so deep that the parser runs out of recursion (RecursionError, which
+    the C scanner raises cleanly and which would otherwise escape as an internal error)."""
+    try:
+        return json.loads(text, object_pairs_hook=no_duplicate_keys if strict_keys else None)
+    except RecursionError as err:
+        raise ValueError("nested too deeply") from err
+
+
 def read_json_object(path: Path, what: str, max_bytes: int, strict_keys: bool = False) -> dict:
     try:
         size = path.stat().st_size
@@ -31,7 +41,7 @@ def read_json_object(path: Path, what: str, max_bytes: int, strict_keys: bool = 
     except OSError as err:
         raise InvalidInput(f"cannot read {path}: {err.strerror}") from err
     try:
-        data = json.loads(text, object_pairs_hook=no_duplicate_keys if strict_keys else None)
+        data = parse_json(text, strict_keys)
     except ValueError as err:
         raise InvalidInput(f"{path}: {what} is not valid JSON ({err})") from err
     if not isinstance(data, dict):

@@ -37,7 +37,6 @@ module the config does not match would be silently dropped by PEFT; slm refuses 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
@@ -51,7 +50,8 @@ from slm.errors import InvalidInput, NotFound
 from slm.formats.adapter_source import AdapterSource, AdapterTarget
 from slm.formats.llama import hf_to_gguf_name
 from slm.formats.safetensors_io import SafetensorsFile
-from slm.formats.jsonfile import no_duplicate_keys, read_json_object
+from slm.formats import patterns as patterns_re
+from slm.formats.jsonfile import parse_json, read_json_object
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -190,11 +190,8 @@ def pattern_value(patterns: Mapping[str, Any], module_key: str, default):
     run of dotted components of the module name ("q_proj" matches "model.layers.0.self_attn.
     q_proj", "layers\\.0\\..*k_proj" matches layer 0's k_proj) gives the value; else default."""
     for pattern in patterns:
-        try:
-            if re.fullmatch(rf"(?:.*\.)?(?:{pattern})", module_key):
-                return patterns[pattern]
-        except re.error as err:
-            raise InvalidInput(f"pattern {pattern!r} is not a valid regular expression: {err}") from err
+        if patterns_re.fullmatch(rf"(?:.*\.)?(?:{pattern})", module_key, f"pattern {pattern!r}"):
+            return patterns[pattern]
     return default
 
 
@@ -382,11 +379,7 @@ def _check_lora_config(config: dict, folder: Path) -> None:
         if not isinstance(patterns, dict):
             raise InvalidInput(f"{where}: {key} must be an object")
         for pattern, value in patterns.items():
-            try:
-                re.compile(rf"(?:.*\.)?(?:{pattern})")
-            except re.error as err:
-                raise InvalidInput(f"{where}: {key} key {pattern!r} is not a valid regular "
-                                   f"expression ({err})") from err
+            patterns_re.compile_pattern(rf"(?:.*\.)?(?:{pattern})", f"{where}: {key} key")
             if check == "rank":
                 if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                     raise InvalidInput(
@@ -410,17 +403,11 @@ def _number(value, where: str, what: str) -> float:
 
 
 def _compile(pattern: str, where: str, what: str):
-    try:
-        return re.compile(pattern)
-    except re.error as err:
-        raise InvalidInput(f"{where}: {what} {pattern!r} is not a valid regular expression ({err})") from err
+    return patterns_re.compile_pattern(pattern, f"{where}: {what}")
 
 
 def _fullmatch(pattern: str, text: str) -> bool:
-    try:
-        return re.fullmatch(pattern, text) is not None
-    except re.error as err:
-        raise InvalidInput(f"{pattern!r} is not a valid regular expression ({err})") from err
+    return patterns_re.fullmatch(pattern, text)
 
 
 def _layer_index(module_key: str, layers_pattern) -> int | None:
@@ -431,11 +418,8 @@ def _layer_index(module_key: str, layers_pattern) -> int | None:
         patterns = [layers_pattern] if isinstance(layers_pattern, str) else layers_pattern
         m = None
         for pattern in patterns:
-            try:
-                m = re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", module_key)
-            except re.error as err:
-                raise InvalidInput(
-                    f"layers_pattern {pattern!r} is not a valid regular expression ({err})") from err
+            m = patterns_re.match(rf"(?:^|.*?\.){pattern}\.(?P<idx>\d+)\.", module_key,
+                                  f"layers_pattern {pattern!r}")
             if m:
                 break
     return int(m.group("idx")) if m else None
@@ -452,7 +436,7 @@ def _check_unique_header_keys(st: SafetensorsFile) -> None:
     except OSError as err:
         raise InvalidInput(f"cannot read {st.path}: {err.strerror}") from err
     try:
-        json.loads(header.decode("utf-8"), object_pairs_hook=no_duplicate_keys)
+        parse_json(header.decode("utf-8"), strict_keys=True)
     except ValueError as err:
         raise InvalidInput(f"{st.path}: malformed safetensors header: {err}") from err
 

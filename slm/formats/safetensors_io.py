@@ -11,7 +11,6 @@ match dtype x shape) as a one-line error naming the tensor. Writing uses the saf
 
 from __future__ import annotations
 
-import json
 import mmap
 import struct
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from slm.errors import InvalidInput, NotFound
+from slm.formats.jsonfile import parse_json
 
 MAX_HEADER = 100 << 20  # the format's own limit is 100 MB
 
@@ -63,8 +63,8 @@ class SafetensorsFile:
         if header_len > MAX_HEADER or 8 + header_len > self.size:
             raise self._fail(f"header length {header_len} exceeds the file or the 100 MB limit")
         try:
-            header = json.loads(bytes(self._map[8:8 + header_len]).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            header = parse_json(bytes(self._map[8:8 + header_len]).decode("utf-8"))
+        except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise self._fail(f"header is not JSON ({err})") from err
         if not isinstance(header, dict):
             raise self._fail("header is not a JSON object")

@@ -8,6 +8,7 @@ from typing import Callable
 
 import numpy as np
 
+from slm.errors import NumericsError
 from slm.model.decoder import Decoder
 from slm.model.sampling import Sampler
 
@@ -53,6 +54,7 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
         if use_cache:
             prefix_cache.put(prompt_ids, cache, logits[-1])
     gen.prefill_s = time.perf_counter() - started
+    _check_finite(logits[-1])
     if keep_logits:
         gen.logits.extend(logits)
     started = time.perf_counter()
@@ -72,7 +74,16 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
             gen.stop_reason = "context"
             break
         logits = model.forward(np.asarray([token]), cache, "last")
+        _check_finite(logits[-1])
         if keep_logits:
             gen.logits.append(logits[-1])
     gen.decode_s = time.perf_counter() - started
     return gen
+
+
+def _check_finite(row: np.ndarray) -> None:
+    """Sampling from NaN or inf logits picks token 0 silently; refuse instead (exit 10). Weights
+    are checked finite at import and activation, so this catches overflow in the arithmetic."""
+    if not np.isfinite(row).all():
+        raise NumericsError("the model produced non-finite logits (an overflow in this "
+                            "composition's arithmetic); try a smaller adapter weight")

@@ -7,14 +7,19 @@ weight's LoRA overlays, passed as one low-rank pair, are added in the same paral
 Longer batches (a prompt's prefill) dequantize bounded chunks with the C decoder and
 multiply them with BLAS, two chunks at a time on two threads.
 
-The NumPy reference path (slm.model.kernels) stays the ground truth: tests/test_kernels.py
-differential-tests the two on every type (1e-5 relative). ctypes releases the GIL for every
-call, which is what lets the prefill threads overlap.
+A weight reaches the C kernels by its codec's GGML type id (NF4, which has none, by slm's
+own), and the C side says which types it has: a type it has works as soon as slm.quant has a
+codec with that id; every other type (F32, F16, BF16, ...) takes the NumPy reference path
+(slm.model.kernels), which stays the ground truth: tests/test_kernels.py and
+tests/test_kernels_kquants.py differential-test the two on every type the C side has (1e-5
+relative). ctypes releases the GIL for every call, which is what lets the prefill threads
+overlap.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +28,7 @@ import numpy as np
 from slm.model.kernels import ReferenceKernels
 from slm.model.weights import QuantTensor
 
-TYPE_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "nf4": 3}
+OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in the C file)
 FUSED_MAX_TOKENS = 8  # above this, dequantize + BLAS is faster
 MAX_JOBS = 4  # SLM_MAX_JOBS in the C file
 
@@ -45,6 +50,7 @@ def _load() -> ctypes.CDLL | None:
     signatures = {  # name: (result, arguments), as in _qkernels.c
         "slm_matmul": (i32, [i32, p, p, i64, i64]),
         "slm_dequantize": (i32, [i32, p, i64, i64, i64, i64, p]),
+        "slm_block_size": (i32, [i32, p, p]),
         "slm_threads": (i32, []),
         "slm_set_threads": (None, [i32]),
         "slm_rms_norm": (None, [p, p, p, i64, i64, ctypes.c_float]),
@@ -67,8 +73,28 @@ def available() -> bool:
     return LIB is not None
 
 
+@functools.cache
+def _block(type_id: int) -> tuple[int, int] | None:
+    """(values, bytes) per block of a type the C kernels have, else None."""
+    values, size = ctypes.c_int64(), ctypes.c_int64()
+    if LIB.slm_block_size(type_id, ctypes.byref(values), ctypes.byref(size)) != 0:
+        return None
+    return values.value, size.value
+
+
+def kernel_type(w: QuantTensor) -> int | None:
+    """The C kernels' id of w's storage type (its GGML type id), or None when they do not have
+    the type or w's rows are not whole blocks of it: the NumPy reference path takes it then."""
+    codec = w.codec
+    type_id = codec.ggml_type if codec.ggml_type is not None else OWN_TYPE_IDS.get(codec.name)
+    block = None if type_id is None or LIB is None else _block(type_id)
+    if block is None or w.cols % block[0] or w.data.strides[0] != w.cols // block[0] * block[1]:
+        return None
+    return type_id
+
+
 def supports(w: QuantTensor) -> bool:
-    return w.codec.name in TYPE_CODES
+    return kernel_type(w) is not None
 
 
 _EMPTY = ctypes.c_char * 0
@@ -157,7 +183,7 @@ class NativeKernels(ReferenceKernels):
         if len(weights) <= MAX_JOBS and all(supports(w) and w.cols == weights[0].cols for w in weights):
             jobs = (Job * len(weights))()
             for job, w, term in zip(jobs, weights, low_rank):
-                job.type, job.data = TYPE_CODES[w.codec.name], w.data.ctypes.data
+                job.type, job.data = kernel_type(w), w.data.ctypes.data
                 job.rows, job.row_bytes = w.rows, w.data.strides[0]
                 if term is not None:
                     a, b_t = term
@@ -214,19 +240,20 @@ class NativeKernels(ReferenceKernels):
     def _long(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         """Dequantize bounded row chunks (C) and multiply them with BLAS, two chunks at a time:
         one here, one on the pool's thread (each BLAS call on one thread)."""
-        if not supports(w):
+        code = kernel_type(w)
+        if code is None:
             return super().matmul(x, w)
         tokens, cols = x.shape
         assert cols == w.cols, (w.name, x.shape, w.shape)
         out = np.empty((tokens, w.rows), dtype=np.float32)  # (T, out)
         # an even number of chunks, each within a scratch buffer, so both threads work
         step = max(1, min(-(-w.rows // 2), self.scratch.size // cols))
-        code = TYPE_CODES[w.codec.name]
 
         def chunk(start: int, scratch: np.ndarray) -> None:
             stop = min(w.rows, start + step)
             buf = scratch[: (stop - start) * cols].reshape(stop - start, cols)  # (rows_chunk, in)
-            LIB.slm_dequantize(code, w.data.ctypes.data, w.data.strides[0], start, stop, cols, _addr(buf))
+            status = LIB.slm_dequantize(code, w.data.ctypes.data, w.data.strides[0], start, stop, cols, _addr(buf))
+            assert status == 0, (w.name, status)  # kernel_type checked the shape and type
             np.matmul(x, buf.T, out=out[:, start:stop])  # (T, rows_chunk)
 
         starts = list(range(0, w.rows, step))

@@ -1,26 +1,48 @@
 """activate / deactivate / rollback: one transaction each, in the order of docs/concepts.md.
 
-    validate + stage (nothing written) -> composition manifest durable -> journal intent ->
-    reflog line (checksummed, fsynced) -> refs/active replaced -> journal cleared
+    preflight (the store is consistent) -> validate + stage (nothing written) ->
+    journal intent -> composition record durable -> reflog line (THE COMMIT POINT) ->
+    refs/active replaced -> journal cleared
 
-Any failure before the reflog line leaves refs/active, the reflog and the names as they were.
-A command that finds an interrupted transaction (a journal intent) refuses and points to
-`slm fsck --repair`.
+A failure before the reflog line is durable is undone before the command returns (the
+reflog is cut back, a composition record this transaction created is removed, the intent
+cleared): the store is as it was, and the command fails with the error's own exit code. A
+failure after it is not a failure of the transition, which is committed and survives: the
+command exits with INCOMPLETE (13) and `slm fsck --repair` finishes it. A command that finds
+the store inconsistent (an interrupted transaction, a torn reflog, a ref that disagrees with
+the reflog) refuses before writing anything and points to `slm fsck --repair`.
 """
 
 from __future__ import annotations
 
 from slm.compose.composition import Composition, stamped
-from slm.errors import InvalidInput, NeedsRecovery, NotFound
+from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, NeedsRecovery, NotFound, SlmError
 from slm.ops import budget, compositions
-from slm.store import Store
+from slm.store import Store, fs
 from slm.store import digest as dg
-from slm.store.reflog import Entry
+from slm.store.journal import Intent
+from slm.store.reflog import Entry, ReflogState
 
 
-def _check_recovered(store: Store) -> None:
+def preflight(store: Store) -> tuple[ReflogState, str | None]:
+    """Refuse, before anything is written, a store that is not in a committed consistent state.
+
+    Returns the reflog and the active id, which the transition builds on. Runs under the lock.
+    """
     if store.journal.pending():
         raise NeedsRecovery("an earlier transaction was interrupted; run `slm fsck --repair`")
+    log = store.reflog.read()  # a damaged line before the last one: IntegrityError (exit 5)
+    if log.torn_tail:
+        raise NeedsRecovery("the reflog ends with a torn line; run `slm fsck --repair`")
+    active = store.active_ref.read()
+    committed = log.entries[-1].new if log.entries else None
+    if active != committed:
+        raise NeedsRecovery("refs/active does not name the composition of the last reflog line; "
+                            "run `slm fsck --repair`")
+    if active is not None and store.names.get("compositions", dg.hex_of(active)) is None:
+        raise IntegrityError(f"the active composition {dg.short(active)} has no record in the store "
+                             "(run `slm fsck`)")
+    return log, active
 
 
 def _describe(comp: Composition, comp_id: str) -> dict:
@@ -35,8 +57,7 @@ def _describe(comp: Composition, comp_id: str) -> dict:
 def switch(store: Store, comp: Composition, op: str, memory_budget: str | None = None) -> dict:
     """Make `comp` the active composition (the one transaction behind every verb)."""
     with store.locked():
-        _check_recovered(store)
-        old = store.active_ref.read()
+        log, old = preflight(store)
         staged = compositions.stage(store, comp)  # every check, every re-hash; nothing written
         est = budget.of_staged(staged)
         budget.check(est, budget.resolve(store, memory_budget), "this composition")
@@ -44,26 +65,61 @@ def switch(store: Store, comp: Composition, op: str, memory_budget: str | None =
         if new == old:
             return {"changed": False, "previous": old, "active": _describe(comp, new),
                     "memory_estimate": est.to_json()}
-        _store_manifest(store, stamped(comp, f"slm {op}"))
-        intent = store.journal.begin("active", op, old, new)
-        store.reflog.append(old, new, op)
-        store.active_ref.write(new)
-        store.journal.end(intent)
+        _commit(store, stamped(comp, f"slm {op}"), op, old, log)
     return {"changed": True, "previous": old, "active": _describe(comp, new),
             "memory_estimate": est.to_json()}
 
 
-def _store_manifest(store: Store, comp: Composition) -> None:
-    key = dg.hex_of(comp.id)
-    if store.names.get("compositions", key) is not None:
-        return  # first creation's provenance is kept
+def _commit(store: Store, comp: Composition, op: str, old: str | None, log: ReflogState) -> None:
+    new = comp.id
+    created = store.names.get("compositions", dg.hex_of(new)) is None
+    intent = store.journal.begin("active", op, old, new, created)
+    new_blobs: list[str] = []
+    try:
+        if created:  # an existing record keeps its first creation's provenance
+            _store_manifest(store, comp, new_blobs)
+        store.reflog.append(old, new, op, log)  # durable: the commit point
+    except BaseException as err:
+        undo_switch(store, intent, log.intact_size, err, new_blobs)
+        raise
+    try:
+        store.active_ref.write(new)
+        store.journal.end(intent)
+    except SlmError as err:
+        raise CommittedIncomplete(
+            f"the transition to {dg.short(new)} is committed, but finishing it failed ({err}); "
+            "run `slm fsck --repair` to complete it") from err
+
+
+def undo_switch(store: Store, intent: Intent, reflog_size: int, cause: BaseException,
+                new_blobs: list[str] = ()) -> None:
+    """Take back an uncommitted switch: cut the reflog back to its committed size (an append
+    whose fsync failed may still sit in the page cache), remove the composition record (and
+    the blob holding it) if this transaction created them, clear the intent. If the disk
+    refuses even that, the intent stays and the store asks for `slm fsck --repair`, which
+    takes the same decision from the reflog (`slm gc` then removes an unreachable blob)."""
+    try:
+        if store.reflog.path.exists() and store.reflog.path.stat().st_size > reflog_size:
+            fs.truncate(store.reflog.path, reflog_size)
+        if intent.created:
+            store.names.remove("compositions", dg.hex_of(intent.new))
+        store.objects.remove_new(new_blobs)
+        store.journal.end(intent)
+    except (SlmError, OSError) as err:
+        if isinstance(cause, SlmError):
+            cause.message += f"; undoing it failed too ({err}): run `slm fsck --repair`"
+
+
+def _store_manifest(store: Store, comp: Composition, new_blobs: list[str]) -> None:
+    """Store the composition record; the blobs new to the store are added to `new_blobs`
+    as soon as they exist, so that an undo after a later failure can remove them."""
     staging = store.objects.staging()
     try:
         digest = staging.put(comp.to_toml())
-        staging.commit()
+        new_blobs.extend(staging.commit())
     finally:
         staging.discard()
-    store.names.set("compositions", key, digest)
+    store.names.set("compositions", dg.hex_of(comp.id), digest)
 
 
 def activate(store: Store, base: str | None, adapters: list[str], manifest_file=None,

@@ -10,7 +10,8 @@ import numpy as np
 
 from slm.compose.adapter_manifest import AdapterManifest, parse_adapter_manifest, tensor_from_bytes
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
-from slm.compose.composition import AdapterRef, Composition, check_weight, for_base, parse_composition
+from slm.compose.composition import (MAX_ADAPTERS, AdapterRef, Composition, check_adapter_list, check_weight,
+                                     for_base, parse_composition)
 from slm.compose.validate import validate
 from slm.errors import Incompatible, IntegrityError, InvalidInput, NotFound
 from slm.model.overlays import Overlay, TargetData, build_overlay
@@ -32,23 +33,33 @@ def parse_adapter_spec(spec: str) -> tuple[str, float]:
 
 
 def build(store: Store, base_ref: str, adapter_specs: list[str]) -> Composition:
+    if len(adapter_specs) > MAX_ADAPTERS:
+        raise Incompatible(f"{len(adapter_specs)} adapters; a composition stacks at most {MAX_ADAPTERS}")
     base_digest, base = load_base(store, base_ref)
     adapters = []
     for spec in adapter_specs:
         name, weight = parse_adapter_spec(spec)
         digest, found_name = resolve(store, name, ("adapters",))
         adapters.append(AdapterRef(digest, weight, found_name or name))
+    check_adapter_list(adapters, "composition")
     _, base_name = resolve(store, base_ref, ("bases",))
     return for_base(base_digest, base, base_name or "").with_adapters(adapters)
 
 
+MAX_MANIFEST_BYTES = 1 << 20
+
+
 def from_file(path: Path) -> Composition:
+    """A composition manifest given with `activate -f` (a pipe such as <(...) is fine)."""
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as err:
         raise NotFound(f"no such file: {path}") from err
     except OSError as err:
         raise InvalidInput(f"cannot read {path}: {err.strerror}") from err
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise InvalidInput(f"{path}: a composition manifest is at most {MAX_MANIFEST_BYTES} bytes")
     return parse_composition(data, Path(path).name)
 
 
@@ -121,6 +132,12 @@ def _stage_adapters(store: Store, comp: Composition, base: BaseManifest) -> Stag
     shapes = {t.name: t.shape for t in base.tensors}
     for ref, manifest in adapters:
         label = ref.name or dg.short(ref.digest)
+        for t in manifest.targets:
+            with np.errstate(over="ignore"):
+                factor = np.float32(ref.weight) * np.float32(t.scale)
+            if not np.isfinite(factor):
+                raise Incompatible(f"adapter {label}: weight {ref.weight:g} x scale {t.scale:g} of "
+                                   f"{t.module} overflows float32")
         targets = [target_data(store, label, manifest.kind, t, shapes[t.module]) for t in manifest.targets]
         overlays.append(build_overlay(manifest.kind, ref.weight, targets, src_layout=manifest.row_layout,
                                       dst_layout=base.qk_row_layout, heads=heads))
@@ -133,8 +150,10 @@ def target_data(store: Store, label: str, kind: str, t, base_shape: tuple[int, .
     tensors = {}
     for key, ref in t.tensors.items():
         arr = tensor_from_bytes(ref, _verified(store, ref.digest, f"adapter {label}"))
-        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-            raise Incompatible(f"adapter {label}: tensor {key} of {t.module} has non-finite values")
+        # finite in the precision the overlays compute in (float32), not only as stored
+        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr.astype(np.float32, copy=False))):
+            raise Incompatible(f"adapter {label}: tensor {key} of {t.module} has values that are "
+                               "not finite as float32")
         tensors[key] = arr
     if kind == "sparse":
         idx = tensors["indices"]

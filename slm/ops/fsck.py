@@ -4,9 +4,14 @@ consistent state and say exactly what was done.
 Recovery rule: the reflog is the commit record. A transaction is committed once its reflog
 line is durable (everything it names was made durable before that line). So after a crash:
     torn last reflog line            -> truncated (that transaction never committed)
+    damaged line before the last     -> the reflog is rebuilt from its intact lines (the chain
+                                        of old -> new ids restores a lost transition's ids)
     refs/active != last reflog entry -> refs/active := last entry (roll forward)
-    journal intent left behind       -> removed once the ref agrees with the reflog
+    switch intent, its line logged   -> cleared (refs/active already follows the reflog)
+    switch intent, line not logged   -> undone: the composition record it created is removed
     interrupted import               -> finished (name set) if every blob is stored, else undone
+A store file that is not a regular file (a FIFO, a directory, a link where a ref, the reflog or
+an intent belongs) is never opened for reading: it is moved to lost+found/ and rebuilt.
 A blob whose bytes do not match its name cannot be repaired from inside the store: it is moved
 to lost+found/ so that re-importing the original file can store it again.
 """
@@ -44,6 +49,7 @@ class Fsck:
         self.corrupt: set[str] = set()
         self.blobs = 0
         self.bytes = 0
+        self._name_cache: dict[str, list[tuple[str, str]]] = {}
 
     def add(self, problem: str, what: str, action: str = "", fix=None, repairable: bool = True) -> None:
         finding = Finding(problem, what, action, repairable=repairable and fix is not None)
@@ -91,8 +97,16 @@ class Fsck:
     def _quarantine(self, path: Path) -> None:
         lost = self.store.root / "lost+found"
         fs.mkdir(lost)
-        fs.rename(path, lost / path.name)
+        target = lost / path.name
+        if target.exists() or target.is_symlink():
+            target = fs.temp_name(lost, path.name)
+        fs.rename(path, target)
         fs.fsync_dir(path.parent)
+
+    def _set_aside_damaged(self, path: Path) -> None:
+        """Move a store file that is not a regular file out of the way before rebuilding it."""
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            self._quarantine(path)
 
     def _blob_ok(self, digest: str) -> bool:
         return digest not in self.corrupt and self.store.objects.has(digest)
@@ -107,11 +121,16 @@ class Fsck:
             self._check_composition(dg.PREFIX + hex_id)
 
     def _names(self, kind: str) -> list[tuple[str, str]]:
-        try:
-            return self.store.names.items(kind)
-        except SlmError as err:
-            self.add("bad-name", str(err), repairable=False)
-            return []
+        """The intact names of a kind; each damaged name file is a finding (once per run)."""
+        if kind not in self._name_cache:
+            good = []
+            for name, digest, error in self.store.names.scan(kind):
+                if error is None:
+                    good.append((name, digest))
+                else:
+                    self.add("bad-name", str(error), repairable=False)
+            self._name_cache[kind] = good
+        return self._name_cache[kind]
 
     def _check_manifest(self, label: str, digest: str, blobs_of) -> list[str]:
         if not self._blob_ok(digest):
@@ -150,19 +169,38 @@ class Fsck:
         return ok
 
     # -- refs/active, reflog, journal -----------------------------------------------------
-    def check_transitions(self) -> None:
+    def _read_reflog(self):
+        """The reflog's intact lines; a damaged one (or a reflog that is not a regular file) is
+        a finding whose repair rebuilds the log, and the rebuilt entries are checked on."""
         store = self.store
-        log = store.reflog.read()
+        try:
+            log = store.reflog.read()
+        except SlmError as err:
+            def rebuild():
+                self._set_aside_damaged(store.reflog.path)
+                store.reflog.rewrite(store.reflog.salvage() if store.reflog.path.exists() else [])
+            try:
+                salvaged = store.reflog.salvage()
+            except SlmError:
+                salvaged = []
+            self.add("damaged-reflog", str(err), "rebuild the reflog from its intact lines "
+                     "(a lost line's ids restored from its neighbours)", rebuild)
+            return salvaged, b"", 0
         if log.torn_tail:
             self.add("torn-reflog", f"logs/active ends with {len(log.torn_tail)} bytes of a torn line",
                      "truncate the torn line", lambda: fs.truncate(store.reflog.path, log.intact_size))
-        known = {dg.PREFIX + h for h, _ in store.names.items("compositions")}
-        for e in log.entries:
+        return log.entries, log.torn_tail, log.intact_size
+
+    def check_transitions(self) -> None:
+        store = self.store
+        entries, _, _ = self._read_reflog()
+        known = {dg.PREFIX + h for h, _ in self._names("compositions")}
+        for e in entries:
             for comp_id in filter(None, (e.old, e.new)):
                 if comp_id not in known:
                     self.add("unknown-composition", f"reflog entry {e.seq} names {dg.short(comp_id)}, "
                              "which the store does not have", repairable=False)
-        committed = log.entries[-1].new if log.entries else None
+        committed = entries[-1].new if entries else None
         try:
             ref = store.active_ref.read()
             ref_damaged = False
@@ -170,21 +208,25 @@ class Fsck:
             ref, ref_damaged = None, True
         if ref_damaged or ref != committed:
             state = "damaged" if ref_damaged else (dg.short(ref) if ref else "absent")
+            path = store.active_ref.path
             if committed is None:
                 self.add("ref-mismatch", f"refs/active is {state} but the reflog is empty",
-                         "remove refs/active", lambda: fs.unlink(store.active_ref.path))
+                         "remove refs/active", lambda: fs.remove_any(path))
             else:
+                def set_ref():
+                    self._set_aside_damaged(path)
+                    store.active_ref.write(committed)
                 self.add("ref-mismatch", f"refs/active is {state}; the last committed transition "
                          f"made {dg.short(committed)} active", f"set refs/active to {dg.short(committed)}",
-                         lambda: store.active_ref.write(committed))
+                         set_ref)
         for intent in store.journal.pending():
-            self.check_intent(intent)
+            self.check_intent(intent, entries)
 
-    def check_intent(self, intent) -> None:
+    def check_intent(self, intent, entries) -> None:
         store = self.store
         if isinstance(intent, Path):
-            self.add("interrupted", f"journal/{intent.name}: a damaged intent record", "remove it",
-                     lambda: self._clear(intent))
+            self.add("interrupted", f"journal/{intent.name}: a damaged intent record", "remove it "
+                     "(refs/active follows the reflog)", lambda: self._clear(intent))
             return
         path = store.journal.root / f"{intent.name}.intent"
         if intent.op == "import":
@@ -192,18 +234,37 @@ class Fsck:
         elif intent.op == "gc":
             self.add("interrupted", "an interrupted gc (it removed only unreachable data)",
                      "clear it; run `slm gc` again to finish", lambda: self._clear(path))
-        else:
+        elif entries and (entries[-1].old, entries[-1].new) == (intent.old, intent.new):
             self.add("interrupted", f"interrupted {intent.op} from {dg.short(intent.old or '-')} to "
-                     f"{dg.short(intent.new)}", "clear it (refs/active follows the reflog)",
-                     lambda: self._clear(path))
+                     f"{dg.short(intent.new)}, committed in the reflog",
+                     "finish it (refs/active follows the reflog)", lambda: self._clear(path))
+        else:
+            named = {c for e in entries for c in (e.old, e.new) if c}
+            drop_record = intent.created and intent.new not in named
+
+            def undo():
+                if drop_record:
+                    store.names.remove("compositions", dg.hex_of(intent.new))
+                self._clear(path)
+            self.add("interrupted", f"interrupted {intent.op} from {dg.short(intent.old or '-')} to "
+                     f"{dg.short(intent.new)}, not committed",
+                     "undo it" + (" (remove the composition record it created)" if drop_record else ""),
+                     undo)
 
     def _check_import(self, intent, path: Path) -> None:
-        _, kind, name = intent.name.split("-", 2)
+        _, kind, name = (intent.name.split("-", 2) + ["", ""])[:3]
+        if kind not in ("base", "adapter") or not name:
+            self.add("interrupted", f"journal/{path.name}: an import intent with a malformed name",
+                     "remove it", lambda: self._clear(path))
+            return
         kinds = kind + "s"
         blobs_of = self._base_blobs if kind == "base" else self._adapter_blobs
-        complete = self._blob_ok(intent.new) and all(
-            self._blob_ok(d) for d in blobs_of(self.store.objects.read_verified(intent.new)))
-        current = self.store.names.get(kinds, name)
+        try:
+            complete = self._blob_ok(intent.new) and all(
+                self._blob_ok(d) for d in blobs_of(self.store.objects.read_verified(intent.new)))
+            current = self.store.names.get(kinds, name)
+        except SlmError:
+            complete, current = False, None
         if complete and current in (None, intent.new):
             def finish():
                 self.store.names.set(kinds, name, intent.new)
@@ -215,8 +276,7 @@ class Fsck:
                      "undo it (`slm gc` removes what it stored)", lambda: self._clear(path))
 
     def _clear(self, path: Path) -> None:
-        fs.unlink(path)
-        fs.fsync_dir(path.parent)
+        fs.remove_any(path)
 
     def run(self) -> dict:
         self.check_junk()

@@ -1,9 +1,12 @@
 """`slm import base|adapter`: a file becomes blobs, a manifest and a name.
 
 Everything is read and checked before the store changes; blobs are staged under tmp/ (with
-the manifest), an intent is journaled, the blobs are committed together, the name is set, the
-intent is cleared. A failure before the commit leaves the store exactly as it was; a crash
-after it is finished by `slm fsck --repair` (it sets the name if every blob is there).
+the manifest), an intent is journaled, the blobs are committed together, the name is set (THE
+COMMIT POINT: the rename of names/<kind>/<name>), the intent is cleared. A failure before the
+name is set is undone before the command returns (the blobs it added are unlinked, the intent
+cleared): the store is as it was. A failure after it exits INCOMPLETE (13): the import is
+committed, `slm fsck --repair` clears the intent. A crash is recovered by `slm fsck --repair`
+(it sets the name if every blob is there, else undoes the import).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 
 from slm.compose.adapter_manifest import AdapterManifest, TargetRecord, TensorRef, tensor_bytes
 from slm.compose.base_manifest import BaseManifest, TensorRecord, tensor_order
-from slm.errors import InvalidInput, NotFound
+from slm.errors import CommittedIncomplete, InvalidInput, NotFound, SlmError
 from slm.formats.adapter_source import AdapterSource
 from slm.formats.base_source import BaseSource
 from slm.formats.gguf import MAGIC
@@ -25,6 +28,7 @@ from slm.formats.gguf_model import open_gguf_base
 from slm.formats.hf_checkpoint import is_hf_checkpoint, open_hf_base
 from slm.formats.peft import is_peft_dir, read_peft_adapter
 from slm.ops.progress import NoProgress, Progress
+from slm.quant import get_codec
 from slm.store import Store, fs
 from slm.store.names import validate_name
 
@@ -71,16 +75,47 @@ def _commit_named(store: Store, staging, kind: str, name: str, manifest: bytes) 
     Returns (manifest digest, digests new to the store). Runs under the store lock.
     """
     digest = staging.put(manifest)
-    existing = store.names.get(kind + "s", name)
+    kinds = kind + "s"
+    existing = store.names.get(kinds, name)
     if existing is not None and existing != digest:
         raise InvalidInput(f"a different {kind} is already named {name!r}; choose another name")
-    intent = store.journal.begin(f"import-{kind}-{name}", "import", None, digest)
-    fs.point("import.before-commit")
-    new = staging.commit()
-    fs.point("import.before-name")
-    store.names.set(kind + "s", name, digest)
-    store.journal.end(intent)
+    intent = store.journal.begin(f"import-{kind}-{name}", "import", None, digest, existing is None)
+    new: list[str] = []
+    try:
+        fs.point("import.before-commit")
+        new = staging.commit()
+        fs.point("import.before-name")
+        store.names.set(kinds, name, digest)  # the commit point
+    except BaseException as err:
+        if not _named(store, kinds, name, digest):
+            _undo_import(store, intent, new, err)
+            raise
+        raise CommittedIncomplete(f"{kind} {name!r} is imported, but finishing the import failed "
+                                  f"({err}); run `slm fsck --repair`") from err
+    try:
+        store.journal.end(intent)
+    except SlmError as err:
+        raise CommittedIncomplete(f"{kind} {name!r} is imported, but finishing the import failed "
+                                  f"({err}); run `slm fsck --repair`") from err
     return digest, new
+
+
+def _named(store: Store, kinds: str, name: str, digest: str) -> bool:
+    """Whether the name already points at `digest` (the rename of the name file happened)."""
+    try:
+        return store.names.get(kinds, name) == digest
+    except SlmError:
+        return False
+
+
+def _undo_import(store: Store, intent, new_blobs: list[str], cause: BaseException) -> None:
+    """Take back an uncommitted import: unlink the blobs it added, clear its intent."""
+    try:
+        store.objects.remove_new(new_blobs)
+        store.journal.end(intent)
+    except SlmError as err:
+        if isinstance(cause, SlmError):
+            cause.message += f"; undoing it failed too ({err}): run `slm fsck --repair`"
 
 
 def import_base(store: Store, path: Path, name: str, quant: str | None = None,
@@ -108,6 +143,8 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
             data = t.stored_bytes()
             if len(data) != t.nbytes:
                 raise InvalidInput(f"tensor {t.name}: {len(data)} bytes, expected {t.nbytes}")
+            if not get_codec(t.dtype).all_finite(data, t.shape):
+                raise InvalidInput(f"tensor {t.name} holds values that are not finite (NaN or inf)")
             records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, staging.put(data)))
             progress.advance(t.nbytes)
         progress.finish()

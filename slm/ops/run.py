@@ -1,4 +1,4 @@
-"""`slm run`: generate text on a base (later: on the active composition)."""
+"""`slm run`: generate text on the active composition, or on a base alone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from slm.errors import InvalidInput, IOFailure, NotFound
+from slm.errors import InvalidInput, IOFailure, NotFound, SlmError
 from slm.model.chat import render_chat
 from slm.model.generate import generate
 from slm.model.sampling import Sampler
@@ -37,9 +37,29 @@ class RunOptions:
     threads: int | None = None  # None: every core
 
 
+MAX_SEED = 2**63 - 1
+
+
+def prompt_from_stdin(stream) -> str:
+    """`slm run -`: the prompt from standard input, strictly UTF-8."""
+    data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidInput(f"the prompt on standard input is not UTF-8 text (byte {err.start})") from err
+
+
 def _check_options(o: RunOptions) -> None:
     if not o.prompt:
         raise InvalidInput("the prompt is empty")
+    try:
+        o.prompt.encode("utf-8")
+    except UnicodeEncodeError as err:  # undecodable argv bytes arrive as lone surrogates
+        raise InvalidInput("the prompt is not UTF-8 text") from err
+    if not 0 <= o.seed <= MAX_SEED:
+        raise InvalidInput(f"--seed must be between 0 and {MAX_SEED}")
     if o.max_tokens < 0:
         raise InvalidInput("--max-tokens must be >= 0")
     if not (o.temperature >= 0 and np.isfinite(o.temperature)):
@@ -52,29 +72,57 @@ def _check_options(o: RunOptions) -> None:
         raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
 
 
-def _open_output(path: Path):
-    """Open --logits-out before the long part, so an unwritable path fails fast."""
-    if path.is_dir():
-        raise IOFailure(f"cannot write {path}: it is a directory")
-    try:
-        return open(path, "wb")
-    except OSError as err:
-        raise IOFailure(f"cannot write {path}: {err.strerror}") from err
+class LogitsFile:
+    """--logits-out: written to a temporary file beside the target and renamed over it only
+    when the run succeeds, so a failing run leaves the target as it was (a user's file is never
+    truncated or deleted). A target inside the store is refused: it could be a blob. The temp
+    file is created before the long part, so an unwritable place fails fast."""
+
+    def __init__(self, target: Path, store_root: Path):
+        target = Path(target)
+        real = target.resolve()  # follows a link: the file it names is what gets replaced
+        store_real = Path(store_root).resolve()
+        if real == store_real or store_real in real.parents:
+            raise InvalidInput(f"--logits-out {target}: refusing to write inside the store")
+        if real.exists() and not real.is_file():
+            raise IOFailure(f"cannot write {target}: not a regular file")
+        self.target = real
+        self.tmp = real.parent / f".{real.name}.{os.getpid()}.tmp"
+        try:
+            self.file = open(self.tmp, "xb")
+        except OSError as err:
+            raise IOFailure(f"cannot write {target}: {err.strerror}") from err
+
+    def commit(self, logits: np.ndarray) -> None:
+        try:
+            np.save(self.file, logits)
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            os.replace(self.tmp, self.target)
+        except OSError as err:
+            self.discard()
+            raise IOFailure(f"cannot write {self.target}: {err.strerror}") from err
+
+    def discard(self) -> None:
+        self.file.close()
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
 
 
 def run_prompt(store: Store, o: RunOptions, on_text: Callable[[str], None] | None = None) -> dict:
     _check_options(o)
-    out_file = _open_output(o.logits_out) if o.logits_out else None
+    out_file = LogitsFile(o.logits_out, store.root) if o.logits_out else None
     try:
-        result = _run(store, o, on_text, out_file)
+        # overflow shows as non-finite logits, refused with exit 10: no NumPy warnings on stderr
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return _run(store, o, on_text, out_file)
     except BaseException:
         if out_file:
-            out_file.close()
-            os.unlink(o.logits_out)
+            out_file.discard()
         raise
-    if out_file:
-        out_file.close()
-    return result
 
 
 def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
@@ -115,7 +163,7 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
                    prefix_cache=PrefixCache(store.path("cache"), loaded.id))
     streamed.flush()
     if out_file:
-        np.save(out_file, np.stack(gen.logits).astype(np.float32))  # (positions, vocab)
+        out_file.commit(np.stack(gen.logits).astype(np.float32))  # (positions, vocab)
     return {
         "composition": loaded.id,
         "base": comp.base,
@@ -139,7 +187,7 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
 def _switched(store: Store, pinned: str) -> bool:
     try:
         return store.active_ref.read() != pinned
-    except Exception:  # a ref we cannot read is not the one we pinned
+    except SlmError:  # a ref we cannot read (damaged, replaced) is not the one we pinned
         return True
 
 

@@ -1,4 +1,5 @@
-"""The Codec interface shared by every storage type (f32, f16, bf16, q8_0, q4_0, q4_1, nf4).
+"""The Codec interface shared by every storage type (f32, f16, bf16, q8_0, q4_0, q4_1, nf4,
+q5_0, q5_1 and the k-quants q2_k .. q6_k).
 
 A codec turns a float tensor into bytes and back. Every type stores a tensor's last axis as
 consecutive *blocks* of `block_size` values, each encoded in `type_size` bytes, so a tensor of
@@ -12,6 +13,9 @@ API from here:
 
 Both work on whole groups of blocks with NumPy; the only Python loop is over chunks of
 blocks, which keeps temporaries small (cache-friendly) without costing per-block overhead.
+
+A type slm can read but not write (a k-quant whose ggml quantizer we do not port) derives
+from `DecodeOnlyCodec`: its `quantize` refuses with a QuantError naming the type.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Codec(ABC):
     ggml_type: ClassVar[int | None]  # GGML type id (Q4_1 = 3); None when GGML has no such type
     block_size: ClassVar[int]  # values per block
     type_size: ClassVar[int]  # bytes per block
+    can_quantize: ClassVar[bool] = True  # False: dequantize only (see DecodeOnlyCodec)
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -126,8 +131,10 @@ class Codec(ABC):
 
         Returns uint8 of shape (*x.shape[:-1], x.shape[-1] // block_size * type_size).
         Raises QuantError for non-finite values or a last dimension that is not a multiple
-        of the block size.
+        of the block size, and for a decode-only type.
         """
+        if not self.can_quantize:
+            raise QuantError(f"{self.name}: slm reads this type but cannot quantize to it")
         x32 = self._finite_float32(x)
         out = np.empty(self.byte_shape(x32.shape), dtype=np.uint8)
         n_blocks = x32.size // self.block_size
@@ -205,6 +212,33 @@ class Codec(ABC):
                 )
         return out
 
+    # ----------------------------------------------------------------- finiteness
+
+    #: The block as a structured dtype and the fields (scale, minimum) whose finiteness makes
+    #: every decoded value finite. With both set, `all_finite` reads only those fields; a codec
+    #: that sets neither is checked by decoding, which is correct for every type.
+    block_dtype: ClassVar[np.dtype | None] = None
+    scale_fields: ClassVar[tuple[str, ...]] = ()
+
+    def all_finite(self, data: BufferLike, shape: ShapeLike) -> bool:
+        """Whether every value the bytes of a tensor of `shape` decode to is finite (import
+        refuses a NaN or inf weight; stored bytes could hold either)."""
+        dims = normalize_shape(shape)
+        raw = self._checked_bytes(data, dims)
+        if self.block_dtype is not None and self.scale_fields:
+            blocks = raw.view(self.block_dtype)  # (n_blocks,) zero-copy
+            return all(bool(np.isfinite(blocks[f]).all()) for f in self.scale_fields)
+        step = max(1, CHUNK_ELEMENTS // self.block_size)
+        out = np.empty((min(step, raw.size // self.type_size), self.block_size), np.float32)
+        with np.errstate(**_GGML_IEEE):
+            for start in range(0, raw.size // self.type_size, step):
+                part = raw[start * self.type_size:(start + step) * self.type_size]
+                k = part.size // self.type_size
+                self._decode_blocks(part, out[:k])
+                if not np.isfinite(out[:k]).all():
+                    return False
+        return True
+
     def _checked_bytes(self, data: BufferLike, dims: tuple[int, ...]) -> np.ndarray:
         """Flat uint8 view of `data`, after checking it holds exactly a tensor of `dims`."""
         expected = self.nbytes(dims)
@@ -218,3 +252,12 @@ class Codec(ABC):
     @abstractmethod
     def _decode_blocks(self, raw: np.ndarray, out: np.ndarray) -> None:
         """raw: (k * type_size,) uint8, possibly read-only -> out: (k, block_size) float32."""
+
+
+class DecodeOnlyCodec(Codec):
+    """A type slm dequantizes (GGUF files carry it) but never produces."""
+
+    can_quantize = False
+
+    def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:  # quantize refuses first
+        raise AssertionError(f"{self.name} is decode-only")

@@ -65,6 +65,8 @@ class NF4(Codec):
     ggml_type = None
     block_size = 64
     type_size = 36
+    block_dtype = BLOCK
+    scale_fields = ("absmax",)
 
     def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:
         absmax = np.abs(x).max(axis=1)  # (k,) float32, stored as is

@@ -30,6 +30,8 @@ class Q4_0(Codec):
     ggml_type = 2
     block_size = 32
     type_size = 18
+    block_dtype = BLOCK
+    scale_fields = ("d",)
 
     def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:
         k = x.shape[0]

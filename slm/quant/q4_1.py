@@ -29,6 +29,8 @@ class Q4_1(Codec):
     ggml_type = 3
     block_size = 32
     type_size = 20
+    block_dtype = BLOCK
+    scale_fields = ("d", "m")
 
     def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:
         lo = x.min(axis=1)  # (k,)

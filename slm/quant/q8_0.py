@@ -23,6 +23,8 @@ class Q8_0(Codec):
     ggml_type = 8
     block_size = 32
     type_size = 34
+    block_dtype = BLOCK
+    scale_fields = ("d",)
 
     def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:
         amax = np.abs(x).max(axis=1)  # (k,)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import QuantError
+from .ggml_types import GGMLType, ggml_type_label
 
 if TYPE_CHECKING:
     from .base import Codec
@@ -29,6 +30,9 @@ def register(codec: Codec) -> None:
     if codec.name in _BY_NAME:
         raise TypeError(f"codec name {codec.name!r} registered twice")
     if codec.ggml_type is not None:
+        # One table of ids and names (ggml_types.py): a codec must agree with it.
+        if GGMLType(codec.ggml_type).name.lower() != codec.name:
+            raise TypeError(f"codec {codec.name!r} does not match GGML type {codec.ggml_type}")
         if codec.ggml_type in _BY_GGML_TYPE:
             raise TypeError(f"GGML type {codec.ggml_type} registered twice")
         _BY_GGML_TYPE[codec.ggml_type] = codec
@@ -53,6 +57,12 @@ def _supported() -> str:
     )
 
 
+def _unsupported(type_id: int) -> QuantError:
+    return QuantError(
+        f"unsupported GGML tensor type {ggml_type_label(type_id)}; supported: {_supported()}"
+    )
+
+
 def get_codec(name_or_ggml_type: str | int) -> Codec:
     """The codec named "q4_1"/"Q4_1", or the one for a GGML type id such as 3.
 
@@ -63,11 +73,15 @@ def get_codec(name_or_ggml_type: str | int) -> Codec:
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
         codec = _BY_GGML_TYPE.get(int(key))
         if codec is None:
-            raise QuantError(f"unsupported GGML type {int(key)}; supported: {_supported()}")
+            raise _unsupported(int(key))
         return codec
     if isinstance(key, str):
-        codec = _BY_NAME.get(key.strip().lower())
+        name = key.strip().lower()
+        codec = _BY_NAME.get(name)
         if codec is None:
+            # A GGML type slm cannot handle (iq2_xxs) is named as such, not as a typo.
+            if name.upper() in GGMLType.__members__:
+                raise _unsupported(GGMLType[name.upper()])
             raise QuantError(f"unknown quantization type {key!r}; supported: {_supported()}")
         return codec
     raise QuantError(

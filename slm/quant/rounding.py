@@ -49,3 +49,19 @@ def codes_from_float(q: np.ndarray, lo: int, hi: int, dtype: type[np.integer]) -
     q = np.where(np.isfinite(q), q, np.float32(0))
     np.clip(q, lo, hi, out=q)
     return q.astype(dtype)
+
+
+# 1.5 * 2**23: adding it to |v| < 2**22 leaves round-half-even(v) in the low mantissa bits.
+_MAGIC = np.float32(12582912.0)
+
+
+def nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's nearest_int (k-quants), float32 -> int32, bit for bit.
+
+    ggml adds 1.5 * 2**23 and reads the low 23 bits of the float32 sum: round half to even
+    for |v| < 2**22. Out of that range (inf, NaN, huge values from a degenerate block) it
+    returns whatever those bits say; release builds skip the range assert, so we reproduce
+    the bits rather than np.rint (NaN gives 0, +-inf gives -4194304, never an error).
+    """
+    bits = (np.asarray(v, dtype=np.float32) + _MAGIC).view(np.int32)
+    return (bits & np.int32(0x007FFFFF)) - np.int32(0x00400000)

@@ -19,7 +19,7 @@ import errno
 import os
 import sys
 
-from slm.errors import IOFailure
+from slm.errors import IOFailure, UsageError
 from slm.store import fs
 
 ENV = "SLM_FAULTS"
@@ -33,10 +33,11 @@ class FaultPlan:
         self.trace = spec == "trace"
         self.action, _, where = spec.partition("@")
         self.point = where.removeprefix("point=") if where.startswith("point=") else None
-        self.op = int(where.removeprefix("op=")) if where.startswith("op=") else None
+        op = where.removeprefix("op=") if where.startswith("op=") else None
+        self.op = int(op) if op is not None and op.isdigit() else None
         if not self.trace and (self.action not in ("crash", "eio", "enospc") or
                                (self.point is None and self.op is None)):
-            raise ValueError(f"bad {ENV}={spec!r}")
+            raise UsageError(f"bad {ENV}={spec!r} (a test hook: crash|eio|enospc@op=N|point=NAME, or trace)")
 
     def __call__(self, op: str, detail: str) -> None:
         if op == "point":

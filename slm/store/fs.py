@@ -16,10 +16,11 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 from pathlib import Path
 from typing import Callable
 
-from slm.errors import IOFailure
+from slm.errors import IntegrityError, IOFailure
 
 # Set by slm.store.faults when a fault plan is active (tests only); None in normal runs.
 fault_hook: Callable[[str, str], None] | None = None
@@ -38,6 +39,49 @@ def point(name: str) -> None:
 def _io_error(what: str, path: os.PathLike | str, err: OSError) -> IOFailure:
     reason = os.strerror(err.errno) if err.errno else str(err)
     return IOFailure(f"cannot {what} {path}: {reason}")
+
+
+def read_store_file(path: Path, limit: int) -> bytes | None:
+    """The bytes of a small store file (a ref, a name, an intent, the reflog, config.toml), or
+    None if it does not exist.
+
+    The recovery tool must never hang and never follow a link planted in the store: the file
+    is opened with O_NOFOLLOW | O_NONBLOCK (a FIFO in its place opens at once instead of
+    waiting for a writer) and anything but a regular file, or a file over `limit` bytes, is
+    refused as damage (IntegrityError) before a byte is read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise IntegrityError(f"{path} is a symlink; the store refuses links (run `slm fsck`)") from err
+        if err.errno == errno.ENOTDIR:
+            return None  # a parent is not a directory: fsck reports the parent
+        raise _io_error("open", path, err) from err
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise IntegrityError(f"{path} is {kind} (run `slm fsck`)")
+        if info.st_size > limit:
+            raise IntegrityError(f"{path} is {info.st_size} bytes, more than a store file of its "
+                                 f"kind can be ({limit}) (run `slm fsck`)")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:  # grew while we read it
+            raise IntegrityError(f"{path} is larger than a store file of its kind can be ({limit})")
+        return b"".join(chunks)
+    except OSError as err:
+        raise _io_error("read", path, err) from err
+    finally:
+        os.close(fd)
 
 
 def mkdir(path: Path, *, sync_parent: bool = True) -> bool:
@@ -233,3 +277,21 @@ def remove_tree(path: Path) -> None:
     """Remove a staging directory or other junk (best effort: junk may be half gone)."""
     _fault_point("rmtree", str(path))
     shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_any(path: Path) -> None:
+    """Remove whatever stands at `path` (file, FIFO, symlink or directory tree) and fsync its
+    directory: how fsck clears a damaged entry that may not even be a file."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise _io_error("inspect", path, err) from err
+    if stat.S_ISDIR(mode):
+        remove_tree(path)
+        if path.exists():
+            raise IOFailure(f"cannot remove {path}")
+    else:
+        unlink(path)
+    fsync_dir(path.parent)

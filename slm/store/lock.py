@@ -11,7 +11,7 @@ from typing import Iterator
 
 import filelock
 
-from slm.errors import Busy
+from slm.errors import Busy, IOFailure
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -31,6 +31,8 @@ def store_lock(path: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[None]
             f"another slm process holds the store lock {path} (waited {timeout:g}s); "
             "try again, or raise lock_timeout_s in the store's config.toml"
         ) from err
+    except OSError as err:  # a read-only or permission-denied store, or damage in place of the lock
+        raise IOFailure(f"cannot lock the store ({path}): {err.strerror or err}") from err
     try:
         yield
     finally:

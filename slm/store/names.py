@@ -13,6 +13,7 @@ from slm.store import digest as dg
 from slm.store import fs
 
 KINDS = ("bases", "adapters", "compositions")
+MAX_NAME_FILE_BYTES = 4096
 # Letters, digits, '.', '_', '-'; starts with a letter or digit; no separators, no '..'.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -37,15 +38,13 @@ class Names:
         return self.root / kind / validate_name(name)
 
     def get(self, kind: str, name: str) -> str | None:
-        path = self._path(kind, name)
-        if path.is_symlink():
-            raise IntegrityError(f"name {kind}/{name} is a symlink; the store refuses links")
-        try:
-            text = path.read_text(encoding="ascii").strip()
-        except FileNotFoundError:
+        data = fs.read_store_file(self._path(kind, name), MAX_NAME_FILE_BYTES)
+        if data is None:
             return None
-        except (UnicodeDecodeError, OSError) as err:
-            raise IntegrityError(f"name {kind}/{name} is unreadable: {err}") from err
+        try:
+            text = data.decode("ascii").strip()
+        except UnicodeDecodeError as err:
+            raise IntegrityError(f"name {kind}/{name} is not ASCII text (run `slm fsck`)") from err
         if not dg.is_digest(text):
             raise IntegrityError(f"name {kind}/{name} does not hold a digest (run `slm fsck`)")
         return text
@@ -73,6 +72,16 @@ class Names:
             fs.fsync_dir(path.parent)
 
     def items(self, kind: str) -> list[tuple[str, str]]:
+        """(name, digest) of every name of a kind; IntegrityError at the first damaged one."""
+        out = []
+        for name, digest, error in self.scan(kind):
+            if error is not None:
+                raise error
+            out.append((name, digest))
+        return out
+
+    def scan(self, kind: str) -> list[tuple[str, str | None, IntegrityError | None]]:
+        """Every name of a kind with its digest, or with the damage found in its file (fsck)."""
         folder = self.root / kind
         if not folder.is_dir():
             return []
@@ -80,7 +89,11 @@ class Names:
         for entry in sorted(folder.iterdir()):
             if entry.name.startswith(".") or not _NAME.fullmatch(entry.name):
                 continue  # temp files of an in-flight replace
-            digest = self.get(kind, entry.name)
+            try:
+                digest = self.get(kind, entry.name)
+            except IntegrityError as err:
+                out.append((entry.name, None, err))
+                continue
             if digest is not None:
-                out.append((entry.name, digest))
+                out.append((entry.name, digest, None))
         return out

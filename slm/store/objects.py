@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from slm.errors import IntegrityError, NotFound
+from slm.errors import IntegrityError, NotFound, SlmError
 from slm.store import digest as dg
 from slm.store import fs
 
@@ -110,6 +110,14 @@ class ObjectStore:
             if dg.is_digest(candidate):
                 yield candidate
 
+    def remove_new(self, digests: list[str]) -> None:
+        """Unlink blobs that a failed transaction itself added (under the store lock nothing
+        else can reference them yet) and fsync the directory."""
+        for digest in digests:
+            fs.unlink(self.path(digest))
+        if digests:
+            fs.fsync_dir(self.dir)
+
     def staging(self) -> "Staging":
         return Staging(self)
 
@@ -152,17 +160,28 @@ class Staging:
         return True
 
     def commit(self) -> list[str]:
-        """Move staged blobs into objects/; returns the digests that are new in the store."""
+        """Move staged blobs into objects/; returns the digests that are new in the store.
+
+        All or nothing: if a link or the directory fsync fails, the blobs this commit added
+        are unlinked again before the error propagates (best effort: `slm gc` removes what a
+        refusing disk leaves)."""
         created = fs.mkdir(self.objects.dir, sync_parent=True)
         new: list[str] = []
-        for digest, path in self.staged.items():
-            target = self.objects.path(digest)
-            fs.chmod(path, BLOB_MODE)
-            if fs.link_new(path, target):
-                new.append(digest)
-        if new or created:
-            fs.fsync_dir(self.objects.dir)
-        self.discard()
+        try:
+            for digest, path in self.staged.items():
+                target = self.objects.path(digest)
+                fs.chmod(path, BLOB_MODE)
+                if fs.link_new(path, target):
+                    new.append(digest)
+            if new or created:
+                fs.fsync_dir(self.objects.dir)
+            self.discard()
+        except BaseException:
+            try:
+                self.objects.remove_new(new)
+            except SlmError:
+                pass
+            raise
         return new
 
     def discard(self) -> None:

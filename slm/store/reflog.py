@@ -20,6 +20,7 @@ from slm.store import digest as dg
 from slm.store import fs
 
 NONE = "-"
+MAX_REFLOG_BYTES = 256 << 20  # about a million transitions
 _OP = re.compile(r"[a-z][a-z-]{0,31}")
 
 
@@ -72,9 +73,8 @@ class Reflog:
         self.path = path
 
     def read(self) -> ReflogState:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
+        data = fs.read_store_file(self.path, MAX_REFLOG_BYTES)
+        if data is None:
             return ReflogState([], b"", 0)
         entries: list[Entry] = []
         pos = 0
@@ -95,6 +95,42 @@ class Reflog:
             entries.append(entry)
             pos = end + 1
         return ReflogState(entries, data[pos:], pos)
+
+    def salvage(self) -> list[Entry]:
+        """What `slm fsck --repair` can rebuild from a reflog with damaged lines in the middle.
+
+        Transitions chain (each line's old id is the previous line's new id), so a run of
+        damaged lines between two intact ones is replaced by one line from the first's new id
+        to the second's old id (op "repaired", the time of the line before it), or by nothing
+        when the two already meet. Lines are renumbered; a damaged or torn tail is dropped.
+        """
+        data = fs.read_store_file(self.path, MAX_REFLOG_BYTES) or b""
+        lines = data.split(b"\n")[:-1]  # the part after the last newline is a torn tail
+        intact: list[Entry | None] = []
+        for raw in lines:
+            try:
+                intact.append(parse_line(raw.decode("ascii")))
+            except UnicodeDecodeError:
+                intact.append(None)
+        while intact and intact[-1] is None:
+            intact.pop()
+        out: list[Entry] = []
+        gap = False
+        for entry in intact:
+            if entry is None:
+                gap = True
+                continue
+            prev_new = out[-1].new if out else None
+            if gap and entry.old is not None and entry.old != prev_new:
+                stamp = out[-1].time if out else entry.time
+                out.append(Entry(len(out) + 1, prev_new, entry.old, stamp, "repaired"))
+            out.append(Entry(len(out) + 1, entry.old, entry.new, entry.time, entry.op))
+            gap = False
+        return out
+
+    def rewrite(self, entries: list[Entry]) -> None:
+        """Replace the whole reflog atomically (fsck --repair only)."""
+        fs.atomic_replace(self.path, b"".join(encode(e) for e in entries))
 
     def entries(self) -> list[Entry]:
         return self.read().entries

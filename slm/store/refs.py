@@ -15,6 +15,9 @@ from slm.store import digest as dg
 from slm.store import fs
 
 
+MAX_REF_BYTES = 4096
+
+
 def _check(value: str) -> str:
     return dg.of_bytes(value.encode("ascii"))[len(dg.PREFIX):][:16]
 
@@ -39,13 +42,8 @@ class Ref:
 
     def read(self) -> str | None:
         """The composition id, or None if nothing was ever activated."""
-        if self.path.is_symlink():
-            raise IntegrityError(f"{self.path} is a symlink; the store refuses links")
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return None
-        return decode_ref(data, str(self.path))
+        data = fs.read_store_file(self.path, MAX_REF_BYTES)
+        return None if data is None else decode_ref(data, str(self.path))
 
     def write(self, value: str) -> None:
         fs.point("ref.before-replace")

@@ -34,6 +34,7 @@ from slm.store.refs import Ref
 STORE_DIRNAME = ".slm"
 FORMAT_VERSION = 1
 ENV_STORE = "SLM_STORE"
+MAX_CONFIG_BYTES = 1 << 20
 SUBDIRS = ("objects", "names", "refs", "logs", "journal", "cache", "tmp")
 
 
@@ -75,7 +76,7 @@ class Store:
     @contextmanager
     def locked(self, timeout: float | None = None) -> Iterator["Store"]:
         if timeout is None:
-            timeout = float(self.config.get("defaults", {}).get("lock_timeout_s", DEFAULT_TIMEOUT_S))
+            timeout = lock_timeout(self.config)
         with store_lock(self.root / "lock", timeout):
             yield self
 
@@ -92,10 +93,11 @@ class Store:
 
 def read_config(root: Path) -> dict:
     path = root / "config.toml"
+    raw = fs.read_store_file(path, MAX_CONFIG_BYTES)
+    if raw is None:
+        raise NotFound(f"{root} is not an slm store (no config.toml)")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise NotFound(f"{root} is not an slm store (no config.toml)") from err
+        data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise IntegrityError(f"{path} is not valid TOML: {err}") from err
     version = data.get("format")
@@ -104,6 +106,16 @@ def read_config(root: Path) -> dict:
             f"{path}: store format {version!r} is not supported (this slm reads format {FORMAT_VERSION})"
         )
     return data
+
+
+def lock_timeout(config: dict) -> float:
+    """defaults.lock_timeout_s from config.toml: a finite number of seconds, 0 to a day."""
+    defaults = config.get("defaults", {})
+    value = defaults.get("lock_timeout_s", DEFAULT_TIMEOUT_S) if isinstance(defaults, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86400:
+        raise InvalidInput(f"config.toml: defaults.lock_timeout_s must be a number of seconds "
+                           f"from 0 to 86400, not {value!r}")
+    return float(value)
 
 
 def init_store(root: Path) -> tuple[Store, bool]:
