@@ -1,8 +1,8 @@
-"""The real Gemma 3 270M Q4_K_M GGUF: its metadata read into a gemma3 description, and (its
-k-quants dequantized by gguf-py, test-only) slm's executor against transformers on its weights.
+"""The real Gemma 3 270M Q4_K_M GGUF: its metadata read into a gemma3 description, and slm's
+executor on its quantized weights against transformers.
 
-Its Q4_K / Q5_0 / Q6_K codecs and SentencePiece tokenizer are not on this branch, so it cannot be
-imported whole here; everything the architecture decides is checked.
+Its SentencePiece tokenizer is not on this branch, so it cannot be imported whole here;
+everything the architecture decides is checked.
 """
 
 from __future__ import annotations
@@ -65,44 +65,47 @@ def test_metadata_reads_into_a_gemma3_description(arch, gemma_gguf):
     assert arch["layer_types"].count("full_attention") == 3  # layers 5, 11, 17
 
 
-def _dequantized_model(path: Path, arch: dict):
-    """slm's executor over every tensor of the file dequantized to F32 by gguf-py."""
-    import gguf
-
+def _model(gguf: Path, arch: dict):
+    """slm's executor over the file's own bytes (its Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors,
+    memory-mapped, decoded by slm's codecs and kernels): no import (the tokenizer is elsewhere)."""
+    from slm import quant
     from slm.model.decoder import Config, Decoder
-    from slm.model.kernels import ReferenceKernels
     from slm.model.weights import quant_tensor
 
-    tensors = {}
-    for t in gguf.GGUFReader(path).tensors:
-        values = np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        shape = tuple(int(d) for d in reversed(t.shape))  # GGML ne -> NumPy order
-        tensors[t.name] = quant_tensor(t.name, shape, "f32", values.reshape(shape).tobytes())
-    return Decoder(Config.from_architecture(arch, "hf"), tensors, kernels=ReferenceKernels())
+    g = read_gguf(gguf, supported_nbytes)
+    tensors = {t.name: quant_tensor(t.name, t.shape, quant.by_ggml_type(t.ggml_type).name, g.tensor_bytes(t))
+               for t in g.tensors}
+    return Decoder(Config.from_architecture(arch, "hf"), tensors)
 
 
 @pytest.mark.slow
-def test_dequantized_weights_agree_with_transformers(arch, gemma_gguf):
-    """600 positions, so the 512-wide sliding windows cut in; prints the max abs difference.
-    The float64 oracle on the first 41 positions too."""
+def test_quantized_weights_agree_with_transformers(arch, gemma_gguf):
+    """600 positions, so the 512-wide sliding windows cut in, against transformers on the same
+    file (gguf-py dequantizes it to float32); decoding past the window (the KV rings wrap)
+    against the one-shot prefill; the float64 oracle on the first 41 positions. Prints the
+    differences."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from slm.model.oracle import Oracle
 
     ids = [2] + np.random.default_rng(0).integers(3, 262_000, 599).tolist()
-    ours = _dequantized_model(gemma_gguf, arch)
+    ours = _model(gemma_gguf, arch)
     logits = ours.forward(np.asarray(ids), ours.new_cache(len(ids)), "all")
-    oracle = Oracle(arch, "hf", ours.t).logits(ids[:41])  # float64: a short prefix (causal)
+    cache = ours.new_cache(len(ids))
+    ours.forward(np.asarray(ids[:520]), cache)
+    decoded = np.stack([ours.forward(np.asarray([i]), cache)[0] for i in ids[520:]])
+    oracle = Oracle(arch, "hf", ours.t).logits(ids[:41])  # float64 (causal: a prefix is enough)
     del ours
     hf = AutoModelForCausalLM.from_pretrained(gemma_gguf.parent, gguf_file=gemma_gguf.name, dtype=torch.float32)
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0].numpy()
     diff = np.abs(logits - ref)
-    print(f"gemma-3-270m dequantized: max abs logit difference {diff.max():.3g} "
-          f"(logits std {ref.std():.3g}), mean {diff.mean():.3g}, top-1 agreement "
-          f"{np.mean(logits.argmax(-1) == ref.argmax(-1)):.4f}; float64 oracle (41 positions) "
-          f"{np.abs(oracle - ref[:41]).max():.3g}")
-    assert np.mean(logits.argmax(-1) == ref.argmax(-1)) > 0.99
-    assert diff.max() < 5e-3  # measured 6e-4 (logits std 11.5): float32 summation order
-    assert np.abs(oracle - ref[:41]).max() < 5e-4  # measured 9.9e-5
+    top1 = np.mean(logits.argmax(-1) == ref.argmax(-1))
+    print(f"gemma-3-270m Q4_K_M: max abs logit difference {diff.max():.3g} (logits std {ref.std():.3g}), "
+          f"mean {diff.mean():.3g}, top-1 agreement {top1:.4f}; decode vs prefill "
+          f"{np.abs(decoded - logits[520:]).max():.3g}; float64 oracle {np.abs(oracle - ref[:41]).max():.3g}")
+    assert top1 > 0.99
+    assert diff.max() < 5e-3  # measured 1.0e-3 (logits std 11.5): float32 summation order
+    assert np.abs(decoded - logits[520:]).max() < 5e-3  # measured 8.3e-4
+    assert np.abs(oracle - ref[:41]).max() < 5e-4  # measured 9.9e-5 (gguf-py's dequantization)
