@@ -470,14 +470,14 @@ def arch_weights(model, seed: int, norm_shift: float) -> dict[str, np.ndarray]:
     return out
 
 
-def write_hf_arch(d: Path, arch: str, weights: dict[str, np.ndarray], tok: Tokenizer, config) -> None:
+def write_hf_arch(d: Path, model, weights: dict[str, np.ndarray], tok: Tokenizer) -> None:
+    """transformers' own checkpoint of `model` holding `weights`, plus the tokenizer files."""
     import torch
-    import transformers
 
-    model = getattr(transformers, ARCHS[arch]["model"])(config)
-    model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()}, strict=not config.tie_word_embeddings)
+    model.load_state_dict({n: torch.from_numpy(w) for n, w in weights.items()},
+                          strict=not model.config.tie_word_embeddings)  # (a tied head: the embedding)
     model.save_pretrained(d, safe_serialization=True)
-    write_hf_common(d, tok, json.loads((d / "config.json").read_text()))  # + tokenizer files
+    write_hf_common(d, tok, json.loads((d / "config.json").read_text()))
 
 
 def gguf_arch_tensors(arch: str, weights: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
@@ -556,10 +556,11 @@ def make_tiny_arch_model(outdir: Path, arch: str, seed: int = 0) -> dict:
     vocab = tok.get_vocab_size()
     bos_id, eos_id = tok.token_to_id(BOS_TOKEN), tok.token_to_id(EOS_TOKEN)
     config = arch_config(arch, vocab, bos_id, eos_id)
-    torch.manual_seed(seed)  # the initial draw, all of it overwritten by arch_weights
-    weights = arch_weights(getattr(transformers, ARCHS[arch]["model"])(config), seed, ARCHS[arch]["norm_shift"])
+    torch.manual_seed(seed)  # transformers' initial draw, all of it then overwritten
+    model = getattr(transformers, ARCHS[arch]["model"])(config)
+    weights = arch_weights(model, seed, ARCHS[arch]["norm_shift"])
     hf_dir = outdir / "hf"
-    write_hf_arch(hf_dir, arch, weights, tok, config)
+    write_hf_arch(hf_dir, model, weights, tok)
     tensors = gguf_arch_tensors(arch, weights)
     paths = {"gguf": outdir / "model.gguf", "gguf_q": outdir / "model-q.gguf"}
     types = {

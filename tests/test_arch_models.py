@@ -74,6 +74,15 @@ def _oracle(store, name, ids=IDS):
 
 # ------------------------------------------------------------------------------ imports
 
+def test_fixture_is_deterministic(fixture, tmp_path):
+    again = make_tiny_model.make_tiny_model(tmp_path, seed=0, arch=fixture["arch"])
+    for key in ("gguf", "gguf_q"):
+        assert again[key].read_bytes() == fixture[key].read_bytes()
+    for path in sorted(fixture["hf"].iterdir()):
+        assert (again["hf"] / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+
 def test_hf_and_gguf_imports_describe_the_same_model(imported, fixture):
     from slm.ops.resolve import load_base
 

@@ -82,8 +82,8 @@ class KVCache:
     whatever the context."""
 
     def __init__(self, cfg: Config, capacity: int, dtype=np.float32):
-        self.windows = [cfg.window(i) for i in range(cfg.num_layers)]
-        slots = [min(capacity, w) if w else capacity for w in self.windows]
+        windows = [cfg.window(i) for i in range(cfg.num_layers)]
+        slots = [min(capacity, w) if w else capacity for w in windows]
         self.k = [np.zeros((s, cfg.num_kv_heads, cfg.head_dim), dtype=dtype) for s in slots]  # (S_l, n_kv, hd)
         self.v = [np.zeros_like(k) for k in self.k]
         self.length = 0  # positions filled
@@ -149,6 +149,7 @@ class Decoder:
         # its queries multiplied by the ratio (1.0 for all but Gemma 3 27B-like configurations)
         ratio = math.sqrt(cfg.head_dim / cfg.query_pre_attn_scalar)
         self.q_scale = None if ratio == 1.0 else np.float32(ratio)
+        self.rope_bases = [cfg.rope_base(i) for i in range(cfg.num_layers)]
 
     @property
     def overlays(self) -> list[Overlay]:
@@ -223,13 +224,12 @@ class Decoder:
         if start + T > cache.capacity:
             raise ValueError(f"KV cache holds {cache.capacity} positions; {start + T} needed")
         positions = np.arange(start, start + T)
-        tables = {base: rope_tables(cfg.head_dim, base, positions)  # base -> (cos, sin)
-                  for base in {cfg.rope_base(i) for i in range(cfg.num_layers)}}
+        tables = {base: rope_tables(cfg.head_dim, base, positions) for base in set(self.rope_bases)}  # (cos, sin)
         x = self.kernels.embed(np.asarray(tokens), self.t["token_embd.weight"])  # (T, H)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         for layer in range(cfg.num_layers):
-            x = self.block(layer, x, cache, start, *tables[cfg.rope_base(layer)])
+            x = self.block(layer, x, cache, start, *tables[self.rope_bases[layer]])
         cache.length = start + T
         if logits_for != "all":
             x = x[-1:]

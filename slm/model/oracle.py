@@ -98,7 +98,7 @@ class Oracle:
 
     def product(self, x: np.ndarray, name: str) -> np.ndarray:
         """x (T, in) @ W'^T (+ b') in float64."""
-        if not any(name in a.targets for a in self.adapters) and name.endswith(("output.weight", "token_embd.weight")):
+        if name in ("output.weight", "token_embd.weight") and not any(name in a.targets for a in self.adapters):
             w = self.t[name]  # the head: un-adapted, in row chunks
             return np.concatenate([x @ w.dequantize_rows(i, min(i + HEAD_CHUNK_ROWS, w.rows)).astype(np.float64).T
                                    for i in range(0, w.rows, HEAD_CHUNK_ROWS)], axis=1)
