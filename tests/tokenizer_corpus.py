@@ -1,4 +1,5 @@
-"""Awkward strings for tokenizer differential tests, generated deterministically.
+"""Awkward strings for tokenizer differential tests, generated deterministically, and the
+llama.cpp reference they are checked against, and the real GGUF vocabularies to check.
 
 corpus(n, seed) = the hand-picked strings below + random strings built from a fixed seed out of
 pieces that trip tokenizers: runs of spaces/tabs/newlines, CRLF, scripts without spaces (CJK,
@@ -9,6 +10,7 @@ The same (n, seed) gives the same list in any process (random.Random, no hash-or
 
 from __future__ import annotations
 
+import ctypes
 import random
 
 HAND_PICKED = [
@@ -78,3 +80,58 @@ def corpus(n: int = 1000, seed: int = 1234) -> list[str]:
     while len(out) < n:
         out.append(_random_string(rng))
     return out
+
+
+class LlamaCppVocab:
+    """llama.cpp's tokenizer on a GGUF file (llama-cpp-python, vocabulary only)."""
+
+    def __init__(self, path):
+        import llama_cpp
+
+        self.lib = llama_cpp
+        self.model = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model.model)
+        self.n_tokens = llama_cpp.llama_vocab_n_tokens(self.vocab)
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        return self.model.tokenize(text.encode("utf-8"), add_bos=add_special, special=parse_special)
+
+    def detokenize(self, ids: list[int], special: bool) -> str:
+        """llama_detokenize itself (Llama.detokenize is a Python re-implementation), as text."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = self.lib.llama_detokenize(self.vocab, (self.lib.llama_token * len(ids))(*ids), len(ids),
+                                      buf, len(buf), False, special)
+        assert n >= 0
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def eog_ids(self) -> set[int]:
+        return {i for i in range(self.n_tokens) if self.lib.llama_vocab_is_eog(self.vocab, i)}
+
+
+def gemma3_gguf():
+    """Gemma 3 270M's GGUF (scripts/gemma3_path.py), or skip the test."""
+    import gemma3_path  # scripts/, on the path via conftest
+    import pytest
+
+    path = gemma3_path.locate()
+    if path is None:
+        pytest.skip("the Gemma 3 chunk packages are not installed")
+    return path
+
+
+def slm_tokenizer(path):
+    """slm's tokenizer for a GGUF, from the blob import stores; and the seconds loading took."""
+    import time
+
+    from slm.formats.gguf import read_gguf
+    from slm.formats.gguf_model import tokenizer_doc_from_gguf
+    from slm.model.tokenizer import load_tokenizer
+
+    g = read_gguf(path)
+    try:
+        doc = tokenizer_doc_from_gguf(g)
+    finally:
+        g.close()
+    start = time.perf_counter()
+    tok = load_tokenizer(doc)
+    return tok, time.perf_counter() - start

@@ -278,6 +278,10 @@ class TextTokenizer:
         """llama.cpp's llama_tokenize(text, add_special, parse_special), except that a text that
         already starts with the BOS token gets no second one: a chat template writes BOS itself
         (llama.cpp's chat code strips it from the rendered text for the same reason)."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:  # e.g. undecodable bytes on the command line
+            raise InvalidInput(f"the text is not valid Unicode (a lone surrogate at {err.start})") from err
         ids = self.codec.encode(text, parse_special)
         if add_special and self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids.insert(0, self.bos_id)
