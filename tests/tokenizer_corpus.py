@@ -19,10 +19,12 @@ HAND_PICKED = [
     "line1\r\nline2\r\n", "trailing spaces   ", "   leading spaces", "multiple     inner     spaces",
     "日本語のテキストです。", "中文分词测试，没有空格。", "한국어 텍스트", "ภาษาไทยไม่มีช่องว่าง",
     "مرحبا بالعالم", "السلام عليكم ورحمة الله", "नमस्ते दुनिया", "हिन्दी में लिखा गया पाठ",
-    "👩‍👩‍👧‍👦", "👍🏽 👍🏿 👋🏻", "🏳️‍🌈 flags 🇩🇪🇯🇵", "e\u0301 vs \u00e9", "Zalgo: Z\u0351\u0352\u0353a\u0354l\u0355g\u0356o",
+    "👩‍👩‍👧‍👦", "👍🏽 👍🏿 👋🏻", "🏳️‍🌈 flags 🇩🇪🇯🇵", "e\u0301 vs \u00e9",
+    "Zalgo: Z\u0351\u0352\u0353a\u0354l\u0355g\u0356o",
     "café naïve Zürich résumé", "Ångström ﬁ ligature ﬀ", "\u200b zero width \u200d joiner \ufeff bom",
     "def f(x):\n    return x ** 2\n", "for (int i = 0; i < n; ++i) { a[i] += b[i]; }",
-    "<div class=\"x\">&amp; &lt;tag&gt;</div>", "SELECT * FROM t WHERE a = 'b';", "{\"key\": [1, 2.5, null]}",
+    "<div class=\"x\">&amp; &lt;tag&gt;</div>", "SELECT * FROM t WHERE a = 'b';",
+    "{\"key\": [1, 2.5, null]}",
     "1234567890", "3.14159265358979", "1,000,000.00", "0x1F 0b1010 1e-9", "2024-12-31T23:59:59Z",
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     "=" * 64, "-" * 33 + ">" , "!!!???...", "\\n is not a newline", "\x00 nul \x07 bell \x1b[31m",
@@ -34,17 +36,20 @@ HAND_PICKED = [
     "I'm you're it's we'll they'd", "DON'T SHOUT", "don't   stop", "U.S.A. e.g. i.e.",
 ]
 
-_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "Tokenizer", "unbelievable",
-          "internationalization", "GGUF", "llama.cpp", "naïve", "façade", "straße", "Москва", "Ελληνικά",
-          "東京", "北京市", "こんにちは", "안녕하세요", "สวัสดี", "שלום", "مرحبا", "नमस्ते", "বাংলা", "தமிழ்"]
+_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "Tokenizer",
+          "unbelievable", "internationalization", "GGUF", "llama.cpp", "naïve", "façade", "straße",
+          "Москва", "Ελληνικά", "東京", "北京市", "こんにちは", "안녕하세요", "สวัสดี", "שלום", "مرحبا",
+          "नमस्ते", "বাংলা", "தமிழ்"]
 _SPACES = [" ", "  ", "   ", "    ", "\t", "\t\t", "\n", "\n\n", "\r\n", " \n", "\n ", "\u00a0", "\u3000"]
-_SYMBOLS = list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + ["...", "—", "–", "«", "»", "“", "”", "€", "£", "©"]
+_SYMBOLS = [*"!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", "...", "—", "–", "«", "»", "“", "”", "€", "£", "©"]
 _EMOJI = ["😀", "🤖", "👩‍💻", "👨‍👩‍👧", "👍🏽", "🏳️‍⚧️", "❤️", "🇺🇸", "🧑🏿‍🚀", "🙂‍↔️", "✋🏻", "🫠"]
 _COMBINING = ["\u0301", "\u0308", "\u0327", "\u0323", "\u20dd", "\u034f"]
-_CODE = ["def main():", "return None", "x += 1;", "if (a && b) {", "}", "#include <stdio.h>", "print(f'{x!r}')",
-         "lambda x: x", "=>", "!==", "::", "->", "/* comment */", "// TODO", "0xDEADBEEF"]
-_SPECIAL = ["<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "<|im_start|>",
-            "<|im_end|>", "<|endoftext|>", "<start_of_image>", "<unused7>", "<0x0A>", "<s>", "</s>", "<b>"]
+_CODE = ["def main():", "return None", "x += 1;", "if (a && b) {", "}", "#include <stdio.h>",
+         "print(f'{x!r}')", "lambda x: x", "=>", "!==", "::", "->", "/* comment */", "// TODO",
+         "0xDEADBEEF"]
+_SPECIAL = ["<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>", "<unk>", "<mask>",
+            "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<start_of_image>", "<unused7>", "<0x0A>",
+            "<s>", "</s>", "<b>"]
 
 
 def _piece(rng: random.Random) -> str:
@@ -62,7 +67,8 @@ def _piece(rng: random.Random) -> str:
     if kind == 7:
         return rng.choice(_CODE)
     if kind == 8:
-        return rng.choice([str(rng.randrange(10 ** rng.randint(1, 12))), rng.choice("a ._-\n0") * rng.randint(2, 40)])
+        run = rng.choice("a ._-\n0") * rng.randint(2, 40)  # long runs of one character
+        return rng.choice([str(rng.randrange(10 ** rng.randint(1, 12))), run])
     return rng.choice(_SPECIAL)
 
 
