@@ -14,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slm.errors import InvalidInput
+from slm.formats.gguf import read_gguf
+from slm.formats.gguf_model import tokenizer_doc_from_gguf
 from slm.model.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, load_tokenizer
 from tokenizer_corpus import LlamaCppVocab, corpus
 
@@ -139,6 +141,10 @@ def test_bad_vocabularies_are_one_line_errors():
         load_tokenizer(json.dumps({"source": "gguf", "fields": fields(model="t5")}).encode())
     with pytest.raises(InvalidInput, match="surrogate"):
         tokenizer().encode("a\udcff")
+    f = fields()
+    f["ggml.scores"] = f["ggml.scores"][:-1]
+    with pytest.raises(InvalidInput, match="scores"):
+        load_tokenizer(json.dumps({"source": "gguf", "fields": f}).encode())
 
 
 @settings(max_examples=300, deadline=None)
@@ -161,7 +167,7 @@ HAND = ["ab", " ab", "abc", "bcd", "a b  c", "<s>ab", "<start_of_turn>ab<end_of_
         "a<b>b", "<unk><unused0>", "é😀z", "\u2581ab", "<0x41>", "   ", "\n\nab\n"]
 
 
-def write_gguf(path, flags: dict) -> None:
+def write_gguf(path, flags: dict, model: str = "llama") -> None:
     gguf = pytest.importorskip("gguf")
     w = gguf.GGUFWriter(str(path), "llama")
     # the hyper-parameters llama.cpp reads even with vocab_only
@@ -172,7 +178,7 @@ def write_gguf(path, flags: dict) -> None:
     w.add_head_count(2)
     w.add_layer_norm_rms_eps(1e-5)
     f = fields(**flags)
-    w.add_tokenizer_model("llama")
+    w.add_tokenizer_model(model)
     w.add_token_list(f["ggml.tokens"])
     w.add_token_types(f["ggml.token_type"])
     w.add_token_scores(f["ggml.scores"])
@@ -184,6 +190,20 @@ def write_gguf(path, flags: dict) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def test_import_stores_sentencepiece_and_refuses_other_models(tmp_path):
+    write_gguf(tmp_path / "spm.gguf", {"add_space_prefix": False})
+    g = read_gguf(tmp_path / "spm.gguf")
+    doc = tokenizer_doc_from_gguf(g)
+    g.close()
+    assert json.loads(doc)["architecture"] == "llama"  # picks a fallback chat template, if any
+    assert load_tokenizer(doc).encode("ab", add_special=False) == [ID["ab"]]
+    write_gguf(tmp_path / "t5.gguf", {"add_space_prefix": False}, model="t5")
+    g = read_gguf(tmp_path / "t5.gguf")
+    with pytest.raises(InvalidInput, match="tokenizer model 't5' is not supported"):
+        tokenizer_doc_from_gguf(g)
+    g.close()
 
 
 @pytest.mark.oracle
