@@ -142,8 +142,9 @@ TOKENIZER_MODELS = {
 
 
 def tokenizer_doc_from_gguf(g: GGUFFile) -> bytes:
-    """The tokenizer as stored: every tokenizer.* key of the GGUF and general.architecture (it
-    picks a fallback chat template for files without one), as canonical JSON."""
+    """The tokenizer as stored: every tokenizer.* key of the GGUF, as canonical JSON, and for a
+    file without a chat template general.architecture (it picks the fallback template). A file
+    with a template stores exactly what slm 0.1 stored: its bases keep their digests."""
     model = _meta(g, "tokenizer.ggml.model", required=True)
     if model not in TOKENIZER_MODELS:
         raise InvalidInput(
@@ -155,8 +156,9 @@ def tokenizer_doc_from_gguf(g: GGUFFile) -> bytes:
     for required in TOKENIZER_MODELS[model]:
         if required not in fields:
             raise InvalidInput(f"{g.path.name}: missing GGUF metadata tokenizer.{required}")
-    doc = {"format": TOKENIZER_FORMAT, "source": "gguf", "fields": fields,
-           "architecture": _meta(g, "general.architecture")}
+    doc = {"format": TOKENIZER_FORMAT, "source": "gguf", "fields": fields}
+    if "chat_template" not in fields:
+        doc["architecture"] = _meta(g, "general.architecture")
     try:
         return canonical_json(doc)
     except (TypeError, ValueError) as err:
