@@ -143,19 +143,32 @@ def _plain(value):
     return value
 
 
+# tokenizer.ggml.model -> the tokenizer.* arrays slm needs to rebuild it (slm.model.tokenizer)
+TOKENIZER_MODELS = {
+    "gpt2": ("ggml.tokens", "ggml.merges"),  # byte-level BPE with its merges (GPT-2, SmolLM2)
+    "llama": ("ggml.tokens",),  # SentencePiece pieces with scores and types (Llama 2, Gemma)
+}
+
+
 def tokenizer_doc_from_gguf(g: GGUFFile) -> bytes:
-    """The tokenizer as stored: every tokenizer.* key of the GGUF, as canonical JSON."""
+    """The tokenizer as stored: every tokenizer.* key of the GGUF, as canonical JSON, and for a
+    file without a chat template general.architecture (it picks the fallback template). A file
+    with a template stores exactly what slm 0.1 stored: its bases keep their digests."""
     model = _meta(g, "tokenizer.ggml.model", required=True)
-    if model != "gpt2":
+    if model not in TOKENIZER_MODELS:
         raise InvalidInput(
-            f"{g.path.name}: tokenizer model {model!r} is not supported (slm runs GPT-2 style BPE)"
+            f"{g.path.name}: tokenizer model {model!r} is not supported "
+            f"(slm runs {', '.join(sorted(TOKENIZER_MODELS))})"
         )
     fields = {k[len("tokenizer."):]: _plain(v) for k, v in g.metadata.items()
               if k.startswith("tokenizer.")}
-    for required in ("ggml.tokens", "ggml.merges"):
+    for required in TOKENIZER_MODELS[model]:
         if required not in fields:
             raise InvalidInput(f"{g.path.name}: missing GGUF metadata tokenizer.{required}")
+    doc = {"format": TOKENIZER_FORMAT, "source": "gguf", "fields": fields}
+    if "chat_template" not in fields:
+        doc["architecture"] = _meta(g, "general.architecture")
     try:
-        return canonical_json({"format": TOKENIZER_FORMAT, "source": "gguf", "fields": fields})
+        return canonical_json(doc)
     except (TypeError, ValueError) as err:
         raise InvalidInput(f"{g.path.name}: tokenizer metadata cannot be stored: {err}") from err

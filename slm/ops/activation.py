@@ -142,9 +142,10 @@ def active(store: Store) -> Composition | None:
 
 def deactivate(store: Store, adapter_name: str) -> dict:
     with store.locked():  # read and switch under one lock (the lock is re-entrant)
-        current = active(store)
-        if current is None:
+        _, current_id = preflight(store)
+        if current_id is None:
             raise NotFound("nothing is active")
+        current = compositions.load(store, current_id)
         kept = [a for a in current.adapters if a.name != adapter_name]
         if len(kept) == len(current.adapters):
             return {"changed": False, "previous": current.id, "active": _describe(current, current.id),
@@ -154,6 +155,7 @@ def deactivate(store: Store, adapter_name: str) -> dict:
 
 def rollback(store: Store, steps: int | None = None, to: str | None = None) -> dict:
     with store.locked():
+        preflight(store)
         if to is not None:
             target = compositions.find_id(store, to)
         else:

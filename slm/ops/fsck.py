@@ -176,13 +176,14 @@ class Fsck:
         try:
             log = store.reflog.read()
         except SlmError as err:
-            def rebuild():
-                self._set_aside_damaged(store.reflog.path)
-                store.reflog.rewrite(store.reflog.salvage() if store.reflog.path.exists() else [])
             try:
                 salvaged = store.reflog.salvage()
-            except SlmError:
+            except SlmError:  # not a regular file: nothing to salvage
                 salvaged = []
+
+            def rebuild():  # the damaged log is kept in lost+found/ for the operator
+                self._quarantine(store.reflog.path)
+                store.reflog.rewrite(salvaged)
             self.add("damaged-reflog", str(err), "rebuild the reflog from its intact lines "
                      "(a lost line's ids restored from its neighbours)", rebuild)
             return salvaged, b"", 0

@@ -83,7 +83,8 @@ class Store:
     @classmethod
     def open(cls, root: Path) -> "Store":
         root = Path(root)
-        if not (root / "config.toml").is_file():
+        config = root / "config.toml"
+        if not (config.exists() or config.is_symlink()):
             raise NotFound(f"{root} is not an slm store (no config.toml); run `slm init`")
         if root.is_symlink():
             raise InvalidInput(f"{root} is a symlink; the store refuses links")

@@ -1,0 +1,506 @@
+"""The hostile-input suite (issue 11): every defect an outside attack found, and a sample of each
+class of attack that held. Run alone with `pytest -m hostile`.
+
+The promises checked: a command that fails changes nothing in the store (a snapshot compares
+every file's mode and bytes), prints one line on stderr and exits with a documented code; the
+recovery tool never hangs; nothing a user owns outside the store is destroyed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import one_line, snapshot
+from slm.store import Store
+from slm.store import digest as dg
+
+pytestmark = pytest.mark.hostile
+
+SLM = [sys.executable, "-m", "slm"]
+QUICK = 30  # seconds: a command that takes longer than this on a tiny store is a hang
+
+
+def slm_proc(store_dir, *args, timeout=QUICK, env=None, stdin=None, **kw):
+    """Run the real CLI in a child process (for hangs, signals, argv bytes, other users)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("SLM_FAULTS", "SLM_DEBUG")}
+    full_env.update(env or {})
+    argv = [*SLM, "--store", str(store_dir), *args]
+    return subprocess.run(argv, env=full_env, capture_output=True, timeout=timeout,
+                          stdin=stdin if stdin is not None else subprocess.DEVNULL, **kw)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, tiny_model):
+    """A store with a base, two adapters and three transitions in its reflog."""
+    import make_random_lora
+
+    from slm.cli import run
+
+    root = tmp_path_factory.mktemp("hostile")
+    store = root / "store"
+    for seed in (1, 2):
+        make_random_lora.make_random_lora(root / f"lora{seed}", rank=4, seed=seed, hidden=64,
+                                          intermediate=128, layers=2, kv_dim=32)
+    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"],
+                 ["import", "adapter", root / "lora1", "--name", "a1"],
+                 ["import", "adapter", root / "lora2", "--name", "a2"],
+                 ["activate", "tq"], ["activate", "tq", "a1"], ["activate", "tq", "a2"]):
+        assert run(["--store", str(store), *map(str, args)]) == 0, args
+    return {"store": store, "root": root, "tiny": tiny_model}
+
+
+@pytest.fixture
+def store_dir(template, tmp_path) -> Path:
+    dst = tmp_path / "store"
+    shutil.copytree(template["store"], dst, symlinks=True)
+    return dst
+
+
+def refused(cli, store_dir, code, *args):
+    """The command fails with `code`, one line on stderr, and the store is unchanged."""
+    before = snapshot(store_dir)
+    r = cli("--store", store_dir, *args)
+    assert r.code == code, (args, r.code, r.err)
+    assert one_line(r.err), r.err
+    assert snapshot(store_dir) == before, f"{args} changed the store"
+    return r
+
+
+def fsck_clean(cli, store_dir):
+    r = cli("--store", store_dir, "fsck")
+    assert r.code == 0, r.out + r.err
+
+
+# ------------------------------------------------------------------ data loss via --logits-out
+
+def test_logits_out_never_writes_inside_the_store(cli, store_dir):
+    blob = next((store_dir / "objects" / "blake3").iterdir())
+    data = blob.read_bytes()
+    r = refused(cli, store_dir, 4, "run", "-n", "2", "--logits-out", blob, "hello")
+    assert "inside the store" in r.err
+    assert blob.read_bytes() == data
+    fsck_clean(cli, store_dir)
+
+
+def test_a_failing_run_leaves_the_users_file_untouched(cli, store_dir, tmp_path):
+    precious = tmp_path / "precious.npy"
+    precious.write_bytes(b"the user's own data")
+    # a run that fails after its checks: the prompt is past the context of the tiny model
+    r = cli("--store", store_dir, "run", "-n", "1", "--logits-out", precious, "word " * 5000)
+    assert r.code == 4 and one_line(r.err)
+    assert precious.read_bytes() == b"the user's own data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.npy", "store"], "no temp file left"
+    # a run that succeeds replaces it
+    assert cli("--store", store_dir, "run", "-n", "2", "--logits-out", precious, "hello").code == 0
+    assert np.load(precious).dtype == np.float32
+
+
+def test_logits_out_to_an_unwritable_place_is_exit_12(cli, store_dir):
+    refused(cli, store_dir, 12, "run", "-n", "1", "--logits-out", "/proc/version", "hello")
+    refused(cli, store_dir, 12, "run", "-n", "1", "--logits-out", "/proc", "hello")
+
+
+# ------------------------------------------------------- failed commands that changed the store
+
+def test_ref_naming_a_missing_composition_is_refused_then_repaired(cli, store_dir):
+    from slm.store.refs import encode_ref
+
+    ghost = dg.of_bytes(b"no such composition")
+    (store_dir / "refs" / "active").write_bytes(encode_ref(ghost))
+    refused(cli, store_dir, 9, "activate", "tq")
+    refused(cli, store_dir, 9, "rollback")
+    refused(cli, store_dir, 9, "deactivate", "a2")
+    assert cli("--store", store_dir, "fsck").code == 9
+    assert cli("--store", store_dir, "fsck", "--repair").code == 0
+    fsck_clean(cli, store_dir)
+    assert cli("--store", store_dir, "gc").code == 0
+    assert cli("--store", store_dir, "activate", "tq").code == 0
+    fsck_clean(cli, store_dir)
+
+
+def test_torn_reflog_tail_is_refused_before_anything_is_written(cli, store_dir):
+    with open(store_dir / "logs" / "active", "ab") as f:
+        f.write(b"5 junk")
+    refused(cli, store_dir, 9, "activate", "tq", "a1", "a2")
+    assert not list((store_dir / "journal").iterdir())
+    assert cli("--store", store_dir, "fsck", "--repair").code == 0
+    fsck_clean(cli, store_dir)
+    assert cli("--store", store_dir, "activate", "tq", "a1", "a2").code == 0
+
+
+def test_damaged_middle_reflog_line_is_refused_then_rebuilt(cli, store_dir):
+    log = store_dir / "logs" / "active"
+    lines = log.read_bytes().split(b"\n")
+    before = Store.open(store_dir).reflog.entries()
+    lines[1] = lines[1][:-3] + b"xyz"  # entry 2's checksum no longer matches
+    log.write_bytes(b"\n".join(lines))
+    refused(cli, store_dir, 5, "activate", "tq", "a1", "a2")
+    refused(cli, store_dir, 5, "rollback")
+    assert cli("--store", store_dir, "fsck").code == 5
+    assert cli("--store", store_dir, "fsck", "--repair").code == 0
+    fsck_clean(cli, store_dir)
+    after = Store.open(store_dir).reflog.entries()
+    # the chain of ids restores the damaged line's transition exactly; only its op is unknown
+    assert [(e.old, e.new) for e in after] == [(e.old, e.new) for e in before]
+    assert cli("--store", store_dir, "gc").code == 0
+    assert cli("--store", store_dir, "rollback").code == 0
+    fsck_clean(cli, store_dir)
+
+
+# ---------------------------------------------------------------------- hangs, unbounded work
+
+@pytest.mark.parametrize("where", ["target_modules", "rank_pattern"])
+def test_catastrophic_backtracking_pattern_is_refused_quickly(template, store_dir, tmp_path, where):
+    adapter = tmp_path / "evil"
+    shutil.copytree(template["root"] / "lora1", adapter)
+    config_path = adapter / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    evil = "(.+)+" + "(a|aa)+" * 4 + "z"
+    if where == "target_modules":
+        config["target_modules"] = evil
+    else:
+        config["rank_pattern"] = {evil: 4}
+    config_path.write_text(json.dumps(config))
+    before = snapshot(store_dir)
+    started = time.monotonic()
+    r = slm_proc(store_dir, "import", "adapter", adapter, "--name", "evil")
+    assert time.monotonic() - started < 10
+    if where == "target_modules":  # the pattern selects no module: refused, store unchanged
+        assert r.returncode == 4 and one_line(r.stderr.decode()), r.stderr
+        assert snapshot(store_dir) == before
+    else:  # a rank_pattern key that matches nothing is harmless once it cannot hang
+        assert r.returncode == 0, r.stderr
+
+
+def test_a_pattern_that_backtracks_forever_is_cut_by_the_timeout():
+    from slm.errors import InvalidInput
+    from slm.formats import patterns
+
+    started = time.monotonic()
+    with pytest.raises(InvalidInput, match="too long to match"):
+        patterns.fullmatch(r"(a|aa)+$", "a" * 60 + "b")
+    assert time.monotonic() - started < 2
+
+
+def _plant(path: Path, kind: str) -> None:
+    """Replace a store file by a FIFO, a directory, a symlink or garbage."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+        (path / "inner").write_text("x")
+    elif kind == "symlink":
+        path.symlink_to("/etc/passwd")
+    else:
+        path.write_bytes(b"\x00\xff garbage \x1b]0;pwn\x07\n" * 3)
+
+
+STORE_FILES = {
+    "ref": lambda s: s / "refs" / "active",
+    "reflog": lambda s: s / "logs" / "active",
+    "intent": lambda s: s / "journal" / "active.intent",
+    "name": lambda s: s / "names" / "adapters" / "a1",
+    "composition-record": lambda s: next((s / "names" / "compositions").iterdir()),
+    "config": lambda s: s / "config.toml",
+}
+# fsck --repair rebuilds these; a damaged name or config needs the operator (exit 5)
+REPAIRABLE = {"ref", "reflog", "intent"}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "symlink", "garbage"])
+@pytest.mark.parametrize("which", sorted(STORE_FILES))
+def test_recovery_tools_never_hang_on_a_replaced_store_file(store_dir, which, kind):
+    target = STORE_FILES[which](store_dir)
+    _plant(target, kind)
+    for args in (["status"], ["fsck"], ["fsck", "--repair"], ["fsck"]):
+        r = slm_proc(store_dir, *args, timeout=QUICK)  # a hang raises TimeoutExpired
+        err = r.stderr.decode()
+        assert "Traceback" not in err and b"\x1b" not in r.stdout + r.stderr, (args, err)
+        assert r.returncode in (0, 5, 9), (args, r.returncode, err)
+    if which in REPAIRABLE:
+        assert r.returncode == 0, f"second fsck after --repair: {r.stdout.decode()}"
+        assert slm_proc(store_dir, "activate", "tq", "a1").returncode == 0
+    else:  # damage that needs the operator is reported, not hidden
+        assert r.returncode == 5
+
+
+def test_thousands_of_copies_of_one_adapter_are_refused_before_the_lock(cli, store_dir, tmp_path):
+    store = Store.open(store_dir)
+    manifest = (store_dir / "names" / "adapters" / "a1").read_text().strip()
+    comp = store.objects.read_verified(store.names.get("compositions", dg.hex_of(store.active_ref.read())))
+    text = comp.decode().split("[[adapters]]")[0]
+    def copies(n):
+        return "".join(f'[[adapters]]\nname = "a1"\ndigest = "{manifest}"\nload_order = {i}\nweight = 1.0\n'
+                       for i in range(1, n + 1))
+    path = tmp_path / "many.toml"
+    path.write_text(text + copies(10_000))
+    started = time.monotonic()
+    assert "at most 1048576 bytes" in refused(cli, store_dir, 4, "activate", "-f", path).err
+    path.write_text(text + copies(1_000))
+    assert "at most 64" in refused(cli, store_dir, 6, "activate", "-f", path).err
+    assert time.monotonic() - started < 10
+    dup = text + "".join(f'[[adapters]]\nname = "a1"\ndigest = "{manifest}"\nload_order = {i}\nweight = 1.0\n'
+                         for i in (1, 2))
+    path.write_text(dup)
+    assert "twice" in refused(cli, store_dir, 6, "activate", "-f", path).err
+    assert "twice" in refused(cli, store_dir, 6, "activate", "tq", "a1", "a1").err
+
+
+# -------------------------------------------------------------------------- non-finite numbers
+
+@pytest.mark.parametrize("weight", ["1e39", "-1e39", "inf", "nan", "3.5e38"])
+def test_weights_beyond_float32_are_refused(cli, store_dir, weight):
+    refused(cli, store_dir, 4, "activate", "tq", f"a1@{weight}")
+
+
+def test_weight_times_scale_overflowing_float32_is_refused(cli, store_dir):
+    refused(cli, store_dir, 6, "activate", "tq", "a1@3e38")  # finite alone, scale 2 overflows
+
+
+def _f32_tensor_offset(path: Path) -> int:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    for t in reader.tensors:
+        if t.tensor_type.name == "F32" and t.n_elements >= 64:
+            return int(t.data_offset)
+    raise AssertionError("no F32 tensor")
+
+
+def test_a_nan_inside_a_gguf_f32_tensor_is_refused_at_import(cli, store_dir, template, tmp_path):
+    bad = tmp_path / "nan.gguf"
+    shutil.copy(template["tiny"]["gguf"], bad)
+    offset = _f32_tensor_offset(bad)
+    with open(bad, "r+b") as f:
+        f.seek(offset + 4 * 5)
+        f.write(struct.pack("<f", float("nan")))
+    r = refused(cli, store_dir, 4, "import", "base", bad, "--name", "nanbase")
+    assert "not finite" in r.err
+
+
+# ---------------------------------------------------------------- documented codes, not exit 1
+
+def test_read_only_store_gives_exit_12(template, store_dir):
+    """Every directory of the store made read-only; the commands run without the capability
+    that lets root ignore file modes (setpriv), as any other user would."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    for path in [store_dir, *store_dir.rglob("*")]:
+        os.chmod(path, 0o555 if path.is_dir() else 0o444)
+    before = snapshot(store_dir)
+    try:
+        for args in (["activate", "tq"], ["rollback"], ["fsck", "--repair"], ["gc"],
+                     ["import", "base", str(template["tiny"]["gguf"]), "--name", "x"]):
+            r = subprocess.run([setpriv, "--bounding-set=-dac_override,-dac_read_search", *SLM,
+                                "--store", str(store_dir), *args], capture_output=True, timeout=QUICK)
+            assert r.returncode == 12, (args, r.returncode, r.stderr)
+            assert one_line(r.stderr.decode()), r.stderr
+        assert snapshot(store_dir) == before
+    finally:
+        for path in [store_dir, *store_dir.rglob("*")]:
+            if path.is_dir():
+                os.chmod(path, 0o755)
+
+
+def test_a_directory_named_like_an_intent_is_recovered(cli, store_dir):
+    (store_dir / "journal" / "d.intent").mkdir()
+    assert cli("--store", store_dir, "status").code == 0
+    refused(cli, store_dir, 9, "activate", "tq")
+    assert cli("--store", store_dir, "fsck").code == 9
+    assert cli("--store", store_dir, "fsck", "--repair").code == 0
+    fsck_clean(cli, store_dir)
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_deeply_nested_json_is_refused_everywhere(cli, store_dir, template, tmp_path):
+    adapter = tmp_path / "deep"
+    shutil.copytree(template["root"] / "lora1", adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["target_modules"] = "__DEEP__"
+    (adapter / "adapter_config.json").write_text(json.dumps(config).replace('"__DEEP__"', _nested(200_000)))
+    refused(cli, store_dir, 4, "import", "adapter", adapter, "--name", "deep")
+
+    header = ('{"__metadata__": {"x": ' + _nested(200_000) + "}}").encode()
+    st = adapter / "adapter_model.safetensors"
+    st.write_bytes(struct.pack("<Q", len(header)) + header)
+    shutil.copy(template["root"] / "lora1" / "adapter_config.json", adapter / "adapter_config.json")
+    refused(cli, store_dir, 4, "import", "adapter", adapter, "--name", "deep")
+
+    hf = tmp_path / "hf"
+    shutil.copytree(template["tiny"]["hf"], hf)
+    (hf / "config.json").write_text('{"a": ' + _nested(200_000) + "}")
+    refused(cli, store_dir, 4, "import", "base", hf, "--name", "deephf")
+
+
+def test_non_utf8_prompts_are_exit_4(store_dir):
+    r = slm_proc(store_dir, "run", "-n", "1", b"caf\xe9 \xff")
+    assert r.returncode == 4 and one_line(r.stderr.decode()), r.stderr
+    r = subprocess.run([*SLM, "--store", str(store_dir), "run", "-n", "1", "-"], input=b"\xff\xfe bad",
+                       capture_output=True, timeout=QUICK)
+    assert r.returncode == 4 and one_line(r.stderr.decode()), r.stderr
+
+
+@pytest.mark.parametrize("args", [["run", "--seed", "-1", "hi"], ["run", "--seed", str(2**64), "hi"],
+                                  ["run", "--threads", "0", "hi"], ["run", "--top-p", "0", "hi"],
+                                  ["run", "--temperature", "nan", "hi"]])
+def test_bad_run_options_are_exit_4(cli, store_dir, args):
+    refused(cli, store_dir, 4, *args)
+
+
+def test_a_nan_lock_timeout_in_config_is_exit_4(cli, store_dir):
+    config = store_dir / "config.toml"
+    config.write_text(config.read_text().replace("lock_timeout_s = 30.0", "lock_timeout_s = nan"))
+    assert "nan" in config.read_text()
+    refused(cli, store_dir, 4, "activate", "tq")
+
+
+# ----------------------------------------------------------------------------------- tracebacks
+
+def test_garbage_fault_spec_is_a_usage_error(store_dir):
+    r = slm_proc(store_dir, "status", env={"SLM_FAULTS": "garbage"})
+    assert r.returncode == 2 and one_line(r.stderr.decode()), r.stderr
+
+
+@pytest.mark.parametrize("module", ["typer", "numpy", "rich.console"])
+def test_ctrl_c_during_start_up_says_interrupted(store_dir, module):
+    """Ctrl-C while the CLI's own imports run, made deterministic: the import of `module`
+    raises KeyboardInterrupt exactly as a signal arriving then would."""
+    code = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def hooked(name, *a, **k):\n"
+        f"    if name == {module!r}: raise KeyboardInterrupt\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = hooked\n"
+        f"sys.argv = ['slm', '--store', {str(store_dir)!r}, 'run', 'hello']\n"
+        "from slm.entry import main\n"
+        "main()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=QUICK)
+    assert r.returncode == 130 and r.stderr.decode() == "slm: interrupted\n", r.stderr
+
+
+def test_ctrl_c_while_a_command_works_says_interrupted(store_dir):
+    # `run -` blocks reading its prompt from a pipe that stays open: the command is past start-up
+    p = subprocess.Popen([*SLM, "--store", str(store_dir), "run", "-"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=QUICK)
+    assert p.returncode == 130 and err.decode() == "slm: interrupted\n", err
+
+
+# ------------------------------------------------------------------------ terminal escapes
+
+def test_escape_sequences_in_a_manifest_name_are_refused(cli, store_dir, tmp_path):
+    store = Store.open(store_dir)
+    comp = store.objects.read_verified(store.names.get("compositions", dg.hex_of(store.active_ref.read())))
+    text = comp.decode().replace('name = "a2"', 'name = "\\u001b]0;pwn\\u0007"')
+    assert "\\u001b" in text
+    path = tmp_path / "evil.toml"
+    path.write_text(text)
+    r = refused(cli, store_dir, 4, "activate", "-f", path)
+    assert "\x1b" not in r.err and "\x07" not in r.err
+    r = cli("--store", store_dir, "status")
+    assert "\x1b" not in r.out
+
+
+def test_output_escapes_control_characters_from_the_store(cli, store_dir):
+    (store_dir / "tmp" / "\x1b]0;pwn\x07junk").write_bytes(b"x")
+    r = cli("--store", store_dir, "fsck")
+    assert r.code == 9
+    assert "\x1b" not in r.out + r.err and "\x07" not in r.out + r.err
+    assert "\\x1b" in r.out
+
+
+# ------------------------------------------------------------------ attacks that held (sample)
+
+@pytest.mark.parametrize("name", ["", "..", "a/b", "-x", " a", "a\n", "\x1b[31mred", "x" * 300, ".hidden",
+                                  "a..b", "a b", "$(rm -rf x)", "a;b", "é", "a\\b", "/abs", "a:b"])
+def test_hostile_names_are_refused(cli, store_dir, template, name):
+    r = refused(cli, store_dir, 4, "import", "adapter", template["root"] / "lora1", "--name", name)
+    assert "\x1b" not in r.err
+
+
+@pytest.mark.parametrize("cut", [0, 3, 4, 24, 100, 1000, -1000, -1])
+def test_truncated_gguf_is_refused(cli, store_dir, template, tmp_path, cut):
+    data = Path(template["tiny"]["gguf"]).read_bytes()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[:cut])
+    refused(cli, store_dir, 4, "import", "base", bad, "--name", "cut")
+
+
+@pytest.mark.parametrize("damage", ["no-weights", "config-not-json", "rank-zero", "nan-weight", "pickle-only",
+                                    "dora", "wrong-shape"])
+def test_hostile_peft_directories_are_refused(cli, store_dir, template, tmp_path, damage):
+    from safetensors.numpy import load_file, save_file
+
+    adapter = tmp_path / "peft"
+    shutil.copytree(template["root"] / "lora1", adapter)
+    st = adapter / "adapter_model.safetensors"
+    config_path = adapter / "adapter_config.json"
+    tensors = load_file(st)
+    key = sorted(tensors)[0]
+    if damage == "no-weights":
+        st.unlink()
+    elif damage == "config-not-json":
+        config_path.write_text("{not json")
+    elif damage == "rank-zero":
+        config_path.write_text(config_path.read_text().replace('"r": 4', '"r": 0'))
+    elif damage == "nan-weight":
+        tensors[key][0, 0] = np.nan
+        save_file(tensors, st)
+    elif damage == "pickle-only":
+        st.rename(adapter / "adapter_model.bin")
+    elif damage == "dora":
+        config_path.write_text(config_path.read_text().replace('"use_dora": false', '"use_dora": true'))
+        assert '"use_dora": true' in config_path.read_text()
+    else:
+        tensors[key] = np.zeros((3, 3), np.float32)
+        save_file(tensors, st)
+    r = cli("--store", store_dir, "import", "adapter", adapter, "--name", "bad")
+    assert r.code in (3, 4, 6) and one_line(r.err), (damage, r.code, r.err)
+    fsck_clean(cli, store_dir)
+    assert Store.open(store_dir).names.get("adapters", "bad") is None
+
+
+@pytest.mark.parametrize("text", ["not toml [", 'schema = "other"', "", "\x00\xff"])
+def test_malformed_composition_manifests_are_refused(cli, store_dir, tmp_path, text):
+    path = tmp_path / "m.toml"
+    path.write_bytes(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
+    refused(cli, store_dir, 4, "activate", "-f", path)
+
+
+def test_a_flipped_byte_in_a_blob_is_found_and_refused(cli, store_dir):
+    store = Store.open(store_dir)
+    base = store.names.get("bases", "tq")
+    from slm.compose.base_manifest import parse_base_manifest
+
+    digest = parse_base_manifest(store.objects.read_verified(base)).blob_digests()[3]
+    path = store.objects.path(digest)
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.chmod(path, 0o444)
+    assert cli("--store", store_dir, "fsck").code == 5
+    refused(cli, store_dir, 5, "activate", "tq", "a1")
