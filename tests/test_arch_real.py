@@ -1,9 +1,7 @@
-"""The real Gemma 3 270M Q4_K_M GGUF: its metadata read into a gemma3 description, and slm's
-executor on its quantized weights against transformers.
-
-Its SentencePiece tokenizer is not on this branch, so it cannot be imported whole here;
-everything the architecture decides is checked.
-"""
+"""The real Gemma 3 270M Q4_K_M GGUF: its metadata read into a gemma3 description, then the
+imported base (slm's codecs and fused kernels on its Q4_K, Q5_0, Q6_K, Q8_0 and F32 bytes)
+against transformers on the same file (gguf-py dequantizes it to float32) and against the
+float64 oracle."""
 
 from __future__ import annotations
 
@@ -65,41 +63,68 @@ def test_metadata_reads_into_a_gemma3_description(arch, gemma_gguf):
     assert arch["layer_types"].count("full_attention") == 3  # layers 5, 11, 17
 
 
-def _model(gguf: Path, arch: dict):
-    """slm's executor over the file's own bytes (its Q4_K, Q5_0, Q6_K, Q8_0 and F32 tensors,
-    memory-mapped, decoded by slm's codecs and kernels): no import (the tokenizer is elsewhere)."""
-    from slm import quant
-    from slm.model.decoder import Config, Decoder
-    from slm.model.weights import quant_tensor
+@pytest.fixture(scope="module")
+def store(gemma_gguf, tmp_path_factory):
+    from slm.ops.importing import import_base
+    from slm.store import init_store
 
-    g = read_gguf(gguf, supported_nbytes)
-    tensors = {t.name: quant_tensor(t.name, t.shape, quant.by_ggml_type(t.ggml_type).name, g.tensor_bytes(t))
-               for t in g.tensors}
-    return Decoder(Config.from_architecture(arch, "hf"), tensors)
+    store, _ = init_store(tmp_path_factory.mktemp("gemma") / "store")
+    import_base(store, gemma_gguf, "gemma")
+    return store
 
 
-@pytest.mark.slow
-def test_quantized_weights_agree_with_transformers(arch, gemma_gguf):
-    """600 positions, so the 512-wide sliding windows cut in, against transformers on the same
-    file (gguf-py dequantizes it to float32); decoding past the window (the KV rings wrap)
-    against the one-shot prefill; the float64 oracle on the first 41 positions. Prints the
-    differences."""
+@pytest.fixture(scope="module")
+def transformers_model(gemma_gguf):
     import torch
     from transformers import AutoModelForCausalLM
 
+    return AutoModelForCausalLM.from_pretrained(gemma_gguf.parent, gguf_file=gemma_gguf.name, dtype=torch.float32)
+
+
+def test_import_greedy_text_and_verify(store, arch, transformers_model):
+    """The imported base's description is the file's; greedy decoding gives transformers'
+    tokens; `slm verify` passes (integrity and numerics against the float64 oracle)."""
+    import torch
+
+    from slm.model.generate import generate
+    from slm.model.sampling import Sampler
+    from slm.ops.loading import load_base_model
+    from slm.ops.verify import verify
+
+    loaded = load_base_model(store, "gemma")
+    assert loaded.staged.base.architecture == arch and loaded.staged.base.qk_row_layout == "hf"
+    prompt = loaded.tokenizer.encode("The capital of France is")  # <bos> included (add_bos_token)
+    assert prompt[0] == 2
+    ours = generate(loaded.model, prompt, 24, Sampler(), frozenset()).ids
+    with torch.no_grad():
+        theirs = transformers_model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)
+    assert ours == theirs[0, len(prompt):].tolist()
+    print("gemma-3-270m greedy:", repr(loaded.tokenizer.decode(ours)))
+    report = verify(store, "gemma")
+    assert report["integrity"]["ok"] and report["numerics"]["ok"], report
+
+
+@pytest.mark.slow
+def test_quantized_weights_agree_with_transformers(store, transformers_model):
+    """600 positions, so the 512-wide sliding windows cut in; decoding past the window (the KV
+    rings wrap) against the one-shot prefill; the float64 oracle on the first 41 positions.
+    Prints the differences."""
+    import torch
+
     from slm.model.oracle import Oracle
+    from slm.ops.loading import load_base_model
 
     ids = [2] + np.random.default_rng(0).integers(3, 262_000, 599).tolist()
-    ours = _model(gemma_gguf, arch)
+    loaded = load_base_model(store, "gemma")
+    ours = loaded.model
     logits = ours.forward(np.asarray(ids), ours.new_cache(len(ids)), "all")
     cache = ours.new_cache(len(ids))
     ours.forward(np.asarray(ids[:520]), cache)
     decoded = np.stack([ours.forward(np.asarray([i]), cache)[0] for i in ids[520:]])
-    oracle = Oracle(arch, "hf", ours.t).logits(ids[:41])  # float64 (causal: a prefix is enough)
-    del ours
-    hf = AutoModelForCausalLM.from_pretrained(gemma_gguf.parent, gguf_file=gemma_gguf.name, dtype=torch.float32)
+    base = loaded.staged.base
+    oracle = Oracle(base.architecture, base.qk_row_layout, ours.t).logits(ids[:41])  # (causal: a prefix)
     with torch.no_grad():
-        ref = hf(torch.tensor([ids])).logits[0].numpy()
+        ref = transformers_model(torch.tensor([ids])).logits[0].numpy()
     diff = np.abs(logits - ref)
     top1 = np.mean(logits.argmax(-1) == ref.argmax(-1))
     print(f"gemma-3-270m Q4_K_M: max abs logit difference {diff.max():.3g} (logits std {ref.std():.3g}), "
