@@ -88,6 +88,14 @@ class Store:
         return activation.activate(self._s, comp, list(adapters), None if file is None else Path(file),
                                    memory_budget)
 
+    def upgrade(self, comp: Composition | str | None = None, memory_budget: str | None = None) -> Transition:
+        """Rebuild a composition (default: the active one) for this runtime version, verify it
+        against the oracle, and make it active (docs/concepts.md, "Runtime upgrades")."""
+        from slm.ops.upgrade import upgrade
+
+        ref = comp.id if isinstance(comp, Composition) else comp
+        return upgrade(self._s, ref, memory_budget)
+
     def deactivate(self, adapter: str) -> Transition:
         return activation.deactivate(self._s, adapter)
 

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from slm import render
-from slm.errors import ExitCode, SlmError
+from slm.errors import ExitCode, SlmError, UsageError
 from slm.store import faults
 
 app = typer.Typer(
@@ -105,11 +105,21 @@ def activate(
     adapters: Optional[list[str]] = typer.Argument(
         None, metavar="[ADAPTER[@WEIGHT]]...", help="Adapters in load order, each with an optional weight."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Activate a composition manifest (TOML)."),
+    upgrade: bool = typer.Option(
+        False, "--upgrade",
+        help="Rebuild the active composition (or the one named instead of BASE) for this slm "
+             "version, verify it against the oracle, and activate it."),
     memory_budget: Optional[str] = MemoryBudgetOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Validate a composition and make it the active one, atomically."""
-    result = _store(ctx).activate(base, adapters or [], file=file, memory_budget=memory_budget)
+    store = _store(ctx)
+    if upgrade:
+        if adapters or file is not None:
+            raise UsageError("--upgrade takes at most one composition id, no adapters or -f")
+        result = store.upgrade(base, memory_budget=memory_budget)
+    else:
+        result = store.activate(base, adapters or [], file=file, memory_budget=memory_budget)
     _show(result, json_out, render.transition)
 
 
