@@ -232,8 +232,8 @@ def main() -> int:
     results["import_mb_s"] = imp.total_bytes / 2**20 / (time.perf_counter() - t)
     peft_dir = make_random_lora.make_random_lora(work / "lora16", rank=16, alpha=32.0, std=0.02)
     import_adapter(store, peft_dir, "lora16")
-    comp_ids = {"base": activate(store, "smollm2", [])["active"]["id"],
-                "lora": activate(store, "smollm2", ["lora16"])["active"]["id"]}
+    comp_ids = {"base": activate(store, "smollm2", []).active.id,
+                "lora": activate(store, "smollm2", ["lora16"]).active.id}
     tok = load_base_model(store, "smollm2").tokenizer
     short = tok.encode(PROMPT)
     filler = tok.encode(" ".join(["The quick brown fox jumps over the lazy dog."] * 80))

@@ -1,12 +1,49 @@
-"""slm: an immutable quantized base, adapters as reversible overlays."""
+"""slm: an immutable quantized base, adapters as reversible overlays.
 
-import os
+The public API (docs/api.md). Importing slm is cheap and changes nothing in the process: the
+names below load their modules on first use (PEP 562), so the `slm` command's start-up does
+not pay for NumPy or the executor, and no environment variable is set here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-# slm parallelises its matrix-vector work itself (C kernels on OpenMP threads, and two
-# threads for a prompt's BLAS work). A multi-threaded OpenBLAS pool spinning beside them made
-# a decode step on 2 busy cores 20-100x slower (measured, docs/benchmarks.md): OpenBLAS gets
-# one thread per caller. A default only; it takes effect when slm is imported before NumPy,
-# as the `slm` command does.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+_EXPORTS = {
+    "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api",
+    "Composition": "slm.compose.composition", "ImportResult": "slm.ops.importing",
+    "AdapterEntry": "slm.ops.results", "CompositionInfo": "slm.ops.results", "Transition": "slm.ops.results",
+    "Status": "slm.ops.results", "LogEntry": "slm.ops.results", "Finding": "slm.ops.results",
+    "FsckReport": "slm.ops.results", "GcPlan": "slm.ops.results", "Generation": "slm.ops.results",
+    "Timings": "slm.ops.results", "VerifyReport": "slm.ops.results",
+    "ExitCode": "slm.errors", "SlmError": "slm.errors", "UsageError": "slm.errors", "NotFound": "slm.errors",
+    "InvalidInput": "slm.errors", "IntegrityError": "slm.errors", "Incompatible": "slm.errors",
+    "Busy": "slm.errors", "BudgetExceeded": "slm.errors", "NeedsRecovery": "slm.errors",
+    "NumericsError": "slm.errors", "Switched": "slm.errors", "IOFailure": "slm.errors",
+    "CommittedIncomplete": "slm.errors",
+}
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'slm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from slm.api import Runtime, Session, Store  # noqa: F401
+    from slm.compose.composition import Composition  # noqa: F401
+    from slm.errors import *  # noqa: F401,F403
+    from slm.ops.importing import ImportResult  # noqa: F401
+    from slm.ops.results import *  # noqa: F401,F403

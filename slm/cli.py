@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -11,9 +10,8 @@ from typing import Optional
 import typer
 
 from slm import render
-from slm.errors import ExitCode, SlmError, Switched, UsageError
-from slm.store import Store, faults, find_store, init_store
-from slm.store.store import default_init_path
+from slm.errors import ExitCode, SlmError, UsageError
+from slm.store import faults
 
 app = typer.Typer(
     name="slm",
@@ -45,25 +43,32 @@ def _global(
     ctx.obj = {"store": store}
 
 
-def _ops(name: str):
-    """Import an operation module when its command runs: `slm status` need not load the
-    executor, the tokenizer or jinja2 (start-up time is part of every command's latency)."""
-    return importlib.import_module(f"slm.ops.{name}")
+def _store(ctx: typer.Context):
+    """The public API's Store (imported when a command runs: `slm --help` stays fast)."""
+    from slm.api import Store
+
+    return Store.open(ctx.obj["store"])
 
 
-def _store(ctx: typer.Context) -> Store:
-    return Store.open(find_store(ctx.obj["store"]))
+def _show(result, json_out: bool, printer) -> None:
+    """--json prints the result's JSON form; otherwise the human printer."""
+    if json_out:
+        render.print_json(result.to_json() if hasattr(result, "to_json") else result)
+    else:
+        printer(result)
+
+
+def _progress(json_out: bool):
+    return render.BarProgress(enabled=False if json_out else None)
 
 
 @app.command()
 def init(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """Create an empty store (./.slm, or --store / $SLM_STORE)."""
-    store, created = init_store(default_init_path(ctx.obj["store"]))
-    if json_out:
-        render.print_json({"store": str(store.root), "created": created})
-    else:
-        verb = "created" if created else "already initialised:"
-        render.out().print(f"{verb} store {store.root}")
+    from slm.api import Store
+
+    store = Store.init(ctx.obj["store"])
+    _show({"store": str(store.root), "created": store.created}, json_out, render.init_done)
 
 
 @import_app.command("base")
@@ -79,13 +84,7 @@ def import_base(
     json_out: bool = JsonOpt,
 ) -> None:
     """Import a base model. GGUF tensors are kept byte for byte; HF weights are quantized."""
-    progress = render.BarProgress(enabled=False if json_out else None)
-    result = _ops("importing").import_base(_store(ctx), path, name, quant, progress).to_json()
-    if json_out:
-        render.print_json(result)
-    else:
-        render.import_summary(result)
-
+    _show(_store(ctx).import_base(path, name, quant, _progress(json_out)), json_out, render.import_summary)
 
 
 @import_app.command("adapter")
@@ -96,12 +95,7 @@ def import_adapter(
     json_out: bool = JsonOpt,
 ) -> None:
     """Import a LoRA, IA3 or SHiRA adapter (PEFT), or a GGUF LoRA (llama.cpp)."""
-    progress = render.BarProgress(enabled=False if json_out else None)
-    result = _ops("importing").import_adapter(_store(ctx), path, name, progress).to_json()
-    if json_out:
-        render.print_json(result)
-    else:
-        render.import_summary(result)
+    _show(_store(ctx).import_adapter(path, name, _progress(json_out)), json_out, render.import_summary)
 
 
 @app.command()
@@ -111,12 +105,22 @@ def activate(
     adapters: Optional[list[str]] = typer.Argument(
         None, metavar="[ADAPTER[@WEIGHT]]...", help="Adapters in load order, each with an optional weight."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Activate a composition manifest (TOML)."),
+    upgrade: bool = typer.Option(
+        False, "--upgrade",
+        help="Rebuild the active composition (or the one named instead of BASE) for this slm "
+             "version, verify it against the oracle, and activate it."),
     memory_budget: Optional[str] = MemoryBudgetOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Validate a composition and make it the active one, atomically."""
-    result = _ops("activation").activate(_store(ctx), base, adapters or [], file, memory_budget)
-    _transition(result, json_out)
+    store = _store(ctx)
+    if upgrade:
+        if adapters or file is not None:
+            raise UsageError("--upgrade takes at most one composition id, no adapters or -f")
+        result = store.upgrade(base, memory_budget=memory_budget)
+    else:
+        result = store.activate(base, adapters or [], file=file, memory_budget=memory_budget)
+    _show(result, json_out, render.transition)
 
 
 @app.command()
@@ -126,7 +130,7 @@ def deactivate(
     json_out: bool = JsonOpt,
 ) -> None:
     """Remove one adapter from the active composition."""
-    _transition(_ops("activation").deactivate(_store(ctx), adapter), json_out)
+    _show(_store(ctx).deactivate(adapter), json_out, render.transition)
 
 
 @app.command()
@@ -137,36 +141,20 @@ def rollback(
     json_out: bool = JsonOpt,
 ) -> None:
     """Make an earlier composition active again (itself a logged transition)."""
-    if steps is not None and to is not None:
-        raise UsageError("give -n or --to, not both")
-    _transition(_ops("activation").rollback(_store(ctx), steps, to), json_out)
-
-
-def _transition(result: dict, json_out: bool) -> None:
-    if json_out:
-        render.print_json(result)
-    else:
-        render.transition(result)
+    _show(_store(ctx).rollback(steps, to), json_out, render.transition)
 
 
 @app.command()
 def status(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """Show the active composition."""
-    info = _ops("activation").status(_store(ctx))
-    if json_out:
-        render.print_json(info)
-    else:
-        render.status(info)
+    _show(_store(ctx).status(), json_out, render.status)
 
 
 @app.command("log")
 def log_cmd(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """Show the reflog: every transition of the active composition, newest first."""
-    entries = _ops("activation").log(_store(ctx))
-    if json_out:
-        render.print_json(entries)
-    else:
-        render.reflog(entries)
+    entries = _store(ctx).log()
+    _show([e.to_json() for e in entries], json_out, render.reflog)
 
 
 @app.command()
@@ -176,15 +164,10 @@ def fsck(
     json_out: bool = JsonOpt,
 ) -> None:
     """Check every blob, manifest, name, ref and reflog line (re-hashing everything)."""
-    progress = render.BarProgress(enabled=False if json_out else None)
-    report = _ops("fsck").fsck(_store(ctx), repair, progress)
-    if json_out:
-        render.print_json(report)
-    else:
-        render.fsck_report(report)
-    code = _ops("fsck").exit_code(report)
-    if code:
-        raise typer.Exit(code)
+    report = _store(ctx).fsck(repair, _progress(json_out))
+    _show(report, json_out, render.fsck_report)
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
 
 
 @app.command()
@@ -194,11 +177,8 @@ def gc(
     json_out: bool = JsonOpt,
 ) -> None:
     """Remove blobs and records that no name, ref or reflog line can reach."""
-    result = _ops("gc").gc(_store(ctx), dry_run, on_plan=None if json_out else render.gc_plan)
-    if json_out:
-        render.print_json(result)
-    else:
-        render.gc_done(result)
+    result = _store(ctx).gc(dry_run, on_plan=None if json_out else render.gc_plan)
+    _show(result, json_out, render.gc_done)
 
 
 @app.command()
@@ -211,28 +191,21 @@ def verify(
     json_out: bool = JsonOpt,
 ) -> None:
     """Re-hash every blob of a composition and check its logits against the fresh-base oracle."""
-    progress = render.BarProgress(enabled=False if json_out else None)
-    report = _ops("verify").verify(_store(ctx), ref, numerics, progress)
-    if json_out:
-        render.print_json(report)
-    else:
-        render.verify_report(report)
+    report = _store(ctx).verify(ref, numerics, _progress(json_out))
+    _show(report, json_out, render.verify_report)
     try:
-        _ops("verify").raise_for(report)
+        report.check()
     except SlmError as err:
         if json_out:  # the report on stdout already says what failed; one JSON document only
             print(f"slm: error: {err}", file=sys.stderr)
             raise typer.Exit(int(err.code)) from err
         raise
 
+
 @app.command("ls")
 def ls(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """List the bases, adapters and compositions in the store."""
-    entries = _ops("inspect").list_entries(_store(ctx))
-    if json_out:
-        render.print_json(entries)
-    else:
-        render.entries_table(entries)
+    _show(_store(ctx).ls(), json_out, render.entries_table)
 
 
 @app.command()
@@ -242,11 +215,7 @@ def show(
     json_out: bool = JsonOpt,
 ) -> None:
     """Print a base, adapter or composition manifest."""
-    info = _ops("inspect").show(_store(ctx), ref)
-    if json_out:
-        render.print_json(info)
-    else:
-        render.manifest(info)
+    _show(_store(ctx).show(ref), json_out, render.manifest)
 
 
 @app.command("run")
@@ -276,21 +245,17 @@ def run_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """Generate text on the active composition (or --base), streaming it."""
-    run_ops = _ops("run")
+    from slm.ops.run import RunOptions, prompt_from_stdin
+
+    store = _store(ctx)
     if prompt == "-":
-        prompt = run_ops.prompt_from_stdin(sys.stdin)
-    options = run_ops.RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
+        prompt = prompt_from_stdin(sys.stdin)
+    options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
                          memory_budget=memory_budget, on_switch=on_switch, threads=threads)
-    sink = None if json_out else render.stream_text
-    result = run_ops.run_prompt(_store(ctx), options, on_text=sink)
-    if json_out:
-        render.print_json(result)
-    else:
-        render.run_footer(result)
-    if result["stop_reason"] == "switched":
-        raise Switched("the active composition changed during generation; stopped at a token "
-                       "boundary (use --on-switch finish to complete on the pinned composition)")
+    result = store.run(options, on_text=None if json_out else render.stream_text)
+    _show(result, json_out, render.run_footer)
+    result.check()
 
 
 def _fail(code: int, message: str, as_json: bool) -> int:

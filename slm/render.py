@@ -36,7 +36,10 @@ def print_json(obj) -> None:
 def _clean(obj, markup: bool):
     """Every string of a result made safe to print: control characters escaped (a name, a
     tensor name or a path from a hostile file cannot drive the terminal) and, for rich, markup
-    brackets escaped (a name cannot restyle the output). Newlines of multi-line text stay."""
+    brackets escaped (a name cannot restyle the output). Newlines of multi-line text stay.
+    A typed result (slm.ops.results) is printed from its JSON form."""
+    if hasattr(obj, "to_json"):
+        obj = obj.to_json()
     if isinstance(obj, str):
         text = printable(obj, keep="\n")
         if markup:
@@ -105,6 +108,12 @@ class BarProgress:
             self._bar = None
 
 
+@sanitized(markup=False)
+def init_done(result: dict) -> None:
+    verb = "created" if result["created"] else "already initialised:"
+    print(f"{verb} store {result['store']}")
+
+
 @sanitized(markup=True)
 def import_summary(result: dict) -> None:
     types = ", ".join(f"{n} {t.upper()}" for t, n in result["dtype_counts"].items())
@@ -171,7 +180,7 @@ def transition(result: dict) -> None:
     stack = " + ".join([a["base_name"] or dg.short(a["base"]),
                         *(f"{x['name']}@{x['weight']:g}" for x in a["adapters"])])
     if not result["changed"]:
-        note = result.get("note", "already active; nothing changed")
+        note = result.get("note") or "already active; nothing changed"
         print(f"{note}: {stack} ({dg.short(a['id'])})")  # plain: names hold no markup
     else:
         print(f"active: {stack}\n  {a['id']}")
@@ -274,6 +283,7 @@ def gc_plan(plan: dict) -> None:
         out().print(f"  ... and {len(plan['blobs']) - 20} more")
 
 
+@sanitized(markup=True)
 def gc_done(result: dict) -> None:
     out().print("dry run: nothing removed" if result["dry_run"] else "done")
 

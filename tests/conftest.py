@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the slm command does (slm.entry), before NumPy
 from pathlib import Path
 
 import pytest

@@ -31,7 +31,7 @@ def fuzz_store(tmp_path_factory, tiny_model):
     store, _ = init_store(tmp_path_factory.mktemp("fuzz") / "store")
     import_base(store, tiny_model["gguf_q"], "tq")
     result = activate(store, "tq", [])
-    manifest = run_show(store, result["active"]["id"])
+    manifest = run_show(store, result.active.id)
     return store, manifest
 
 

@@ -132,3 +132,19 @@ def test_digest_helpers():
     assert dg.is_digest(d) and d == dg.of_chunks([b"a", b"bc"])
     assert not dg.is_digest("blake3:" + "g" * 64)
     assert not dg.is_digest("sha256:" + "0" * 64)
+
+
+def test_one_prefix_rule_for_digests_and_composition_ids(cli, tiny_model):
+    """Abbreviated base digests and composition ids resolve by one rule (MIN_PREFIX hex digits,
+    unique): `show` of a base and `rollback --to` of a composition accept the same lengths."""
+    from slm.ops.resolve import MIN_PREFIX
+
+    assert cli("init").code == 0
+    base = cli("import", "base", tiny_model["gguf_q"], "--name", "tq", "--json").json()["digest"]
+    comp = cli("activate", "tq", "--json").json()["active"]["id"]
+    assert cli("activate", "tq", "--json").code == 0
+    for digest, args in ((base, ["show"]), (comp, ["show"]), (comp, ["rollback", "--to"])):
+        hex_id = digest.split(":")[1]
+        short = cli(*args, hex_id[:MIN_PREFIX - 1])
+        assert short.code == 3, (args, short.err)  # too short to be a prefix: not found
+        assert cli(*args, hex_id[:MIN_PREFIX]).code == 0, args

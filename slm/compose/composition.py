@@ -85,6 +85,13 @@ class Composition:
             "provenance": {"created_at": self.created_at, "created_by": self.created_by},
         })
 
+    def for_runtime(self, runtime: dict) -> "Composition":
+        """The same base, adapters, weights and order under another runtime: another identity
+        (the identity names the runtime that verified it)."""
+        return Composition(self.base, self.tokenizer, self.architecture, self.quant_profile,
+                           {"name": runtime["name"], "version": runtime["version"]}, self.adapters,
+                           self.base_name)
+
     def with_adapters(self, adapters) -> "Composition":
         return Composition(self.base, self.tokenizer, self.architecture, self.quant_profile,
                            self.runtime, tuple(adapters), self.base_name)

@@ -31,8 +31,9 @@ def validate(comp: Composition, base_digest: str, base: BaseManifest,
         )
     if comp.runtime != RUNTIME:
         raise Incompatible(
-            f"runtime mismatch: the composition is for {comp.runtime.get('name')} "
-            f"{comp.runtime.get('version')}, this is {RUNTIME['name']} {RUNTIME['version']}"
+            f"composition {dg.short(comp.id)} was verified with {comp.runtime.get('name')} "
+            f"{comp.runtime.get('version')}, this is {RUNTIME['name']} {RUNTIME['version']}: "
+            f"`slm activate --upgrade {dg.short(comp.id)}` rebuilds it for this runtime (verified again)"
         )
     seen: set[str] = set()
     shapes = {t.name: t.shape for t in base.tensors}

@@ -16,12 +16,14 @@ the reflog) refuses before writing anything and points to `slm fsck --repair`.
 from __future__ import annotations
 
 from slm.compose.composition import Composition, stamped
-from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, NeedsRecovery, NotFound, SlmError
+from slm.errors import (CommittedIncomplete, IntegrityError, InvalidInput, NeedsRecovery, NotFound, SlmError,
+                        UsageError)
 from slm.ops import budget, compositions
+from slm.ops.results import CompositionInfo, LogEntry, Status, Transition
 from slm.store import Store, fs
 from slm.store import digest as dg
 from slm.store.journal import Intent
-from slm.store.reflog import Entry, ReflogState
+from slm.store.reflog import ReflogState
 
 
 def preflight(store: Store) -> tuple[ReflogState, str | None]:
@@ -45,16 +47,7 @@ def preflight(store: Store) -> tuple[ReflogState, str | None]:
     return log, active
 
 
-def _describe(comp: Composition, comp_id: str) -> dict:
-    return {
-        "id": comp_id,
-        "base": comp.base,
-        "base_name": comp.base_name,
-        "adapters": [{"name": a.name, "digest": a.digest, "weight": a.weight} for a in comp.adapters],
-    }
-
-
-def switch(store: Store, comp: Composition, op: str, memory_budget: str | None = None) -> dict:
+def switch(store: Store, comp: Composition, op: str, memory_budget: str | None = None) -> Transition:
     """Make `comp` the active composition (the one transaction behind every verb)."""
     with store.locked():
         log, old = preflight(store)
@@ -63,11 +56,9 @@ def switch(store: Store, comp: Composition, op: str, memory_budget: str | None =
         budget.check(est, budget.resolve(store, memory_budget), "this composition")
         new = comp.id
         if new == old:
-            return {"changed": False, "previous": old, "active": _describe(comp, new),
-                    "memory_estimate": est.to_json()}
+            return Transition(False, old, CompositionInfo.of(comp), est.to_json())
         _commit(store, stamped(comp, f"slm {op}"), op, old, log)
-    return {"changed": True, "previous": old, "active": _describe(comp, new),
-            "memory_estimate": est.to_json()}
+    return Transition(True, old, CompositionInfo.of(comp), est.to_json())
 
 
 def _commit(store: Store, comp: Composition, op: str, old: str | None, log: ReflogState) -> None:
@@ -123,7 +114,7 @@ def _store_manifest(store: Store, comp: Composition, new_blobs: list[str]) -> No
 
 
 def activate(store: Store, base: str | None, adapters: list[str], manifest_file=None,
-             memory_budget: str | None = None) -> dict:
+             memory_budget: str | None = None) -> Transition:
     if manifest_file is not None:
         if base is not None or adapters:
             raise InvalidInput("give either -f FILE or BASE [ADAPTER...], not both")
@@ -140,7 +131,7 @@ def active(store: Store) -> Composition | None:
     return None if comp_id is None else compositions.load(store, comp_id)
 
 
-def deactivate(store: Store, adapter_name: str) -> dict:
+def deactivate(store: Store, adapter_name: str) -> Transition:
     with store.locked():  # read and switch under one lock (the lock is re-entrant)
         _, current_id = preflight(store)
         if current_id is None:
@@ -148,12 +139,14 @@ def deactivate(store: Store, adapter_name: str) -> dict:
         current = compositions.load(store, current_id)
         kept = [a for a in current.adapters if a.name != adapter_name]
         if len(kept) == len(current.adapters):
-            return {"changed": False, "previous": current.id, "active": _describe(current, current.id),
-                    "note": f"adapter {adapter_name!r} is not active"}
+            return Transition(False, current.id, CompositionInfo.of(current),
+                              note=f"adapter {adapter_name!r} is not active")
         return switch(store, current.with_adapters(kept), "deactivate")
 
 
-def rollback(store: Store, steps: int | None = None, to: str | None = None) -> dict:
+def rollback(store: Store, steps: int | None = None, to: str | None = None) -> Transition:
+    if steps is not None and to is not None:
+        raise UsageError("give -n or --to, not both")
     with store.locked():
         preflight(store)
         if to is not None:
@@ -171,20 +164,13 @@ def rollback(store: Store, steps: int | None = None, to: str | None = None) -> d
         return switch(store, compositions.load(store, target), "rollback")
 
 
-def status(store: Store) -> dict:
+def status(store: Store) -> Status:
     comp_id = store.active_ref.read()
     entries = store.reflog.read()
-    info = {"active": None, "transitions": len(entries.entries),
-            "torn_reflog_tail": bool(entries.torn_tail),
-            "interrupted_transaction": bool(store.journal.pending())}
-    if comp_id is not None:
-        info["active"] = _describe(compositions.load(store, comp_id), comp_id)
-    return info
+    active_info = CompositionInfo.of(compositions.load(store, comp_id)) if comp_id is not None else None
+    return Status(active_info, len(entries.entries), bool(entries.torn_tail), bool(store.journal.pending()))
 
 
-def log(store: Store) -> list[dict]:
-    return [_entry(e) for e in reversed(store.reflog.entries())]
-
-
-def _entry(e: Entry) -> dict:
-    return {"seq": e.seq, "op": e.op, "old": e.old, "new": e.new, "time": e.time}
+def log(store: Store) -> list[LogEntry]:
+    """Every transition, newest first."""
+    return [LogEntry(e.seq, e.op, e.old, e.new, e.time) for e in reversed(store.reflog.entries())]

@@ -15,7 +15,7 @@ from slm.compose.composition import (MAX_ADAPTERS, AdapterRef, Composition, chec
 from slm.compose.validate import validate
 from slm.errors import Incompatible, IntegrityError, InvalidInput, NotFound
 from slm.model.overlays import Overlay, TargetData, build_overlay
-from slm.ops.resolve import load_base, resolve
+from slm.ops.resolve import by_prefix, load_base, resolve
 from slm.store import Store
 from slm.store import digest as dg
 
@@ -75,15 +75,12 @@ def load(store: Store, comp_id: str) -> Composition:
 
 
 def find_id(store: Store, ref: str) -> str:
-    """A composition id from a full id or a unique prefix of one."""
-    hex_part = ref.removeprefix(dg.PREFIX).lower()
-    known = [d for name, _ in store.names.items("compositions") for d in [dg.PREFIX + name]]
-    matches = [d for d in known if dg.hex_of(d).startswith(hex_part)] if len(hex_part) >= 4 else []
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise InvalidInput(f"composition prefix {ref!r} is ambiguous")
-    raise NotFound(f"no composition {ref!r} in the store")
+    """A composition id from a full id or a unique prefix of one (resolve.by_prefix)."""
+    found = by_prefix([dg.PREFIX + hex_id for hex_id, _ in store.names.items("compositions")], ref,
+                      "composition")
+    if found is None:
+        raise NotFound(f"no composition {ref!r} in the store")
+    return found
 
 
 @dataclass

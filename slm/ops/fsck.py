@@ -19,27 +19,18 @@ to lost+found/ so that re-importing the original file can store it again.
 from __future__ import annotations
 
 import stat
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
-from slm.errors import ExitCode, SlmError
+from slm.errors import SlmError
 from slm.ops import compositions
 from slm.ops.progress import NoProgress, Progress
+from slm.ops.results import Finding, FsckReport
 from slm.store import Store
 from slm.store import digest as dg
 from slm.store import fs
 from slm.store.objects import BLOB_MODE
-
-
-@dataclass
-class Finding:
-    problem: str  # a short kind: corrupt-blob, torn-reflog, interrupted, ...
-    what: str  # which file or object, and what is wrong
-    action: str = ""  # what --repair did (or would do)
-    repaired: bool = False
-    repairable: bool = True
 
 
 class Fsck:
@@ -52,11 +43,11 @@ class Fsck:
         self._name_cache: dict[str, list[tuple[str, str]]] = {}
 
     def add(self, problem: str, what: str, action: str = "", fix=None, repairable: bool = True) -> None:
-        finding = Finding(problem, what, action, repairable=repairable and fix is not None)
+        repaired = False
         if self.repair and fix is not None:
             fix()
-            finding.repaired = True
-        self.findings.append(finding)
+            repaired = True
+        self.findings.append(Finding(problem, what, action, repaired, repairable and fix is not None))
 
     # -- files ---------------------------------------------------------------------------
     def check_junk(self) -> None:
@@ -279,33 +270,17 @@ class Fsck:
     def _clear(self, path: Path) -> None:
         fs.remove_any(path)
 
-    def run(self) -> dict:
+    def run(self) -> FsckReport:
         self.check_junk()
         self.check_blobs()
         self.check_names()
         self.check_transitions()
         unresolved = [f for f in self.findings if not f.repaired]
-        return {
-            "clean": not self.findings,
-            "repair": self.repair,
-            "blobs_checked": self.blobs,
-            "bytes_checked": self.bytes,
-            "findings": [asdict(f) for f in self.findings],
-            "unresolved": len(unresolved),
-        }
+        return FsckReport(not self.findings, self.repair, self.blobs, self.bytes, tuple(self.findings),
+                          len(unresolved))
 
 
-def exit_code(report: dict) -> int:
-    unresolved = [f for f in report["findings"] if not f["repaired"]]
-    if not unresolved:
-        return int(ExitCode.OK)
-    if any(f["problem"] in ("torn-reflog", "interrupted", "ref-mismatch", "junk") and f["repairable"]
-           for f in unresolved):
-        return int(ExitCode.NEEDS_RECOVERY)
-    return int(ExitCode.INTEGRITY)
-
-
-def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -> dict:
+def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -> FsckReport:
     checker = Fsck(store, repair, progress or NoProgress())
     if not repair:
         return checker.run()

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
+from dataclasses import replace
+
 from slm.errors import NeedsRecovery
 from slm.ops import compositions
+from slm.ops.results import GcPlan
 from slm.store import Store
 from slm.store import digest as dg
 from slm.store import fs
@@ -47,7 +50,7 @@ def _reachable(store: Store) -> tuple[set[str], set[str]]:
     return keep, comps
 
 
-def plan(store: Store) -> dict:
+def plan(store: Store) -> GcPlan:
     if store.journal.pending() or store.reflog.read().torn_tail:
         raise NeedsRecovery("an earlier transaction was interrupted; run `slm fsck --repair` before gc")
     keep, comps = _reachable(store)
@@ -56,31 +59,28 @@ def plan(store: Store) -> dict:
     prefix_root = store.path("cache", "prefix")
     caches = sorted(p.name for p in prefix_root.iterdir() if dg.PREFIX + p.name not in comps) \
         if prefix_root.is_dir() else []
-    return {
-        "blobs": [{"digest": d, "bytes": store.objects.size(d)} for d in blobs],
-        "composition_records": records,
-        "cache_dirs": caches,
-        "bytes": sum(store.objects.size(d) for d in blobs),
-        "kept_blobs": len(keep),
-    }
+    sizes = {d: store.objects.size(d) for d in blobs}
+    return GcPlan(tuple({"digest": d, "bytes": sizes[d]} for d in blobs), tuple(records), tuple(caches),
+                  sum(sizes.values()), len(keep))
 
 
-def gc(store: Store, dry_run: bool = False, on_plan=None) -> dict:
+def gc(store: Store, dry_run: bool = False, on_plan=None) -> GcPlan:
+    """Remove what nothing reaches (on_plan(plan) is called with the plan first)."""
     with store.locked():
         p = plan(store)
         if on_plan:
             on_plan(p)
         if dry_run:
-            return {**p, "dry_run": True}
+            return p
         intent = store.journal.begin("gc", "gc", None, dg.of_bytes(repr(p).encode()))
-        for hex_id in p["composition_records"]:
+        for hex_id in p.composition_records:
             store.names.remove("compositions", hex_id)
-        for entry in p["blobs"]:
+        for entry in p.blobs:
             fs.point("gc.before-unlink")
             fs.unlink(store.objects.path(entry["digest"]))
-        if p["blobs"]:
+        if p.blobs:
             fs.fsync_dir(store.objects.dir)
-        for name in p["cache_dirs"]:
+        for name in p.cache_dirs:
             fs.remove_tree(store.path("cache", "prefix", name))
         store.journal.end(intent)
-    return {**p, "dry_run": False}
+    return replace(p, dry_run=False)

@@ -33,7 +33,7 @@ from slm.store import Store, fs
 from slm.store.names import validate_name
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImportResult:
     kind: str
     name: str

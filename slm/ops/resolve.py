@@ -9,7 +9,20 @@ from slm.store import Store
 from slm.store import digest as dg
 from slm.store.names import KINDS
 
-MIN_PREFIX = 8
+MIN_PREFIX = 6  # hex digits of an abbreviated digest or composition id (`slm log` shows 12)
+
+
+def by_prefix(candidates, ref: str, what: str) -> str | None:
+    """The one digest among `candidates` that `ref` (a digest, `blake3:` optional, or at least
+    MIN_PREFIX of its hex digits) names; None if none does; InvalidInput if several do. The one
+    resolver for abbreviated digests and composition ids."""
+    hex_part = ref.removeprefix(dg.PREFIX).lower()
+    if len(hex_part) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in hex_part):
+        return None
+    matches = sorted({d for d in candidates if dg.hex_of(d).startswith(hex_part)})
+    if len(matches) > 1:
+        raise InvalidInput(f"{what} prefix {ref!r} is ambiguous ({len(matches)} matches)")
+    return matches[0] if matches else None
 
 
 def resolve(store: Store, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[str, str | None]:
@@ -26,13 +39,9 @@ def resolve(store: Store, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[str
         if not store.objects.has(dg.PREFIX + hex_part):
             raise NotFound(f"no object {ref} in the store")
         return dg.PREFIX + hex_part, None
-    if len(hex_part) >= MIN_PREFIX and all(c in "0123456789abcdef" for c in hex_part):
-        manifests = {d for kind in kinds for _, d in store.names.items(kind)}
-        matches = sorted(d for d in manifests if dg.hex_of(d).startswith(hex_part))
-        if len(matches) == 1:
-            return matches[0], None
-        if len(matches) > 1:
-            raise InvalidInput(f"digest prefix {ref!r} is ambiguous ({len(matches)} matches)")
+    found = by_prefix({d for kind in kinds for _, d in store.names.items(kind)}, ref, "digest")
+    if found is not None:
+        return found, None
     kinds_text = "/".join(k[:-1] for k in kinds)
     raise NotFound(f"no {kinds_text} named {ref!r} and no such digest")
 

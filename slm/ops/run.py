@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -14,7 +14,8 @@ from slm.model.chat import render_chat
 from slm.model.generate import generate
 from slm.model.sampling import Sampler
 from slm.ops import activation, budget, compositions
-from slm.ops.loading import load_composition
+from slm.ops.loading import Loaded, load_composition
+from slm.ops.results import CompositionInfo, Generation, Timings
 from slm.ops.prefix_cache import PrefixCache
 from slm.store import Store
 
@@ -112,7 +113,7 @@ class LogitsFile:
             pass
 
 
-def run_prompt(store: Store, o: RunOptions, on_text: Callable[[str], None] | None = None) -> dict:
+def run_prompt(store: Store, o: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
     _check_options(o)
     out_file = LogitsFile(o.logits_out, store.root) if o.logits_out else None
     try:
@@ -125,7 +126,7 @@ def run_prompt(store: Store, o: RunOptions, on_text: Callable[[str], None] | Non
         raise
 
 
-def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
+def _run(store: Store, o: RunOptions, on_text, out_file: LogitsFile | None) -> Generation:
     if o.base is not None:
         comp = compositions.build(store, o.base, [])
     else:
@@ -133,6 +134,25 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
         if comp is None:
             raise NotFound("nothing is active: run `slm activate BASE [ADAPTER...]` or pass --base")
     loaded = load_composition(store, comp)
+    # Generation is pinned to the composition it started on. When running the active one,
+    # each token boundary checks refs/active; a switch stops generation unless told to finish.
+    watch = o.base is None and o.on_switch == "stop"
+    result, logits = generate_on(store, loaded, o, on_text, keep_logits=out_file is not None, watch=watch)
+    if out_file:
+        out_file.commit(logits)
+        result = replace(result, logits_out=str(o.logits_out))
+    return result
+
+
+def generate_on(store: Store, loaded: Loaded, o: RunOptions, on_text=None, keep_logits: bool = False,
+                watch: bool = False) -> tuple[Generation, np.ndarray | None]:
+    """Generate on a loaded composition: `slm run` and the API's sessions share this.
+
+    Returns the result and, with keep_logits, the float32 logits (positions x vocab) of every
+    prompt and generated position. watch: stop at a token boundary once refs/active no longer
+    names this composition.
+    """
+    _check_options(o)
     tok, model = loaded.tokenizer, loaded.model
     if o.threads is not None:
         model.kernels.set_threads(o.threads)
@@ -146,42 +166,35 @@ def _run(store: Store, o: RunOptions, on_text, out_file) -> dict:
     if len(prompt_ids) >= context:
         raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}")
     positions = min(context, len(prompt_ids) + o.max_tokens)
-    est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=out_file is not None)
+    est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=keep_logits)
     budget.check(est, budget.resolve(store, o.memory_budget), "this run")
 
     streamed = _Streamer(tok.decode, on_text)
-    # Generation is pinned to the composition it started on. When running the active one,
-    # each token boundary checks refs/active; a switch stops generation unless told to finish.
-    watch = o.base is None and o.on_switch == "stop"
 
     def on_token(token: int) -> str | None:
         streamed.push(token)
         return "switched" if watch and _switched(store, loaded.id) else None
 
     gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
-                   tok.eos_ids, keep_logits=out_file is not None, on_token=on_token,
+                   tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
                    prefix_cache=PrefixCache(store.path("cache"), loaded.id))
     streamed.flush()
-    if out_file:
-        out_file.commit(np.stack(gen.logits).astype(np.float32))  # (positions, vocab)
-    return {
-        "composition": loaded.id,
-        "base": comp.base,
-        "adapters": [{"name": a.name, "digest": a.digest, "weight": a.weight} for a in comp.adapters],
-        "prefix_cache": "hit" if gen.prefix_hit else "miss",
-        "prompt_tokens": prompt_ids,
-        "tokens": gen.ids,
-        "text": tok.decode([t for t in gen.ids if t not in tok.eos_ids]),
-        "stop_reason": gen.stop_reason,
-        "timings": {
-            "prefill_s": round(gen.prefill_s, 4),
-            "decode_s": round(gen.decode_s, 4),
-            "prefill_tok_s": round(gen.prefill_tok_s, 2),
-            "decode_tok_s": round(gen.decode_tok_s, 2),
-        },
-        "logits_out": str(o.logits_out) if o.logits_out else None,
-        "memory_estimate": est.to_json(),
-    }
+    comp = loaded.composition
+    result = Generation(
+        composition=loaded.id,
+        base=comp.base,
+        adapters=CompositionInfo.of(comp).adapters,
+        prefix_cache="hit" if gen.prefix_hit else "miss",
+        prompt_tokens=tuple(prompt_ids),
+        tokens=tuple(gen.ids),
+        text=tok.decode([t for t in gen.ids if t not in tok.eos_ids]),
+        stop_reason=gen.stop_reason,
+        timings=Timings(round(gen.prefill_s, 4), round(gen.decode_s, 4), round(gen.prefill_tok_s, 2),
+                        round(gen.decode_tok_s, 2)),
+        memory_estimate=est.to_json(),
+    )
+    logits = np.stack(gen.logits).astype(np.float32) if keep_logits else None  # (positions, vocab)
+    return result, logits
 
 
 def _switched(store: Store, pinned: str) -> bool:

@@ -13,6 +13,7 @@ from slm.errors import IntegrityError, NotFound
 from slm.model.oracle import Oracle, OracleAdapter
 from slm.ops import activation, compositions
 from slm.ops.loading import load_composition
+from slm.ops.results import CompositionInfo, VerifyReport
 from slm.ops.progress import NoProgress, Progress
 from slm.store import Store
 from slm.store import digest as dg
@@ -104,27 +105,8 @@ def check_numerics(store: Store, comp: Composition) -> dict:
 
 
 def verify(store: Store, ref: str | None = None, numerics: bool = True,
-           progress: Progress | None = None) -> dict:
+           progress: Progress | None = None) -> VerifyReport:
     comp = _composition(store, ref)  # loading re-derives the id from the manifest and checks it
-    report = {"composition": comp.id, "base": comp.base,
-              "adapters": [{"name": a.name, "digest": a.digest, "weight": a.weight} for a in comp.adapters]}
-    report["integrity"] = check_integrity(store, comp, progress or NoProgress())
-    if not report["integrity"]["ok"]:
-        report["numerics"] = None
-        return report
-    report["numerics"] = check_numerics(store, comp) if numerics else None
-    return report
-
-
-def raise_for(report: dict) -> None:
-    from slm.errors import NumericsError
-
-    if not report["integrity"]["ok"]:
-        bad = report["integrity"]["bad_blobs"]
-        raise IntegrityError(f"verify failed: {len(bad)} blob(s) missing or corrupt, e.g. {dg.short(bad[0])}")
-    n = report["numerics"]
-    if n is not None and not n["ok"]:
-        raise NumericsError(
-            f"verify failed: logits differ from the fresh-base oracle (max abs {n['max_abs_error']:.2e}, "
-            f"mean {n['mean_abs_error']:.2e}, top-1 agreement {n['top1_agreement']:.3f})"
-        )
+    integrity = check_integrity(store, comp, progress or NoProgress())
+    checked = check_numerics(store, comp) if numerics and integrity["ok"] else None
+    return VerifyReport(comp.id, comp.base, CompositionInfo.of(comp).adapters, integrity, checked)

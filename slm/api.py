@@ -1,0 +1,228 @@
+"""The public Python API (the seed's runtime boundary): what `import slm` offers.
+
+    store = slm.Store.init(path)                 # or slm.Store.open() / slm.Store.open(path)
+    store.import_base("model.gguf", name="smol") # -> ImportResult
+    comp = store.compose("smol", ["french@0.8"]) # -> Composition (pure: resolves names, writes nothing)
+    store.activate(comp)                         # -> Transition
+    rt = slm.Runtime(store); s = rt.session(comp)
+    s.generate("Once upon a time", max_tokens=32)  # -> Generation
+
+Every method is one operation of slm.ops; the CLI is a printer over these same calls. Results
+are frozen dataclasses (slm.ops.results); errors are slm.errors.SlmError subclasses, each
+with the exit code the CLI would use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from slm.compose.composition import Composition
+from slm.errors import NotFound, UsageError
+from slm.ops import activation, compositions, fsck, gc, importing, inspect, run, verify
+from slm.ops.importing import ImportResult
+from slm.ops.loading import Loaded
+from slm.ops.progress import Progress
+from slm.ops.results import FsckReport, GcPlan, Generation, LogEntry, Status, Transition, VerifyReport
+from slm.ops.runtime import Runtime as _StagedRuntime
+from slm.store import store as _store
+
+
+class Store:
+    """A store of bases, adapters and compositions, and the one active composition."""
+
+    def __init__(self, inner: _store.Store):
+        self._s = inner
+
+    created: bool = False  # set by init: whether this call created the store
+
+    @classmethod
+    def init(cls, path: str | os.PathLike | None = None) -> "Store":
+        """Create a store at `path`, else $SLM_STORE, else ./.slm (idempotent: an existing
+        store is opened; `.created` tells which)."""
+        inner, created = _store.init_store(_store.default_init_path(path))
+        store = cls(inner)
+        store.created = created
+        return store
+
+    @classmethod
+    def open(cls, path: str | os.PathLike | None = None) -> "Store":
+        """The store at `path`, else $SLM_STORE, else .slm found upward from the working directory."""
+        return cls(_store.Store.open(_store.find_store(path)))
+
+    @property
+    def root(self) -> Path:
+        return self._s.root
+
+    # -- import ----------------------------------------------------------------------------
+    def import_base(self, path: str | os.PathLike, name: str, quant: str | None = None,
+                    progress: Progress | None = None) -> ImportResult:
+        return importing.import_base(self._s, Path(path), name, quant, progress)
+
+    def import_adapter(self, path: str | os.PathLike, name: str,
+                       progress: Progress | None = None) -> ImportResult:
+        return importing.import_adapter(self._s, Path(path), name, progress)
+
+    # -- compositions and the active one ---------------------------------------------------
+    def compose(self, base: str, adapters: Sequence[str] = ()) -> Composition:
+        """A composition from a base and "NAME[@WEIGHT]" specs in load order; writes nothing."""
+        return compositions.build(self._s, base, list(adapters))
+
+    def composition(self, ref: str) -> Composition:
+        """A stored composition by id or unique id prefix."""
+        return compositions.load(self._s, compositions.find_id(self._s, ref))
+
+    def activate(self, comp: Composition | str | None = None, adapters: Sequence[str] = (), *,
+                 file: str | os.PathLike | None = None, memory_budget: str | None = None) -> Transition:
+        """Validate a composition (every blob re-hashed) and make it the active one, atomically.
+
+        `comp` is a Composition, or a base name with `adapters` ("NAME[@WEIGHT]" in load
+        order); or `file` names a composition manifest (TOML), as `slm activate -f`."""
+        if isinstance(comp, Composition):
+            if adapters or file is not None:
+                raise UsageError("give a Composition alone, or a base with adapters, or a file")
+            return activation.switch(self._s, comp, "activate", memory_budget)
+        return activation.activate(self._s, comp, list(adapters), None if file is None else Path(file),
+                                   memory_budget)
+
+    def upgrade(self, comp: Composition | str | None = None, memory_budget: str | None = None) -> Transition:
+        """Rebuild a composition (default: the active one) for this runtime version, verify it
+        against the oracle, and make it active (docs/concepts.md, "Runtime upgrades")."""
+        from slm.ops.upgrade import upgrade
+
+        ref = comp.id if isinstance(comp, Composition) else comp
+        return upgrade(self._s, ref, memory_budget)
+
+    def deactivate(self, adapter: str) -> Transition:
+        return activation.deactivate(self._s, adapter)
+
+    def rollback(self, steps: int | None = None, to: str | None = None) -> Transition:
+        return activation.rollback(self._s, steps, to)
+
+    def status(self) -> Status:
+        return activation.status(self._s)
+
+    def log(self) -> list[LogEntry]:
+        """Every transition of the active composition, newest first."""
+        return activation.log(self._s)
+
+    def active(self) -> Composition | None:
+        return activation.active(self._s)
+
+    # -- inspection --------------------------------------------------------------------------
+    def tokenizer(self, base: str):
+        """The tokenizer of a base (query_tokenizer_info): encode, decode, special tokens."""
+        from slm.model.tokenizer import load_tokenizer
+        from slm.ops.resolve import load_base
+
+        _, manifest = load_base(self._s, base)
+        return load_tokenizer(self._s.objects.read_verified(manifest.tokenizer_digest))
+
+    def ls(self) -> list[dict]:
+        return inspect.list_entries(self._s)
+
+    def show(self, ref: str) -> dict:
+        return inspect.show(self._s, ref)
+
+    # -- integrity -----------------------------------------------------------------------------
+    def verify(self, comp: Composition | str | None = None, numerics: bool = True,
+               progress: Progress | None = None) -> VerifyReport:
+        ref = comp.id if isinstance(comp, Composition) else comp
+        return verify.verify(self._s, ref, numerics, progress)
+
+    def fsck(self, repair: bool = False, progress: Progress | None = None) -> FsckReport:
+        return fsck.fsck(self._s, repair, progress)
+
+    def gc(self, dry_run: bool = False, on_plan: Callable[[GcPlan], None] | None = None) -> GcPlan:
+        return gc.gc(self._s, dry_run, on_plan)
+
+    # -- the command line's run ----------------------------------------------------------------
+    def run(self, options: run.RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
+        """`slm run`: load the active composition (or options.base), generate, stop at a switch
+        of refs/active unless options.on_switch is "finish"; --logits-out written on success."""
+        return run.run_prompt(self._s, options, on_text)
+
+
+class Runtime:
+    """Compositions staged in this process, sharing one memory map per base; sessions on them.
+
+    Staging validates and re-hashes like an activation; switching between staged
+    compositions is a reference swap. A Runtime never changes refs/active.
+    """
+
+    def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None):
+        self.store = store
+        self._rt = _StagedRuntime(store._s, max_staged)
+        self.threads = threads
+
+    def session(self, comp: Composition | str | None = None) -> "Session":
+        """A session pinned to `comp` (a Composition, an id or prefix), or to the active one."""
+        if comp is None:
+            comp = self.store.active()
+            if comp is None:
+                raise NotFound("nothing is active: activate a composition or name one")
+        comp_id = comp.id if isinstance(comp, Composition) else compositions.find_id(self.store._s, comp)
+        return Session(self, self._rt.stage(comp_id))
+
+
+class Session:
+    """Generation on one composition, start to finish (it never changes under a session)."""
+
+    def __init__(self, runtime: Runtime, loaded: Loaded):
+        self.runtime = runtime
+        self._loaded = loaded
+
+    @property
+    def composition_id(self) -> str:
+        return self._loaded.id
+
+    def _options(self, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int,
+                 chat: bool) -> run.RunOptions:
+        return run.RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                              seed=seed, chat=chat, threads=self.runtime.threads)
+
+    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int = 0, chat: bool = False) -> Generation:
+        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
+        return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
+
+    def stream(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int = 0, chat: bool = False) -> Iterator[str]:
+        """The generated text in pieces, each as soon as it decodes to whole characters."""
+        import queue
+        import threading
+
+        pieces: queue.Queue = queue.Queue()
+        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
+        failure: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                run.generate_on(self.runtime.store._s, self._loaded, options, on_text=pieces.put)
+            except BaseException as err:  # handed to the consumer below
+                failure.append(err)
+            finally:
+                pieces.put(None)
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        while (piece := pieces.get()) is not None:
+            yield piece
+        worker.join()
+        if failure:
+            raise failure[0]
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Float32 logits (positions x vocab) of a token sequence, computed from scratch."""
+        model = self._loaded.model
+        ids = np.asarray(list(token_ids), dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0:
+            from slm.errors import InvalidInput
+
+            raise InvalidInput("logits needs a non-empty sequence of token ids")
+        cache = model.new_cache(len(ids))
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.asarray(model.forward(ids, cache, "all"), dtype=np.float32)  # (T, V)

@@ -1,0 +1,172 @@
+"""Typed results of the operations: what the public API returns and the CLI prints.
+
+Frozen dataclasses, so a result cannot be changed after the fact by whoever holds it; each
+has `to_json()` (plain dicts and lists, what `--json` prints). Built in one place each: the
+operation that produced the facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+class Result:
+    def to_json(self) -> dict:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class AdapterEntry(Result):
+    name: str
+    digest: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class CompositionInfo(Result):
+    """A composition as the user sees it: its id, its base and its adapters in load order."""
+
+    id: str
+    base: str
+    base_name: str
+    adapters: tuple[AdapterEntry, ...]
+
+    @classmethod
+    def of(cls, comp) -> "CompositionInfo":
+        """From a slm.compose.composition.Composition (the one place this view is built)."""
+        return cls(comp.id, comp.base, comp.base_name,
+                   tuple(AdapterEntry(a.name, a.digest, a.weight) for a in comp.adapters))
+
+
+@dataclass(frozen=True)
+class Transition(Result):
+    """What activate / deactivate / rollback did."""
+
+    changed: bool
+    previous: str | None
+    active: CompositionInfo
+    memory_estimate: dict[str, Any] | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Status(Result):
+    active: CompositionInfo | None
+    transitions: int
+    torn_reflog_tail: bool
+    interrupted_transaction: bool
+
+
+@dataclass(frozen=True)
+class LogEntry(Result):
+    seq: int
+    op: str
+    old: str | None
+    new: str
+    time: float
+
+
+@dataclass(frozen=True)
+class Finding(Result):
+    problem: str  # a short kind: corrupt-blob, torn-reflog, interrupted, ...
+    what: str  # which file or object, and what is wrong
+    action: str = ""  # what --repair did (or would do)
+    repaired: bool = False
+    repairable: bool = True
+
+
+@dataclass(frozen=True)
+class FsckReport(Result):
+    clean: bool
+    repair: bool
+    blobs_checked: int
+    bytes_checked: int
+    findings: tuple[Finding, ...]
+    unresolved: int
+
+    @property
+    def exit_code(self) -> int:
+        """0 clean (or all repaired), 9 an interrupted transaction --repair finishes, 5 damage."""
+        unresolved = [f for f in self.findings if not f.repaired]
+        if not unresolved:
+            return 0
+        if any(f.problem in ("torn-reflog", "interrupted", "ref-mismatch", "junk") and f.repairable
+               for f in unresolved):
+            return 9
+        return 5
+
+
+@dataclass(frozen=True)
+class GcPlan(Result):
+    blobs: tuple[dict, ...]  # {"digest", "bytes"}
+    composition_records: tuple[str, ...]
+    cache_dirs: tuple[str, ...]
+    bytes: int
+    kept_blobs: int
+    dry_run: bool = True
+
+
+@dataclass(frozen=True)
+class Timings(Result):
+    prefill_s: float
+    decode_s: float
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+@dataclass(frozen=True)
+class Generation(Result):
+    """One generation: the text, the token ids, and the composition it ran on."""
+
+    composition: str  # the composition id
+    base: str
+    adapters: tuple[AdapterEntry, ...]
+    prefix_cache: str  # "hit" or "miss"
+    prompt_tokens: tuple[int, ...]
+    tokens: tuple[int, ...]
+    text: str
+    stop_reason: str  # "eos", "length", "context", "switched"
+    timings: Timings
+    logits_out: str | None = None
+    memory_estimate: dict[str, Any] | None = None
+
+    @property
+    def composition_id(self) -> str:
+        return self.composition
+
+    def check(self) -> None:
+        """`slm run` on the active composition stops at a switch unless told to finish: exit 11."""
+        if self.stop_reason == "switched":
+            from slm.errors import Switched
+
+            raise Switched("the active composition changed during generation; stopped at a token "
+                           "boundary (use --on-switch finish to complete on the pinned composition)")
+
+
+@dataclass(frozen=True)
+class VerifyReport(Result):
+    """`slm verify`: every blob re-hashed, and (unless skipped) logits vs the float64 oracle."""
+
+    composition: str
+    base: str
+    adapters: tuple[AdapterEntry, ...]
+    integrity: dict[str, Any]  # blobs, bytes, bad_blobs, ok
+    numerics: dict[str, Any] | None  # probes, positions, errors, tolerance, ok; None if skipped
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.integrity["ok"]) and (self.numerics is None or bool(self.numerics["ok"]))
+
+    def check(self) -> None:
+        """Raise the error a failed verify exits with: integrity (5) before numerics (10)."""
+        from slm.errors import IntegrityError, NumericsError
+
+        if not self.integrity["ok"]:
+            bad = self.integrity["bad_blobs"]
+            raise IntegrityError(f"verify failed: {len(bad)} blob(s) missing or corrupt, e.g. {bad[0]}")
+        n = self.numerics
+        if n is not None and not n["ok"]:
+            raise NumericsError(
+                f"verify failed: logits differ from the fresh-base oracle (max abs {n['max_abs_error']:.2e}, "
+                f"mean {n['mean_abs_error']:.2e}, top-1 agreement {n['top1_agreement']:.3f})")

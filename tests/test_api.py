@@ -1,0 +1,65 @@
+"""The public API: docs/api.md's example runs as written on the real SmolLM2 and gives the
+tokens `slm run` gives; importing slm sets nothing; __all__ is what `slm` offers."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _example() -> str:
+    text = (ROOT / "docs" / "api.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+def test_importing_slm_changes_no_environment_variable_and_lists_the_api():
+    code = ("import os; before = dict(os.environ); import slm; "
+            "assert dict(os.environ) == before, 'import slm changed the environment'; "
+            "import sys; assert 'numpy' not in sys.modules, 'import slm loaded NumPy'; "
+            "print(' '.join(sorted(slm.__all__)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    names = set(out.split())
+    assert {"Store", "Runtime", "Session", "Composition", "Transition", "Generation", "SlmError",
+            "ExitCode", "FsckReport", "VerifyReport", "__version__"} <= names
+    import slm
+
+    for name in slm.__all__:
+        assert getattr(slm, name) is not None, name
+
+
+def test_results_are_frozen(store, tiny_model):
+    import dataclasses
+
+    import slm
+
+    api = slm.Store.open(store.root)
+    api.import_base(tiny_model["gguf_q"], "tq")
+    t = api.activate("tq")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.changed = False  # type: ignore[misc]
+    assert t.to_json()["active"]["id"] == t.active.id
+
+
+@pytest.mark.real_model
+def test_the_documented_example_runs_and_matches_slm_run(tmp_path, smollm2_gguf, cli):
+    store_dir = tmp_path / "apistore"
+    namespace = {"STORE_DIR": store_dir, "SMOLLM2_GGUF": smollm2_gguf,
+                 "FRENCH_ADAPTER": ROOT / "fixtures" / "demo_adapters" / "french"}
+    exec(compile(_example(), "docs/api.md", "exec"), namespace)
+    g, comp, pieces, logits = namespace["g"], namespace["comp"], namespace["pieces"], namespace["logits"]
+    assert g.composition_id == comp.id and g.tokens
+    assert logits.shape == (len(g.prompt_tokens), logits.shape[1]) and logits.dtype.name == "float32"
+    assert "".join(pieces)
+    # the CLI on the same (active again after the rollback) composition and prompt
+    r = cli("--store", store_dir, "run", "--json", "--chat", "-n", "24", "What is the capital of France?")
+    assert r.code == 0, r.err
+    assert r.json()["composition"] == comp.id
+    assert tuple(r.json()["tokens"]) == g.tokens
+    assert r.json()["text"] == g.text
