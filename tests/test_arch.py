@@ -113,6 +113,9 @@ def test_gemma3_config_in_the_older_spelling():
     ("qwen3", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "RoPE type 'yarn'"),
     ("gemma3", {}, "model_type 'gemma3' is not supported"),
     ("mistral", {}, "gemma3_text, llama, qwen2, qwen3"),
+    ("qwen2", {"layer_types": 5}, "malformed value"),
+    ("gemma3_text", {"hidden_activation": "gelu_pytorch_tanh", "rope_parameters": [1]}, "malformed value"),
+    ("qwen3", {"num_attention_heads": 0, "head_dim": None}, "malformed value"),
 ])
 def test_config_refusals_are_one_line(model_type, over, message):
     with pytest.raises(InvalidInput, match=message) as err:

@@ -101,6 +101,14 @@ def architecture_from_gguf(g: GGUFFile) -> dict:
         return _meta(g, p + key, None if default is archs.REQUIRED else default,
                      required=default is archs.REQUIRED)
 
+    try:
+        arch = _from_metadata(g, desc, meta)
+    except (TypeError, ValueError, ArithmeticError) as err:
+        raise InvalidInput(f"{g.path.name}: malformed {desc.gguf_arch} metadata ({err})") from err
+    return archs.check(arch, g.path.name)
+
+
+def _from_metadata(g: GGUFFile, desc: archs.Architecture, meta) -> dict:
     scaling = meta("rope.scaling.type", "none")
     if scaling not in ("none", None):
         raise InvalidInput(f"{g.path.name}: RoPE scaling {scaling!r} is not supported")
@@ -127,11 +135,7 @@ def architecture_from_gguf(g: GGUFFile) -> dict:
         "rope_theta": float(meta("rope.freq_base", 10000.0)),
         "tie_word_embeddings": not any(t.name == "output.weight" for t in g.tensors),
     }
-    try:
-        arch |= desc.from_gguf(meta, arch)
-    except (TypeError, ValueError) as err:
-        raise InvalidInput(f"{g.path.name}: malformed {desc.family} metadata ({err})") from err
-    return archs.check(arch, g.path.name)
+    return arch | desc.from_gguf(meta, arch)
 
 
 def _plain(value):

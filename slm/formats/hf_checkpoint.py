@@ -43,46 +43,49 @@ def _read_json(path: Path, what: str) -> dict:
 def architecture_from_config(cfg: dict, source: str) -> dict:
     """The [architecture] table from config.json: the common fields, then the family's own."""
     desc = archs.by_hf_model_type(cfg.get("model_type"), source)
+    try:
+        arch = _from_config(cfg, desc)
+    except KeyError as err:
+        raise InvalidInput(f"{source}: config.json lacks {err.args[0]}") from err
+    except (TypeError, ValueError, AttributeError, ArithmeticError) as err:
+        raise InvalidInput(f"{source}: config.json has a malformed value ({err})") from err
+    except InvalidInput as err:
+        raise InvalidInput(f"{source}: {err}") from err
+    return archs.check(arch, source)
+
+
+def _from_config(cfg: dict, desc: archs.Architecture) -> dict:
     if cfg.get("rope_scaling"):
-        raise InvalidInput(f"{source}: RoPE scaling {cfg['rope_scaling']!r} is not supported")
+        raise InvalidInput(f"RoPE scaling {cfg['rope_scaling']!r} is not supported")
     rope = cfg.get("rope_parameters") or {}
     # transformers 5 spells it {"rope_type", "rope_theta"}, or one such table per layer type
     per_type = rope if all(isinstance(v, dict) for v in rope.values()) else {"full_attention": rope}
     for params in per_type.values():
         if params.get("rope_type", "default") != "default":
-            raise InvalidInput(f"{source}: RoPE type {params['rope_type']!r} is not supported")
+            raise InvalidInput(f"RoPE type {params['rope_type']!r} is not supported")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
     if archs.HF_ACTIVATIONS.get(act) != desc.activation:
-        raise InvalidInput(f"{source}: activation {act!r} is not {desc.family}'s ({desc.activation})")
+        raise InvalidInput(f"activation {act!r} is not {desc.family}'s ({desc.activation})")
     sliding = cfg.get("use_sliding_window") or "sliding_attention" in (cfg.get("layer_types") or ())
     if sliding and "sliding_window" not in desc.fields:
-        raise InvalidInput(f"{source}: sliding-window attention is not supported for {desc.family} "
-                           f"(llama.cpp ignores it)")
-    try:
-        n_heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        arch = {
-            "family": desc.family,
-            "vocab_size": int(cfg["vocab_size"]),
-            "hidden_size": hidden,
-            "intermediate_size": int(cfg["intermediate_size"]),
-            "num_layers": int(cfg["num_hidden_layers"]),
-            "num_heads": n_heads,
-            "num_kv_heads": int(cfg.get("num_key_value_heads") or n_heads),
-            "head_dim": int(cfg.get("head_dim") or hidden // n_heads),
-            "context_length": int(cfg["max_position_embeddings"]),
-            "rms_norm_eps": float(cfg["rms_norm_eps"]),
-            "rope_theta": float(cfg.get("rope_theta", per_type.get("full_attention", {}).get("rope_theta", 10000.0))),
-            "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        }
-        arch |= desc.from_hf(cfg, arch)
-    except KeyError as err:
-        raise InvalidInput(f"{source}: config.json lacks {err.args[0]}") from err
-    except (TypeError, ValueError, AttributeError) as err:
-        raise InvalidInput(f"{source}: config.json has a malformed value ({err})") from err
-    except InvalidInput as err:
-        raise InvalidInput(f"{source}: {err}") from err
-    return archs.check(arch, source)
+        raise InvalidInput(f"sliding-window attention is not supported for {desc.family} (llama.cpp ignores it)")
+    n_heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    arch = {
+        "family": desc.family,
+        "vocab_size": int(cfg["vocab_size"]),
+        "hidden_size": hidden,
+        "intermediate_size": int(cfg["intermediate_size"]),
+        "num_layers": int(cfg["num_hidden_layers"]),
+        "num_heads": n_heads,
+        "num_kv_heads": int(cfg.get("num_key_value_heads") or n_heads),
+        "head_dim": int(cfg.get("head_dim") or hidden // n_heads),
+        "context_length": int(cfg["max_position_embeddings"]),
+        "rms_norm_eps": float(cfg["rms_norm_eps"]),
+        "rope_theta": float(cfg.get("rope_theta", per_type.get("full_attention", {}).get("rope_theta", 10000.0))),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+    }
+    return arch | desc.from_hf(cfg, arch)
 
 
 def _weight_files(root: Path) -> list[Path]:
