@@ -646,7 +646,7 @@ def test_base_models_are_not_gguf_loras(tiny_model):
     ("token_embd", "token embedding"),
     ("norm", "norm vector"),
     ("odd_suffix", "neither .lora_a nor .lora_b"),
-    ("arch", "'qwen2'"),
+    ("arch", "'phi3'"),  # (qwen2, gemma3: supported families)
     ("adapter_type", "'cvec'"),
     ("alora", "alora"),
     ("unsupported_type", "Q4_0"),
@@ -672,7 +672,7 @@ def test_malformed_gguf_loras_are_refused(tmp_path, case, fragment):
     elif case == "odd_suffix":
         t["blk.0.attn_q.weight.lora_c"] = np.ones((2, 2), np.float32)
     elif case == "arch":
-        kw["arch"] = "qwen2"
+        kw["arch"] = "phi3"
     elif case == "adapter_type":
         kw["adapter_type"] = "cvec"
     elif case == "alora":

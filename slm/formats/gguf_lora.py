@@ -1,6 +1,7 @@
 """GGUF LoRA adapters (llama.cpp's convert_lora_to_gguf.py layout) as AdapterSource.
 
-    metadata  general.architecture = "llama"     (llama.cpp refuses an arch other than the model's)
+    metadata  general.architecture = "llama"     (or another slm.arch family; llama.cpp refuses an
+                                                   arch other than the model's)
               general.type         = "adapter"
               adapter.type         = "lora"
               adapter.lora.alpha   = f32          (PEFT's lora_alpha; the converter ignores
@@ -11,7 +12,8 @@
 
 The converter runs lora_B through the same q/k row permutation as the base weights
 (LlamaModel.permute on the LoraTorchTensor only reorders B's rows, A is untouched), so the
-q/k rows of B are in GGUF order: row_layout = "gguf".
+q/k rows of B are in the layout of the family's GGUF bases: "gguf" for a Llama, "hf" for
+Gemma 3 and Qwen (not permuted; slm.arch gguf_qk_row_layout).
 
 Scale (llama.cpp src/llama-adapter.h, llama_adapter_lora_weight::get_scale):
     scale = adapter_scale * alpha / r   if alpha != 0, else adapter_scale
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slm import arch as archs
 from slm import quant
 from slm.errors import InvalidInput, SlmError
 from slm.formats.adapter_source import AdapterSource, AdapterTarget
@@ -85,9 +88,7 @@ def _read(g: GGUFFile) -> AdapterSource:
     general_type = meta.get("general.type")
     if general_type != "adapter":
         raise InvalidInput(f"{fname}: not a GGUF adapter (general.type={general_type!r})")
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise InvalidInput(f"{fname}: adapter architecture {arch!r} is not supported (slm runs 'llama')")
+    desc = archs.by_gguf_arch(meta.get("general.architecture"), fname)
     adapter_type = meta.get(ADAPTER_TYPE_KEY)
     if adapter_type != "lora":
         raise InvalidInput(f"{fname}: adapter type {adapter_type!r} is not supported (only 'lora')")
@@ -142,10 +143,10 @@ def _read(g: GGUFFile) -> AdapterSource:
                                      tensors={"A": A, "B": B}, scale=scale))
     if not targets:
         raise InvalidInput(f"{fname}: the adapter is empty (no LoRA tensors)")
-    requires = requires_from_lora(targets)
+    requires = requires_from_lora(targets, desc.family)
     config = {k: v for k, v in meta.items()
               if k.startswith(("general.", "adapter.")) and isinstance(v, (str, int, float, bool))}
-    return AdapterSource(format="gguf-lora", kind="lora", row_layout="gguf", targets=targets,
+    return AdapterSource(format="gguf-lora", kind="lora", row_layout=desc.gguf_qk_row_layout, targets=targets,
                          requires=requires, config=config)
 
 

@@ -249,16 +249,16 @@ def linear_role(name: str) -> str | None:
     return None
 
 
-def requires_from_lora(targets: list[AdapterTarget]) -> dict[str, Any]:
-    """What fully-shaped targets (LoRA) of a GGUF LoRA reveal of the base: {"family": "llama",
-    sizes...} (slm.formats.gguf_lora reads Llama adapters only)."""
+def requires_from_lora(targets: list[AdapterTarget], family: str) -> dict[str, Any]:
+    """What a GGUF LoRA says of its base: its family (general.architecture) and the sizes its
+    fully-shaped targets reveal."""
     found: dict[str, int] = {}
     for t in targets:
         out_var, in_var = LINEAR_ROLES[linear_role(t.module)]
         for var, value in ((out_var, t.out_features), (in_var, t.in_features)):
             if var in _DIM_FIELDS:
                 found.setdefault(var, value)
-    requires: dict[str, Any] = {"family": "llama"}
+    requires: dict[str, Any] = {"family": family}
     for var, field_name in _DIM_FIELDS.items():
         if var in found:
             requires[field_name] = found[var]
