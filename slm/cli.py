@@ -297,6 +297,8 @@ def run(argv: list[str] | None = None) -> int:
             raise
         where = f" {err.filename}" if err.filename else ""
         return _fail(ExitCode.IO, f"cannot access{where}: {err.strerror or err}", as_json)
+    except MemoryError as err:
+        return _fail(ExitCode.BUDGET, f"out of memory: {err}", as_json)
     except RecursionError:  # a hostile file nested past what a parser can follow
         return _fail(ExitCode.INVALID_INPUT, "input is nested too deeply to read", as_json)
     except Exception as err:

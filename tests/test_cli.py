@@ -17,12 +17,22 @@ def test_cli_reference_is_up_to_date():
     assert r.returncode == 0, r.stderr
 
 
-def test_help_lists_the_verbs(cli):
+VERBS = {"init", "import", "ls", "show", "run", "activate", "deactivate", "rollback", "status", "log",
+         "fsck", "gc", "verify"}
+
+
+def test_help_lists_exactly_the_verbs(cli):
+    """Each verb as the first word of a row of the command table (not a substring: 'log' must
+    not be found inside 'reflog'), and no verb the list does not know."""
+    import re
+
     r = cli("--help")
     assert r.code == 0
-    for verb in ("init", "import", "ls", "show", "run", "activate", "deactivate", "rollback",
-                 "status", "log", "fsck"):
-        assert verb in r.out
+    commands = r.out[r.out.index("Commands"):]
+    listed = set(re.findall(r"^\W+([a-z]+)\s{2,}\S", commands, re.M))
+    assert listed == VERBS
+    for verb in sorted(VERBS):
+        assert cli(verb, "--help").code == 0, verb
 
 
 def test_unknown_command_is_a_usage_error(cli):

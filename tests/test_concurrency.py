@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -65,3 +66,36 @@ def test_eight_writers_fifty_activations_each(cli, store, store_dir, tiny_model,
     assert s.active_ref.read() == entries[-1].new
     (store_dir / "stop-reading").unlink()
     assert cli("fsck").code == 0
+
+
+def test_an_activation_does_not_wait_for_a_long_import(tmp_path, tiny_model):
+    """An import stages (reads, quantizes, hashes, writes tmp/) without the store lock and takes
+    it only to commit: held at its end of staging for 20 s, it lets an activation through at
+    once; fsck meanwhile leaves its live staging area alone; then it commits."""
+    import subprocess
+    import sys
+    import time
+
+    store = tmp_path / "store"
+    slm = [sys.executable, "-m", "slm", "--store", str(store)]
+    for args in (["init"], ["import", "base", str(tiny_model["gguf_q"]), "--name", "tq"]):
+        subprocess.run([*slm, *args], check=True, capture_output=True)
+    config = store / "config.toml"
+    config.write_text(config.read_text().replace("lock_timeout_s = 30.0", "lock_timeout_s = 2.0"))
+    env = {**os.environ, "SLM_FAULTS": "pause@point=import.staged", "SLM_FAULTS_PAUSE_S": "20"}
+    importer = subprocess.Popen([*slm, "import", "base", str(tiny_model["hf"]), "--name", "th", "--quant",
+                                 "q4_0"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        assert "slm-fault paused" in importer.stderr.readline()
+        started = time.monotonic()
+        r = subprocess.run([*slm, "activate", "tq"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert time.monotonic() - started < 15, "the activation waited for the import"
+        r = subprocess.run([*slm, "fsck"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stdout  # the live staging area is not junk
+        assert importer.wait(timeout=60) == 0
+    finally:
+        importer.kill()
+    r = subprocess.run([*slm, "ls", "--json"], capture_output=True, text=True, check=True)
+    assert "th" in r.stdout
+    assert subprocess.run([*slm, "fsck"], capture_output=True).returncode == 0

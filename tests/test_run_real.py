@@ -60,7 +60,7 @@ def test_prompt_logits_and_64_greedy_tokens_match_transformers(cli, real_store, 
     print(f"max abs prompt-logit diff vs transformers: {diff:.2e}")
     assert diff <= 1e-3
     assert result["tokens"] == reference["greedy"]
-    assert result["text"].startswith(" there was a wise old wizard named Elwes.")
+    assert result["text"] == reference["text"]  # the computed reference, not a remembered string
     assert result["timings"]["prefill_tok_s"] > 0 and result["timings"]["decode_tok_s"] > 0
 
 

@@ -28,3 +28,20 @@ def test_switching_in_process_is_exact(cli, store, tiny_model, tmp_path):
     b2 = logits(rt.switch(base_id))
     assert np.array_equal(b1, b2) and not np.array_equal(a1, b1)
     assert rt.staged[lora_id].model.t is rt.staged[base_id].model.t, "one base mapping shared"
+
+
+def test_staged_compositions_are_evicted_least_recently_used_first(cli, store, tiny_model, tmp_path):
+    import make_random_lora
+
+    lora = make_random_lora.make_random_lora(tmp_path / "l", rank=4, hidden=64, intermediate=128,
+                                             layers=2, kv_dim=32)
+    assert cli("import", "base", tiny_model["gguf_q"], "--name", "tq").code == 0
+    assert cli("import", "base", tiny_model["gguf"], "--name", "tf").code == 0
+    assert cli("import", "adapter", lora, "--name", "a").code == 0
+    a, b, c = (cli("activate", *spec, "--json").json()["active"]["id"] for spec in (["tq"], ["tf"], ["tq", "a"]))
+    rt = Runtime(store, max_staged=2)
+    rt.stage(a)
+    rt.stage(b)
+    rt.stage(a)  # used again: now the most recent
+    rt.stage(c)  # over the limit: the least recently used (b) goes
+    assert list(rt.staged) == [a, c]

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from slm.errors import InvalidInput, NotFound
+from slm.quant.ggml_types import GGMLType
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -34,15 +35,6 @@ MAX_TENSORS = 1 << 20
 MAX_KV = 1 << 20
 MAX_DIMS = 4
 MAX_KEY_LEN = 1 << 16
-
-# GGML tensor type ids -> names (ggml.h), so an unsupported type can be named in errors.
-GGML_TYPE_NAMES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
-    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
-    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
-    23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
-    30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
-}
 
 # GGUF metadata value types: id -> (struct format, size) for scalars.
 _SCALARS = {
@@ -64,7 +56,11 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        return GGML_TYPE_NAMES.get(self.ggml_type, f"type#{self.ggml_type}")
+        """The GGML type's name from the one table (slm.quant.GGMLType), for messages."""
+        try:
+            return GGMLType(self.ggml_type).name
+        except ValueError:
+            return f"type#{self.ggml_type}"
 
 
 @dataclass

@@ -37,12 +37,13 @@ from slm.errors import InvalidInput, SlmError
 from slm.formats.adapter_source import AdapterSource, AdapterTarget
 from slm.formats.gguf import MAGIC, GGUFFile, read_gguf
 from slm.formats.peft import linear_role, requires_from_lora, target_order
+from slm.quant.ggml_types import GGMLType
 
 ADAPTER_TYPE_KEY = "adapter.type"
 ALPHA_KEY = "adapter.lora.alpha"
 ALORA_KEY = "adapter.alora.invocation_tokens"
 # GGML types a LoRA file may use (what convert_lora_to_gguf.py --outtype can write).
-SUPPORTED_TYPES = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0"}
+SUPPORTED_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0)  # llama.cpp writes these
 
 
 def is_gguf_lora(path) -> bool:
@@ -113,7 +114,7 @@ def _read(g: GGUFFile) -> AdapterSource:
         if info.nbytes is None:
             raise InvalidInput(
                 f"{fname}: tensor {info.name} has type {info.type_name}; supported: "
-                f"{', '.join(SUPPORTED_TYPES.values())}"
+                f"{', '.join(t.name for t in SUPPORTED_TYPES)}"
             )
         pairs.setdefault(base, {})[part] = info
 

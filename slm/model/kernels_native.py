@@ -41,6 +41,16 @@ class Job(ctypes.Structure):
                 ("lora_a", ctypes.c_void_p), ("lora_bt", ctypes.c_void_p)]
 
 
+
+# The C functions' status codes (_qkernels.c): 0 done, -1 an argument it refuses (a shape, a
+# type or a job count the Python side should never pass: a bug, not the user's input), -2 it
+# could not allocate its scratch memory.
+def _check_status(status: int, function: str, what: str) -> None:
+    if status == -2:
+        raise MemoryError(f"{function} ({what}): out of memory for its scratch buffers")
+    if status != 0:
+        raise RuntimeError(f"{function} ({what}) refused its arguments (status {status}): a bug in slm")
+
 def _load() -> ctypes.CDLL | None:
     spec = importlib.util.find_spec("slm.model._qkernels")
     if spec is None or not spec.origin:
@@ -166,9 +176,8 @@ class NativeKernels(ReferenceKernels):
         outs = [np.empty((tokens, r), dtype=np.float32) for r in rows]  # (T, out) each
         for job, out in zip(jobs, outs):
             job.out = _addr(out)
-        status = LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols)
-        if status != 0:
-            raise MemoryError(f"slm_matmul failed ({status})")
+        _check_status(LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols), "slm_matmul",
+                      weights[0].name)
         return outs
 
     def _plan(self, weights: list[QuantTensor], low_rank: list | None):
@@ -225,9 +234,8 @@ class NativeKernels(ReferenceKernels):
             return super().attend(q, k, v, first)
         _, nh, hd = q.shape
         out = np.empty((1, nh * hd), dtype=np.float32)
-        if LIB.slm_attend_one(_addr(q), _addr(k), _addr(v), _addr(out),
-                              k.shape[0], nh, k.shape[1], hd) != 0:
-            raise MemoryError("slm_attend_one: out of memory")
+        _check_status(LIB.slm_attend_one(_addr(q), _addr(k), _addr(v), _addr(out), k.shape[0], nh,
+                                         k.shape[1], hd), "slm_attend_one", "attention")
         return out
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -252,8 +260,8 @@ class NativeKernels(ReferenceKernels):
         def chunk(start: int, scratch: np.ndarray) -> None:
             stop = min(w.rows, start + step)
             buf = scratch[: (stop - start) * cols].reshape(stop - start, cols)  # (rows_chunk, in)
-            status = LIB.slm_dequantize(code, w.data.ctypes.data, w.data.strides[0], start, stop, cols, _addr(buf))
-            assert status == 0, (w.name, status)  # kernel_type checked the shape and type
+            _check_status(LIB.slm_dequantize(code, w.data.ctypes.data, w.data.strides[0], start, stop, cols,
+                                             _addr(buf)), "slm_dequantize", w.name)
             np.matmul(x, buf.T, out=out[:, start:stop])  # (T, rows_chunk)
 
         starts = list(range(0, w.rows, step))

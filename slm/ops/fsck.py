@@ -30,7 +30,7 @@ from slm.ops.results import Finding, FsckReport
 from slm.store import Store
 from slm.store import digest as dg
 from slm.store import fs
-from slm.store.objects import BLOB_MODE
+from slm.store.objects import BLOB_MODE, staging_in_use
 
 
 class Fsck:
@@ -53,6 +53,8 @@ class Fsck:
     def check_junk(self) -> None:
         root = self.store.root
         for entry in sorted((root / "tmp").iterdir()):
+            if entry.is_dir() and staging_in_use(entry):
+                continue  # an import filling it right now (it stages without the store lock)
             self.add("junk", f"tmp/{entry.name} left by an interrupted command", "remove it",
                      lambda e=entry: fs.remove_tree(e) if e.is_dir() else fs.unlink(e))
         for folder in [root / "refs", root / "logs", root / "journal", *(root / "names").glob("*")]:

@@ -30,7 +30,6 @@ from slm.formats.peft import is_peft_dir, read_peft_adapter
 from slm.ops.progress import NoProgress, Progress
 from slm.quant import get_codec
 from slm.store import Store, fs
-from slm.store.names import validate_name
 
 
 @dataclass(frozen=True)
@@ -69,12 +68,25 @@ def open_base_source(path: Path, quant: str | None) -> BaseSource:
     )
 
 
-def _commit_named(store: Store, staging, kind: str, name: str, manifest: bytes) -> tuple[str, list[str]]:
-    """Stage the manifest, journal the intent, commit every staged blob, then set the name.
+def _check_name_free(store: Store, kind: str, name: str) -> None:
+    """Fail fast, before minutes of staging, on a bad name or a damaged name file (the name
+    taken by a different import is checked under the lock at commit time: another import
+    may take it meanwhile)."""
+    store.names.get(kind + "s", name)  # validates the name, reads the file if there is one
 
-    Returns (manifest digest, digests new to the store). Runs under the store lock.
-    """
+
+def _commit_named(store: Store, staging, kind: str, name: str, manifest: bytes) -> tuple[str, list[str]]:
+    """Stage the manifest, then under the store lock: journal the intent, commit every staged
+    blob, set the name. Staging ran without the lock (a checkpoint may take minutes to
+    quantize; activations must not wait for it). Returns (manifest digest, digests new to the
+    store)."""
     digest = staging.put(manifest)
+    fs.point("import.staged")
+    with store.locked():
+        return _commit_locked(store, staging, kind, name, digest)
+
+
+def _commit_locked(store: Store, staging, kind: str, name: str, digest: str) -> tuple[str, list[str]]:
     kinds = kind + "s"
     existing = store.names.get(kinds, name)
     if existing is not None and existing != digest:
@@ -121,12 +133,11 @@ def _undo_import(store: Store, intent, new_blobs: list[str], cause: BaseExceptio
 def import_base(store: Store, path: Path, name: str, quant: str | None = None,
                 progress: Progress | None = None) -> ImportResult:
     progress = progress or NoProgress()
-    validate_name(name)
+    _check_name_free(store, "base", name)
     started = time.perf_counter()
     source = open_base_source(Path(path), quant)
     try:
-        with store.locked():
-            return _store_base(store, source, name, progress, started)
+        return _store_base(store, source, name, progress, started)
     finally:
         source.close()
 
@@ -189,30 +200,30 @@ def open_adapter_source(path: Path) -> AdapterSource:
 def import_adapter(store: Store, path: Path, name: str,
                    progress: Progress | None = None) -> ImportResult:
     progress = progress or NoProgress()
-    validate_name(name)
+    _check_name_free(store, "adapter", name)
     started = time.perf_counter()
     source = open_adapter_source(Path(path))
-    with store.locked():
-        staging = store.objects.staging()
-        try:
-            targets = []
-            progress.start("importing adapter", len(source.targets))
-            for t in sorted(source.targets, key=lambda t: t.module):
-                refs = {}
-                for key, arr in t.tensors.items():
-                    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-                        raise InvalidInput(f"{path}: tensor {key} of {t.module} has non-finite values")
-                    dtype, raw = tensor_bytes(arr)
-                    refs[key] = TensorRef(staging.put(raw), dtype, tuple(arr.shape))
-                targets.append(TargetRecord(t.module, t.out_features, t.in_features,
-                                            float(t.scale), refs, t.rank, t.ia3_on))
-                progress.advance(1)
-            progress.finish()
-            manifest = AdapterManifest(source.kind, source.format, source.row_layout,
-                                       dict(source.requires), tuple(targets))
-            digest, new = _commit_named(store, staging, "adapter", name, manifest.to_bytes())
-        finally:
-            staging.discard()
+    # staged without the store lock; _commit_named takes it to commit
+    staging = store.objects.staging()
+    try:
+        targets = []
+        progress.start("importing adapter", len(source.targets))
+        for t in sorted(source.targets, key=lambda t: t.module):
+            refs = {}
+            for key, arr in t.tensors.items():
+                if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                    raise InvalidInput(f"{path}: tensor {key} of {t.module} has non-finite values")
+                dtype, raw = tensor_bytes(arr)
+                refs[key] = TensorRef(staging.put(raw), dtype, tuple(arr.shape))
+            targets.append(TargetRecord(t.module, t.out_features, t.in_features,
+                                        float(t.scale), refs, t.rank, t.ia3_on))
+            progress.advance(1)
+        progress.finish()
+        manifest = AdapterManifest(source.kind, source.format, source.row_layout,
+                                   dict(source.requires), tuple(targets))
+        digest, new = _commit_named(store, staging, "adapter", name, manifest.to_bytes())
+    finally:
+        staging.discard()
     return ImportResult(
         kind="adapter",
         name=name,

@@ -1,10 +1,11 @@
 """An in-process runtime that keeps compositions staged and switches between them.
 
-For a long-running process (a server, a notebook, a benchmark): `switch(id)` makes another
-composition the one `generate` uses. A composition staged before is switched to by swapping
-one reference (the seed's in-memory "atomic swap of the active model handle"); a new one is
-staged first (validated, blobs re-hashed, overlays built), sharing the base's memory map.
-This does not change refs/active: that is `slm activate`'s job.
+For a long-running process (a server, a notebook, a benchmark; slm.api.Runtime wraps it):
+`switch(id)` makes another composition the current one (`self.active`), the one new work is
+given. A composition staged before is switched to by swapping one reference (the seed's
+in-memory "atomic swap of the active model handle"); a new one is staged first (validated,
+blobs re-hashed, overlays built), sharing the base's memory map. Work already running keeps
+the Loaded it was given. This does not change refs/active: that is `slm activate`'s job.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ class Runtime:
     def __init__(self, store: Store, max_staged: int = 8):
         self.store = store
         self.max_staged = max_staged
-        self.staged: dict[str, Loaded] = {}  # composition id -> loaded, most recent last
+        self.staged: dict[str, Loaded] = {}  # composition id -> loaded, least recently used first
         self.active: Loaded | None = None
 
     def stage(self, comp_id: str) -> Loaded:
         if comp_id in self.staged:
+            self.staged[comp_id] = self.staged.pop(comp_id)  # now the most recently used
             return self.staged[comp_id]
         comp = compositions.load(self.store, comp_id)
         shared = next((l for l in self.staged.values() if l.composition.base == comp.base), None)

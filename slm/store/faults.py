@@ -6,6 +6,9 @@ Selected by the environment variable SLM_FAULTS, read once when the CLI starts:
     SLM_FAULTS=crash@op=7                        exit at once before the 7th fs operation
     SLM_FAULTS=eio@op=3                          the 3rd fs operation fails with EIO
     SLM_FAULTS=enospc@op=3                       ... with ENOSPC
+    SLM_FAULTS=pause@point=import.staged         stop there for SLM_FAULTS_PAUSE_S seconds (default
+                                                 5), saying "slm-fault paused NAME" on stderr
+                                                 (concurrency tests: what can run meanwhile)
     SLM_FAULTS=trace                             print every fs operation to stderr
 
 Operations are counted from 1 in the order the fs layer performs them (named points are
@@ -18,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import time
 
 from slm.errors import IOFailure, UsageError
 from slm.store import fs
@@ -35,9 +39,10 @@ class FaultPlan:
         self.point = where.removeprefix("point=") if where.startswith("point=") else None
         op = where.removeprefix("op=") if where.startswith("op=") else None
         self.op = int(op) if op is not None and op.isdigit() else None
-        if not self.trace and (self.action not in ("crash", "eio", "enospc") or
+        if not self.trace and (self.action not in ("crash", "eio", "enospc", "pause") or
                                (self.point is None and self.op is None)):
-            raise UsageError(f"bad {ENV}={spec!r} (a test hook: crash|eio|enospc@op=N|point=NAME, or trace)")
+            raise UsageError(f"bad {ENV}={spec!r} (a test hook: crash|eio|enospc|pause@op=N|point=NAME, "
+                             "or trace)")
 
     def __call__(self, op: str, detail: str) -> None:
         if op == "point":
@@ -55,6 +60,10 @@ class FaultPlan:
     def _fire(self, op: str, detail: str) -> None:
         if self.action == "crash":
             os._exit(CRASH_EXIT_CODE)
+        if self.action == "pause":
+            print(f"slm-fault paused {detail}", file=sys.stderr, flush=True)
+            time.sleep(float(os.environ.get("SLM_FAULTS_PAUSE_S", "5")))
+            return
         code = errno.EIO if self.action == "eio" else errno.ENOSPC
         raise IOFailure(f"cannot {op} {detail}: {os.strerror(code)} (injected)")
 

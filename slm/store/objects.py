@@ -10,6 +10,7 @@ Existence is never proof: `read_verified` and `verify` re-hash the bytes.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import stat
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from slm.errors import IntegrityError, NotFound, SlmError
+from slm.errors import Busy, IntegrityError, NotFound, SlmError
 from slm.store import digest as dg
 from slm.store import fs
 
@@ -122,24 +123,57 @@ class ObjectStore:
         return Staging(self)
 
 
+STAGING_LOCK = ".lock"
+
+
+def staging_in_use(folder: Path) -> bool:
+    """Whether a live process holds this staging directory (fsck leaves it alone then).
+
+    A staging area may be filled without the store lock (an import quantizing a checkpoint for
+    minutes must not block activations); its owner holds an flock on <dir>/.lock, which the
+    kernel releases when the owner dies, so a crashed import's directory is junk again."""
+    try:
+        fd = os.open(folder / STAGING_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Staging:
-    """Blobs written to tmp/ and fsynced, not yet visible in objects/."""
+    """Blobs written to tmp/ and fsynced, not yet visible in objects/.
+
+    Filling a staging area needs no store lock; `commit` does (it runs under it)."""
 
     objects: ObjectStore
     staged: dict[str, Path] = field(default_factory=dict)
+    reused: set[str] = field(default_factory=set)  # already in objects/ when put: not staged again
     dir: Path | None = None
+    _lock_fd: int | None = None
 
     def _dir(self) -> Path:
         if self.dir is None:
             self.dir = fs.temp_name(self.objects.tmp_dir, "stage")
             fs.mkdir(self.dir, sync_parent=False)
+            self._lock_fd = os.open(self.dir / STAGING_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         return self.dir
 
     def put(self, data: bytes | memoryview) -> str:
         """Stage one blob; returns its digest. Bytes already stored are not written again."""
         digest = dg.of_bytes(data)
-        if digest in self.staged or self._already_stored(digest):
+        if digest in self.staged:
+            return digest
+        if self._already_stored(digest):
+            self.reused.add(digest)
             return digest
         path = self._dir() / dg.hex_of(digest)
         view = memoryview(data).cast("B")
@@ -164,7 +198,12 @@ class Staging:
 
         All or nothing: if a link or the directory fsync fails, the blobs this commit added
         are unlinked again before the error propagates (best effort: `slm gc` removes what a
-        refusing disk leaves)."""
+        refusing disk leaves). Runs under the store lock; a blob that was already stored when
+        it was put and has gone since (a gc in between) fails the commit before any change."""
+        gone = [d for d in self.reused if not self.objects.has(d)]
+        if gone:
+            raise Busy(f"blob {dg.short(gone[0])}, already stored when this import began, was removed "
+                       "since (a concurrent gc); run the import again")
         created = fs.mkdir(self.objects.dir, sync_parent=True)
         new: list[str] = []
         try:
@@ -187,5 +226,8 @@ class Staging:
     def discard(self) -> None:
         if self.dir is not None and self.dir.exists():
             fs.remove_tree(self.dir)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         self.dir = None
         self.staged = {}
