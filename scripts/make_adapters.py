@@ -215,19 +215,20 @@ def peft_lora_as_source(adapter_dir) -> AdapterSource:
 
 
 def write_gguf_lora(path, source_like_peft_import: AdapterSource, alpha: float, n_heads: int,
-                    n_kv_heads: int, name: str = "slm-test-lora") -> Path:
+                    n_kv_heads: int, name: str = "slm-test-lora", arch: str = "llama") -> Path:
     """Write a LoRA AdapterSource (HF row layout) the way convert_lora_to_gguf.py --outtype f32
-    does: general.architecture "llama", general.type "adapter", adapter.type "lora",
+    does: general.architecture `arch`, general.type "adapter", adapter.type "lora",
     adapter.lora.alpha (f32), general.quantization_version; per target "<name>.lora_a" = A
     (r, in) and "<name>.lora_b" = B (out, r), F32, with B's rows of attn_q / attn_k permuted
-    into GGUF order (n_heads / n_kv_heads heads) like the base weights."""
+    into GGUF order (n_heads / n_kv_heads heads) like the base weights, for "llama" only
+    (llama.cpp's converter permutes q/k rows for the Llama family, not for gemma3 or qwen)."""
     source = source_like_peft_import
     if source.kind != "lora":
         raise ValueError(f"a GGUF LoRA holds LoRA tensors, not {source.kind}")
     if source.row_layout != "hf":
         raise ValueError("expected tensors in Hugging Face row layout")
     path = Path(path)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_type(gguf.GGUFType.ADAPTER)
     w.add_name(name)
     w.add_string(gguf.Keys.Adapter.TYPE, "lora")
@@ -236,7 +237,9 @@ def write_gguf_lora(path, source_like_peft_import: AdapterSource, alpha: float, 
     for t in source.targets:
         A = np.ascontiguousarray(t.tensors["A"], dtype=np.float32)
         B = np.ascontiguousarray(t.tensors["B"], dtype=np.float32)
-        if t.module.endswith(".attn_q.weight"):
+        if arch != "llama":
+            pass
+        elif t.module.endswith(".attn_q.weight"):
             B = np.ascontiguousarray(make_tiny_model.permute_for_gguf(B, n_heads))
         elif t.module.endswith(".attn_k.weight"):
             B = np.ascontiguousarray(make_tiny_model.permute_for_gguf(B, n_kv_heads))

@@ -17,24 +17,27 @@ import numpy as np
 from safetensors.numpy import save_file
 
 MODULES = {  # HF module -> (out_features, in_features) as functions of the sizes
-    "self_attn.q_proj": lambda h, f, kv: (h, h),
-    "self_attn.k_proj": lambda h, f, kv: (kv, h),
-    "self_attn.v_proj": lambda h, f, kv: (kv, h),
-    "self_attn.o_proj": lambda h, f, kv: (h, h),
-    "mlp.gate_proj": lambda h, f, kv: (f, h),
-    "mlp.up_proj": lambda h, f, kv: (f, h),
-    "mlp.down_proj": lambda h, f, kv: (h, f),
+    "self_attn.q_proj": lambda h, f, kv, q: (q, h),
+    "self_attn.k_proj": lambda h, f, kv, q: (kv, h),
+    "self_attn.v_proj": lambda h, f, kv, q: (kv, h),
+    "self_attn.o_proj": lambda h, f, kv, q: (h, q),
+    "mlp.gate_proj": lambda h, f, kv, q: (f, h),
+    "mlp.up_proj": lambda h, f, kv, q: (f, h),
+    "mlp.down_proj": lambda h, f, kv, q: (h, f),
 }
+# Gemma 3 270M: hidden 640, ffn 2048, 18 layers, 4 query heads and 1 key/value head of 256
+GEMMA3_270M = {"hidden": 640, "intermediate": 2048, "layers": 18, "kv_dim": 256, "q_dim": 1024}
 
 
 def make_random_lora(outdir: Path, rank: int = 8, alpha: float = 16.0, std: float = 0.05,
                      seed: int = 0, hidden: int = 576, intermediate: int = 1536, layers: int = 30,
-                     kv_dim: int = 192) -> Path:
+                     kv_dim: int = 192, q_dim: int | None = None) -> Path:
+    """q_dim: the query projection's width (heads x head_dim) when it is not `hidden`."""
     rng = np.random.Generator(np.random.PCG64(seed))
     tensors = {}
     for layer in range(layers):
         for module, dims in MODULES.items():
-            out_f, in_f = dims(hidden, intermediate, kv_dim)
+            out_f, in_f = dims(hidden, intermediate, kv_dim, q_dim or hidden)
             key = f"base_model.model.model.layers.{layer}.{module}"
             tensors[f"{key}.lora_A.weight"] = (rng.standard_normal((rank, in_f)) / np.sqrt(in_f)).astype(np.float32)
             tensors[f"{key}.lora_B.weight"] = (std * rng.standard_normal((out_f, rank))).astype(np.float32)
