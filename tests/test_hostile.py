@@ -504,3 +504,18 @@ def test_a_flipped_byte_in_a_blob_is_found_and_refused(cli, store_dir):
     os.chmod(path, 0o444)
     assert cli("--store", store_dir, "fsck").code == 5
     refused(cli, store_dir, 5, "activate", "tq", "a1")
+
+
+def test_an_unsupported_architecture_is_named_and_changes_nothing(cli, store_dir, tmp_path):
+    import gguf
+
+    path = tmp_path / "phi.gguf"
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = refused(cli, store_dir, 4, "import", "base", path, "--name", "phi")
+    assert "phi3" in r.err
