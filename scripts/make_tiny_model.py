@@ -375,10 +375,17 @@ def write_gguf(path: Path, tensors, tok: Tokenizer, vocab: int, plan, file_type:
     w.add_file_type(int(file_type))
     w.add_vocab_size(vocab)
     w.add_rope_dimension_count(HEAD_DIM)
-    # Tokenizer. model "gpt2" = byte-level BPE. pre "gpt-2" (with the hyphen: that is the string
-    # llama.cpp's llama-vocab.cpp matches) selects the plain GPT-2 split regex, the one
-    # ByteLevel(use_regex=True) applies. "smollm" would additionally split every digit apart,
-    # which this tokenizer does not do.
+    return write_tokenizer_and_tensors(w, tokens, token_types, merges, tensors, plan)
+
+
+def write_tokenizer_and_tensors(w, tokens, token_types, merges, tensors, plan) -> dict:
+    """The tokenizer keys, the tensors (typed by plan(name, ndim)) and the file itself; returns
+    {tensor name: type name}. Shared by every family's fixture writer.
+
+    Tokenizer: model "gpt2" = byte-level BPE. pre "gpt-2" (with the hyphen: the string llama.cpp's
+    llama-vocab.cpp matches) selects the plain GPT-2 split regex, the one ByteLevel(use_regex=True)
+    applies. "smollm" would additionally split every digit apart, which this tokenizer does not do.
+    """
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
@@ -390,14 +397,12 @@ def write_gguf(path: Path, tensors, tok: Tokenizer, vocab: int, plan, file_type:
     w.add_add_eos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-
     written = {}
     for name, arr in tensors:
         qtype = plan(name, arr.ndim)
         data, raw_dtype = encode_tensor(arr, qtype)
         w.add_tensor(name, data, raw_dtype=raw_dtype)
         written[name] = qtype.name
-
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -521,28 +526,7 @@ def write_gguf_arch(path: Path, arch: str, tensors, tok: Tokenizer, config, plan
         w.add_sliding_window(config.sliding_window)
     w.add_file_type(int(file_type))
     w.add_vocab_size(config.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(token_types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(tokens.index(BOS_TOKEN))
-    w.add_eos_token_id(tokens.index(EOS_TOKEN))
-    w.add_add_bos_token(False)
-    w.add_add_eos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    written = {}
-    for name, arr in tensors:
-        qtype = plan(name, arr.ndim)
-        data, raw_dtype = encode_tensor(arr, qtype)
-        w.add_tensor(name, data, raw_dtype=raw_dtype)
-        written[name] = qtype.name
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return written
+    return write_tokenizer_and_tensors(w, tokens, token_types, merges, tensors, plan)
 
 
 def make_tiny_arch_model(outdir: Path, arch: str, seed: int = 0) -> dict:
