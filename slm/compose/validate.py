@@ -43,9 +43,17 @@ def validate(comp: Composition, base_digest: str, base: BaseManifest,
             raise Incompatible(f"adapter {label} appears twice in the composition")
         seen.add(ref.digest)
         check_weight(ref.weight, f"adapter {label}")
-        _check_requires(label, manifest, base)
-        for target in manifest.targets:
-            _check_target(label, manifest.kind, target, shapes, base)
+        check_adapter_fits(label, manifest, base, shapes)
+
+
+def check_adapter_fits(label: str, manifest: AdapterManifest, base: BaseManifest,
+                       shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    """An adapter's requirements and every target's shapes against a base: the check an
+    activation makes, and `slm import adapter --base` makes at import."""
+    shapes = {t.name: t.shape for t in base.tensors} if shapes is None else shapes
+    _check_requires(label, manifest, base)
+    for target in manifest.targets:
+        _check_target(label, manifest.kind, target, shapes, base)
 
 
 def _check_requires(label: str, manifest: AdapterManifest, base: BaseManifest) -> None:

@@ -33,10 +33,10 @@ import numpy as np
 
 from slm import arch as archs
 from slm import quant
+from slm.arch.roles import linear_role, requires_from_shapes, target_order
 from slm.errors import InvalidInput, SlmError
 from slm.formats.adapter_source import AdapterSource, AdapterTarget
 from slm.formats.gguf import MAGIC, GGUFFile, read_gguf
-from slm.formats.peft import linear_role, requires_from_lora, target_order
 from slm.quant.ggml_types import GGMLType
 
 ADAPTER_TYPE_KEY = "adapter.type"
@@ -144,7 +144,7 @@ def _read(g: GGUFFile) -> AdapterSource:
                                      tensors={"A": A, "B": B}, scale=scale))
     if not targets:
         raise InvalidInput(f"{fname}: the adapter is empty (no LoRA tensors)")
-    requires = requires_from_lora(targets, desc.family)
+    requires = requires_from_shapes(targets, desc.family)
     config = {k: v for k, v in meta.items()
               if k.startswith(("general.", "adapter.")) and isinstance(v, (str, int, float, bool))}
     return AdapterSource(format="gguf-lora", kind="lora", row_layout=desc.gguf_qk_row_layout, targets=targets,

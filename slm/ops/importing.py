@@ -19,6 +19,7 @@ import numpy as np
 
 from slm.compose.adapter_manifest import AdapterManifest, TargetRecord, TensorRef, tensor_bytes
 from slm.compose.base_manifest import BaseManifest, TensorRecord, tensor_order
+from slm.compose.validate import check_adapter_fits
 from slm.errors import CommittedIncomplete, InvalidInput, NotFound, SlmError
 from slm.formats.adapter_source import AdapterSource
 from slm.formats.base_source import BaseSource
@@ -28,6 +29,7 @@ from slm.formats.gguf_model import open_gguf_base
 from slm.formats.hf_checkpoint import is_hf_checkpoint, open_hf_base
 from slm.formats.peft import is_peft_dir, read_peft_adapter
 from slm.ops.progress import NoProgress, Progress
+from slm.ops.resolve import load_base
 from slm.quant import get_codec
 from slm.store import Store, fs
 
@@ -185,24 +187,31 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
     )
 
 
-def open_adapter_source(path: Path) -> AdapterSource:
+def open_adapter_source(path: Path, base_shapes: dict[str, tuple[int, ...]] | None = None) -> AdapterSource:
+    """The adapter at `path`. `base_shapes` (the shapes of the base it is meant for) settles
+    what a PEFT file leaves open (an IA3 vector's other side, SHiRA's column count) instead of
+    inferring it from the adapter alone."""
     if not path.exists():
         raise NotFound(f"no such file or directory: {path}")
     if path.is_dir():
         if is_peft_dir(path):
-            return read_peft_adapter(path)
+            return read_peft_adapter(path, base_shapes)
         raise InvalidInput(f"{path}: not a PEFT adapter directory (no adapter_config.json)")
     if is_gguf_lora(path):
         return read_gguf_lora(path)
     raise InvalidInput(f"{path.name}: not a PEFT adapter directory or a GGUF LoRA file")
 
 
-def import_adapter(store: Store, path: Path, name: str,
-                   progress: Progress | None = None) -> ImportResult:
+def import_adapter(store: Store, path: Path, name: str, progress: Progress | None = None,
+                   base: str | None = None) -> ImportResult:
+    """Import an adapter; with `base` (a base's name or digest) its shapes come from that base
+    and it is checked to fit it (as an activation would) before anything is stored."""
     progress = progress or NoProgress()
     _check_name_free(store, "adapter", name)
     started = time.perf_counter()
-    source = open_adapter_source(Path(path))
+    base_manifest = load_base(store, base)[1] if base is not None else None
+    shapes = None if base_manifest is None else {t.name: t.shape for t in base_manifest.tensors}
+    source = open_adapter_source(Path(path), shapes)
     # staged without the store lock; _commit_named takes it to commit
     staging = store.objects.staging()
     try:
@@ -221,6 +230,8 @@ def import_adapter(store: Store, path: Path, name: str,
         progress.finish()
         manifest = AdapterManifest(source.kind, source.format, source.row_layout,
                                    dict(source.requires), tuple(targets))
+        if base_manifest is not None:
+            check_adapter_fits(f"{path} (for base {base})", manifest, base_manifest, shapes)
         digest, new = _commit_named(store, staging, "adapter", name, manifest.to_bytes())
     finally:
         staging.discard()
