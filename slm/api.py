@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from slm.compose.composition import Composition
-from slm.errors import NotFound, UsageError
+from slm.errors import InvalidInput, NotFound, UsageError
 from slm.ops import activation, compositions, fsck, gc, importing, inspect, run, verify
 from slm.ops.importing import ImportResult
 from slm.ops.loading import Loaded
@@ -62,9 +62,11 @@ class Store:
                     progress: Progress | None = None) -> ImportResult:
         return importing.import_base(self._s, Path(path), name, quant, progress)
 
-    def import_adapter(self, path: str | os.PathLike, name: str,
-                       progress: Progress | None = None) -> ImportResult:
-        return importing.import_adapter(self._s, Path(path), name, progress)
+    def import_adapter(self, path: str | os.PathLike, name: str, progress: Progress | None = None,
+                       base: str | None = None) -> ImportResult:
+        """Import a PEFT adapter directory or a GGUF LoRA. With `base` (a stored base's name or
+        digest), the adapter's shapes are taken from that base and it must fit it."""
+        return importing.import_adapter(self._s, Path(path), name, progress, base)
 
     # -- compositions and the active one ---------------------------------------------------
     def compose(self, base: str, adapters: Sequence[str] = ()) -> Composition:
@@ -76,11 +78,18 @@ class Store:
         return compositions.load(self._s, compositions.find_id(self._s, ref))
 
     def activate(self, comp: Composition | str | None = None, adapters: Sequence[str] = (), *,
-                 file: str | os.PathLike | None = None, memory_budget: str | None = None) -> Transition:
+                 file: str | os.PathLike | None = None, memory_budget: str | None = None,
+                 upgrade: bool = False) -> Transition:
         """Validate a composition (every blob re-hashed) and make it the active one, atomically.
 
         `comp` is a Composition, or a base name with `adapters` ("NAME[@WEIGHT]" in load
-        order); or `file` names a composition manifest (TOML), as `slm activate -f`."""
+        order); or `file` names a composition manifest (TOML), as `slm activate -f`. With
+        `upgrade`, `comp` is at most a composition id (default: the active one), rebuilt for
+        this runtime as `upgrade()` does (`slm activate --upgrade`)."""
+        if upgrade:
+            if adapters or file is not None:
+                raise UsageError("--upgrade takes at most one composition id, no adapters or -f")
+            return self.upgrade(comp, memory_budget=memory_budget)
         if isinstance(comp, Composition):
             if adapters or file is not None:
                 raise UsageError("give a Composition alone, or a base with adapters, or a file")
@@ -218,11 +227,20 @@ class Session:
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Float32 logits (positions x vocab) of a token sequence, computed from scratch."""
         model = self._loaded.model
-        ids = np.asarray(list(token_ids), dtype=np.int64)
+        values = list(token_ids)
+        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):
+            raise InvalidInput("logits needs token ids (integers)")
+        try:
+            ids = np.asarray(values, dtype=np.int64)
+        except OverflowError as err:
+            raise InvalidInput("a token id is beyond int64") from err
         if ids.ndim != 1 or ids.size == 0:
-            from slm.errors import InvalidInput
-
             raise InvalidInput("logits needs a non-empty sequence of token ids")
+        vocab, context = model.cfg.vocab_size, model.cfg.context_length
+        if ids.min() < 0 or ids.max() >= vocab:  # a negative id would index from the end
+            raise InvalidInput(f"token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
+        if ids.size > context:
+            raise InvalidInput(f"{ids.size} token ids; the context holds {context}")
         cache = model.new_cache(len(ids))
         with np.errstate(over="ignore", invalid="ignore"):
             return np.asarray(model.forward(ids, cache, "all"), dtype=np.float32)  # (T, V)

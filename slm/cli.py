@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from slm import render
-from slm.errors import ExitCode, SlmError, UsageError
+from slm.errors import ExitCode, SlmError
 from slm.store import faults
 
 app = typer.Typer(
@@ -50,12 +50,31 @@ def _store(ctx: typer.Context):
     return Store.open(ctx.obj["store"])
 
 
+class _Reported(Exception):
+    """An error whose result is already on stdout as the one --json document."""
+
+    def __init__(self, err: SlmError):
+        super().__init__(str(err))
+        self.err = err
+
+
 def _show(result, json_out: bool, printer) -> None:
-    """--json prints the result's JSON form; otherwise the human printer."""
+    """--json prints the result's JSON form; otherwise the human printer. Then the result's
+    own verdict, if it has one (`check()`: a failed verify, a run stopped by a switch, an
+    unclean fsck), decides the exit code."""
     if json_out:
         render.print_json(result.to_json() if hasattr(result, "to_json") else result)
     else:
         printer(result)
+    verdict = getattr(result, "check", None)
+    if verdict is None:
+        return
+    try:
+        verdict()
+    except SlmError as err:
+        if json_out:
+            raise _Reported(err) from err
+        raise
 
 
 def _progress(json_out: bool):
@@ -92,10 +111,14 @@ def import_adapter(
     ctx: typer.Context,
     path: Path = typer.Argument(..., help="A PEFT adapter directory or a GGUF LoRA file."),
     name: str = typer.Option(..., "--name", "-n", help="Name for the adapter in the store."),
+    base: Optional[str] = typer.Option(
+        None, "--base", "-b", metavar="BASE",
+        help="The stored base the adapter is for: its shapes are taken from it (not inferred "
+             "from the adapter) and the adapter must fit it."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Import a LoRA, IA3 or SHiRA adapter (PEFT), or a GGUF LoRA (llama.cpp)."""
-    _show(_store(ctx).import_adapter(path, name, _progress(json_out)), json_out, render.import_summary)
+    _show(_store(ctx).import_adapter(path, name, _progress(json_out), base), json_out, render.import_summary)
 
 
 @app.command()
@@ -113,13 +136,8 @@ def activate(
     json_out: bool = JsonOpt,
 ) -> None:
     """Validate a composition and make it the active one, atomically."""
-    store = _store(ctx)
-    if upgrade:
-        if adapters or file is not None:
-            raise UsageError("--upgrade takes at most one composition id, no adapters or -f")
-        result = store.upgrade(base, memory_budget=memory_budget)
-    else:
-        result = store.activate(base, adapters or [], file=file, memory_budget=memory_budget)
+    result = _store(ctx).activate(base, adapters or [], file=file, memory_budget=memory_budget,
+                                  upgrade=upgrade)
     _show(result, json_out, render.transition)
 
 
@@ -164,10 +182,7 @@ def fsck(
     json_out: bool = JsonOpt,
 ) -> None:
     """Check every blob, manifest, name, ref and reflog line (re-hashing everything)."""
-    report = _store(ctx).fsck(repair, _progress(json_out))
-    _show(report, json_out, render.fsck_report)
-    if report.exit_code:
-        raise typer.Exit(report.exit_code)
+    _show(_store(ctx).fsck(repair, _progress(json_out)), json_out, render.fsck_report)
 
 
 @app.command()
@@ -191,15 +206,7 @@ def verify(
     json_out: bool = JsonOpt,
 ) -> None:
     """Re-hash every blob of a composition and check its logits against the fresh-base oracle."""
-    report = _store(ctx).verify(ref, numerics, _progress(json_out))
-    _show(report, json_out, render.verify_report)
-    try:
-        report.check()
-    except SlmError as err:
-        if json_out:  # the report on stdout already says what failed; one JSON document only
-            print(f"slm: error: {err}", file=sys.stderr)
-            raise typer.Exit(int(err.code)) from err
-        raise
+    _show(_store(ctx).verify(ref, numerics, _progress(json_out)), json_out, render.verify_report)
 
 
 @app.command("ls")
@@ -255,7 +262,6 @@ def run_cmd(
                          memory_budget=memory_budget, on_switch=on_switch, threads=threads)
     result = store.run(options, on_text=None if json_out else render.stream_text)
     _show(result, json_out, render.run_footer)
-    result.check()
 
 
 def _fail(code: int, message: str, as_json: bool) -> int:
@@ -284,6 +290,8 @@ def run(argv: list[str] | None = None) -> int:
     try:
         faults.install_from_env()
         result = app(args=argv, prog_name="slm", standalone_mode=False)
+    except _Reported as reported:  # stdout holds the result; the error line goes to stderr
+        return _fail(reported.err.code, str(reported.err), as_json=False)
     except SlmError as err:
         return _fail(err.code, str(err), as_json)
     except typer.Exit as err:

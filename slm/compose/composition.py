@@ -78,12 +78,15 @@ class Composition:
             "architecture": self.architecture,
             "quant_profile": self.quant_profile,
             "runtime": dict(self.runtime),
-            "adapters": [
-                {"name": a.name, "digest": a.digest, "load_order": i + 1, "weight": a.weight}
-                for i, a in enumerate(self.adapters)
-            ],
+            "adapters": self.adapter_list(),
             "provenance": {"created_at": self.created_at, "created_by": self.created_by},
         })
+
+    def adapter_list(self) -> list[dict]:
+        """The adapters as the manifest and `slm show` list them: name, digest, load order and
+        weight (as a plain number; the identity spells it float.hex())."""
+        return [{"name": a.name, "digest": a.digest, "load_order": i + 1, "weight": a.weight}
+                for i, a in enumerate(self.adapters)]
 
     def for_runtime(self, runtime: dict) -> "Composition":
         """The same base, adapters, weights and order under another runtime: another identity

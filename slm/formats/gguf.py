@@ -74,7 +74,11 @@ class GGUFFile:
     _map: mmap.mmap | None
 
     def tensor_bytes(self, info: TensorInfo) -> memoryview:
-        assert info.nbytes is not None and self._map is not None
+        if info.nbytes is None:  # the reader's caller did not know this tensor type
+            raise InvalidInput(f"{self.path.name}: tensor {info.name} has type {info.type_name}, "
+                               "which slm does not read")
+        if self._map is None:
+            raise ValueError(f"{self.path.name} is closed (a bug: read after close)")
         return memoryview(self._map)[info.offset:info.offset + info.nbytes]
 
     def close(self) -> None:

@@ -30,11 +30,16 @@ ACTIVATION_KERNELS = {"silu": "swiglu", "gelu_tanh": "geglu"}
 
 
 class Overlay(Protocol):
-    """An adapter's contribution to linear layers (see slm.model.overlays)."""
+    """An adapter's contribution to linear layers (slm.model.overlays.Overlay): every method
+    the executor calls on one."""
 
-    def input_scale(self, name: str) -> np.ndarray | None: ...
+    def targets(self) -> set[str]: ...  # the weight names it modifies
 
-    def after(self, name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray: ...
+    def input_scale(self, name: str) -> np.ndarray | None: ...  # (in,) scaling x first, or None
+
+    def low_rank(self, name: str) -> tuple[np.ndarray, np.ndarray] | None: ...  # (A, B^T) if plain LoRA there
+
+    def after(self, name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray: ...  # y with its part applied
 
 
 @dataclass(frozen=True)

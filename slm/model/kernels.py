@@ -17,6 +17,19 @@ from slm.model.weights import QuantTensor
 DEFAULT_SCRATCH_ELEMS = 1 << 20  # 4 MiB of float32: bounds the dequantized working set
 
 
+class KernelArgumentError(ValueError):
+    """Operands a kernel cannot take (an input whose width is not the weight's). Shapes are
+    checked against the architecture at import and activation, so no input reaches this: it is
+    a bug in the caller (exit 1, INTERNAL). A real check, not an assert, because the C kernels
+    would read past the end of x under `python -O`."""
+
+
+def check_width(x: np.ndarray, cols: int, name: str) -> None:
+    """x (T, in) must have in == cols, the weight's input width."""
+    if x.ndim != 2 or x.shape[1] != cols:
+        raise KernelArgumentError(f"{name}: input of shape {x.shape} for a weight of {cols} columns")
+
+
 class Kernels:
     """What the model asks of a kernel set. matmul and embed are each set's own; the batched
     forms default to a loop, which a parallel set replaces."""
@@ -63,8 +76,8 @@ class ReferenceKernels(Kernels):
 
     def matmul(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         """x (T, in) float32 @ w.T -> (T, out) float32, w dequantized chunk by chunk."""
+        check_width(x, w.cols, w.name)
         tokens, cols = x.shape
-        assert cols == w.cols, (w.name, x.shape, w.shape)
         out = np.empty((tokens, w.rows), dtype=np.float32)
         step = max(1, min(w.rows, self.scratch.size // cols))
         for start in range(0, w.rows, step):

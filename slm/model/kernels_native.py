@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from slm.model.kernels import ReferenceKernels
+from slm.model.kernels import KernelArgumentError, ReferenceKernels, check_width
 from slm.model.weights import QuantTensor
 
 OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in the C file)
@@ -171,8 +171,8 @@ class NativeKernels(ReferenceKernels):
                     outs[i] += (x @ term[0].T) @ term[1]  # (T, r) @ (r, out)
             return outs
         jobs, cols, rows = plan
+        check_width(x, cols, weights[0].name)
         tokens = x.shape[0]
-        assert x.shape[1] == cols, (weights[0].name, x.shape, cols)
         outs = [np.empty((tokens, r), dtype=np.float32) for r in rows]  # (T, out) each
         for job, out in zip(jobs, outs):
             job.out = _addr(out)
@@ -196,7 +196,9 @@ class NativeKernels(ReferenceKernels):
                 job.rows, job.row_bytes = w.rows, w.data.strides[0]
                 if term is not None:
                     a, b_t = term
-                    assert a.shape == (b_t.shape[0], w.cols) and b_t.shape[1] == w.rows, (w.name, a.shape, b_t.shape)
+                    if not (a.ndim == b_t.ndim == 2 and a.shape == (b_t.shape[0], w.cols) and b_t.shape[1] == w.rows):
+                        raise KernelArgumentError(f"{w.name}: low-rank term A {a.shape}, B^T {b_t.shape} "
+                                                  f"does not fit the weight {w.shape}")
                     job.rank, job.lora_a, job.lora_bt = a.shape[0], a.ctypes.data, b_t.ctypes.data
             plan = (jobs, weights[0].cols, tuple(w.rows for w in weights))
         # the arrays stay alive with the descriptors that point into them
@@ -251,8 +253,8 @@ class NativeKernels(ReferenceKernels):
         code = kernel_type(w)
         if code is None:
             return super().matmul(x, w)
+        check_width(x, w.cols, w.name)
         tokens, cols = x.shape
-        assert cols == w.cols, (w.name, x.shape, w.shape)
         out = np.empty((tokens, w.rows), dtype=np.float32)  # (T, out)
         # an even number of chunks, each within a scratch buffer, so both threads work
         step = max(1, min(-(-w.rows // 2), self.scratch.size // cols))

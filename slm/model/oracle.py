@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from slm import arch as archs
+from slm.arch.roles import qk_heads
 from slm.model.overlays import TargetData
 from slm.model.weights import QuantTensor
 
@@ -56,7 +57,7 @@ class Oracle:
         self.arch, self.layout, self.t = arch, qk_row_layout, tensors
         self.desc = archs.get(arch["family"])
         self.adapters = list(adapters)
-        self.heads = {"attn_q": arch["num_heads"], "attn_k": arch["num_kv_heads"]}
+        self.heads = qk_heads(arch)
 
     # ---------------------------------------------------------------- weights
     def _base_rows(self, module: str, rows: np.ndarray, src: str) -> np.ndarray:

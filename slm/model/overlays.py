@@ -55,6 +55,12 @@ class Overlay:
     def input_scale(self, name: str) -> np.ndarray | None:
         return self.scale_in.get(name)  # (in,) or None
 
+    def low_rank(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(A (r, in), B^T (r, out)) if this overlay's only part at `name` is a plain LoRA."""
+        if name in self.scale_out or name in self.scale_in or name in self.sparse:
+            return None
+        return self.lora.get(name)
+
     def after(self, name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         if name in self.lora:
             a, b_t = self.lora[name]
@@ -71,7 +77,7 @@ class Overlay:
 
 def build_overlay(kind: str, weight: float, targets: list[TargetData], *, src_layout: str,
                   dst_layout: str, heads: dict[str, int]) -> Overlay:
-    """heads: {"attn_q": n_heads, "attn_k": n_kv_heads} for re-ordering q/k output rows."""
+    """heads: slm.arch.roles.qk_heads of the base (role -> head count), for re-ordering q/k output rows."""
     ov = Overlay(kind, weight)
     w = np.float32(weight)
     for t in targets:
@@ -113,11 +119,11 @@ def combined_low_rank(overlays: list[Overlay], name: str) -> tuple[np.ndarray, n
 
     A sum of LoRAs is a LoRA of the summed rank: the A's and the B^T's stacked (a copy only
     when more than one adapter targets the layer)."""
-    if not overlays or any(name not in o.lora or name in o.scale_out or name in o.scale_in or
-                           name in o.sparse for o in overlays):
+    pairs = [o.low_rank(name) for o in overlays]
+    if not pairs or any(p is None for p in pairs):
         return None
-    if len(overlays) == 1:
-        return overlays[0].lora[name]
-    a = np.concatenate([o.lora[name][0] for o in overlays], axis=0)  # (R, in)
-    b_t = np.concatenate([o.lora[name][1] for o in overlays], axis=0)  # (R, out)
+    if len(pairs) == 1:
+        return pairs[0]
+    a = np.concatenate([p[0] for p in pairs], axis=0)  # (R, in)
+    b_t = np.concatenate([p[1] for p in pairs], axis=0)  # (R, out)
     return a, b_t

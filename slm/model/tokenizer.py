@@ -376,7 +376,10 @@ def _token_text(value) -> str:
 def _from_hf(tokenizer_json: dict, config: dict) -> TextTokenizer:
     try:
         tok = Tokenizer.from_str(json.dumps(tokenizer_json))
-    except Exception as err:  # tokenizers raises a bare Exception on malformed JSON
+    except Exception as err:
+        if type(err) is not Exception:  # a bug of ours or of the library, not a bad file
+            raise
+        # tokenizers (Rust) reports a malformed tokenizer.json as a bare Exception, nothing finer
         raise InvalidInput(f"tokenizer.json cannot be loaded: {err}") from err
     names = ("bos_token", "eos_token", "unk_token", "pad_token")
     texts = {k: _token_text(config.get(k)) for k in names}

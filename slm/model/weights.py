@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from slm import quant
+from slm.errors import IntegrityError
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ def quant_tensor(name: str, shape, dtype: str, raw: memoryview | bytes) -> Quant
     rows = shape[0] if len(shape) == 2 else 1
     data = np.frombuffer(raw, dtype=np.uint8)
     if data.size != codec.nbytes(shape):
-        raise ValueError(f"{name}: {data.size} bytes, expected {codec.nbytes(shape)}")
+        raise IntegrityError(f"tensor {name}: its blob has {data.size} bytes, its manifest's "
+                             f"{dtype}{list(shape)} needs {codec.nbytes(shape)} (run `slm fsck`)")
     return QuantTensor(name, shape, codec, data.reshape(rows, -1))
 
 

@@ -14,6 +14,7 @@ from slm.compose.composition import (MAX_ADAPTERS, AdapterRef, Composition, chec
                                      for_base, parse_composition)
 from slm.compose.validate import validate
 from slm.errors import Incompatible, IntegrityError, InvalidInput, NotFound
+from slm.arch.roles import qk_heads
 from slm.model.overlays import Overlay, TargetData, build_overlay
 from slm.ops.resolve import by_prefix, load_base, resolve
 from slm.store import Store
@@ -124,7 +125,7 @@ def _stage_adapters(store: Store, comp: Composition, base: BaseManifest) -> Stag
         adapters.append((ref, manifest))
     validate(comp, comp.base, base, adapters)
     arch = base.architecture
-    heads = {"attn_q": arch["num_heads"], "attn_k": arch["num_kv_heads"]}
+    heads = qk_heads(arch)
     overlays = []
     shapes = {t.name: t.shape for t in base.tensors}
     for ref, manifest in adapters:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
-from slm.errors import InvalidInput, NotFound
+from slm.errors import InvalidInput, NotFound, SlmError
 from slm.ops import compositions
 from slm.ops.resolve import manifest_kind, resolve
 from slm.store import Store
@@ -30,7 +30,7 @@ def _entry(kind: str, name: str, digest: str, store: Store, details) -> dict:
     entry = {"kind": kind, "name": name, "digest": digest}
     try:
         entry.update(details(store, digest))
-    except Exception as err:  # a broken entry must not hide the others
+    except SlmError as err:  # a broken (damaged, unreadable) entry must not hide the others
         entry["error"] = str(err)
     return entry
 
@@ -98,8 +98,7 @@ def show_composition(store: Store, comp_id: str) -> dict:
         "kind": "composition", "id": comp_id, "active": store.active_ref.read() == comp_id,
         "identity": c.identity(),
         "base_name": c.base_name,
-        "adapters": [{"name": a.name, "digest": a.digest, "load_order": i + 1, "weight": a.weight}
-                     for i, a in enumerate(c.adapters)],
+        "adapters": c.adapter_list(),
         "provenance": {"created_at": c.created_at, "created_by": c.created_by},
         "manifest_toml": c.to_toml().decode("utf-8"),
     }

@@ -8,11 +8,12 @@ a damaged or mismatched one is treated as a miss, and the whole folder is safe t
 from __future__ import annotations
 
 import io
-import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from slm.errors import IOFailure
 from slm.model.decoder import KVCache
 from slm.store import digest as dg
 from slm.store import fs
@@ -38,22 +39,33 @@ class PrefixCache:
                     return None
                 state = {name: entry[name] for name in entry.files if name[0] in "kv"}
                 logits = entry["logits"]
-        except (OSError, KeyError, ValueError):
+        # missing (OSError), not an .npz or truncated (ValueError, BadZipFile, EOFError), or a
+        # field missing (KeyError): derived data that is not there
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
             return None
         return logits if cache.restore(state, len(tokens)) else None
 
     def put(self, tokens: list[int], cache: KVCache, logits: np.ndarray) -> None:
+        """Store an entry, through the fs layer like every store write; a cache that cannot be
+        written (IOFailure: read-only store, disk full) is only a missed speed-up."""
         buf = io.BytesIO()
         np.savez(buf, composition=np.str_(self.comp_id), tokens=np.asarray(tokens, dtype=np.int64),
                  logits=logits, **cache.state())  # k0, v0, k1, ...: each layer's kept positions
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            for folder in (self.dir.parent.parent, self.dir.parent, self.dir):  # cache/prefix/<id>
+                fs.mkdir(folder)
             fs.atomic_replace(self._path(tokens), buf.getvalue())
             self._trim()
-        except Exception:
-            pass  # a cache that cannot be written is only a missed speed-up
+        except IOFailure:
+            pass
 
     def _trim(self) -> None:
-        entries = sorted(self.dir.glob("*.npz"), key=lambda p: p.stat().st_mtime)
-        for old in entries[:-MAX_ENTRIES]:
-            os.unlink(old)
+        """Drop the oldest entries beyond MAX_ENTRIES (one removed meanwhile is skipped)."""
+        entries = []
+        for path in self.dir.glob("*.npz"):
+            try:
+                entries.append((path.stat().st_mtime, path))
+            except FileNotFoundError:
+                continue
+        for _, old in sorted(entries)[:-MAX_ENTRIES]:
+            fs.unlink(old)

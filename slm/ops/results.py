@@ -96,6 +96,20 @@ class FsckReport(Result):
             return 9
         return 5
 
+    def check(self) -> None:
+        """Raise the error an unclean fsck exits with: NeedsRecovery (9) if `--repair` finishes
+        what is left, else IntegrityError (5)."""
+        from slm.errors import IntegrityError, NeedsRecovery
+
+        code = self.exit_code
+        if code == 0:
+            return
+        left = [f for f in self.findings if not f.repaired]
+        what = f"{len(left)} problem(s) {'left after --repair' if self.repair else 'found'}"
+        if code == 9:
+            raise NeedsRecovery(f"fsck: {what}, e.g. {left[0].problem}: run `slm fsck --repair`")
+        raise IntegrityError(f"fsck: {what}, e.g. {left[0].problem}: {left[0].what}")
+
 
 @dataclass(frozen=True)
 class GcPlan(Result):

@@ -7,6 +7,8 @@ from typing import Iterable
 
 import blake3
 
+from slm.errors import InvalidInput
+
 PREFIX = "blake3:"
 _HEX = re.compile(r"[0-9a-f]{64}")
 # Threads pay off only on large inputs; below this a single thread is faster.
@@ -34,9 +36,10 @@ def is_digest(text: str) -> bool:
 
 
 def hex_of(digest: str) -> str:
-    """The 64 hex characters of a well-formed digest; ValueError otherwise."""
+    """The 64 hex characters of a well-formed digest; InvalidInput otherwise (stored digests
+    are checked where their file is parsed, so a malformed one here came from outside)."""
     if not is_digest(digest):
-        raise ValueError(f"not a blake3 digest: {digest!r}")
+        raise InvalidInput(f"not a blake3 digest: {digest!r}")
     return digest[len(PREFIX):]
 
 

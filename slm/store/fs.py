@@ -1,4 +1,7 @@
-"""The one door through which every store write passes.
+"""The one door through which every store write passes (objects, names, refs, reflog, journal,
+config, and the derived cache/; tests/test_structure.py checks no other module writes files).
+Files outside the store that a user names, such as `slm run --logits-out`, are not store
+writes and are written where they are asked for.
 
 Why a layer: durability is a protocol (write, fsync, rename, fsync the directory) and it is
 only as good as its weakest call site. Routing every mutation through these functions keeps

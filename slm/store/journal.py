@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from slm.errors import IntegrityError
+from slm.errors import IntegrityError, SlmError
 from slm.store import digest as dg
 from slm.store import fs
 
@@ -76,7 +76,7 @@ class Journal:
             # that failed to begin leaves no intent behind (best effort; fsck clears the rest)
             try:
                 fs.unlink(path)
-            except Exception:
+            except SlmError:  # IOFailure: the first error is the one to report
                 pass
             raise
         return Intent(name, op, old, new, created)

@@ -34,7 +34,7 @@ class Names:
 
     def _path(self, kind: str, name: str) -> Path:
         if kind not in KINDS:
-            raise ValueError(f"unknown name kind {kind!r}")
+            raise InvalidInput(f"unknown kind of name {kind!r} (one of {', '.join(KINDS)})")
         return self.root / kind / validate_name(name)
 
     def get(self, kind: str, name: str) -> str | None:
@@ -58,7 +58,7 @@ class Names:
     def set(self, kind: str, name: str, digest: str) -> bool:
         """Point a name at a digest; returns False if it already pointed there."""
         if not dg.is_digest(digest):
-            raise ValueError(f"not a digest: {digest!r}")
+            raise InvalidInput(f"cannot name {digest!r}: not a blake3 digest")
         if self.get(kind, name) == digest:
             return False
         fs.mkdir(self.root / kind)
