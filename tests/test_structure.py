@@ -1,0 +1,154 @@
+"""The code's own rules, read from the source (each would have caught a debt issue 13 found):
+the CLI only parses and prints, no assert stands in for a check, every store write goes
+through slm/store/fs.py, broad excepts re-raise, each shared table is built in one place."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import slm
+import slm.errors
+
+ROOT = Path(__file__).resolve().parent.parent
+SLM = ROOT / "slm"
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {str(p.relative_to(ROOT)): ast.parse(p.read_text(), str(p)) for p in sorted(SLM.rglob("*.py"))}
+
+
+def _functions(tree: ast.Module):
+    """(qualified name, node) of every function, methods as Class.method."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{node.name}.{item.name}", item
+
+
+def _is_command(fn: ast.FunctionDef) -> bool:
+    """Decorated with @app.command(...) or @<sub>_app.command(...)."""
+    for dec in fn.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if isinstance(target, ast.Attribute) and target.attr == "command":
+            return True
+    return False
+
+
+def test_cli_commands_only_parse_and_print():
+    """A command calls the API and prints: it raises nothing of its own, catches nothing, and
+    reaches no layer below the API but the run options it fills in."""
+    tree = ast.parse((SLM / "cli.py").read_text())
+    commands = [fn for _, fn in _functions(tree) if _is_command(fn)]
+    assert len(commands) >= 13
+    for fn in commands:
+        for node in ast.walk(fn):
+            assert not isinstance(node, (ast.Raise, ast.Try)), \
+                f"cli.py {fn.name}: line {node.lineno} decides (raise/try): move it below the API"
+    allowed = {"slm", "slm.render", "slm.errors", "slm.api", "slm.store.faults", "slm.ops.run"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slm"):
+            names = {a.name for a in node.names}
+            assert node.module in allowed or (node.module == "slm.store" and names == {"faults"}), \
+                f"cli.py imports {node.module}: call the API instead"
+            if node.module == "slm.ops.run":
+                assert {a.name for a in node.names} <= {"RunOptions", "prompt_from_stdin"}
+
+
+def test_no_assert_stands_in_for_a_check():
+    """`python -O` drops asserts: every check in slm/ is an `if ... raise`."""
+    found = [f"{path}:{node.lineno}" for path, tree in _modules().items()
+             for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+    assert found == []
+
+
+# Calls that write, create or remove files (fs.<name>(...) calls are the fs layer's own).
+_WRITES = re.compile(r"\bos\.(unlink|remove|rename|replace|makedirs|mkdir|rmdir|link|chmod|truncate|ftruncate)\("
+                     r"|(?<!\bfs)\.(mkdir|write_bytes|write_text|unlink|rmdir|touch)\("
+                     r"|\bshutil\.\w+\(|\bnp\.savez?\((?!buf\b)|\bopen\([^)]*[\"'][wax]b?\+?[\"']")
+# Files slm writes outside the store, where the user asks (slm run --logits-out).
+_OUTSIDE_THE_STORE = {"slm/ops/run.py": "class LogitsFile"}
+
+
+def test_every_store_write_goes_through_the_fs_layer():
+    """The prefix cache made its directories and trimmed its entries beside the fs layer:
+    no crash test could reach those writes."""
+    offenders = []
+    for path in sorted(SLM.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel == "slm/store/fs.py":
+            continue
+        text = path.read_text()
+        span = (0, 0)
+        if rel in _OUTSIDE_THE_STORE:
+            start = text.index(_OUTSIDE_THE_STORE[rel])
+            span = (start, text.index("\ndef ", start))
+        for m in _WRITES.finditer(text):
+            if not span[0] <= m.start() < span[1]:
+                line = text.count("\n", 0, m.start()) + 1
+                offenders.append(f"{rel}:{line}: {text.splitlines()[line - 1].strip()}")
+    assert offenders == []
+
+
+# Handlers of Exception / BaseException / everything that may end without re-raising, and why.
+_BROAD_KEPT = {
+    ("slm/cli.py", "run"): "the top level: an unexpected exception is a bug, reported in one line (exit 1)",
+    ("slm/api.py", "Session.stream"): "the worker thread hands the exception to the consumer, which raises it",
+}
+
+
+def test_broad_excepts_re_raise():
+    """`except Exception` hid real faults (prefix cache, ls, journal): a broad handler must
+    re-raise (clean-up, or a narrowing test inside), unless listed above with its reason."""
+    offenders = []
+    for path, tree in _modules().items():
+        for name, fn in _functions(tree):
+            for node in ast.walk(fn):
+                if not isinstance(node, ast.ExceptHandler):
+                    continue
+                broad = node.type is None or (isinstance(node.type, ast.Name) and
+                                              node.type.id in ("Exception", "BaseException"))
+                if not broad or (path, name) in _BROAD_KEPT:
+                    continue
+                if not any(isinstance(n, ast.Raise) for n in ast.walk(node)):
+                    offenders.append(f"{path}:{node.lineno} ({name})")
+    assert offenders == []
+
+
+def test_every_error_class_is_exported():
+    errors = {name for name, value in vars(slm.errors).items()
+              if isinstance(value, type) and issubclass(value, slm.errors.SlmError)}
+    assert errors and errors <= set(slm.__all__), errors - set(slm.__all__)
+    assert "ExitCode" in slm.__all__
+
+
+def _occurrences(pattern: str) -> list[str]:
+    rx = re.compile(pattern)
+    return [f"{p.relative_to(ROOT)}:{p.read_text().count(chr(10), 0, m.start()) + 1}"
+            for p in sorted(SLM.rglob("*.py")) for m in rx.finditer(p.read_text())]
+
+
+def test_the_heads_table_is_built_in_one_place():
+    """{"attn_q": num_heads, "attn_k": num_kv_heads}: slm.arch.roles.qk_heads, nowhere else."""
+    found = _occurrences(r"[\"']attn_k[\"']\s*:\s*[^,}\n]*num_kv_heads")
+    assert len(found) == 1 and found[0].startswith("slm/arch/roles.py"), found
+
+
+def test_the_adapter_list_is_built_in_one_place():
+    """A composition's adapters as a list of {name, digest, load_order, weight}: one builder
+    (Composition.adapter_list) for the manifest and `slm show`."""
+    found = _occurrences(r"[\"']load_order[\"']\s*:\s*i\s*\+\s*1\s*,\s*[\"']weight[\"']\s*:\s*a\.weight")
+    assert len(found) == 1 and found[0].startswith("slm/compose/composition.py"), found
+
+
+def test_role_tables_live_in_one_module():
+    """The linear-role table (role -> (out, in) dimensions) is defined once and imported by
+    both adapter readers."""
+    found = _occurrences(r"[\"']attn_output[\"']\s*:\s*\(\s*[\"']H[\"']")
+    assert found and all(f.startswith("slm/arch/roles.py") for f in found), found
+    for reader in ("slm/formats/gguf_lora.py", "slm/formats/peft/tensors.py", "slm/formats/peft/dims.py"):
+        assert "from slm.arch.roles import" in (ROOT / reader).read_text(), reader
