@@ -63,3 +63,33 @@ def test_the_documented_example_runs_and_matches_slm_run(tmp_path, smollm2_gguf,
     assert r.json()["composition"] == comp.id
     assert tuple(r.json()["tokens"]) == g.tokens
     assert r.json()["text"] == g.text
+
+
+def test_session_logits_takes_only_token_ids_of_the_vocabulary(store, tiny_model):
+    """A negative id indexed the embedding from its end (the logits of id -1 were those of the
+    last id): every id must lie in [0, vocab), as integers, within the context."""
+    import slm
+
+    api = slm.Store.open(store.root)
+    api.import_base(tiny_model["gguf_q"], "tq")
+    comp = api.activate("tq").active.id
+    session = slm.Runtime(api).session(comp)
+    vocab = session._loaded.model.cfg.vocab_size
+    assert session.logits([0, vocab - 1]).shape == (2, vocab)
+    for bad in ([-1], [vocab], [1, 2.5], ["7"], [True], [], [0] * (session._loaded.model.cfg.context_length + 1)):
+        with pytest.raises(slm.InvalidInput) as err:
+            session.logits(bad)
+        assert "\n" not in str(err.value) and err.value.code == slm.ExitCode.INVALID_INPUT
+
+
+def test_upgrade_argument_checks_live_in_the_api(store, tiny_model, cli):
+    """`slm activate --upgrade` takes at most a composition: the check is the API's (the CLI
+    only passes its arguments on), with the same exit code either way."""
+    import slm
+
+    api = slm.Store.open(store.root)
+    api.import_base(tiny_model["gguf_q"], "tq")
+    with pytest.raises(slm.UsageError):
+        api.activate("tq", ["a1"], upgrade=True)
+    r = cli("activate", "--upgrade", "tq", "a1")
+    assert r.code == 2 and "--upgrade" in r.err

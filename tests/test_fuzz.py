@@ -1,7 +1,9 @@
 """Hypothesis fuzzing of hostile input: composition manifests, GGUF headers, safetensors headers.
 
 Whatever the bytes: a one-line error with a documented exit code (never 1, the bug code), no
-traceback, and the store unchanged.
+traceback, and the store unchanged; or, when the mutation left valid input, what slm does with
+valid input (a manifest of the active composition changes nothing; an accepted base runs), and
+every step that takes it back succeeds.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def fuzz_store(tmp_path_factory, tiny_model):
     import_base(store, tiny_model["gguf_q"], "tq")
     result = activate(store, "tq", [])
     manifest = run_show(store, result.active.id)
-    return store, manifest
+    return store, manifest, result.active.id
 
 
 def run_show(store, comp_id):
@@ -41,24 +43,57 @@ def run_show(store, comp_id):
     return show_composition(store, comp_id)["manifest_toml"]
 
 
-def _check(capsys, store, args, undo) -> None:
-    """Run slm on fuzzed input: either it is still valid (then `undo` restores the store) or it
-    is refused with a documented code, one line, and no change at all."""
+def _check(capsys, store, args, accepted) -> None:
+    """Run slm on fuzzed input: either it is refused with a documented code, one line, and no
+    change at all, or it was valid input after all, and `accepted(before, stdout)` checks that
+    slm did with it what valid input of that kind must do (and restores the store)."""
     before = snapshot(store.root)
     capsys.readouterr()
     code = run(["--store", str(store.root), *map(str, args)])
-    err = capsys.readouterr().err
-    if code == 0:  # the mutation happened to leave valid input
-        undo()
+    out, err = capsys.readouterr()
+    if code == 0:
+        accepted(before, out)
         return
     assert code in DOCUMENTED, (code, err)
     assert one_line(err), err
     assert snapshot(store.root) == before
 
 
-def _forget_import(store) -> None:
-    store.names.remove("bases", "fuzzed")
-    run(["--store", str(store.root), "gc"])
+def _must(capsys, store, args, codes=frozenset({0})) -> None:
+    """A follow-up step that must succeed (or end in one of `codes` with one line)."""
+    capsys.readouterr()
+    code = run(["--store", str(store.root), *map(str, args)])
+    err = capsys.readouterr().err
+    assert code in codes, (args, code, err)
+    assert code == 0 or one_line(err), err
+
+
+def _accepted_manifest(store, active_id: str):
+    """The fuzz store holds one base and no adapter: a valid manifest can only name the active
+    composition (same base, tokenizer, architecture, profile, runtime, no adapters), and
+    activating the active composition changes nothing."""
+    def check(before, out) -> None:
+        transition = json.loads(out)
+        assert transition["changed"] is False and transition["active"]["id"] == active_id, transition
+        assert snapshot(store.root) == before
+    return check
+
+
+def _without_cache(state: dict) -> dict:
+    return {k: v for k, v in state.items() if not k.startswith("cache")}  # derived, safe to delete
+
+
+def _accepted_base(capsys, store):
+    """A header slm accepts is a base that runs: `slm run --base` on it generates (exit 0, or
+    10 if its numbers overflow), then the import is taken back (name removed, `slm gc`) and
+    the store is what it was, derived cache aside."""
+    def check(before, out) -> None:
+        assert store.names.get("bases", "fuzzed") is not None
+        _must(capsys, store, ["run", "--base", "fuzzed", "-n", "2", "hello"], codes={0, 10})
+        store.names.remove("bases", "fuzzed")
+        _must(capsys, store, ["gc"])
+        assert _without_cache(snapshot(store.root)) == _without_cache(before)
+    return check
 
 
 def _mutate(text: str, data) -> str:
@@ -89,20 +124,19 @@ def _mutate(text: str, data) -> str:
 @FUZZ
 @given(data=st.data())
 def test_malformed_composition_manifests(fuzz_store, tmp_path_factory, capsys, data):
-    store, manifest = fuzz_store
+    store, manifest, active_id = fuzz_store
     text = _mutate(manifest, data) if data.draw(st.booleans()) else data.draw(st.text(max_size=300))
     if text == manifest:
         return
     path = tmp_path_factory.getbasetemp() / "fuzz.toml"
     path.write_text(text, encoding="utf-8", errors="surrogateescape")
-    _check(capsys, store, ["activate", "-f", path],
-           undo=lambda: run(["--store", str(store.root), "rollback"]))
+    _check(capsys, store, ["activate", "--json", "-f", path], _accepted_manifest(store, active_id))
 
 
 @FUZZ
 @given(data=st.data())
 def test_malformed_gguf_headers(fuzz_store, tiny_model, tmp_path_factory, capsys, data):
-    store, _ = fuzz_store
+    store, _, _ = fuzz_store
     original = tiny_model["gguf_q"].read_bytes()
     header_end = 4096  # metadata and tensor table of the tiny file live in its first pages
     blob = bytearray(original[: data.draw(st.integers(0, len(original)))])
@@ -115,7 +149,7 @@ def test_malformed_gguf_headers(fuzz_store, tiny_model, tmp_path_factory, capsys
         blob[i:i + width] = value.to_bytes(8, "little")[:width]
     path = tmp_path_factory.getbasetemp() / "fuzz.gguf"
     path.write_bytes(bytes(blob))
-    _check(capsys, store, ["import", "base", path, "--name", "fuzzed"], undo=lambda: _forget_import(store))
+    _check(capsys, store, ["import", "base", path, "--name", "fuzzed"], _accepted_base(capsys, store))
 
 
 json_values = st.recursive(
@@ -128,7 +162,7 @@ json_values = st.recursive(
 @FUZZ
 @given(data=st.data())
 def test_malformed_safetensors_headers(fuzz_store, tiny_model, tmp_path_factory, capsys, data):
-    store, _ = fuzz_store
+    store, _, _ = fuzz_store
     src = tiny_model["hf"]
     folder = tmp_path_factory.getbasetemp() / "fuzz-hf"
     folder.mkdir(exist_ok=True)
@@ -149,4 +183,4 @@ def test_malformed_safetensors_headers(fuzz_store, tiny_model, tmp_path_factory,
         head = data.draw(st.binary(max_size=200))
     declared = data.draw(st.sampled_from([len(head), len(head) + 1, 0, 2**62, len(raw)]))
     (folder / "model.safetensors").write_bytes(struct.pack("<Q", declared) + head + raw[8 + n:])
-    _check(capsys, store, ["import", "base", folder, "--name", "fuzzed"], undo=lambda: _forget_import(store))
+    _check(capsys, store, ["import", "base", folder, "--name", "fuzzed"], _accepted_base(capsys, store))

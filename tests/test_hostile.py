@@ -295,6 +295,42 @@ def test_a_nan_inside_a_gguf_f32_tensor_is_refused_at_import(cli, store_dir, tem
 
 # ---------------------------------------------------------------- documented codes, not exit 1
 
+def test_a_manifest_naming_a_blob_of_the_wrong_size_is_exit_5(cli, store_dir):
+    """A base manifest (well formed, its own digest right) whose tensor names another blob of the
+    store (the tokenizer's): the blob hashes fine, its size is not the tensor's. The model
+    loader raised a plain ValueError (exit 1); it is damage: exit 5, one line."""
+    import tomllib
+
+    from slm.compose.base_manifest import BaseManifest, TensorRecord, parse_base_manifest
+
+    store = Store.open(store_dir)
+    base = parse_base_manifest(store.objects.read_verified(store.names.resolve("bases", "tq")))
+    first = base.tensors[0]
+    assert store.objects.size(base.tokenizer_digest) != first.nbytes
+    lying = BaseManifest(base.source_format, base.quant_profile, base.qk_row_layout, base.architecture,
+                         base.tokenizer_digest, base.tokenizer_source,
+                         (TensorRecord(first.name, first.shape, first.dtype, first.nbytes,
+                                       base.tokenizer_digest), *base.tensors[1:]))
+    assert tomllib.loads(lying.to_bytes().decode())["tensors"][0]["digest"] == base.tokenizer_digest
+    staging = store.objects.staging()
+    digest = staging.put(lying.to_bytes())
+    with store.locked():
+        staging.commit()
+        store.names.set("bases", "lying", digest)
+    staging.discard()
+    r = refused(cli, store_dir, 5, "run", "--base", "lying", "-n", "1", "hello")
+    assert first.name in r.err and "bytes" in r.err
+
+
+@pytest.mark.parametrize("args", [["show", "blake3:" + "g" * 64], ["verify", "blake3:" + "z" * 64],
+                                  ["rollback", "--to", "blake3:nothex"]])
+def test_malformed_digests_are_documented_errors(cli, store_dir, args):
+    before = snapshot(store_dir)
+    r = cli("--store", store_dir, *args)
+    assert r.code in (3, 4) and one_line(r.err), (args, r.code, r.err)
+    assert snapshot(store_dir) == before
+
+
 def test_read_only_store_gives_exit_12(template, store_dir):
     """Every directory of the store made read-only; the commands run without the capability
     that lets root ignore file modes (setpriv), as any other user would."""

@@ -32,15 +32,28 @@ def test_fused_matches_reference(codec, tokens):
     assert np.abs(fused - ref).max() <= 1e-5 * scale
 
 
+def _float_weight(raw: bytes, codec: str, shape) -> np.ndarray:
+    """The weight of a float codec decoded from its bytes with NumPy alone, not slm.quant:
+    little-endian IEEE f32 / f16, and bf16 as the high half of an f32."""
+    if codec == "bf16":
+        return (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(raw, {"f16": "<f2", "f32": "<f4"}[codec]).astype(np.float32).reshape(shape)
+
+
 @pytest.mark.parametrize("codec", ["f16", "bf16", "f32"])
 @pytest.mark.parametrize("tokens", [1, 12])
-def test_float_types_take_the_reference_path(codec, tokens):
-    """The C kernels have no float types (Gemma 3's 109 F32 tensors are all norm vectors, which
-    no matmul takes): a float weight goes to the NumPy path, whose bits the native set returns."""
+def test_float_types_match_an_independent_product(codec, tokens):
+    """Both kernel sets against x @ W.T in float64 over a W decoded independently (the C
+    kernels have no float types today and fall back to the NumPy path: comparing the two
+    with each other would prove nothing)."""
     tensor, x = _quantized(codec, tokens)
-    assert not kernels_native.supports(tensor)
-    ref = ReferenceKernels().matmul(x, tensor)
-    assert kernels_native.NativeKernels().matmul(x, tensor).tobytes() == ref.tobytes()
+    raw = tensor.data.tobytes()
+    expected = x.astype(np.float64) @ _float_weight(raw, codec, tensor.shape).astype(np.float64).T  # (T, out)
+    scale = np.abs(expected).max()
+    for kernels in (ReferenceKernels(), kernels_native.NativeKernels()):
+        got = kernels.matmul(x, tensor)
+        assert got.shape == expected.shape and got.dtype == np.float32
+        assert np.abs(got - expected).max() <= 1e-5 * scale, type(kernels).__name__
 
 
 def test_fused_model_matches_reference(tiny_model, store):
@@ -101,6 +114,55 @@ def test_fused_low_rank_matches_reference_overlays(tiny_model, store):
     assert fused_terms, "the fused path was not taken"
     ref = logits["numpy-reference"]
     assert np.abs(logits["c-fused"] - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+class _ProtocolOnly:
+    """An overlay that offers exactly the methods of slm.model.decoder.Overlay (delegated to
+    a real one) and nothing else: an executor reaching past the protocol fails on it."""
+
+    def __init__(self, inner):
+        from slm.model.decoder import Overlay
+
+        members = [n for n in vars(Overlay) if not n.startswith("_")]
+        assert {"targets", "input_scale", "after"} <= set(members)
+        for name in members:
+            setattr(self, name, getattr(inner, name))
+
+
+def test_the_executor_uses_overlays_only_through_their_protocol(tiny_model, store):
+    """The Overlay protocol lists every method the executor calls (targets() was missing, and
+    the fused plan read the LoRA dictionaries directly): overlays offering only the protocol
+    give the real overlays' logits bit for bit, on both kernel sets, IA3 input scales and
+    sparse deltas included."""
+    from slm.model.overlays import TargetData, build_overlay
+    from slm.ops.importing import import_base
+    from slm.ops.loading import load_base_model
+
+    import_base(store, tiny_model["gguf_q"], "tq")
+    model = load_base_model(store, "tq").model
+    rng = np.random.default_rng(11)
+    linear = [n for n, w in model.t.items() if len(w.shape) == 2 and n.startswith("blk.")]
+    down = [n for n in linear if "ffn_down" in n]
+    ia3_in = build_overlay("ia3", 0.5, [TargetData(n, *model.t[n].shape, {"vector": (
+        1 + 0.1 * rng.standard_normal(model.t[n].shape[1])).astype(np.float32)}, ia3_on="input")
+        for n in down], src_layout="gguf", dst_layout="gguf", heads={})
+    out_f, in_f = model.t[linear[0]].shape
+    flat = rng.choice(out_f * in_f, size=40, replace=False).astype(np.int64)
+    sparse = build_overlay("sparse", 1.3, [TargetData(linear[0], out_f, in_f, {
+        "indices": np.sort(flat), "values": rng.standard_normal(40).astype(np.float32)})],
+        src_layout="gguf", dst_layout="gguf", heads={})
+    real = [_random_overlay("lora", model, rng, linear), ia3_in, sparse,
+            _random_overlay("ia3", model, rng, [n for n in linear if "attn_v" in n])]
+    ids = np.asarray([5, 17, 42, 99, 123, 7])
+    for kernels in (ReferenceKernels(), kernels_native.NativeKernels()):
+        model.kernels = kernels
+        outs = []
+        for overlays in (real, [_ProtocolOnly(o) for o in real]):
+            model.overlays = overlays
+            cache = model.new_cache(8)
+            outs.append(np.concatenate([model.forward(ids[:3], cache, "all")] +
+                                       [model.forward(ids[i:i + 1], cache) for i in range(3, 6)]))
+        assert outs[0].tobytes() == outs[1].tobytes(), kernels.name
 
 
 @pytest.mark.parametrize("layout", ["gguf", "hf"])

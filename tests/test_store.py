@@ -148,3 +148,15 @@ def test_one_prefix_rule_for_digests_and_composition_ids(cli, tiny_model):
         short = cli(*args, hex_id[:MIN_PREFIX - 1])
         assert short.code == 3, (args, short.err)  # too short to be a prefix: not found
         assert cli(*args, hex_id[:MIN_PREFIX]).code == 0, args
+
+
+@pytest.mark.parametrize("text", ["blake3:xyz", "sha256:" + "0" * 64, "blake3:" + "A" * 64, ""])
+def test_a_malformed_digest_is_invalid_input_not_a_value_error(store, text):
+    """dg.hex_of and Names.set raised plain ValueErrors (exit 1, the bug code)."""
+    with pytest.raises(InvalidInput):
+        dg.hex_of(text)
+    with pytest.raises(InvalidInput):
+        store.names.set("bases", "x", text)
+    with pytest.raises(InvalidInput):
+        store.names.get("no-such-kind", "x")
+    assert store.names.get("bases", "x") is None
