@@ -180,57 +180,49 @@ def test_run_uses_the_active_composition_and_the_prefix_cache(cli, two_bases):
     assert switched["tokens"] == direct["tokens"]
 
 
-def _record_fs_ops(monkeypatch, then=None):
-    """Every operation of the fs layer, as (op, detail), through its public fault-hook seam;
-    `then(op, detail)` runs after each is recorded."""
-    from slm.store import fs
-
-    ops: list[tuple[str, str]] = []
-
-    def hook(op: str, detail: str) -> None:
-        ops.append((op, detail))
-        if then is not None:
-            then(op, detail)
-
-    monkeypatch.setattr(fs, "fault_hook", hook)
-    return ops
-
-
 def test_the_prefix_cache_writes_through_the_fs_layer(cli, two_bases, store_dir, monkeypatch):
     """Its directories, its entries and its trimming are fs-layer operations (crash tests and
-    fault injection reach them), not writes beside the layer."""
+    fault injection reach them), not writes beside the layer. Recorded through the layer's
+    public fault-hook seam, generating with the API (the CLI installs its own hook)."""
+    import slm
     from slm.ops import prefix_cache
     from slm.store import digest as dg
+    from slm.store import fs
 
     comp = _activate(cli, "tq")["active"]["id"]
     monkeypatch.setattr(prefix_cache, "MAX_ENTRIES", 1)
-    ops = _record_fs_ops(monkeypatch)
-    assert cli("run", "hello there", "-n", "2").code == 0
+    ops: list[tuple[str, str]] = []
+    monkeypatch.setattr(fs, "fault_hook", lambda op, detail: ops.append((op, detail)))
+    session = slm.Runtime(slm.Store.open(store_dir)).session()
+    session.generate("hello there", max_tokens=2)
     folder = store_dir / "cache" / "prefix" / dg.hex_of(comp)
     assert ("mkdir", str(folder)) in ops
     first = sorted(folder.glob("*.npz"))
-    assert len(first) == 1 and any(op == "rename" and str(first[0]) in d for op, d in ops)
-    assert cli("run", "another prompt", "-n", "2").code == 0
+    assert len(first) == 1 and any(op == "rename" and d.endswith(f"-> {first[0]}") for op, d in ops), ops
+    session.generate("another prompt", max_tokens=2)
     assert ("unlink", str(first[0])) in ops, "the older entry is trimmed through fs"
     assert not first[0].exists() and len(list(folder.glob("*.npz"))) == 1
 
 
 def test_a_json_run_stopped_by_a_switch_prints_one_document(cli, two_bases, monkeypatch):
     """--json and exit 11: stdout is the one result document (it also carried the error
-    document), stderr the one error line. The switch is a real activation, made by the first
-    fs operation of the run (its prefix-cache write after the prompt, before any new token)."""
+    document), stderr the one error line. The switch is a real activation, made right after
+    the run stores its prompt in the prefix cache (after the prompt, before any new token)."""
     import json
 
     import slm
+    from slm.ops.prefix_cache import PrefixCache
 
     pinned = _activate(cli, "tq")["active"]["id"]
     switched: list[bool] = []
+    put = PrefixCache.put
 
-    def activate_once(op: str, detail: str) -> None:
-        if not switched and "prefix" in detail:
+    def put_then_switch(self, *args, **kwargs):
+        put(self, *args, **kwargs)
+        if not switched:
             switched.append(slm.Store.open(two_bases.root).activate("th").changed)
 
-    _record_fs_ops(monkeypatch, then=activate_once)
+    monkeypatch.setattr(PrefixCache, "put", put_then_switch)
     r = cli("run", "hello there", "-n", "8", "--json")
     assert switched == [True]
     assert r.code == 11 and one_line(r.err) and "changed during generation" in r.err

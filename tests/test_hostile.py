@@ -322,15 +322,6 @@ def test_a_manifest_naming_a_blob_of_the_wrong_size_is_exit_5(cli, store_dir):
     assert first.name in r.err and "bytes" in r.err
 
 
-@pytest.mark.parametrize("args", [["show", "blake3:" + "g" * 64], ["verify", "blake3:" + "z" * 64],
-                                  ["rollback", "--to", "blake3:nothex"]])
-def test_malformed_digests_are_documented_errors(cli, store_dir, args):
-    before = snapshot(store_dir)
-    r = cli("--store", store_dir, *args)
-    assert r.code in (3, 4) and one_line(r.err), (args, r.code, r.err)
-    assert snapshot(store_dir) == before
-
-
 def test_read_only_store_gives_exit_12(template, store_dir):
     """Every directory of the store made read-only; the commands run without the capability
     that lets root ignore file modes (setpriv), as any other user would."""

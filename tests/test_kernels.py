@@ -144,12 +144,12 @@ def test_the_executor_uses_overlays_only_through_their_protocol(tiny_model, stor
     linear = [n for n, w in model.t.items() if len(w.shape) == 2 and n.startswith("blk.")]
     down = [n for n in linear if "ffn_down" in n]
     ia3_in = build_overlay("ia3", 0.5, [TargetData(n, *model.t[n].shape, {"vector": (
-        1 + 0.1 * rng.standard_normal(model.t[n].shape[1])).astype(np.float32)}, ia3_on="input")
+        1 + 0.1 * rng.standard_normal(model.t[n].shape[1])).astype(np.float32)}, 1.0, "input")
         for n in down], src_layout="gguf", dst_layout="gguf", heads={})
     out_f, in_f = model.t[linear[0]].shape
     flat = rng.choice(out_f * in_f, size=40, replace=False).astype(np.int64)
     sparse = build_overlay("sparse", 1.3, [TargetData(linear[0], out_f, in_f, {
-        "indices": np.sort(flat), "values": rng.standard_normal(40).astype(np.float32)})],
+        "indices": np.sort(flat), "values": rng.standard_normal(40).astype(np.float32)}, 1.0)],
         src_layout="gguf", dst_layout="gguf", heads={})
     real = [_random_overlay("lora", model, rng, linear), ia3_in, sparse,
             _random_overlay("ia3", model, rng, [n for n in linear if "attn_v" in n])]
