@@ -744,3 +744,19 @@ def test_import_with_base_completes_ia3_shapes_and_refuses_a_misfit(cli, store, 
     assert snapshot(store_dir) == before
     r = cli("import", "adapter", d, "--name", "x", "--base", "nosuchbase")
     assert r.code == 3 and one_line(r.err)
+
+
+def test_import_with_base_checks_a_gguf_lora_as_an_activation_would(cli, store, store_dir, tiny_model, tmp_path):
+    """A GGUF LoRA is fully shaped by its own tensors; --base checks it against the base at
+    import (a k projection as wide as q does not fit the tiny model's (32, 64) attn_k)."""
+    assert cli("import", "base", tiny_model["gguf_q"], "--name", "tq").code == 0
+    rng = np.random.default_rng(21)
+    fits = _write_gguf_lora(tmp_path / "fits.gguf", _gguf_pair(rng, "blk.1.attn_k.weight", out=32, inp=64, r=4))
+    misfit = _write_gguf_lora(tmp_path / "misfit.gguf", _gguf_pair(rng, "blk.1.attn_k.weight", out=64, inp=64, r=4))
+    assert cli("import", "adapter", fits, "--name", "fits", "--base", "tq").code == 0
+    before = snapshot(store_dir)
+    r = cli("import", "adapter", misfit, "--name", "misfit", "--base", "tq")
+    assert r.code == 6 and one_line(r.err) and "64x64 in the adapter, 32x64 in the base" in r.err, r.err
+    assert snapshot(store_dir) == before
+    assert cli("import", "adapter", misfit, "--name", "misfit").code == 0, "without --base: refused at activation"
+    assert cli("activate", "tq", "misfit").code == 6
