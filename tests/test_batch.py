@@ -29,8 +29,8 @@ def _terms(rng, rows: int, out_f: int, in_f: int, tokens: int) -> list:
             terms.append(None)
             continue
         r = 2 + t % 4
-        terms.append((rng.standard_normal((r, in_f)).astype(np.float32) / np.sqrt(in_f),
-                      rng.standard_normal((r, out_f)).astype(np.float32) * 0.1))
+        terms.append(((rng.standard_normal((r, in_f)) / np.sqrt(in_f)).astype(np.float32),
+                      (rng.standard_normal((r, out_f)) * 0.1).astype(np.float32)))
     return terms
 
 

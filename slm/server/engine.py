@@ -92,6 +92,8 @@ class Engine:
         self.running: list[Job] = []
         self.prompts = PromptCache()
         self.draining = False
+        self.inflight = 0  # submitted and not yet closed: queued, being prefilled or running
+        self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._ids = itertools.count(1)
@@ -129,9 +131,12 @@ class Engine:
     def submit(self, job: Job) -> None:
         if self.draining:
             raise BadRequest("the server is shutting down", status=503, kind="unavailable")
-        if self.pending.qsize() >= self.max_queue:
-            raise BadRequest(f"too many requests waiting ({self.max_queue}); retry shortly", status=429,
-                             kind="rate_limit_exceeded", headers={"Retry-After": "1"})
+        with self._count_lock:
+            if self.inflight >= self.max_batch + self.max_queue:
+                raise BadRequest(f"the server is full ({self.max_batch} running, {self.max_queue} waiting); "
+                                 "retry shortly", status=429, kind="rate_limit_exceeded",
+                                 headers={"Retry-After": "1"})
+            self.inflight += 1  # until _close
         self.pending.put(job)
         self._gauge()
         self._wake.set()
@@ -151,7 +156,7 @@ class Engine:
         self._thread.join(timeout)
 
     def busy(self) -> int:
-        return len(self.running) + self.pending.qsize()
+        return self.inflight
 
     # -- the engine thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -172,7 +177,8 @@ class Engine:
                     self._fail(job, 500, f"internal error: {type(err).__name__}: {err}")
                 self.running = []
         for job in [*self.running, *self._drain_pending()]:
-            job.sink(("done", "cancelled", len(job.prompt_ids), len(job.ids)))
+            if self._close(job):
+                job.sink(("done", "cancelled", len(job.prompt_ids), len(job.ids)))
         self.running = []
 
     def _drain_pending(self) -> list[Job]:
@@ -190,7 +196,7 @@ class Engine:
             except queue.Empty:
                 break
             if job.cancelled:
-                self._count_cancelled()
+                self._dropped(job)
                 continue
             try:
                 self._prefill(job)
@@ -237,10 +243,18 @@ class Engine:
         self.running = [j for j in self.running if not self._dropped(j)]
 
     def _dropped(self, job: Job) -> bool:
-        if job.cancelled and not job.finished:
+        if job.cancelled and self._close(job):
             self._count_cancelled()
-            job.finished = True
         return job.finished
+
+    def _close(self, job: Job) -> bool:
+        """The one exit of a job (finished, failed or cancelled); False if it was closed before."""
+        if job.finished:
+            return False
+        job.finished = True
+        with self._count_lock:
+            self.inflight -= 1
+        return True
 
     def _take(self, job: Job, token: int) -> bool:
         """A sampled token (slm.model.generate's order of checks); False when the job is done."""
@@ -294,7 +308,7 @@ class Engine:
     def _finish(self, job: Job, reason: str, flush: bool = True) -> bool:
         if flush:
             self._send(job, self._text(job))
-        job.finished = True
+        self._close(job)
         job.sink(("done", reason, len(job.prompt_ids), len(job.ids)))
         if self.metrics:
             self.metrics.tokens.labels("prompt").inc(len(job.prompt_ids))
@@ -302,7 +316,7 @@ class Engine:
         return False
 
     def _fail(self, job: Job, status: int, message: str) -> None:
-        job.finished = True
+        self._close(job)
         job.sink(("error", status, message))
 
     def _count_cancelled(self) -> None:
