@@ -32,6 +32,7 @@ from slm.server.metrics import CONTENT_TYPE_LATEST, Metrics
 from slm.server.protocol import BadRequest
 
 DEFAULT_BODY_LIMIT = 1 << 20  # 1 MiB: a long prompt fits many times over
+DISCARD_LIMIT = 64 << 20  # an oversized body up to this is read and dropped before the 413
 HEADER = "slm-composition"
 
 # SlmError exit codes -> HTTP: the client named or sent something wrong (4xx) vs. the store or
@@ -80,6 +81,8 @@ class Guard:
 
         refusal = self._refusal(scope, path)
         if refusal is not None:
+            if refusal.status_code == 413:
+                await self._discard_body(receive)
             await refusal(scope, receive, send_tagged)
         else:
             await self.app(scope, receive, send_tagged)
@@ -89,6 +92,18 @@ class Guard:
         self.metrics.latency.labels(endpoint).observe(elapsed)
         note = scope["state"].get("log", "")
         self.log(f"{method} {path} {seen['status']} {elapsed:.3f}s{' ' + note if note else ''}")
+
+    async def _discard_body(self, receive) -> None:
+        """Read (and drop) an oversized body, up to DISCARD_LIMIT, so that the client, still
+        sending, gets the 413 instead of a reset connection."""
+        drained = 0
+        while drained <= DISCARD_LIMIT:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
     def _refusal(self, scope, path: str) -> Response | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
