@@ -51,7 +51,7 @@ def _slm_run(cli, prompt: str, chat: bool = False) -> str:
     return r.json()["text"]
 
 
-def test_hot_swap_under_load(cli, tiny_store):
+def test_hot_swap_under_load(cli, tiny_store, capsys):
     """4 clients stream completions without pause while another process alternates the active
     composition 20 times with `slm activate`: no request fails, every chunk of a response names
     one composition, and every text is what `slm run` gives on that composition. The time from
@@ -104,9 +104,10 @@ def test_hot_swap_under_load(cli, tiny_store):
         code = server.stop()
     assert code == 0, "\n".join(server.lines)
     assert not failures, failures
-    print(f"\nswitch noticed after refs/active changed (server side): median {statistics.median(noticed):.1f} ms, "
-          f"max {max(noticed):.1f} ms; seen in /v1/slm/status after `slm activate` exited: median "
-          f"{statistics.median(seen_after):.0f} ms, max {max(seen_after):.0f} ms; {len(results)} responses")
+    with capsys.disabled():  # the measured figures, reported (not asserted as timings)
+        print(f"\nswitch noticed after refs/active changed (server side): median {statistics.median(noticed):.1f} ms, "
+              f"max {max(noticed):.1f} ms; seen in /v1/slm/status after `slm activate` exited: median "
+              f"{statistics.median(seen_after):.0f} ms, max {max(seen_after):.0f} ms; {len(results)} responses")
     assert max(noticed) < 1000  # the poll is every 10 ms; generous for a loaded machine
     assert all(len(f) == 1 for _, f, _ in results), "a response mixed compositions"
     used = {next(iter(f)) for _, f, _ in results}

@@ -8,12 +8,13 @@ left is cancelled (its stream ends), and the process exits 0.
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from dataclasses import dataclass
 
 from slm.api import Store
 from slm.compose.memory import parse_size
-from slm.errors import InvalidInput
+from slm.errors import InvalidInput, IOFailure
 from slm.ops import budget
 from slm.ops.run import MAX_THREADS
 from slm.server.app import DEFAULT_BODY_LIMIT, build_app, stderr_log
@@ -54,11 +55,24 @@ def check(o: ServeOptions) -> None:
         raise InvalidInput("--grace must be between 0 and 3600 seconds")
 
 
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as err:
+        raise IOFailure(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(store: Store, o: ServeOptions, log=stderr_log) -> int:
     """Run until SIGTERM/SIGINT; returns the exit code (0)."""
     check(o)
     import uvicorn
 
+    sock = bind(o.host, o.port)  # before anything slow: a taken port fails at once, in one line
     memory_budget = parse_size(o.memory_budget) if o.memory_budget is not None else budget.resolve(store._s, None)
     metrics = Metrics()
     catalog = Catalog(store, memory_budget, log=log)
@@ -96,7 +110,7 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     try:
-        Server(config).run()
+        Server(config).run(sockets=[sock])
     finally:
         engine.stop()
         catalog.stop()
