@@ -267,3 +267,52 @@ def test_status_models_metrics(cli, tiny_store):
         assert hdrs["slm-composition"] == status["active"]["id"]
     finally:
         assert server.stop() == 0
+
+
+def test_stop_sequences_and_seeded_sampling(cli, tiny_store):
+    """`stop` ends the text before the first stop sequence (finish_reason "stop"), streamed and
+    not; a sampled request with a seed is what `slm run --temperature --seed` gives."""
+    full = _slm_run(cli, PROMPTS[0])
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    assert stop.strip(), full
+    r = cli("run", PROMPTS[0], "-n", str(MAX_TOKENS), "--temperature", "0.9", "--top-p", "0.8", "--seed", "7",
+            "--json")
+    sampled = r.json()["text"]
+    server = Server(tiny_store, "--threads", "1")
+    try:
+        client = server.client()
+        reply = client.completions.create(model="active", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, stop=[stop])
+        assert reply.choices[0].text == full[:full.index(stop)] and reply.choices[0].finish_reason == "stop"
+        chunks = list(client.completions.create(model="active", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                                stop=stop, stream=True))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == full[:full.index(stop)]
+        reply = client.completions.create(model="active", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                          temperature=0.9, top_p=0.8, seed=7)
+        assert reply.choices[0].text == sampled
+    finally:
+        assert server.stop() == 0
+
+
+def test_prompt_cache_is_keyed_by_composition(tiny_model, store):
+    """The server's prompt cache gives an entry back only to the composition that made it."""
+    import numpy as np
+
+    from slm.ops.importing import import_base
+    from slm.ops.loading import load_base_model
+    from slm.server.engine import PromptCache
+
+    import_base(store, tiny_model["gguf_q"], "tq")
+    model = load_base_model(store, "tq").model
+    prompt = [5, 17, 42, 99]
+    cache = model.new_cache(8)
+    logits = model.forward(np.asarray(prompt), cache, "last")[-1]
+    pc = PromptCache()
+    pc.put("blake3:" + "a" * 64, prompt, cache, logits)
+    assert pc.get("blake3:" + "b" * 64, prompt, model.new_cache(8)) is None
+    assert pc.get("blake3:" + "a" * 64, prompt[:3], model.new_cache(8)) is None
+    restored = model.new_cache(8)
+    assert pc.get("blake3:" + "a" * 64, prompt, restored).tobytes() == logits.tobytes()
+    fresh = model.new_cache(8)
+    model.forward(np.asarray(prompt), fresh, "last")
+    nxt = [model.forward(np.asarray([7]), c, "last") for c in (restored, fresh)]
+    assert nxt[0].tobytes() == nxt[1].tobytes()
