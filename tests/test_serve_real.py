@@ -116,7 +116,7 @@ def test_disconnect_full_server_and_sigterm_during_streams(cli, smol_store, caps
         if server.proc.poll() is None:
             server.stop(signal.SIGKILL)
     assert code == 0, "\n".join(server.lines)
-    assert elapsed < grace + 10, elapsed
+    assert elapsed < grace + 2, elapsed  # generous on a busy machine; the figure is printed
     assert ended == [True] * 4, ended
     with capsys.disabled():
         print(f"\nSIGTERM with 4 streams running: exit 0 after {elapsed:.2f} s (grace {grace:g} s)")

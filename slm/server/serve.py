@@ -1,8 +1,9 @@
 """`slm serve`: the catalog, the engine and the HTTP app on uvicorn, in the foreground.
 
 Shutdown (SIGTERM or SIGINT): uvicorn stops accepting connections and the engine admits
-nothing new (503); running requests go on for up to `grace` seconds, after which whatever is
-left is cancelled (its stream ends), and the process exits 0.
+nothing new (503); running requests go on until `grace` seconds less min(1 s, grace / 4),
+then whatever is left is cancelled (its stream ends) and the process exits 0, within about
+the grace period (measured in tests/test_serve_real.py).
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> int:
                 log(f"{signal.Signals(sig).name}: no new requests; {engine.busy()} running get up to "
                     f"{o.grace:g} s")
                 engine.drain()
-                timer = threading.Timer(o.grace, engine.stop)  # then cancel what is left
+                # then cancel what is left, leaving the last part of the grace period (up to 1 s)
+                # for the streams to end and the process to exit
+                timer = threading.Timer(o.grace - min(1.0, o.grace / 4), engine.stop)
                 timer.daemon = True
                 timer.start()
             super().handle_exit(sig, frame)
