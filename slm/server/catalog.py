@@ -1,8 +1,8 @@
 """The compositions a server runs: the active one, followed from refs/active, and any that
 requests name, staged in one in-process Runtime (validated, re-hashed, one memory map per base).
 
-Hot swap (docs/serve.md): a watcher thread stats refs/active every POLL_S; when the file
-changes it reads the id, stages that composition (the checks of `slm activate`: every blob
+Hot swap (docs/serve.md): a watcher thread reads refs/active every POLL_S; when it changes
+it takes the id, stages that composition (the checks of `slm activate`: every blob
 re-hashed, shapes, targets, finite weights, the memory budget) and switches `active` to it
 by one reference assignment. A composition that fails is not switched to: the server keeps
 the old one, logs why and reports it in /v1/slm/status. Requests take `active` when they are
@@ -26,7 +26,7 @@ from slm.ops.results import CompositionInfo
 from slm.ops.runtime import Runtime
 from slm.store import digest as dg
 
-POLL_S = 0.01  # how often refs/active is stat'ed: a change is seen within ~10 ms
+POLL_S = 0.01  # how often refs/active is read (~80 bytes): a change is seen within ~10 ms
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Catalog:
         self.ref_names: str | None = None  # what refs/active named at the last look
         self.switches: list[Switch] = []
         self._ref_path = store._s.active_ref.path
-        self._seen: tuple | None = None
+        self._seen: bytes | None = None  # refs/active's bytes at the last look
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.on_switch: Callable[[Switch], None] | None = None
@@ -111,15 +111,22 @@ class Catalog:
 
     def poll(self, initial: bool = False) -> Switch | None:
         """One look at refs/active; stages and switches when it names something new."""
+        # The contents decide (an inode number can be reused and a timestamp be coarse); the
+        # file's modification time only dates the change for the `noticed_ms` measurement.
         try:
-            st = os.stat(self._ref_path)
-            key, mtime = (st.st_ino, st.st_mtime_ns, st.st_size), st.st_mtime_ns / 1e9
+            text = self._ref_path.read_bytes()
         except FileNotFoundError:
-            key, mtime = None, time.time()
-        if key == self._seen:
+            text = None
+        except OSError as err:
+            text = f"unreadable: {err}".encode()
+        if text == self._seen:
             return None
         noticed = time.time()
-        self._seen = key
+        try:
+            mtime = os.stat(self._ref_path).st_mtime_ns / 1e9
+        except OSError:
+            mtime = noticed
+        self._seen = text
         try:
             comp = self.store.active()
         except SlmError as err:
