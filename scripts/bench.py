@@ -275,6 +275,7 @@ def bench_base(base: str, a) -> dict:
         import_adapter(store, make_random_lora.make_random_lora(work / name, rank=16, alpha=32.0, std=0.02,
                                                                 seed=seed, **lora_shape), name)
     results["batching"] = bench_batching(store, base, ["lora16", "lora16b", "lora16c"], a)
+    results["batching_http"] = bench_serve_http(store.root, base, ["lora16", "lora16b", "lora16c"], a)
     if a.batching_only:
         return results
     comp_ids = {"base": activate(store, base, []).active.id,
@@ -393,6 +394,55 @@ def bench_batching(store, base: str, adapters: list[str], a) -> dict:
     return figures
 
 
+def bench_serve_http(store_root: Path, base: str, adapters: list[str], a) -> dict:
+    """The same through a real `slm serve` (HTTP, JSON, the scheduler): tokens per second of
+    one greedy /v1/completions request alone, of 8 at once on the active composition, and of
+    8 at once on 4 compositions (named by spec); end to end (short prompts: the prefill is a
+    small part); medians of min(--runs, 3)."""
+    import threading
+    import urllib.request
+
+    slm_cli(store_root, "activate", base)
+    proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store_root), "serve", "--port", "0",
+                             "--max-batch", "8"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stderr:
+            if "listening on " in line:
+                url = line.split("listening on ")[1].split()[0]
+                break
+        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep the pipe drained
+
+        def ask(model: str, i: int, out: list) -> None:
+            body = json.dumps({"model": model, "prompt": f"{PROMPT} Chapter {i + 1}.",
+                               "max_tokens": a.batch_steps}).encode()
+            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as r:
+                out.append(json.loads(r.read())["usage"]["completion_tokens"])
+
+        def sample(models: list[str]) -> float:
+            out: list = []
+            threads = [threading.Thread(target=ask, args=(m, i, out)) for i, m in enumerate(models)]
+            t = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            return sum(out) / (time.perf_counter() - t)
+
+        specs = [base] + [f"{base}+{x}" for x in adapters]
+        sample(specs)  # stage the compositions, warm the prompt cache
+        figures = {name: med([sample(models) for _ in range(min(a.runs, 3))]) for name, models in
+                   (("one", ["active"]), ("eight", ["active"] * 8),
+                    ("eight_on_4_compositions", [specs[i % 4] for i in range(8)]))}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    figures["ratio_eight"] = figures["eight"] / figures["one"]
+    figures["ratio_eight_on_4_compositions"] = figures["eight_on_4_compositions"] / figures["one"]
+    print(f"{base}: slm serve over HTTP {figures}", file=sys.stderr, flush=True)
+    return figures
+
+
 def print_tables(results: dict) -> None:
     print(f"CPU: {results['machine']['cpu']} ({results['machine']['cpus']} cores)")
     for base, r in results["bases"].items():
@@ -412,7 +462,13 @@ def print_base_tables(r: dict) -> None:
         print(f"| one request, LoRA r=16 | {b['one_lora']:.1f} | {b['one_lora'] / b['one_base']:.2f} |")
         print(f"| 8 requests, base | {b['eight_base']:.1f} | {b['ratio_eight_base']:.2f} |")
         print(f"| 8 requests on 4 compositions (base + 3 LoRAs) | {b['eight_on_4_compositions']:.1f} | "
-              f"{b['ratio_eight_on_4_compositions']:.2f} |\n")
+              f"{b['ratio_eight_on_4_compositions']:.2f} |")
+        h = r.get("batching_http")
+        if h:
+            print(f"| through `slm serve` (HTTP): one / 8 / 8 on 4 compositions | {h['one']:.1f} / {h['eight']:.1f} / "
+                  f"{h['eight_on_4_compositions']:.1f} | {h['ratio_eight']:.2f} / "
+                  f"{h['ratio_eight_on_4_compositions']:.2f} |")
+        print()
     if "throughput_tok_s" not in r:
         return
     t = r["throughput_tok_s"]
