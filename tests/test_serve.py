@@ -316,3 +316,29 @@ def test_prompt_cache_is_keyed_by_composition(tiny_model, store):
     model.forward(np.asarray(prompt), fresh, "last")
     nxt = [model.forward(np.asarray([7]), c, "last") for c in (restored, fresh)]
     assert nxt[0].tobytes() == nxt[1].tobytes()
+
+
+def test_json_log_lines(tiny_store):
+    """`slm serve --json`: every log line is one JSON object on stdout (the request lines too)."""
+    import signal
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(tiny_store), "serve", "--port", "0",
+                             "--threads", "1", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for _ in range(100):  # bounded: start-up logs two lines
+            lines.append(json.loads(proc.stdout.readline()))
+            if "listening on" in lines[-1]["log"]:
+                break
+        url = lines[-1]["log"].split("listening on ")[1].split()[0]
+        with urllib.request.urlopen(url + "/health", timeout=30) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    later = [json.loads(line) for line in out.splitlines()]
+    assert any(entry["log"].startswith("GET /health 200") for entry in later), later
+    assert all(set(entry) == {"time", "log"} for entry in lines + later)
