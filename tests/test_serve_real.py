@@ -116,6 +116,7 @@ def test_disconnect_full_server_and_sigterm_during_streams(cli, smol_store, caps
         if server.proc.poll() is None:
             server.stop(signal.SIGKILL)
     assert code == 0, "\n".join(server.lines)
+    assert not any("Traceback" in line for line in server.lines), "\n".join(server.lines)
     assert elapsed < grace + 2, elapsed  # generous on a busy machine; the figure is printed
     assert ended == [True] * 4, ended
     with capsys.disabled():

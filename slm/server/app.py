@@ -151,7 +151,10 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
             events: asyncio.Queue = asyncio.Queue()
 
             def sink(event: tuple) -> None:  # called on the engine thread
-                loop.call_soon_threadsafe(events.put_nowait, event)
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, event)
+                except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
+                    pass
 
             def admit():
                 return engine.prepare(catalog.resolve(req.model), req, sink)
