@@ -85,7 +85,7 @@ class _Batch:
         self.rows = rows
         self.cfg, self.t, self.vectors, self.bias, self.q_scale = (first.cfg, first.t, first.vectors, first.bias,
                                                                     first.q_scale)
-        self.kernels = _RowKernels(kernels, rows, first.t)
+        self.kernels = _RowKernels(kernels, rows)
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
         return self.linears(x, [name])[0]
@@ -130,7 +130,7 @@ class _RowKernels:
     take several sequences at once when each sequence is a short batch they take alone; NumPy
     math runs per sequence."""
 
-    def __init__(self, base, rows: list[Row], tensors: dict):
+    def __init__(self, base, rows: list[Row]):
         from slm.model.kernels_native import FUSED_MAX_TOKENS, MAX_JOBS, supports
 
         self.base, self.rows, self.B = base, rows, len(rows)
