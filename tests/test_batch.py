@@ -103,7 +103,6 @@ def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
     IA3 output scale; an IA3 input scale on the MLP; a sparse delta), prompts of different
     lengths, decoded together for 6 greedy steps, rows joining late: every row's logits are
     bit for bit those of its own model decoding alone."""
-    from slm.model.batch import Row, decode_step
     from slm.model.decoder import Decoder
     from slm.ops.importing import import_base
     from slm.ops.loading import load_base_model
@@ -121,7 +120,13 @@ def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
                 [_overlay("sparse", base, rng, attn)]]
     models = [Decoder(base.cfg, base.t, overlays=o) for o in overlays]
     prompts = [rng.integers(0, base.cfg.vocab_size, n) for n in (3, 7, 1, 12, 5, 9)]
-    steps = 6
+    _check_rows_equal_single_runs(models, prompts, steps=6)
+
+
+def _check_rows_equal_single_runs(models, prompts, steps: int) -> None:
+    """Row i (models[i] on prompts[i]) joins the batch at step i; each row's logits at every
+    step must be bit for bit those of its model decoding alone."""
+    from slm.model.batch import Row, decode_step
 
     def alone(model, prompt):
         cache = model.new_cache(len(prompt) + steps + 2)
@@ -133,7 +138,7 @@ def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
     expected = [alone(m, p) for m, p in zip(models, prompts)]
     kern = kernels_native.NativeKernels()
     caches, last, seen = [], [], []
-    for _ in range(len(models) + steps + 2):  # bounded: the last row joins at step 6
+    for _ in range(len(models) + steps + 2):  # bounded: the last row joins at step len(models) - 1
         if len(caches) < len(models):  # one row joins per step (continuous batching)
             i = len(caches)
             caches.append(models[i].new_cache(len(prompts[i]) + steps + 2))
@@ -151,3 +156,25 @@ def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
     for i, (got, want) in enumerate(zip(seen, expected)):
         for s, (g, w) in enumerate(zip(got, want)):
             assert g.tobytes() == w.tobytes(), f"composition {i}, step {s}: {np.abs(g - w).max()}"
+
+
+@pytest.mark.oracle  # the fixtures are built with transformers' own classes
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
+def test_decode_step_other_families(arch, tmp_path, store):
+    """Gemma 3 (GeGLU, post-norms, sliding windows of 4 crossed by every row, a tied softcapped
+    head) and Qwen3 (q/k norms per head): batched rows equal their single runs bit for bit."""
+    import make_tiny_model
+
+    from slm.model.decoder import Decoder
+    from slm.ops.importing import import_base
+    from slm.ops.loading import load_base_model
+
+    fixture = make_tiny_model.make_tiny_model(tmp_path / arch, seed=0, arch=arch)
+    import_base(store, fixture["gguf_q"], "m")
+    base = load_base_model(store, "m").model
+    rng = np.random.default_rng(9)
+    linear = [n for n, w in base.t.items() if len(w.shape) == 2 and n.startswith("blk.")]
+    models = [base, Decoder(base.cfg, base.t, overlays=[_overlay("lora", base, rng, linear)]),
+              Decoder(base.cfg, base.t, overlays=[_overlay("ia3", base, rng, [n for n in linear if "attn_v" in n])])]
+    prompts = [rng.integers(0, base.cfg.vocab_size, n) for n in (2, 6, 9)]
+    _check_rows_equal_single_runs(models, prompts, steps=6)
