@@ -6,7 +6,9 @@ Workloads on each base (--bases: SmolLM2-135M-Instruct Q4_1, Gemma 3 270M Q4_K_M
 (scripts/make_random_lora.py; the same adapter as a GGUF LoRA for llama.cpp): decode tok/s
 (greedy, fixed token count), prefill tok/s (a prompt of --prefill tokens), LoRA overhead,
 switch latency (in-process Runtime warm and cold; wall time of `slm activate`), import
-throughput, peak RSS. Each system runs in a worker process of its own (no thread pool or
+throughput, peak RSS, and the batching of `slm serve` (aggregate decode tok/s of 8 sequences
+decoded together in one step, on one composition and on 4, against one alone; in-process,
+through the server's batched step; `--batching-only` runs just that). Each system runs in a worker process of its own (no thread pool or
 environment setting of one can slow another; slm's sets one OpenBLAS thread, torch's two),
 driven by this process one request at a time, so the systems are interleaved run by run
 and never run at once; medians of --runs. Peers that are not installed are skipped and said
@@ -212,6 +214,8 @@ def main() -> int:
     p.add_argument("--kernels", default="default", choices=["default", "reference"])
     p.add_argument("--out", type=Path, default=HERE.parent / "docs")
     p.add_argument("--skip-peers", action="store_true")
+    p.add_argument("--batching-only", action="store_true", help="only the batched-decode figures")
+    p.add_argument("--batch-steps", type=int, default=64, help="decode steps per batching sample")
     p.add_argument("--bases", default="smollm2,gemma3", help="comma-separated: smollm2, gemma3")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
@@ -225,7 +229,8 @@ def main() -> int:
     for base in a.bases.split(","):
         results["bases"][base] = bench_base(base, a)
     a.out.mkdir(exist_ok=True)
-    (a.out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    # --batching-only writes beside the full run's figures, never over them
+    (a.out / ("bench-batching.json" if a.batching_only else "bench.json")).write_text(json.dumps(results, indent=2) + "\n")
     print_tables(results)
     return 0
 
@@ -266,6 +271,13 @@ def bench_base(base: str, a) -> dict:
     results["import_mb_s"] = imp.total_bytes / 2**20 / (time.perf_counter() - t)
     peft_dir = make_random_lora.make_random_lora(work / "lora16", rank=16, alpha=32.0, std=0.02, **lora_shape)
     import_adapter(store, peft_dir, "lora16")
+    for seed, name in ((1, "lora16b"), (2, "lora16c")):  # the batching figure's other compositions
+        import_adapter(store, make_random_lora.make_random_lora(work / name, rank=16, alpha=32.0, std=0.02,
+                                                                seed=seed, **lora_shape), name)
+    results["batching"] = bench_batching(store, base, ["lora16", "lora16b", "lora16c"], a)
+    results["batching_http"] = bench_serve_http(store.root, base, ["lora16", "lora16b", "lora16c"], a)
+    if a.batching_only:
+        return results
     comp_ids = {"base": activate(store, base, []).active.id,
                 "lora": activate(store, base, ["lora16"]).active.id}
     tok = load_base_model(store, base).tokenizer
@@ -344,6 +356,93 @@ def bench_base(base: str, a) -> dict:
     return results
 
 
+def bench_batching(store, base: str, adapters: list[str], a) -> dict:
+    """Aggregate decode tok/s of 8 sequences decoded together (slm.model.batch.decode_step, the
+    step `slm serve` runs), on one composition and on 4 (the base and three LoRAs r=16), against
+    one sequence alone (Decoder.forward token by token, as `slm run`). Each sample: 8 short
+    prompts prefilled, then --batch-steps greedy steps; medians of min(--runs, 3) samples."""
+    from slm.model.batch import Row, decode_step
+    from slm.model.kernels import default_kernels
+    from slm.ops import compositions
+    from slm.ops.runtime import Runtime
+
+    rt = Runtime(store)
+    loaded = [rt.stage(compositions.build(store, base, spec)) for spec in ([], *([x] for x in adapters))]
+    kernels = default_kernels()
+    tok = loaded[0].tokenizer
+    prompts = [tok.encode(f"{PROMPT} Chapter {i + 1}.") for i in range(8)]
+
+    def sample(models) -> float:
+        caches = [m.model.new_cache(len(p) + a.batch_steps + 1) for m, p in zip(models, prompts)]
+        last = [int(np.argmax(m.model.forward(np.asarray(p), c, "last")[-1])) for m, p, c in zip(models, prompts, caches)]
+        t = time.perf_counter()
+        for _ in range(a.batch_steps):
+            if len(models) == 1:
+                logits = models[0].model.forward(np.asarray([last[0]]), caches[0], "last")
+            else:
+                logits = decode_step([Row(m.model, c, x) for m, c, x in zip(models, caches, last)], kernels)
+            last = [int(np.argmax(row)) for row in logits]
+        return len(models) * a.batch_steps / (time.perf_counter() - t)
+
+    figures = {}
+    for name, models in (("one_base", [loaded[0]]), ("one_lora", [loaded[1]]), ("eight_base", [loaded[0]] * 8),
+                         ("eight_on_4_compositions", [loaded[i % 4] for i in range(8)])):
+        figures[name] = med([sample(models) for _ in range(min(a.runs, 3))])
+    figures["ratio_eight_base"] = figures["eight_base"] / figures["one_base"]
+    figures["ratio_eight_on_4_compositions"] = figures["eight_on_4_compositions"] / figures["one_base"]
+    print(f"{base}: batching {figures}", file=sys.stderr, flush=True)
+    return figures
+
+
+def bench_serve_http(store_root: Path, base: str, adapters: list[str], a) -> dict:
+    """The same through a real `slm serve` (HTTP, JSON, the scheduler): tokens per second of
+    one greedy /v1/completions request alone, of 8 at once on the active composition, and of
+    8 at once on 4 compositions (named by spec); end to end (short prompts: the prefill is a
+    small part); medians of min(--runs, 3)."""
+    import threading
+    import urllib.request
+
+    slm_cli(store_root, "activate", base)
+    proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store_root), "serve", "--port", "0",
+                             "--max-batch", "8"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stderr:
+            if "listening on " in line:
+                url = line.split("listening on ")[1].split()[0]
+                break
+        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep the pipe drained
+
+        def ask(model: str, i: int, out: list) -> None:
+            body = json.dumps({"model": model, "prompt": f"{PROMPT} Chapter {i + 1}.",
+                               "max_tokens": a.batch_steps}).encode()
+            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as r:
+                out.append(json.loads(r.read())["usage"]["completion_tokens"])
+
+        def sample(models: list[str]) -> float:
+            out: list = []
+            threads = [threading.Thread(target=ask, args=(m, i, out)) for i, m in enumerate(models)]
+            t = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            return sum(out) / (time.perf_counter() - t)
+
+        specs = [base] + [f"{base}+{x}" for x in adapters]
+        sample(specs)  # stage the compositions, warm the prompt cache
+        figures = {name: med([sample(models) for _ in range(min(a.runs, 3))]) for name, models in
+                   (("one", ["active"]), ("eight", ["active"] * 8),
+                    ("eight_on_4_compositions", [specs[i % 4] for i in range(8)]))}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    figures["ratio_eight"] = figures["eight"] / figures["one"]
+    figures["ratio_eight_on_4_compositions"] = figures["eight_on_4_compositions"] / figures["one"]
+    print(f"{base}: slm serve over HTTP {figures}", file=sys.stderr, flush=True)
+    return figures
+
+
 def print_tables(results: dict) -> None:
     print(f"CPU: {results['machine']['cpu']} ({results['machine']['cpus']} cores)")
     for base, r in results["bases"].items():
@@ -355,6 +454,23 @@ def print_tables(results: dict) -> None:
 
 
 def print_base_tables(r: dict) -> None:
+    b = r.get("batching")
+    if b:
+        print("| decode (slm serve's batched step) | aggregate tok/s | vs one request alone |")
+        print("|---|---:|---:|")
+        print(f"| one request, base | {b['one_base']:.1f} | 1.00 |")
+        print(f"| one request, LoRA r=16 | {b['one_lora']:.1f} | {b['one_lora'] / b['one_base']:.2f} |")
+        print(f"| 8 requests, base | {b['eight_base']:.1f} | {b['ratio_eight_base']:.2f} |")
+        print(f"| 8 requests on 4 compositions (base + 3 LoRAs) | {b['eight_on_4_compositions']:.1f} | "
+              f"{b['ratio_eight_on_4_compositions']:.2f} |")
+        h = r.get("batching_http")
+        if h:
+            print(f"| through `slm serve` (HTTP): one / 8 / 8 on 4 compositions | {h['one']:.1f} / {h['eight']:.1f} / "
+                  f"{h['eight_on_4_compositions']:.1f} | {h['ratio_eight']:.2f} / "
+                  f"{h['ratio_eight_on_4_compositions']:.2f} |")
+        print()
+    if "throughput_tok_s" not in r:
+        return
     t = r["throughput_tok_s"]
     names = sorted({k.split("|")[0] for k in t}, key=lambda n: (n != "slm", n))
     print("| system | decode base | decode LoRA | prefill base | prefill LoRA | LoRA decode overhead |")

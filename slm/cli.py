@@ -264,6 +264,37 @@ def run_cmd(
     _show(result, json_out, render.run_footer)
 
 
+@app.command()
+def serve(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless told otherwise)."),
+    port: int = typer.Option(8080, "--port", help="TCP port (0: any free port, printed at start)."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="SLM_API_KEY", metavar="KEY", show_envvar=True,
+        help="Require Authorization: Bearer KEY on every endpoint but /health."),
+    max_batch: int = typer.Option(8, "--max-batch", metavar="N", help="Requests decoded together in one step."),
+    max_queue: Optional[int] = typer.Option(
+        None, "--max-queue", metavar="N", help="Requests waiting beyond the batch before HTTP 429 (default 4 x N)."),
+    memory_budget: Optional[str] = MemoryBudgetOpt,
+    threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="Threads for the kernels (default: every core)."),
+    body_limit: int = typer.Option(1 << 20, "--body-limit", metavar="BYTES", help="Largest request body accepted."),
+    grace: float = typer.Option(10.0, "--grace", metavar="SECONDS",
+                                help="On SIGTERM/SIGINT, how long running requests get to finish."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Serve the store's compositions over an OpenAI-compatible HTTP API (docs/serve.md).
+
+    Follows `slm activate` from other processes (hot swap); never writes to the store.
+    Logs one line per request on stderr; with --json, one JSON object per line on stdout."""
+    from slm.server.app import json_log, stderr_log
+    from slm.server.serve import ServeOptions
+    from slm.server.serve import serve as run_server
+
+    options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
+                           memory_budget=memory_budget, threads=threads, body_limit=body_limit, grace=grace)
+    raise typer.Exit(run_server(_store(ctx), options, log=json_log if json_out else stderr_log))
+
+
 def _fail(code: int, message: str, as_json: bool) -> int:
     if as_json:
         render.print_json({"error": message, "exit_code": int(code)})

@@ -41,6 +41,11 @@ class Job(ctypes.Structure):
                 ("lora_a", ctypes.c_void_p), ("lora_bt", ctypes.c_void_p)]
 
 
+class Term(ctypes.Structure):
+    """slm_term in _qkernels.c: one row's low-rank term on one weight (slm_matmul_rows)."""
+
+    _fields_ = [("rank", ctypes.c_int32), ("a", ctypes.c_void_p), ("bt", ctypes.c_void_p)]
+
 
 # The C functions' status codes (_qkernels.c): 0 done, -1 an argument it refuses (a shape, a
 # type or a job count the Python side should never pass: a bug, not the user's input), -2 it
@@ -59,6 +64,7 @@ def _load() -> ctypes.CDLL | None:
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     signatures = {  # name: (result, arguments), as in _qkernels.c
         "slm_matmul": (i32, [i32, p, p, i64, i64]),
+        "slm_matmul_rows": (i32, [i32, p, p, p, i64, i64]),
         "slm_dequantize": (i32, [i32, p, i64, i64, i64, i64, p]),
         "slm_block_size": (i32, [i32, p, p]),
         "slm_threads": (i32, []),
@@ -142,6 +148,7 @@ class NativeKernels(ReferenceKernels):
         # prefill on one thread
         self.set_threads(DEFAULT_THREADS)
         self._jobs: dict[tuple, tuple] = {}  # see _plan
+        self._terms: dict[tuple, tuple] = {}  # see _row_terms
 
     def set_threads(self, n: int) -> None:
         """n threads for the kernels' parallel regions (from this thread) and the prefill."""
@@ -179,6 +186,47 @@ class NativeKernels(ReferenceKernels):
         _check_status(LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols), "slm_matmul",
                       weights[0].name)
         return outs
+
+    def matmul_rows(self, x: np.ndarray, weights: list[QuantTensor], row_terms: list[list]) -> list[np.ndarray]:
+        """matmul_many where each row of x brings its own low-rank terms: row_terms[j][t] is
+        None or (A (r, in), B^T (r, out)) for weight j and row t. Any number of rows, always the
+        fused kernel (which unpacks each quantized block once for all of them); row t's result
+        is bit for bit matmul_many(x[t:t+1], weights, [row_terms[j][t] ...]). The weights must be
+        ones the kernel has (supports) and at most MAX_JOBS of one input width."""
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)  # (B, in)
+        plan = self._plan(weights, None)
+        assert plan is not None, [w.name for w in weights]
+        jobs, cols, rows = plan
+        tokens = x.shape[0]
+        assert x.shape[1] == cols, (weights[0].name, x.shape, cols)
+        outs = [np.empty((tokens, r), dtype=np.float32) for r in rows]  # (B, out) each
+        for job, out in zip(jobs, outs):
+            job.out = _addr(out)
+        terms = self._row_terms(weights, row_terms, tokens)
+        _check_status(LIB.slm_matmul_rows(len(rows), jobs, terms, _addr(x), tokens, cols), "slm_matmul_rows",
+                      weights[0].name)
+        return outs
+
+    def _row_terms(self, weights: list[QuantTensor], row_terms: list[list], tokens: int):
+        """The (weights x rows) Term array, built once per combination (a batch keeps its rows'
+        compositions from step to step) and kept with the arrays it points into."""
+        key = (tokens, *map(id, weights), *(id(t) for terms in row_terms for t in terms))
+        cached = self._terms.get(key)
+        if cached is not None:
+            return cached[0]
+        array = (Term * (len(weights) * tokens))()
+        for j, (w, terms) in enumerate(zip(weights, row_terms)):
+            assert len(terms) == tokens, (w.name, len(terms), tokens)
+            for t, term in enumerate(terms):
+                if term is not None:
+                    a, b_t = term
+                    assert a.shape == (b_t.shape[0], w.cols) and b_t.shape[1] == w.rows, (w.name, a.shape, b_t.shape)
+                    array[j * tokens + t] = Term(a.shape[0], a.ctypes.data, b_t.ctypes.data)
+        if len(self._terms) > 4096:  # batches come and go: keep the memory bounded
+            self._terms.clear()
+        self._terms[key] = (array, row_terms)
+        return array
 
     def _plan(self, weights: list[QuantTensor], low_rank: list | None):
         """(job descriptors, input width, output widths) for these weights and terms, built

@@ -10,6 +10,7 @@ the Loaded it was given. This does not change refs/active: that is `slm activate
 
 from __future__ import annotations
 
+from slm.compose.composition import Composition
 from slm.ops import compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.store import Store
@@ -22,11 +23,15 @@ class Runtime:
         self.staged: dict[str, Loaded] = {}  # composition id -> loaded, least recently used first
         self.active: Loaded | None = None
 
-    def stage(self, comp_id: str) -> Loaded:
+    def stage(self, comp: str | Composition) -> Loaded:
+        """A composition by id (stored), or a Composition (stored or not: a server stages a
+        spec it was asked for without activating it)."""
+        comp_id = comp if isinstance(comp, str) else comp.id
         if comp_id in self.staged:
             self.staged[comp_id] = self.staged.pop(comp_id)  # now the most recently used
             return self.staged[comp_id]
-        comp = compositions.load(self.store, comp_id)
+        if isinstance(comp, str):
+            comp = compositions.load(self.store, comp_id)
         shared = next((l for l in self.staged.values() if l.composition.base == comp.base), None)
         # a base already staged in this process had its blobs re-hashed then
         loaded = load_composition(self.store, comp, verify=shared is None)

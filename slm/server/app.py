@@ -1,0 +1,273 @@
+"""The HTTP face of the server (Starlette on uvicorn): handlers translate HTTP <-> the catalog
+and the engine, nothing more.
+
+Every response carries an `slm-composition` header: the composition a generation ran on,
+else the one active in the server. Errors are {"error": {"message": one line, ...}} with a
+4xx status for anything the client sent wrong. The Guard (pure ASGI, so streaming passes
+through untouched) checks the API key and the body size before a handler runs and logs one
+line per request when its response is complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import sys
+import time
+from typing import Callable
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from slm.errors import ExitCode, SlmError
+from slm.server import protocol
+from slm.server.catalog import Catalog
+from slm.server.engine import Engine
+from slm.server.metrics import CONTENT_TYPE_LATEST, Metrics
+from slm.server.protocol import BadRequest
+
+DEFAULT_BODY_LIMIT = 1 << 20  # 1 MiB: a long prompt fits many times over
+DISCARD_LIMIT = 64 << 20  # an oversized body up to this is read and dropped before the 413
+HEADER = "slm-composition"
+
+# SlmError exit codes -> HTTP: the client named or sent something wrong (4xx) vs. the store or
+# the machine failing under a good request (5xx)
+STATUS_OF_CODE = {ExitCode.NOT_FOUND: 400, ExitCode.INVALID_INPUT: 400, ExitCode.INCOMPATIBLE: 400,
+                  ExitCode.BUDGET: 400, ExitCode.USAGE: 400, ExitCode.NUMERICS: 422, ExitCode.BUSY: 503}
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                   headers: dict | None = None, comp: str | None = None) -> JSONResponse:
+    h = {HEADER: comp or "", **(headers or {})}
+    return JSONResponse(protocol.error_body(message, kind, code), status_code=status, headers=h)
+
+
+def from_slm_error(err: SlmError) -> BadRequest:
+    status = STATUS_OF_CODE.get(err.code, 500)
+    return BadRequest(str(err), status=status, kind="invalid_request_error" if status < 500 else "server_error")
+
+
+class Guard:
+    """API key (every path but /health), body size (by Content-Length; handlers also count what
+    they read), the composition header default, metrics and the one log line per request."""
+
+    def __init__(self, app, api_key: str | None, body_limit: int, active_id: Callable[[], str | None],
+                 metrics: Metrics, log: Callable[[str], None]):
+        self.app, self.api_key, self.body_limit = app, api_key, body_limit
+        self.active_id, self.metrics, self.log = active_id, metrics, log
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        path, method = scope["path"], scope["method"]
+        seen = {"status": 0}
+        scope.setdefault("state", {})
+
+        async def send_tagged(message):
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == HEADER.encode() and v for k, v in headers):
+                    headers = [(k, v) for k, v in headers if k.lower() != HEADER.encode()]
+                    headers.append((HEADER.encode(), (self.active_id() or "").encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        refusal = self._refusal(scope, path)
+        if refusal is not None:
+            if refusal.status_code == 413:
+                await self._discard_body(receive)
+            await refusal(scope, receive, send_tagged)
+        else:
+            await self.app(scope, receive, send_tagged)
+        elapsed = time.perf_counter() - started
+        endpoint = path if path in KNOWN_PATHS else "other"
+        self.metrics.requests.labels(endpoint, str(seen["status"])).inc()
+        self.metrics.latency.labels(endpoint).observe(elapsed)
+        note = scope["state"].get("log", "")
+        self.log(f"{method} {path} {seen['status']} {elapsed:.3f}s{' ' + note if note else ''}")
+
+    async def _discard_body(self, receive) -> None:
+        """Read (and drop) an oversized body, up to DISCARD_LIMIT, so that the client, still
+        sending, gets the 413 instead of a reset connection."""
+        drained = 0
+        while drained <= DISCARD_LIMIT:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+    def _refusal(self, scope, path: str) -> Response | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.api_key is not None and path != "/health":
+            auth = headers.get("authorization", "")
+            if not auth:
+                return error_response(401, "this server needs an API key: send Authorization: Bearer KEY",
+                                      "authentication_error", "missing_api_key")
+            scheme, _, key = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
+                return error_response(401, "wrong API key", "authentication_error", "invalid_api_key")
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                return error_response(400, "Content-Length is not a number")
+            if int(length) > self.body_limit:
+                return error_response(413, f"the request body is {int(length)} bytes; the limit is "
+                                      f"{self.body_limit}", code="body_too_large")
+        return None
+
+
+KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics"}
+
+
+def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: str | None = None,
+              body_limit: int = DEFAULT_BODY_LIMIT, log: Callable[[str], None] = print,
+              on_shutdown: Callable[[], None] | None = None):
+    def active_id() -> str | None:
+        active = catalog.active
+        return None if active is None else active.id
+
+    async def read_body(request: Request) -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > body_limit:
+                raise BadRequest(f"the request body is over the limit of {body_limit} bytes", status=413)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def generate(request: Request, chat: bool) -> Response:
+        try:
+            req = protocol.parse_request(protocol.parse_body(await read_body(request)), chat)
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue = asyncio.Queue()
+
+            def sink(event: tuple) -> None:  # called on the engine thread
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, event)
+                except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
+                    pass
+
+            def admit():
+                return engine.prepare(catalog.resolve(req.model), req, sink)
+
+            try:
+                job = await run_in_threadpool(admit)
+            except SlmError as err:
+                raise from_slm_error(err) from err
+            engine.submit(job)
+        except BadRequest as err:
+            return error_response(err.status, err.message, err.kind, headers=err.headers, comp=active_id())
+        comp, model = job.loaded.id, req.model or "active"
+        headers = {HEADER: comp}
+        request.state.log = f"comp={comp[len('blake3:'):][:12]} prompt={len(job.prompt_ids)}"
+        if req.stream:
+            return StreamingResponse(stream(request, req, job, events, comp, model), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})
+        pieces = []
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(events.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        job.cancel()
+                        return Response(status_code=499, headers=headers)
+                    continue
+                if event[0] == "text":
+                    pieces.append(event[1])
+                elif event[0] == "error":
+                    return error_response(event[1], event[2], comp=comp)
+                else:
+                    _, reason, n_prompt, n_out = event
+                    request.state.log += f" completion={n_out} finish={reason}"
+                    if reason == "cancelled":
+                        return error_response(503, "the server is shutting down; the request was cancelled",
+                                              "unavailable", comp=comp)
+                    body = protocol.completion(req, job.rid, comp, model, "".join(pieces), reason, n_prompt, n_out)
+                    return JSONResponse(body, headers=headers)
+        finally:
+            job.cancel()  # no-op once finished; a cancelled handler (client gone) frees the row
+
+    async def stream(request: Request, req, job, events: asyncio.Queue, comp: str, model: str):
+        def sse(doc: dict) -> str:
+            return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
+
+        try:
+            first = True
+            while True:
+                event = await events.get()
+                if event[0] == "text":
+                    yield sse(protocol.chunk(req, job.rid, comp, model, event[1], first=first))
+                    first = False
+                elif event[0] == "error":
+                    yield sse(protocol.error_body(event[2], "server_error"))
+                    break
+                else:
+                    _, reason, n_prompt, n_out = event
+                    request.state.log += f" completion={n_out} finish={reason}"
+                    yield sse(protocol.chunk(req, job.rid, comp, model, None, reason, first=first))
+                    if req.include_usage:
+                        yield sse(protocol.usage_chunk(req, job.rid, comp, model, n_prompt, n_out))
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancel()  # the client went away (the generator is closed): drop the row next step
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def models(request: Request) -> Response:
+        status = await run_in_threadpool(catalog.status)
+        data = [{"id": "active", "object": "model", "created": 0, "owned_by": "slm",
+                 "composition": active_id()}]
+        data += [{"id": s["id"], "object": "model", "created": 0, "owned_by": "slm", "base": s["base_name"],
+                  "adapters": [f"{a['name']}@{a['weight']:g}" for a in s["adapters"]]} for s in status["staged"]]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "draining" if engine.draining else "ok"})
+
+    async def slm_status(request: Request) -> Response:
+        status = await run_in_threadpool(catalog.status)
+        status.update(queue_depth=engine.pending.qsize(), running=len(engine.running), max_batch=engine.max_batch,
+                      draining=engine.draining)
+        return JSONResponse(status)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        message = {404: f"no endpoint {request.url.path}", 405: f"{request.method} is not allowed on "
+                   f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return error_response(exc.status_code, message, headers=dict(exc.headers or {}))
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/slm/status", slm_status, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    return Guard(app, api_key, body_limit, active_id, metrics, log)
+
+
+def stderr_log(line: str) -> None:
+    print(f"slm serve: {line}", file=sys.stderr, flush=True)
+
+
+def json_log(line: str) -> None:
+    print(json.dumps({"time": round(time.time(), 3), "log": line}), flush=True)

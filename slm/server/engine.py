@@ -1,0 +1,336 @@
+"""The scheduler: continuous batching of every admitted request, one decode step for all.
+
+One engine thread owns the models. Between two steps it admits queued requests (each prompt
+prefilled alone, exactly as `slm run` does it) and drops finished or cancelled ones; each step
+runs the next token of every running request together (slm.model.batch.decode_step: one
+kernel call per layer reads each quantized block once for all rows, each row adding its own
+composition's overlays), rows grouped by base. A request keeps the Loaded it was admitted
+with to its end, so it never sees a token of another composition; its KV cache is its own,
+and the prompt cache is keyed by composition id.
+
+Per request the arithmetic, the sampler and the stop rules are those of slm.model.generate,
+so a greedy answer here is token for token the answer of `slm run` on the same composition.
+Events go to the request's sink from this thread: ("text", piece), ("done", reason,
+prompt_tokens, completion_tokens) or ("error", status, message).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from slm.errors import NumericsError, SlmError
+from slm.model.batch import Row, decode_step
+from slm.model.chat import render_chat
+from slm.model.decoder import KVCache
+from slm.model.generate import _check_finite
+from slm.model.kernels import default_kernels
+from slm.model.sampling import Sampler
+from slm.ops import budget
+from slm.ops.loading import Loaded
+from slm.server.protocol import BadRequest, GenerateRequest
+
+PROMPT_CACHE_ENTRIES = 32
+PROMPT_CACHE_BYTES = 128 << 20  # all entries together; a prompt whose keys/values alone are more is not kept
+
+
+@dataclass
+class Job:
+    rid: str
+    req: GenerateRequest
+    loaded: Loaded  # pinned at admission: the composition this request runs on, start to finish
+    prompt_ids: list[int]
+    sink: Callable[[tuple], None]
+    capacity: int
+    admitted: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # the client went away (or the server stops): dropped before the next step
+    finished: bool = False
+    cache: KVCache | None = None
+    sampler: Sampler | None = None
+    ids: list[int] = field(default_factory=list)
+    next_token: int = -1
+    sent: int = 0  # characters of text already sent
+    first_token_s: float | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True  # read by the engine thread before each step
+
+
+class PromptCache:
+    """Prompt keys/values and last logits, in memory, keyed by (composition id, prompt tokens):
+    an entry is never used under another composition (a switch cannot serve stale KV)."""
+
+    def __init__(self, entries: int = PROMPT_CACHE_ENTRIES, max_bytes: int = PROMPT_CACHE_BYTES):
+        self.entries, self.max_bytes, self.bytes = entries, max_bytes, 0
+        self._d: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, comp_id: str, tokens: list[int], cache: KVCache) -> np.ndarray | None:
+        hit = self._d.get((comp_id, tuple(tokens)))
+        if hit is None or not cache.restore(hit[0], len(tokens)):  # (state, logits, bytes)
+            return None
+        self._d.move_to_end((comp_id, tuple(tokens)))
+        return hit[1]
+
+    def put(self, comp_id: str, tokens: list[int], cache: KVCache, logits: np.ndarray) -> None:
+        state = cache.state()
+        size = sum(a.nbytes for a in state.values()) + logits.nbytes
+        key = (comp_id, tuple(tokens))
+        if size > self.max_bytes or key in self._d:
+            return
+        self._d[key] = (state, logits.copy(), size)
+        self.bytes += size
+        while len(self._d) > self.entries or self.bytes > self.max_bytes:
+            self.bytes -= self._d.popitem(last=False)[1][2]
+
+
+class Engine:
+    def __init__(self, max_batch: int = 8, max_queue: int = 32, threads: int | None = None,
+                 memory_budget: int | None = None, metrics=None, log: Callable[[str], None] = print):
+        self.max_batch, self.max_queue, self.threads = max_batch, max_queue, threads
+        self.budget, self.metrics, self.log = memory_budget, metrics, log
+        self.pending: queue.Queue[Job] = queue.Queue()
+        self.running: list[Job] = []
+        self.prompts = PromptCache()
+        self.draining = False
+        self.inflight = 0  # submitted and not yet closed: queued, being prefilled or running
+        self._count_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._loop, name="slm-engine", daemon=True)
+        self.kernels = None
+
+    # -- called from the server's threads ------------------------------------------------------
+    def prepare(self, loaded: Loaded, req: GenerateRequest, sink: Callable[[tuple], None]) -> Job:
+        """Tokenize and check a request against its composition's model (400 if it cannot run)."""
+        tok, cfg = loaded.tokenizer, loaded.model.cfg
+        if req.chat:
+            text = render_chat(tok.chat_template, [{"role": m.role, "content": m.content} for m in req.messages],
+                               tok.special_tokens)
+        else:
+            text = req.prompt
+        ids = tok.encode(text)
+        if not ids:
+            raise BadRequest("the prompt encodes to no tokens")
+        context = cfg.context_length
+        if len(ids) >= context:
+            raise BadRequest(f"the prompt has {len(ids)} tokens; the context holds {context}")
+        max_tokens = req.max_tokens if req.max_tokens_given else min(req.max_tokens, context - len(ids))
+        if len(ids) + max_tokens > context:
+            raise BadRequest(f"max_tokens {max_tokens} is past the context: the prompt has {len(ids)} tokens "
+                             f"and the context holds {context}")
+        if max_tokens != req.max_tokens:
+            from dataclasses import replace
+
+            req = replace(req, max_tokens=max_tokens)
+        est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids))
+        budget.check(est, self.budget, "this request")
+        return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
+                   capacity=len(ids) + max_tokens)
+
+    def submit(self, job: Job) -> None:
+        if self.draining:
+            raise BadRequest("the server is shutting down", status=503, kind="unavailable")
+        with self._count_lock:
+            if self.inflight >= self.max_batch + self.max_queue:
+                raise BadRequest(f"the server is full ({self.max_batch} running, {self.max_queue} waiting); "
+                                 "retry shortly", status=429, kind="rate_limit_exceeded",
+                                 headers={"Retry-After": "1"})
+            self.inflight += 1  # until _close
+        self.pending.put(job)
+        self._gauge()
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def drain(self) -> None:
+        """Admit nothing new; what is queued or running goes on."""
+        self.draining = True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel everything and end the thread."""
+        self.draining = True
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def busy(self) -> int:
+        return self.inflight
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        self.kernels = default_kernels()  # the batch step's kernels, owned by this thread
+        if self.threads is not None:
+            self.kernels.set_threads(self.threads)  # OpenMP threads are set per calling thread
+        while not self._stop.is_set():
+            self._admit()
+            if not self.running:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                self._step()
+            except Exception as err:  # a bug: fail the running requests, keep serving
+                self.log(f"engine step failed: {type(err).__name__}: {err}")
+                for job in self.running:
+                    self._fail(job, 500, f"internal error: {type(err).__name__}: {err}")
+                self.running = []
+        for job in [*self.running, *self._drain_pending()]:
+            if self._close(job):
+                job.sink(("done", "cancelled", len(job.prompt_ids), len(job.ids)))
+        self.running = []
+
+    def _drain_pending(self) -> list[Job]:
+        out = []
+        while True:
+            try:
+                out.append(self.pending.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _admit(self) -> None:
+        while len(self.running) < self.max_batch:
+            try:
+                job = self.pending.get_nowait()
+            except queue.Empty:
+                break
+            if job.cancelled:
+                self._dropped(job)
+                continue
+            try:
+                self._prefill(job)
+            except SlmError as err:
+                self._fail(job, 422 if isinstance(err, NumericsError) else 400, str(err))
+        self.running = [j for j in self.running if not self._dropped(j)]
+        self._gauge()
+
+    def _prefill(self, job: Job) -> None:
+        """As slm.model.generate.generate: the whole prompt in one forward pass (or its cached
+        keys and values), then the first token."""
+        model = job.loaded.model
+        if self.threads is not None:
+            model.kernels.set_threads(self.threads)
+        req = job.req
+        job.sampler = Sampler(req.temperature, req.top_p, req.seed)
+        job.cache = model.new_cache(job.capacity)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            logits = self.prompts.get(job.loaded.id, job.prompt_ids, job.cache)
+            if logits is None:
+                logits = model.forward(np.asarray(job.prompt_ids), job.cache, "last")[-1]
+                self.prompts.put(job.loaded.id, job.prompt_ids, job.cache, logits)
+        _check_finite(logits)
+        if self._take(job, job.sampler(logits)):
+            self.running.append(job)
+
+    def _step(self) -> None:
+        groups: dict[int, list[Job]] = {}
+        for job in self.running:
+            groups.setdefault(id(job.loaded.model.t), []).append(job)  # rows of one base share a step
+        if self.metrics:
+            self.metrics.batch_rows.observe(len(self.running))
+        for jobs in groups.values():
+            rows = [Row(j.loaded.model, j.cache, j.next_token) for j in jobs]
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                logits = decode_step(rows, self.kernels)  # (B, V)
+            for job, row_logits in zip(jobs, logits):
+                try:
+                    _check_finite(row_logits)
+                except NumericsError as err:
+                    self._fail(job, 422, str(err))
+                    continue
+                self._take(job, job.sampler(row_logits))  # a finished job is dropped below
+        self.running = [j for j in self.running if not self._dropped(j)]
+
+    def _dropped(self, job: Job) -> bool:
+        if job.cancelled and self._close(job):
+            self._count_cancelled()
+        return job.finished
+
+    def _close(self, job: Job) -> bool:
+        """The one exit of a job (finished, failed or cancelled); False if it was closed before."""
+        if job.finished:
+            return False
+        job.finished = True
+        with self._count_lock:
+            self.inflight -= 1
+        return True
+
+    def _take(self, job: Job, token: int) -> bool:
+        """A sampled token (slm.model.generate's order of checks); False when the job is done."""
+        if job.first_token_s is None:
+            job.first_token_s = time.perf_counter() - job.admitted
+            if self.metrics:
+                self.metrics.first_token.observe(job.first_token_s)
+        job.ids.append(token)
+        tok = job.loaded.tokenizer
+        if token in tok.eos_ids:
+            return self._finish(job, "eos")
+        stopped = self._emit(job)
+        if stopped:
+            return self._finish(job, "stop", flush=False)
+        if len(job.ids) == job.req.max_tokens:
+            return self._finish(job, "length")
+        if job.cache.length >= job.cache.capacity:
+            return self._finish(job, "context")
+        job.next_token = token
+        return True
+
+    def _text(self, job: Job) -> str:
+        tok = job.loaded.tokenizer
+        return tok.decode([t for t in job.ids if t not in tok.eos_ids])
+
+    def _emit(self, job: Job) -> bool:
+        """Send the new text; True when a stop sequence ended it (the stop text is not sent)."""
+        text = self._text(job)
+        if text.endswith("\ufffd"):
+            return False  # an incomplete UTF-8 sequence: wait for the next token
+        stops = job.req.stop
+        if stops:
+            longest = max(map(len, stops))
+            start = max(0, job.sent - longest)
+            found = [p for p in (text.find(s, start) for s in stops) if p >= 0]
+            if found:
+                end = min(found)
+                self._send(job, text[:end])
+                return True
+            # hold back a tail that could still become a stop sequence
+            hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            text = text[:len(text) - hold]
+        self._send(job, text)
+        return False
+
+    def _send(self, job: Job, text: str) -> None:
+        if len(text) > job.sent:
+            job.sink(("text", text[job.sent:]))
+            job.sent = len(text)
+
+    def _finish(self, job: Job, reason: str, flush: bool = True) -> bool:
+        if flush:
+            self._send(job, self._text(job))
+        self._close(job)
+        job.sink(("done", reason, len(job.prompt_ids), len(job.ids)))
+        if self.metrics:
+            self.metrics.tokens.labels("prompt").inc(len(job.prompt_ids))
+            self.metrics.tokens.labels("completion").inc(len(job.ids))
+        return False
+
+    def _fail(self, job: Job, status: int, message: str) -> None:
+        self._close(job)
+        job.sink(("error", status, message))
+
+    def _count_cancelled(self) -> None:
+        if self.metrics:
+            self.metrics.cancelled.inc()
+
+    def _gauge(self) -> None:
+        if self.metrics:
+            self.metrics.queue_depth.set(self.pending.qsize())
+            self.metrics.running.set(len(self.running))

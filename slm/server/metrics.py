@@ -1,0 +1,35 @@
+"""The server's Prometheus metrics (GET /metrics), in a registry of its own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (the /metrics content type)
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("slm_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
+                                registry=r)
+        self.latency = Histogram("slm_request_seconds", "Request latency (to the last byte)", ["endpoint"],
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.first_token = Histogram("slm_time_to_first_token_seconds", "Admission to the first token",
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("slm_tokens", "Tokens processed", ["kind"], registry=r)  # prompt, completion
+        self.queue_depth = Gauge("slm_queue_depth", "Requests admitted but not yet decoding", registry=r)
+        self.running = Gauge("slm_running_requests", "Requests in the decode batch", registry=r)
+        self.batch_rows = Histogram("slm_batch_rows", "Rows per decode step", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+                                    registry=r)
+        self.cancelled = Counter("slm_cancelled_requests", "Requests cancelled (client gone, shutdown)", registry=r)
+        self.switches = Counter("slm_switches", "Hot swaps of the active composition", ["result"], registry=r)
+        self.switch_notice = Histogram("slm_switch_notice_seconds", "refs/active changed -> the server saw it",
+                                       buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1), registry=r)
+
+    def record_switch(self, sw) -> None:
+        self.switches.labels("ok" if sw.ok else "refused").inc()
+        self.switch_notice.observe(sw.noticed_ms / 1e3)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,222 @@
+"""The OpenAI wire format: request bodies checked into typed requests, results into responses.
+
+Every check of a client's input that needs no model lives here (one-line messages, HTTP
+4xx); what needs the model (the prompt's length against the context) is the engine's
+(slm.server.engine.prepare). Unknown fields are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+
+from slm.ops.run import MAX_SEED
+
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 1024
+ROLES = ("system", "user", "assistant")
+DEFAULT_MAX_TOKENS = 128  # as `slm run`
+
+
+class BadRequest(Exception):
+    """A client error: an HTTP status and a one-line message."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message, self.status, self.kind, self.headers = " ".join(message.split()), status, kind, headers or {}
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One /v1/completions or /v1/chat/completions request, checked."""
+
+    chat: bool
+    prompt: str  # completions: the prompt text
+    messages: tuple[Message, ...]  # chat: the conversation
+    model: str | None  # None or "active": the active composition at admission
+    max_tokens: int
+    max_tokens_given: bool
+    temperature: float
+    top_p: float
+    seed: int
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+
+
+def parse_body(body: bytes) -> dict:
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise BadRequest(f"the request body is not valid JSON ({type(err).__name__})") from err
+    if not isinstance(doc, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return doc
+
+
+def _number(doc: dict, key: str, default: float) -> float:
+    value = doc.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"{key} must be a number")
+    if not math.isfinite(value):
+        raise BadRequest(f"{key} must be a finite number, not {value}")
+    return float(value)
+
+
+def _integer(doc: dict, key: str, default: int | None) -> int | None:
+    value = doc.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{key} must be an integer")
+    return value
+
+
+def _stop(doc: dict) -> tuple[str, ...]:
+    stop = doc.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise BadRequest("stop must be a string or a list of strings")
+    if len(stops) > MAX_STOP:
+        raise BadRequest(f"stop takes at most {MAX_STOP} sequences, not {len(stops)}")
+    if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise BadRequest(f"each stop sequence must have 1 to {MAX_STOP_CHARS} characters")
+    return tuple(stops)
+
+
+def _messages(doc: dict) -> tuple[Message, ...]:
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of {role, content} objects")
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"at most {MAX_MESSAGES} messages, not {len(messages)}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise BadRequest(f"messages[{i}] must be an object with role and content")
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise BadRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        if isinstance(content, list):  # the content-parts form: text parts only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise BadRequest(f"messages[{i}].content: only text parts are supported")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string")
+        out.append(Message(role, content))
+    return tuple(out)
+
+
+def _prompt(doc: dict) -> str:
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        raise BadRequest("prompt must be one string (batches of prompts and token arrays are not supported)")
+    if not isinstance(prompt, str) or not prompt:
+        raise BadRequest("prompt must be a non-empty string")
+    return prompt
+
+
+def parse_request(doc: dict, chat: bool) -> GenerateRequest:
+    model = doc.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise BadRequest("model must be a non-empty string: 'active', a composition id or prefix, "
+                         "or BASE+ADAPTER@W+...")
+    if _integer(doc, "n", 1) != 1:
+        raise BadRequest("n must be 1 (one choice per request)")
+    key = "max_completion_tokens" if chat and doc.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(doc, key, None)
+    given = max_tokens is not None
+    if given and max_tokens < 1:
+        raise BadRequest(f"{key} must be at least 1, not {max_tokens}")
+    temperature = _number(doc, "temperature", 0.0)
+    if not 0.0 <= temperature <= 2.0:
+        raise BadRequest(f"temperature must be between 0 and 2, not {temperature:g}")
+    top_p = _number(doc, "top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise BadRequest(f"top_p must be in (0, 1], not {top_p:g}")
+    seed = _integer(doc, "seed", 0)
+    if not 0 <= seed <= MAX_SEED:
+        raise BadRequest(f"seed must be between 0 and {MAX_SEED}")
+    stream = doc.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be true or false")
+    options = doc.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object")
+    return GenerateRequest(
+        chat=chat, prompt="" if chat else _prompt(doc), messages=_messages(doc) if chat else (),
+        model=None if model in (None, "active") else model.strip(),
+        max_tokens=max_tokens if given else DEFAULT_MAX_TOKENS, max_tokens_given=given,
+        temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc), stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+    )
+
+
+# -- responses -------------------------------------------------------------------------------
+
+def finish_reason(stop_reason: str) -> str:
+    """The engine's stop reasons -> OpenAI's finish_reason."""
+    return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stop_reason, stop_reason)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str, reason: str,
+               prompt_tokens: int, completion_tokens: int) -> dict:
+    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+               "finish_reason": finish_reason(reason)} if req.chat else
+              {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)})
+    return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
+            "model": model, "system_fingerprint": comp_id, "choices": [choice],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str | None,
+          reason: str | None = None, first: bool = False) -> dict:
+    """One streamed piece (text None: only the finish reason)."""
+    if req.chat:
+        delta: dict = {"role": "assistant", "content": ""} if first else {}
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None,
+                  "finish_reason": finish_reason(reason) if reason else None}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None,
+                  "finish_reason": finish_reason(reason) if reason else None}
+    return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
+            "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [choice]}
+
+
+def usage_chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, prompt_tokens: int,
+                completion_tokens: int) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
+            "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}

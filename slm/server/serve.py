@@ -1,0 +1,121 @@
+"""`slm serve`: the catalog, the engine and the HTTP app on uvicorn, in the foreground.
+
+Shutdown (SIGTERM or SIGINT): uvicorn stops accepting connections and the engine admits
+nothing new (503); running requests go on until `grace` seconds less min(1 s, grace / 4),
+then whatever is left is cancelled (its stream ends) and the process exits 0, within about
+the grace period (measured in tests/test_serve_real.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+
+from slm.api import Store
+from slm.compose.memory import parse_size
+from slm.errors import InvalidInput, IOFailure
+from slm.ops import budget
+from slm.ops.run import MAX_THREADS
+from slm.server.app import DEFAULT_BODY_LIMIT, build_app, stderr_log
+from slm.server.catalog import Catalog
+from slm.server.engine import Engine
+from slm.server.metrics import Metrics
+
+MAX_BATCH = 64
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    max_batch: int = 8
+    max_queue: int | None = None  # None: 4 x max_batch
+    memory_budget: str | None = None
+    threads: int | None = None
+    body_limit: int = DEFAULT_BODY_LIMIT
+    grace: float = 10.0  # seconds running requests get to finish after SIGTERM
+
+
+def check(o: ServeOptions) -> None:
+    if not 0 <= o.port <= 65535:
+        raise InvalidInput(f"--port must be between 0 and 65535, not {o.port}")
+    if not 1 <= o.max_batch <= MAX_BATCH:
+        raise InvalidInput(f"--max-batch must be between 1 and {MAX_BATCH}")
+    if o.max_queue is not None and o.max_queue < 0:
+        raise InvalidInput("--max-queue must be >= 0")
+    if o.threads is not None and not 1 <= o.threads <= MAX_THREADS:
+        raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
+    if o.api_key is not None and (not o.api_key or any(c.isspace() for c in o.api_key)):
+        raise InvalidInput("the API key must be non-empty and without spaces")
+    if o.body_limit < 1024:
+        raise InvalidInput("--body-limit must be at least 1024 bytes")
+    if not 0 <= o.grace <= 3600:
+        raise InvalidInput("--grace must be between 0 and 3600 seconds")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as err:
+        raise IOFailure(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(store: Store, o: ServeOptions, log=stderr_log) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit code (0)."""
+    check(o)
+    import uvicorn
+
+    sock = bind(o.host, o.port)  # before anything slow: a taken port fails at once, in one line
+    memory_budget = parse_size(o.memory_budget) if o.memory_budget is not None else budget.resolve(store._s, None)
+    metrics = Metrics()
+    catalog = Catalog(store, memory_budget, log=log)
+    catalog.on_switch = metrics.record_switch
+    catalog.start()  # stages what is active now (a failure is logged; the server still starts)
+    engine = Engine(o.max_batch, 4 * o.max_batch if o.max_queue is None else o.max_queue, o.threads,
+                    memory_budget, metrics, log)
+    engine.start()
+    app = build_app(catalog, engine, metrics, api_key=o.api_key, body_limit=o.body_limit, log=log)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # the first signal starts the drain
+            if not engine.draining:
+                log(f"{signal.Signals(sig).name}: no new requests; {engine.busy()} running get up to "
+                    f"{o.grace:g} s")
+                engine.drain()
+                # then cancel what is left, leaving the last part of the grace period (up to 1 s)
+                # for the streams to end and the process to exit
+                timer = threading.Timer(o.grace - min(1.0, o.grace / 4), engine.stop)
+                timer.daemon = True
+                timer.start()
+            super().handle_exit(sig, frame)
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            for server in self.servers:
+                for sock in server.sockets:
+                    host, port = sock.getsockname()[:2]
+                    active = catalog.active
+                    log(f"listening on http://{host}:{port} (active: {active.id if active else 'none'}; "
+                        f"max batch {o.max_batch}{', API key required' if o.api_key else ''})")
+
+    config = uvicorn.Config(app, host=o.host, port=o.port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=o.grace + 1, lifespan="off")
+    # uvicorn re-raises the signal after its shutdown: with Python handlers in place that is a
+    # no-op, and the process exits 0 instead of dying by the signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        Server(config).run(sockets=[sock])
+    finally:
+        engine.stop()
+        catalog.stop()
+    log("stopped")
+    return 0
