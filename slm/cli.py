@@ -292,7 +292,7 @@ def serve(
 
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                            memory_budget=memory_budget, threads=threads, body_limit=body_limit, grace=grace)
-    raise typer.Exit(run_server(_store(ctx), options, log=json_log if json_out else stderr_log))
+    run_server(_store(ctx), options, log=json_log if json_out else stderr_log)
 
 
 def _fail(code: int, message: str, as_json: bool) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slm.model.decoder import ACTIVATION_KERNELS, Decoder, KVCache
+from slm.model.kernels import KernelArgumentError
 from slm.model.mathops import rope_tables
 
 
@@ -41,7 +42,8 @@ def decode_step(rows: list[Row], kernels) -> np.ndarray:
     if not isinstance(kernels, NativeKernels) or len(rows) == 1:
         return np.concatenate([r.model.forward(np.asarray([r.token]), r.cache, "last") for r in rows])
     first = rows[0].model
-    assert all(r.model.t is first.t for r in rows), "a batch step runs rows of one base"
+    if any(r.model.t is not first.t for r in rows):
+        raise KernelArgumentError("a batch step runs rows of one base")
     for r in rows:
         if r.cache.length + 1 > r.cache.capacity:
             raise ValueError(f"KV cache holds {r.cache.capacity} positions; {r.cache.length + 1} needed")
@@ -169,4 +171,5 @@ class _RowKernels:
         return np.concatenate([self.base.matmul(x[i:i + 1], w) for i in range(x.shape[0])])
 
 
-assert set(ACTIVATION_KERNELS.values()) <= {"swiglu", "geglu"}, "a new activation needs a _RowKernels method"
+if not set(ACTIVATION_KERNELS.values()) <= {"swiglu", "geglu"}:
+    raise ImportError("slm.model.batch: a new activation needs a _RowKernels method")

@@ -196,10 +196,11 @@ class NativeKernels(ReferenceKernels):
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)  # (B, in)
         plan = self._plan(weights, None)
-        assert plan is not None, [w.name for w in weights]
+        if plan is None:
+            raise KernelArgumentError(f"{weights[0].name}: not a set of weights the batched kernel takes")
         jobs, cols, rows = plan
         tokens = x.shape[0]
-        assert x.shape[1] == cols, (weights[0].name, x.shape, cols)
+        check_width(x, cols, weights[0].name)
         outs = [np.empty((tokens, r), dtype=np.float32) for r in rows]  # (B, out) each
         for job, out in zip(jobs, outs):
             job.out = _addr(out)
@@ -217,11 +218,14 @@ class NativeKernels(ReferenceKernels):
             return cached[0]
         array = (Term * (len(weights) * tokens))()
         for j, (w, terms) in enumerate(zip(weights, row_terms)):
-            assert len(terms) == tokens, (w.name, len(terms), tokens)
+            if len(terms) != tokens:
+                raise KernelArgumentError(f"{w.name}: {len(terms)} low-rank terms for {tokens} rows")
             for t, term in enumerate(terms):
                 if term is not None:
                     a, b_t = term
-                    assert a.shape == (b_t.shape[0], w.cols) and b_t.shape[1] == w.rows, (w.name, a.shape, b_t.shape)
+                    if a.shape != (b_t.shape[0], w.cols) or b_t.shape[1] != w.rows:
+                        raise KernelArgumentError(f"{w.name}: low-rank term A {a.shape}, B^T {b_t.shape} "
+                                                  f"for a {w.rows} x {w.cols} weight")
                     array[j * tokens + t] = Term(a.shape[0], a.ctypes.data, b_t.ctypes.data)
         if len(self._terms) > 4096:  # batches come and go: keep the memory bounded
             self._terms.clear()

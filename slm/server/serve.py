@@ -68,8 +68,8 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(store: Store, o: ServeOptions, log=stderr_log) -> int:
-    """Run until SIGTERM/SIGINT; returns the exit code (0)."""
+def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
+    """Run until SIGTERM/SIGINT (then exit 0); a refused option or port raises its SlmError."""
     check(o)
     import uvicorn
 
@@ -118,4 +118,3 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> int:
         engine.stop()
         catalog.stop()
     log("stopped")
-    return 0
