@@ -16,6 +16,7 @@ or new, never a mix.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,11 +28,13 @@ from slm.dist import mediatypes as mt
 from slm.dist import signing
 from slm.dist.bundle import Descriptor, Layer, Manifest, parse_config, sha256_of
 from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, NotFound, SlmError
+from slm.ops import compositions
 from slm.ops.progress import NoProgress, Progress
 from slm.store import Store, fs
 from slm.store import digest as dg
 
 OP = "bundle"
+WINDOW = 16  # blobs fetched ahead of staging
 
 
 class BlobSource(Protocol):
@@ -104,6 +107,7 @@ class Receiver:
         self.downloaded = 0
         self.bytes = 0
         self.staging = store.objects.staging()
+        self._count_lock = threading.Lock()
 
     def _stored(self, digest: str) -> bool:
         """Whether the store already holds these bytes (re-hashed: existence is not proof)."""
@@ -117,10 +121,33 @@ class Receiver:
 
     def fetch(self, layer: Layer) -> bytes:
         data = _checked(self.source.blob(layer.sha256, layer.size), layer, layer.blake3, self.where)
-        self.downloaded += 1
-        self.bytes += len(data)
-        self.progress.advance(len(data))
+        with self._count_lock:  # fetches run on the source's threads
+            self.downloaded += 1
+            self.bytes += len(data)
+            self.progress.advance(len(data))
         return data
+
+    def _fetch_ahead(self, layers: list[Layer]):
+        """(layer, verified bytes) in order; a source with `workers` > 1 fetches a bounded
+        window ahead on its threads (at most WINDOW blobs in memory)."""
+        workers = getattr(self.source, "workers", 1)
+        if workers <= 1:
+            for layer in layers:
+                yield layer, self.fetch(layer)
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pending: deque = deque()
+            for layer in layers:
+                pending.append((layer, pool.submit(self.fetch, layer)))
+                if len(pending) >= WINDOW:
+                    done = pending.popleft()
+                    yield done[0], done[1].result()
+            while pending:
+                done = pending.popleft()
+                yield done[0], done[1].result()
 
     def content(self, digest: str, media: str, what: str) -> bytes:
         """The verified bytes of a small blob (a manifest), from the store or the source."""
@@ -134,6 +161,21 @@ class Receiver:
         data = self.fetch(layer)
         self.staging.put(data)
         return data
+
+    def _merged_record(self, comp: Composition, record: str) -> str:
+        """The record to set: the bundle's, unless the store already has a record of this id;
+        then the local one is kept (its provenance), gaining the bundle's signatures."""
+        existing = self.store.names.get("compositions", dg.hex_of(comp.id))
+        if existing is None or existing == record:
+            return record
+        try:
+            local = compositions.load(self.store, comp.id)
+        except SlmError:
+            return record  # a damaged local record is replaced by the verified one
+        merged = local.with_signatures(dict.fromkeys((*local.signatures, *comp.signatures)))
+        if merged.signatures == local.signatures:
+            return existing
+        return self.staging.put(merged.to_toml())
 
     def run(self) -> ReceiveResult:
         started = time.perf_counter()
@@ -165,17 +207,20 @@ class Receiver:
         extra = [d for d in self.layers if d not in expected]
         if extra:
             raise InvalidInput(f"{self.where}: layer {dg.short(extra[0])} is not named by the composition")
+        wanted = []
         for digest, layer in self.layers.items():
             if digest in self.staging.staged or digest in self.staging.reused:
                 continue
             if self._stored(digest):
                 self.progress.advance(layer.size)
                 continue
-            data = self.fetch(layer)
+            wanted.append(layer)
+        for layer, data in self._fetch_ahead(wanted):
             if layer.media_type == mt.SIGNATURE:
                 signing.parse_signature(data, comp.id)  # well-formed and valid for this id
-            self.staging.put(data)
+            self.staging.put(data)  # staged in order, on this thread
         self.progress.finish()
+        record = self._merged_record(comp, record)
         fs.point("bundle.staged")
         new = commit(self.store, comp, record, self.staging)
         reused = len(self.staging.reused)
