@@ -221,7 +221,7 @@ def verify(
             raise UsageError("--signature and --certificate are separate checks; give one")
         sig_report = _store(ctx).verify_signatures(ref, key or [])
         _show(sig_report, json_out, render_dist.signature_report)
-        sig_report.check()
+        _check_report(sig_report, json_out)
         return
     if certificate is not None:
         if not key or len(key) != 1:
@@ -237,6 +237,10 @@ def verify(
             raise UsageError("--key goes with --signature or --certificate")
         report = _store(ctx).verify(ref, numerics, _progress(json_out))
         _show(report, json_out, render.verify_report)
+    _check_report(report, json_out)
+
+
+def _check_report(report, json_out: bool) -> None:
     try:
         report.check()
     except SlmError as err:

@@ -71,21 +71,18 @@ def test_export_reimports_to_the_same_logits(cli, loaded, tmp_path, fmt, adapter
 
 def test_gguf_lora_has_llamas_row_layout_and_alpha(cli, loaded, tmp_path):
     """q rows of lora_b permuted as llama.cpp's converter writes them for a Llama."""
-    from slm.formats.gguf import read_gguf
-    from slm.formats.llama import permute_hf_to_gguf
     from safetensors.numpy import load_file
+
+    from slm.formats.gguf_lora import read_gguf_lora
+    from slm.formats.llama import permute_hf_to_gguf
 
     out = tmp_path / "demo.gguf"
     assert cli("export", "demo", "--base", "tiny", "--format", "gguf-lora", "-o", out).code == 0
-    g = read_gguf(out)
-    try:
-        meta = g.metadata
-        assert (meta["general.architecture"], meta["general.type"], meta["adapter.type"]) == ("llama", "adapter", "lora")
-        assert meta["adapter.lora.alpha"] == 8.0
-        info = {t.name: t for t in g.tensors}
-        b = np.frombuffer(g.tensor_bytes(info["blk.0.attn_q.weight.lora_b"]), "<f4").reshape(64, 4)
-    finally:
-        g.close()
+    src = read_gguf_lora(out)  # slm's reader, tested against llama.cpp's converter's files
+    meta = src.config
+    assert (meta["general.architecture"], meta["general.type"], meta["adapter.type"]) == ("llama", "adapter", "lora")
+    assert meta["adapter.lora.alpha"] == 8.0 and src.row_layout == "gguf"
+    b = next(t for t in src.targets if t.module == "blk.0.attn_q.weight").tensors["B"]
     peft_b = load_file(str(tmp_path / "lora" / "adapter_model.safetensors"))[
         "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
     np.testing.assert_array_equal(b, permute_hf_to_gguf(peft_b, 4))

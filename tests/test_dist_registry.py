@@ -33,6 +33,7 @@ def pushed(tmp_path_factory, registry, smollm2_gguf, lora):  # noqa: F811
     root = tmp_path_factory.mktemp("push")
     a = root / "a"
     ref = f"{registry.host}/fleet/smol:v1"
+    assert run(["--store", str(a), "init"]) == 0
     assert run(["--store", str(a), "import", "base", str(smollm2_gguf), "--name", "smollm2"]) == 0
     assert run(["--store", str(a), "import", "adapter", str(lora), "--name", "demo"]) == 0
     assert run(["--store", str(a), "activate", "smollm2", "demo@0.8"]) == 0
@@ -73,6 +74,7 @@ def test_pull_into_a_store_with_the_base_downloads_only_the_adapter(cli, tmp_pat
 
     _json(cli, "--store", pushed["store"], "push", pushed["ref"])
     c = tmp_path / "c"
+    assert cli("--store", c, "init").code == 0
     assert cli("--store", c, "import", "base", smollm2_gguf, "--name", "smollm2").code == 0
     got = _json(cli, "--store", c, "pull", pushed["ref"])
     a = Store.open(pushed["store"])

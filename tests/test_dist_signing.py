@@ -49,6 +49,7 @@ def signed_setup(cli, tmp_path, tiny_model):
 
     lora = make_random_lora.make_random_lora(tmp_path / "lora", seed=5, **TINY_LORA)
     a = tmp_path / "a"
+    assert cli("--store", a, "init").code == 0
     assert cli("--store", a, "import", "base", tiny_model["gguf"], "--name", "tiny").code == 0
     assert cli("--store", a, "import", "adapter", lora, "--name", "demo").code == 0
     r = cli("--store", a, "activate", "tiny", "demo@0.5", "--json")
