@@ -103,3 +103,26 @@ def test_export_refusals_are_one_line_and_change_nothing(cli, loaded, tmp_path):
     r = cli("export", "--format", "peft", "-o", tmp_path / "two")
     assert r.code == 6 and "2 adapters" in r.err and one_line(r.err)
     assert snapshot(loaded.root) == before
+
+
+def test_gguf_lora_export_in_llama_cpp_on_the_f32_tiny_model(cli, loaded, tiny_model, tmp_path):
+    """On an F32 GGUF llama.cpp computes in float32 like slm: the exported adapter must agree
+    closely (the row permutation, names, alpha and scale all matter here)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    out = tmp_path / "demo.gguf"
+    assert cli("export", "demo", "--base", "tiny", "--format", "gguf-lora", "-o", out).code == 0
+
+    def llama(**kw):
+        ll = llama_cpp.Llama(model_path=str(tiny_model["gguf"]), n_ctx=64, n_batch=64, n_ubatch=64,
+                             logits_all=True, n_threads=1, verbose=False, type_k=0, type_v=0, **kw)
+        ll.eval(IDS)
+        scores = np.array(ll.scores[:len(IDS)], dtype=np.float32)
+        ll.close()
+        return scores
+
+    base_err = np.abs(llama() - _logits(loaded, "tiny")).max()
+    ours = _logits(loaded, "tiny", "demo@0.6")
+    lora_err = np.abs(llama(lora_path=str(out), lora_scale=0.6) - ours).max()
+    print(f"llama.cpp vs slm on the F32 tiny model: base {base_err:.2e}, with the exported LoRA {lora_err:.2e}")
+    assert np.abs(ours - _logits(loaded, "tiny")).max() > 0.05
+    assert base_err < 1e-4 and lora_err < 1e-4

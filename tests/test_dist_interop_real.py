@@ -60,16 +60,24 @@ def _llama_logits(gguf, ids, lora=None, scale=1.0):
 
 
 def test_gguf_lora_export_runs_in_llama_cpp_as_in_slm(world):
+    """llama.cpp quantizes activations to Q8 inside its Q4_1 matmuls, so its logits differ from
+    slm's (and transformers') on the base already; the exported LoRA must add no more than that,
+    and must move llama.cpp's logits as it moves slm's."""
     ids = world["ids"]
-    base_err = np.abs(_llama_logits(world["gguf"], ids) - _slm_logits(world["store"])).max()
-    ours = _slm_logits(world["store"], f"demo@{WEIGHT}")
-    theirs = _llama_logits(world["gguf"], ids, world["root"] / "demo.gguf", WEIGHT)
-    lora_err = np.abs(theirs - ours).max()
-    effect = np.abs(ours - _slm_logits(world["store"])).max()
-    print(f"llama.cpp vs slm: base {base_err:.2e}, base + exported LoRA {lora_err:.2e} (LoRA effect {effect:.2f})")
+    slm_base, slm_lora = _slm_logits(world["store"]), _slm_logits(world["store"], f"demo@{WEIGHT}")
+    ll_base = _llama_logits(world["gguf"], ids)
+    ll_lora = _llama_logits(world["gguf"], ids, world["root"] / "demo.gguf", WEIGHT)
+    base_err, lora_err = np.abs(ll_base - slm_base), np.abs(ll_lora - slm_lora)
+    effect = np.abs(slm_lora - slm_base).max()
+    delta_err = np.abs((ll_lora - ll_base) - (slm_lora - slm_base)).max()
+    top1 = float(np.mean(ll_lora.argmax(-1) == slm_lora.argmax(-1)))
+    print(f"llama.cpp vs slm: base max {base_err.max():.2e} mean {base_err.mean():.2e}; base + exported LoRA "
+          f"max {lora_err.max():.2e} mean {lora_err.mean():.2e}; LoRA effect {effect:.2f}, its error "
+          f"{delta_err:.2e}; top-1 agreement {top1:.2f}")
     assert effect > 0.5, "the LoRA changes the logits"
-    # within llama.cpp's own agreement on the base (its Q8 activations in the quantized matmuls)
-    assert lora_err <= max(2.0 * base_err, 1e-3)
+    assert lora_err.max() <= 2.0 * base_err.max() and lora_err.mean() <= 2.0 * base_err.mean()
+    assert delta_err < 0.25 * effect  # llama.cpp applies the LoRA slm applies, not another
+    assert top1 == 1.0
 
 
 def test_peft_export_loads_in_transformers_peft_within_1e_3(world):
