@@ -7,7 +7,9 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,19 +34,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+@contextmanager
+def local_registry(root: Path, htpasswd: str | None = None):
+    """docker-registry on a free 127.0.0.1 port with its storage under `root`; with `htpasswd`
+    (a "user:bcrypt-hash" line) it asks for Basic auth."""
     exe = shutil.which("docker-registry")
     if exe is None:
         pytest.skip(f"docker-registry is not installed {APT_HINT}")
-    root = tmp_path_factory.mktemp("registry")
     port = _free_port()
+    auth = ""
+    if htpasswd is not None:
+        (root / "htpasswd").write_text(htpasswd + "\n")
+        auth = f"auth:\n  htpasswd:\n    realm: slm-test\n    path: {root / 'htpasswd'}\n"
     config = root / "config.yml"
     config.write_text(
         "version: 0.1\n"
         "log:\n  level: error\n"
         f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
         f"http:\n  addr: 127.0.0.1:{port}\n"  # loopback only
+        + auth
     )
     log = open(root / "registry.log", "wb")
     proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
@@ -52,9 +60,11 @@ def registry(tmp_path_factory):
         deadline = time.monotonic() + 15
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1) as r:
-                    if r.status == 200:
-                        break
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1):
+                    break
+            except urllib.error.HTTPError as err:  # 401: up, and asking for credentials
+                if err.code == 401:
+                    break
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -69,6 +79,12 @@ def registry(tmp_path_factory):
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    with local_registry(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg
 
 
 @pytest.fixture(scope="session")

@@ -242,3 +242,17 @@ def test_a_name_taken_by_another_base_is_refused(cli, tmp_path, source, target, 
     assert cli("--store", src, "export", "-o", bundle).code == 0
     assert cli("--store", target, "import", "base", tiny_model["gguf_q"], "--name", "tiny").code == 0
     assert "already named 'tiny'" in _refused(cli, target, bundle, 4)
+
+
+def test_garbage_in_place_of_a_bundle_is_a_one_line_error(cli, tmp_path, target):
+    (tmp_path / "random.bin").write_bytes(bytes(range(256)) * 40)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "badlayout").mkdir()
+    (tmp_path / "badlayout" / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    (tmp_path / "badlayout" / "index.json").write_text('{"schemaVersion":2,"manifests":[]}')
+    for path, code in [(tmp_path / "nope", 3), (tmp_path / "random.bin", 4), (tmp_path / "empty", 4),
+                       (tmp_path / "badlayout", 4)]:
+        before = snapshot(target)
+        r = cli("--store", target, "import", "bundle", path)
+        assert r.code == code and one_line(r.err), (path, r.code, r.err)
+        assert snapshot(target) == before

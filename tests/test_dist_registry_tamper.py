@@ -86,3 +86,43 @@ def test_plain_http_is_refused_for_a_remote_host_without_insecure():
     assert Registry(parse_reference("registry.example.com/a/b:v1"), insecure=True).scheme == "http"
     assert Registry(parse_reference("127.0.0.1:5000/a/b:v1")).scheme == "http"
     assert Registry(parse_reference("[::1]:5000/a/b")).scheme == "http"
+
+
+def test_basic_auth_from_env_or_docker_config_and_never_printed(cli, tmp_path, tiny_model, monkeypatch, pushed):
+    """A registry that asks for Basic auth (htpasswd): refused without credentials (exit 12),
+    accepted with SLM_REGISTRY_AUTH or ~/.docker/config.json; the password is never printed."""
+    import base64
+    import warnings
+
+    from dist_fixtures import local_registry
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt  # the system's bcrypt, with a fixed salt: a deterministic htpasswd line
+    secret = "s3cret-pw-9f2"
+    line = "fleet:" + crypt.crypt(secret, "$2b$05$" + "slmtestsaltslmtestsalt")
+    (tmp_path / "reg").mkdir()
+    with local_registry(tmp_path / "reg", htpasswd=line) as reg:
+        ref = f"{reg.host}/fleet/tiny:auth"
+        monkeypatch.delenv("SLM_REGISTRY_AUTH", raising=False)
+        monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
+        r = cli("--store", pushed["store"], "push", ref)
+        assert r.code == 12 and one_line(r.err) and "access denied" in r.err
+        monkeypatch.setenv("SLM_REGISTRY_AUTH", f"fleet:{secret}")
+        r = cli("--store", pushed["store"], "push", ref, "--json")
+        assert r.code == 0, r.err
+        assert secret not in r.out + r.err
+        monkeypatch.setenv("SLM_REGISTRY_AUTH", "fleet:wrong")
+        r = cli("--store", pushed["store"], "pull", ref)
+        assert r.code == 12 and secret not in r.out + r.err and "wrong" not in r.err
+        monkeypatch.delenv("SLM_REGISTRY_AUTH")
+        docker = tmp_path / "docker"
+        docker.mkdir()
+        token = base64.b64encode(f"fleet:{secret}".encode()).decode()
+        (docker / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": token}}}))
+        monkeypatch.setenv("DOCKER_CONFIG", str(docker))
+        b = tmp_path / "b"
+        assert cli("--store", b, "init").code == 0
+        r = cli("--store", b, "pull", ref, "--json")
+        assert r.code == 0, r.err
+        assert secret not in r.out + r.err and token not in r.out + r.err
