@@ -256,3 +256,39 @@ def test_garbage_in_place_of_a_bundle_is_a_one_line_error(cli, tmp_path, target)
         r = cli("--store", target, "import", "bundle", path)
         assert r.code == code and one_line(r.err), (path, r.code, r.err)
         assert snapshot(target) == before
+
+
+def test_an_io_error_at_every_operation_obeys_the_commit_point(cli, tmp_path, source, monkeypatch, tiny_model):
+    """EIO at each fs operation of `slm import bundle` (into a store holding the base) in turn:
+    before the commit point exit 12 and the store exactly as it was; after it exit 13 and
+    `fsck --repair` reaches the new state."""
+    import shutil
+
+    src, comp_id = source
+    bundle = tmp_path / "bundle"
+    assert cli("--store", src, "export", "-o", bundle).code == 0
+    pristine = tmp_path / "pristine"
+    assert cli("--store", pristine, "init").code == 0
+    assert cli("--store", pristine, "import", "base", tiny_model["gguf"], "--name", "tiny").code == 0
+    codes = []
+    for n in range(1, 2000):
+        store = tmp_path / f"s{n}"
+        shutil.copytree(pristine, store)
+        before = snapshot(store)
+        monkeypatch.setenv("SLM_FAULTS", f"eio@op={n}")
+        r = cli("--store", store, "import", "bundle", bundle)
+        monkeypatch.delenv("SLM_FAULTS")
+        codes.append(r.code)
+        if r.code == 0:
+            break  # past the last operation
+        assert one_line(r.err), r.err
+        if r.code == 12:
+            assert snapshot(store) == before, f"op {n}"
+        else:
+            assert r.code == 13, (n, r.code, r.err)
+            assert cli("--store", store, "fsck", "--repair").code == 0
+            assert cli("--store", store, "fsck").code == 0
+            assert cli("--store", store, "status").code == 0
+            assert cli("--store", store, "activate", comp_id).code == 0, f"op {n}"
+        shutil.rmtree(store)
+    assert codes[-1] == 0 and codes.count(12) > 20 and 13 in codes

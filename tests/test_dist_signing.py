@@ -173,3 +173,31 @@ def test_verify_writes_a_signed_certificate_bound_to_the_id(cli, tmp_path, signe
     cert.write_text(json.dumps(doc))
     with pytest.raises(IntegrityError):
         check_certificate(cert)
+
+
+def test_an_io_error_at_every_operation_of_sign_obeys_the_commit_point(cli, tmp_path, signed_setup, keys,
+                                                                      monkeypatch):
+    import shutil
+
+    a, comp_id = signed_setup
+    codes = []
+    for n in range(1, 200):
+        store = tmp_path / f"s{n}"
+        shutil.copytree(a, store)
+        before = snapshot(store)
+        monkeypatch.setenv("SLM_FAULTS", f"eio@op={n}")
+        r = cli("--store", store, "sign", "--key", keys["ci"][0])
+        monkeypatch.delenv("SLM_FAULTS")
+        codes.append(r.code)
+        if r.code == 0:
+            break
+        assert one_line(r.err)
+        if r.code == 12:
+            assert snapshot(store) == before, f"op {n}"
+        else:
+            assert r.code == 13, (n, r.err)
+        assert cli("--store", store, "fsck").code == 0, f"op {n}"
+        signed = cli("--store", store, "verify", "--signature", "--key", keys["ci"][1]).code == 0
+        assert signed == (r.code == 13), f"op {n}"
+        shutil.rmtree(store)
+    assert codes[-1] == 0 and 12 in codes

@@ -255,6 +255,8 @@ def commit(store: Store, comp: Composition, record: str, staging) -> list[str]:
                                    "rename it before receiving this composition")
         hex_id = dg.hex_of(comp.id)
         had_record = store.names.get("compositions", hex_id)
+        new_dirs = [store.names.root / k for k in ("bases", "adapters", "compositions")
+                    if not (store.names.root / k).is_dir()]  # names.set creates them: undo removes them
         intent = store.journal.begin(intent_name(comp.id), OP, None, record, had_record is None)
         new: list[str] = []
         named: list[tuple[str, str]] = []
@@ -263,13 +265,13 @@ def commit(store: Store, comp: Composition, record: str, staging) -> list[str]:
             new = staging.commit()
             for kind, name, digest in names_of(comp):
                 if store.names.get(kind, name) is None:
+                    named.append((kind, name))  # before: a set whose directory fsync fails renamed already
                     store.names.set(kind, name, digest)
-                    named.append((kind, name))
             fs.point("bundle.before-record")
             store.names.set("compositions", hex_id, record)  # the commit point
         except BaseException as err:
             if not _recorded(store, hex_id, record):
-                _undo(store, intent, new, named, err)
+                _undo(store, intent, new, named, new_dirs, err)
                 raise
             raise CommittedIncomplete(f"composition {dg.short(comp.id)} is received, but finishing failed "
                                       f"({err}); run `slm fsck --repair`") from err
@@ -288,10 +290,14 @@ def _recorded(store: Store, hex_id: str, record: str) -> bool:
         return False
 
 
-def _undo(store: Store, intent, new_blobs: list[str], named: list[tuple[str, str]], cause: BaseException) -> None:
+def _undo(store: Store, intent, new_blobs: list[str], named: list[tuple[str, str]], new_dirs,
+          cause: BaseException) -> None:
     try:
         for kind, name in named:
             store.names.remove(kind, name)
+        for folder in new_dirs:
+            if folder.is_dir() and not any(folder.iterdir()):
+                fs.remove_any(folder)
         store.objects.remove_new(new_blobs)
         store.journal.end(intent)
     except SlmError as err:

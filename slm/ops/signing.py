@@ -21,7 +21,7 @@ from pathlib import Path
 
 from slm.compose.composition import Composition
 from slm.dist import signing
-from slm.errors import Incompatible, IntegrityError, InvalidInput, IOFailure, NotFound, SlmError
+from slm.errors import CommittedIncomplete, Incompatible, IntegrityError, InvalidInput, IOFailure, NotFound, SlmError
 from slm.ops import compositions
 from slm.store import Store, fs
 from slm.store import digest as dg
@@ -142,7 +142,14 @@ def sign(store: Store, ref: str | None, key_path: Path) -> SignResult:
                 try:
                     fs.point("sign.before-record")
                     store.names.set("compositions", dg.hex_of(comp_id), record_digest)  # the commit point
-                except BaseException:
+                except BaseException as err:
+                    try:
+                        renamed = store.names.get("compositions", dg.hex_of(comp_id)) == record_digest
+                    except SlmError:
+                        renamed = False
+                    if renamed:  # the rename happened, its directory fsync failed: committed
+                        raise CommittedIncomplete(f"composition {dg.short(comp_id)} is signed, but finishing "
+                                                  f"failed ({err}); run `slm fsck`") from err
                     store.objects.remove_new(new)
                     raise
             finally:
