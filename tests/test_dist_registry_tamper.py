@@ -126,3 +126,20 @@ def test_basic_auth_from_env_or_docker_config_and_never_printed(cli, tmp_path, t
         r = cli("--store", b, "pull", ref, "--json")
         assert r.code == 0, r.err
         assert secret not in r.out + r.err and token not in r.out + r.err
+
+
+def test_chunked_upload_and_pull_by_digest(cli, tmp_path, registry, pushed, monkeypatch):  # noqa: F811
+    """Blobs over CHUNK go up in PATCH chunks (4 KiB here, so most tiny tensors do); a pull by
+    @sha256:<manifest digest> gets exactly that manifest."""
+    from slm.dist import registry as client
+
+    monkeypatch.setattr(client, "CHUNK", 4096)
+    ref = pushed["ref"].replace(":v1", ":chunked").replace("fleet/tiny", "fleet/chunked")
+    up = _json(cli, "--store", pushed["store"], "push", ref)
+    assert up["blobs_uploaded"] == up["layers"] + 1
+    b = tmp_path / "b"
+    assert cli("--store", b, "init").code == 0
+    by_digest = ref.split(":chunked")[0] + "@" + up["manifest_digest"]
+    got = _json(cli, "--store", b, "pull", by_digest)
+    assert got["composition_id"] == up["composition_id"] and got["manifest_digest"] == up["manifest_digest"]
+    assert cli("--store", b, "fsck").code == 0
