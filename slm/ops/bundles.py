@@ -114,7 +114,7 @@ def export_bundle(store: Store, ref: str | None, out: Path, tag: str | None = No
                   progress: Progress | None = None) -> ExportResult:
     progress = progress or NoProgress()
     started = time.perf_counter()
-    p = plan(store, ref)
+    p = plan(store, ref, progress)
     tag = tag or default_tag(p.composition)
 
     def writer(data_of):

@@ -53,7 +53,7 @@ def push(store: Store, reference: str, comp_ref: str | None = None, insecure: bo
     ref = parse_reference(reference)
     if ref.digest is not None:
         raise InvalidInput(f"{reference}: push to a tag (host/repo:tag), not a digest")
-    plan = bundles.plan(store, comp_ref)
+    plan = bundles.plan(store, comp_ref, progress)
     if ref.tag is None:
         ref = dataclasses.replace(ref, tag=bundles.default_tag(plan.composition))
     registry = Registry(ref, insecure)
