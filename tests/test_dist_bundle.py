@@ -264,6 +264,9 @@ def test_an_io_error_at_every_operation_obeys_the_commit_point(cli, tmp_path, so
     `fsck --repair` reaches the new state."""
     import shutil
 
+    from slm.store import fs
+
+    monkeypatch.setattr(fs, "fault_hook", None)  # the CLI installs a plan per run; none left after the test
     src, comp_id = source
     bundle = tmp_path / "bundle"
     assert cli("--store", src, "export", "-o", bundle).code == 0

@@ -179,6 +179,9 @@ def test_an_io_error_at_every_operation_of_sign_obeys_the_commit_point(cli, tmp_
                                                                       monkeypatch):
     import shutil
 
+    from slm.store import fs
+
+    monkeypatch.setattr(fs, "fault_hook", None)  # the CLI installs a plan per run; none left after the test
     a, comp_id = signed_setup
     codes = []
     for n in range(1, 200):
