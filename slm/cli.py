@@ -114,7 +114,8 @@ def import_bundle(
 @app.command()
 def activate(
     ctx: typer.Context,
-    base: Optional[str] = typer.Argument(None, help="The base (name or digest)."),
+    base: Optional[str] = typer.Argument(
+        None, help="The base (name or digest), or alone a stored composition id or 6+ hex prefix (a pulled one)."),
     adapters: Optional[list[str]] = typer.Argument(
         None, metavar="[ADAPTER[@WEIGHT]]...", help="Adapters in load order, each with an optional weight."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Activate a composition manifest (TOML)."),

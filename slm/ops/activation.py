@@ -51,7 +51,7 @@ def switch(store: Store, comp: Composition, op: str, memory_budget: str | None =
     """Make `comp` the active composition (the one transaction behind every verb)."""
     with store.locked():
         log, old = preflight(store)
-        signing.enforce(store, comp)  # require_signed: refused before anything is read or written
+        signing.enforce(store, comp)  # require_signed: refused before anything is staged or written
         staged = compositions.stage(store, comp)  # every check, every re-hash; nothing written
         est = budget.of_staged(staged)
         budget.check(est, budget.resolve(store, memory_budget), "this composition")
