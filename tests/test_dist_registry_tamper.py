@@ -143,3 +143,55 @@ def test_chunked_upload_and_pull_by_digest(cli, tmp_path, registry, pushed, monk
     got = _json(cli, "--store", b, "pull", by_digest)
     assert got["composition_id"] == up["composition_id"] and got["manifest_digest"] == up["manifest_digest"]
     assert cli("--store", b, "fsck").code == 0
+
+
+def test_bearer_token_challenge_is_answered_and_the_token_never_shown():
+    """The distribution token flow (a registry that answers 401 Bearer realm=...): the client
+    fetches a token with its Basic credentials and retries with it; no credentials, no token."""
+    import base64
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from slm.dist.reference import parse_reference
+    from slm.dist.registry import Credentials, Registry
+    from slm.errors import IOFailure
+
+    token, seen = "tok-7c1e9", []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, body=b"", headers=()):
+            self.send_response(code)
+            for k, v in headers:
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            auth = self.headers.get("Authorization", "")
+            seen.append((self.path.split("?")[0], auth.split(" ")[0]))
+            if self.path.startswith("/token"):
+                good = "Basic " + base64.b64encode(b"fleet:pw").decode()
+                return self._send(200, json.dumps({"token": token}).encode()) if auth == good else self._send(401)
+            if auth == f"Bearer {token}":
+                return self._send(404, b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"unknown"}]}')
+            realm = f"http://127.0.0.1:{self.server.server_port}/token"
+            self._send(401, headers=[("WWW-Authenticate",
+                                      f'Bearer realm="{realm}",service="t",scope="repository:fleet/x:pull"')])
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ref = parse_reference(f"127.0.0.1:{server.server_port}/fleet/x:v1")
+        client = Registry(ref, credentials=Credentials("fleet", "pw"))
+        assert client.get_manifest("v1") is None  # authorised: the registry says 404
+        assert ("/token", "Basic") in seen and ("/v2/fleet/x/manifests/v1", "Bearer") in seen
+        client.close()
+        with pytest.raises(IOFailure) as err:
+            Registry(ref, credentials=Credentials("fleet", "wrong")).get_manifest("v1")
+        assert "token service refused" in str(err.value) and token not in str(err.value)
+    finally:
+        server.shutdown()
