@@ -33,8 +33,10 @@ $(RUNTIME_STAMP): pyproject.toml setup.py slm/model/_qkernels.c | $(VENV)/bin/py
 # torch is pinned to 2.13.0 in the `oracle` extra: that exact version installs from a local file.
 # llama-cpp-python (the tokenizer reference and benchmark peer) is compiled portably: see
 # scripts/llama_cpp_cmake_args.sh (a -march=native build dies on CPUs that report AMX here).
+# docker-registry and skopeo (apt) for the registry tests: scripts/install_registry_tools.sh
 $(DEV_STAMP): $(RUNTIME_STAMP) pyproject.toml
 	CMAKE_ARGS="$$(bash scripts/llama_cpp_cmake_args.sh)" $(PIP) install -e '.[dev,oracle]'
+	bash scripts/install_registry_tools.sh
 	touch $@
 
 venv: $(DEV_STAMP)

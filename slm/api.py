@@ -148,6 +148,76 @@ class Store:
     def gc(self, dry_run: bool = False, on_plan: Callable[[GcPlan], None] | None = None) -> GcPlan:
         return gc.gc(self._s, dry_run, on_plan)
 
+    # -- distribution (docs/distribution.md) ---------------------------------------------------
+    def export(self, ref: str | None, out: str | os.PathLike, format: str = "slm", base: str | None = None,
+               tag: str | None = None, progress: Progress | None = None):
+        """A composition as an OCI image layout (format "slm"), or one LoRA adapter as a
+        llama.cpp GGUF LoRA ("gguf-lora") or a PEFT directory ("peft"). Writes files only."""
+        from slm.ops import exporting
+
+        return exporting.export(self._s, ref, Path(out), format, base, tag, progress)
+
+    def import_bundle(self, path: str | os.PathLike, tag: str | None = None, progress: Progress | None = None):
+        """Receive an OCI image layout (directory or tar): every byte re-hashed, one transaction."""
+        from slm.ops import bundles
+
+        return bundles.import_bundle(self._s, Path(path), tag, progress)
+
+    def push(self, reference: str, comp: Composition | str | None = None, insecure: bool = False,
+             progress: Progress | None = None):
+        """Upload a composition (default: the active one) to host[:port]/repo[:tag]."""
+        from slm.ops import registry_ops
+
+        ref = comp.id if isinstance(comp, Composition) else comp
+        return registry_ops.push(self._s, reference, ref, insecure, progress)
+
+    def pull(self, reference: str, insecure: bool = False, progress: Progress | None = None):
+        """Receive a composition from host[:port]/repo[:tag|@sha256:..]; only missing blobs move."""
+        from slm.ops import registry_ops
+
+        return registry_ops.pull(self._s, reference, insecure, progress)
+
+    def sign(self, comp: Composition | str | None, key: str | os.PathLike):
+        """Sign a stored composition (default: the active one) with an Ed25519 PEM key."""
+        from slm.ops import signing
+
+        ref = comp.id if isinstance(comp, Composition) else comp
+        return signing.sign(self._s, ref, Path(key))
+
+    def verify_signatures(self, comp: Composition | str | None = None, keys: Sequence[str] = ()):
+        """Each signature of a composition checked; trusted = config.toml trusted_keys + `keys`."""
+        from slm.ops import signing
+
+        ref = comp.id if isinstance(comp, Composition) else comp
+        return signing.verify_signatures(self._s, ref, list(keys))
+
+    def certify(self, comp: Composition | str | None, key: str | os.PathLike, out: str | os.PathLike,
+                numerics: bool = True, progress: Progress | None = None):
+        """verify, then write the report as a certificate signed with `key`, bound to the
+        composition id; returns a Certified (the report and the path)."""
+        from slm.ops import signing
+
+        ref = comp.id if isinstance(comp, Composition) else comp
+        return signing.certify(self._s, ref, Path(key), Path(out), numerics, progress)
+
+    def verify_as_asked(self, comp: Composition | str | None = None, numerics: bool = True,
+                        signature: bool = False, keys: Sequence[str] = (),
+                        certificate: str | os.PathLike | None = None, progress: Progress | None = None):
+        """`slm verify`'s three forms and the rules of their arguments: the signatures alone
+        (keys: extra trusted public keys), a certificate written with the one signing key in
+        keys, or the plain verification (no keys)."""
+        if signature:
+            if certificate is not None:
+                raise UsageError("--signature and --certificate are separate checks; give one")
+            return self.verify_signatures(comp, keys)
+        if certificate is not None:
+            if len(keys) != 1:
+                raise UsageError("--certificate needs exactly one --key (the signing key)")
+            return self.certify(comp, keys[0], certificate, numerics, progress)
+        if keys:
+            raise UsageError("--key goes with --signature or --certificate")
+        return self.verify(comp, numerics, progress)
+
     # -- the command line's run ----------------------------------------------------------------
     def run(self, options: run.RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
         """`slm run`: load the active composition (or options.base), generate, stop at a switch

@@ -121,10 +121,24 @@ def import_adapter(
     _show(_store(ctx).import_adapter(path, name, _progress(json_out), base), json_out, render.import_summary)
 
 
+@import_app.command("bundle")
+def import_bundle(
+    ctx: typer.Context,
+    path: Path = typer.Argument(..., help="An OCI image layout directory or .tar (slm export, skopeo copy oci:...)."),
+    tag: Optional[str] = typer.Option(None, "--tag", help="Which manifest of the layout's index (its ref name)."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Import a composition bundle: every blob re-hashed (sha256 and BLAKE3), one transaction."""
+    from slm import render_dist
+
+    _show(_store(ctx).import_bundle(path, tag, _progress(json_out)), json_out, render_dist.received)
+
+
 @app.command()
 def activate(
     ctx: typer.Context,
-    base: Optional[str] = typer.Argument(None, help="The base (name or digest)."),
+    base: Optional[str] = typer.Argument(
+        None, help="The base (name or digest), or alone a stored composition id or 6+ hex prefix (a pulled one)."),
     adapters: Optional[list[str]] = typer.Argument(
         None, metavar="[ADAPTER[@WEIGHT]]...", help="Adapters in load order, each with an optional weight."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Activate a composition manifest (TOML)."),
@@ -203,10 +217,24 @@ def verify(
         None, metavar="[COMPOSITION]", help="A composition id (or prefix), or a base name; default: the active one."),
     numerics: bool = typer.Option(True, "--numerics/--no-numerics",
                                   help="Also compare logits with the fresh-base oracle."),
+    signature: bool = typer.Option(
+        False, "--signature", help="Check the composition's signatures instead (trusted: config.toml "
+                                   "trusted_keys and each --key)."),
+    key: Optional[list[str]] = typer.Option(
+        None, "--key", metavar="KEY",
+        help="With --signature: a trusted public key (ed25519:BASE64 or a PEM file; repeatable). "
+             "With --certificate: the Ed25519 PEM private key that signs it."),
+    certificate: Optional[Path] = typer.Option(
+        None, "--certificate", metavar="FILE",
+        help="Write the result as a certificate signed with --key, bound to the composition id."),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Re-hash every blob of a composition and check its logits against the fresh-base oracle."""
-    _show(_store(ctx).verify(ref, numerics, _progress(json_out)), json_out, render.verify_report)
+    """Re-hash every blob of a composition and check its logits against the fresh-base oracle
+    (--certificate: and write the result signed); --signature: check its signatures instead."""
+    from slm import render_dist
+
+    result = _store(ctx).verify_as_asked(ref, numerics, signature, key or [], certificate, _progress(json_out))
+    _show(result, json_out, render_dist.verify_result)
 
 
 @app.command("ls")
@@ -293,6 +321,70 @@ def serve(
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                            memory_budget=memory_budget, threads=threads, body_limit=body_limit, grace=grace)
     run_server(_store(ctx), options, log=json_log if json_out else stderr_log)
+
+
+InsecureOpt = typer.Option(False, "--insecure", help="Allow plain HTTP to a registry that is not on loopback.")
+
+
+@app.command("export")
+def export_cmd(
+    ctx: typer.Context,
+    ref: Optional[str] = typer.Argument(
+        None, metavar="[COMPOSITION|BASE|ADAPTER]", help="What to export (default: the active composition)."),
+    out: Path = typer.Option(..., "-o", "--output", metavar="DIR|FILE.tar|FILE.gguf",
+                             help="Where to write it (must not exist)."),
+    fmt: str = typer.Option(
+        "slm", "--format", metavar="slm|gguf-lora|peft",
+        help="slm: an OCI image layout bundle (a .tar name writes a tar); gguf-lora: one LoRA adapter for "
+             "llama.cpp; peft: one LoRA adapter as a PEFT directory."),
+    base: Optional[str] = typer.Option(None, "--base", help="gguf-lora / peft of an ADAPTER: the base it is for."),
+    tag: Optional[str] = typer.Option(None, "--tag", help="slm: the ref name in index.json (default: short id)."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Export a composition as a bundle, or a LoRA adapter for llama.cpp or PEFT."""
+    from slm import render_dist
+
+    _show(_store(ctx).export(ref, out, fmt, base, tag, _progress(json_out)), json_out, render_dist.exported)
+
+
+@app.command()
+def push(
+    ctx: typer.Context,
+    reference: str = typer.Argument(..., metavar="HOST[:PORT]/REPO[:TAG]", help="Where to push (tag default: short id)."),
+    ref: Optional[str] = typer.Argument(None, metavar="[COMPOSITION]", help="Default: the active composition."),
+    insecure: bool = InsecureOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Upload a composition to an OCI registry (only the blobs it lacks)."""
+    from slm import render_dist
+
+    _show(_store(ctx).push(reference, ref, insecure, _progress(json_out)), json_out, render_dist.pushed)
+
+
+@app.command()
+def pull(
+    ctx: typer.Context,
+    reference: str = typer.Argument(..., metavar="HOST[:PORT]/REPO[:TAG|@sha256:..]", help="What to pull."),
+    insecure: bool = InsecureOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Receive a composition from an OCI registry (only the blobs the store lacks; all verified)."""
+    from slm import render_dist
+
+    _show(_store(ctx).pull(reference, insecure, _progress(json_out)), json_out, render_dist.received)
+
+
+@app.command()
+def sign(
+    ctx: typer.Context,
+    ref: Optional[str] = typer.Argument(None, metavar="[COMPOSITION]", help="Default: the active composition."),
+    key: Path = typer.Option(..., "--key", metavar="KEY.pem", help="Ed25519 private key (openssl genpkey -algorithm ed25519)."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Sign a composition id with Ed25519; the signature is stored with the composition."""
+    from slm import render_dist
+
+    _show(_store(ctx).sign(ref, key), json_out, render_dist.signed)
 
 
 def _fail(code: int, message: str, as_json: bool) -> int:

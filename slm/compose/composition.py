@@ -27,6 +27,7 @@ from slm.store import digest as dg
 from slm.store.names import validate_name
 
 SCHEMA = "slm.composition/1"
+MAX_SIGNATURES = 64
 MAX_ADAPTERS = 64  # checked before any adapter is loaded or the store is locked
 FLOAT32_MAX = 3.4028234663852886e38
 RUNTIME = {"name": "slm", "version": slm.__version__}
@@ -50,6 +51,9 @@ class Composition:
     base_name: str = ""  # display only
     created_at: str = ""  # provenance, not identity
     created_by: str = ""
+    # Signature blobs (slm.signature/1) over this composition's id: beside the identity, not in
+    # it, so signing never changes the id it signs.
+    signatures: tuple[str, ...] = ()
 
     def identity(self) -> dict:
         return {
@@ -80,6 +84,7 @@ class Composition:
             "runtime": dict(self.runtime),
             "adapters": self.adapter_list(),
             "provenance": {"created_at": self.created_at, "created_by": self.created_by},
+            **({"signatures": list(self.signatures)} if self.signatures else {}),
         })
 
     def adapter_list(self) -> list[dict]:
@@ -87,6 +92,11 @@ class Composition:
         weight (as a plain number; the identity spells it float.hex())."""
         return [{"name": a.name, "digest": a.digest, "load_order": i + 1, "weight": a.weight}
                 for i, a in enumerate(self.adapters)]
+    def with_signatures(self, signatures) -> "Composition":
+        """The same composition (same id, same provenance) with another list of signatures."""
+        return Composition(self.base, self.tokenizer, self.architecture, self.quant_profile, self.runtime,
+                           self.adapters, self.base_name, self.created_at, self.created_by,
+                           tuple(signatures))
 
     def for_runtime(self, runtime: dict) -> "Composition":
         """The same base, adapters, weights and order under another runtime: another identity
@@ -186,6 +196,10 @@ def parse_composition(data: bytes, what: str = "composition manifest") -> Compos
         weight = check_weight(req(entry, "weight", (int, float), where), where)
         adapters.append(AdapterRef(digest, weight, _display_name(entry.get("name"), where)))
     check_adapter_list(adapters, what)
+    signatures = doc.get("signatures", [])
+    if not isinstance(signatures, list) or len(signatures) > MAX_SIGNATURES or not all(
+            isinstance(s, str) and dg.is_digest(s) for s in signatures):
+        raise InvalidInput(f"{what}: signatures must be a list of at most {MAX_SIGNATURES} blake3 digests")
     provenance = doc.get("provenance", {}) if isinstance(doc.get("provenance"), dict) else {}
     return Composition(
         base=digests["base"],
@@ -197,4 +211,5 @@ def parse_composition(data: bytes, what: str = "composition manifest") -> Compos
         base_name=_display_name(doc.get("base_name"), f"{what} base_name"),
         created_at=str(provenance.get("created_at", "")),
         created_by=str(provenance.get("created_by", "")),
+        signatures=tuple(dict.fromkeys(signatures)),
     )

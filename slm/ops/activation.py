@@ -18,7 +18,7 @@ from __future__ import annotations
 from slm.compose.composition import Composition, stamped
 from slm.errors import (CommittedIncomplete, IntegrityError, InvalidInput, NeedsRecovery, NotFound, SlmError,
                         UsageError)
-from slm.ops import budget, compositions
+from slm.ops import budget, compositions, signing
 from slm.ops.results import CompositionInfo, LogEntry, Status, Transition
 from slm.store import Store, fs
 from slm.store import digest as dg
@@ -51,6 +51,7 @@ def switch(store: Store, comp: Composition, op: str, memory_budget: str | None =
     """Make `comp` the active composition (the one transaction behind every verb)."""
     with store.locked():
         log, old = preflight(store)
+        signing.enforce(store, comp)  # require_signed: refused before anything is staged or written
         staged = compositions.stage(store, comp)  # every check, every re-hash; nothing written
         est = budget.of_staged(staged)
         budget.check(est, budget.resolve(store, memory_budget), "this composition")
@@ -122,8 +123,22 @@ def activate(store: Store, base: str | None, adapters: list[str], manifest_file=
     elif base is None:
         raise InvalidInput("name a base (and adapters), or a composition file with -f")
     else:
-        comp = compositions.build(store, base, adapters)
+        comp = (None if adapters else stored_composition(store, base)) or compositions.build(store, base, adapters)
     return switch(store, comp, "activate", memory_budget)
+
+
+def stored_composition(store: Store, ref: str) -> Composition | None:
+    """`slm activate ID`: a stored composition by id or unique prefix (a pulled one, say), when
+    no base has that name; None otherwise."""
+    try:
+        if store.names.get("bases", ref) is not None:
+            return None
+    except InvalidInput:
+        pass  # not a valid name: maybe an id
+    try:
+        return compositions.load(store, compositions.find_id(store, ref))
+    except NotFound:
+        return None
 
 
 def active(store: Store) -> Composition | None:

@@ -10,6 +10,8 @@ line is durable (everything it names was made durable before that line). So afte
     switch intent, its line logged   -> cleared (refs/active already follows the reflog)
     switch intent, line not logged   -> undone: the composition record it created is removed
     interrupted import               -> finished (name set) if every blob is stored, else undone
+    interrupted receive (bundle/pull) -> finished (names, composition record) if every blob is
+                                        stored, else undone
 A store file that is not a regular file (a FIFO, a directory, a link where a ref, the reflog or
 an intent belongs) is never opened for reading: it is moved to lost+found/ and rebuilt.
 A blob whose bytes do not match its name cannot be repaired from inside the store: it is moved
@@ -24,7 +26,7 @@ from pathlib import Path
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
 from slm.errors import SlmError
-from slm.ops import compositions
+from slm.ops import compositions, receive
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import Finding, FsckReport
 from slm.store import Store
@@ -159,7 +161,11 @@ class Fsck:
         ok = bool(self._check_manifest(f"{label} base", comp.base, self._base_blobs))
         for a in comp.adapters:
             ok &= bool(self._check_manifest(f"{label} adapter {a.name}", a.digest, self._adapter_blobs))
-        return ok
+        missing = [s for s in comp.signatures if not self._blob_ok(s)]
+        if missing:
+            self.add("missing-blob", f"{label}: signature blob {dg.short(missing[0])} is missing or corrupt",
+                     repairable=False)
+        return ok and not missing
 
     # -- refs/active, reflog, journal -----------------------------------------------------
     def _read_reflog(self):
@@ -225,6 +231,8 @@ class Fsck:
         path = store.journal.root / f"{intent.name}.intent"
         if intent.op == "import":
             self._check_import(intent, path)
+        elif intent.op == receive.OP:
+            self._check_bundle(intent, path)
         elif intent.op == "gc":
             self.add("interrupted", "an interrupted gc (it removed only unreachable data)",
                      "clear it; run `slm gc` again to finish", lambda: self._clear(path))
@@ -267,6 +275,19 @@ class Fsck:
                      f"finish it: name {name!r} -> {dg.short(intent.new)}", finish)
         else:
             self.add("interrupted", f"interrupted import of {kind} {name!r} (not all blobs stored)",
+                     "undo it (`slm gc` removes what it stored)", lambda: self._clear(path))
+
+    def _check_bundle(self, intent, path: Path) -> None:
+        """An interrupted `slm import bundle` / `slm pull` (slm.ops.receive)."""
+        complete, what = receive.recover(self.store, intent.new)
+        if complete:
+            def finish():
+                receive.finish(self.store, intent.new)
+                self._clear(path)
+            self.add("interrupted", f"interrupted receive of {what} (all its blobs are stored)",
+                     "finish it: set its names and composition record", finish)
+        else:
+            self.add("interrupted", f"interrupted receive ({what})",
                      "undo it (`slm gc` removes what it stored)", lambda: self._clear(path))
 
     def _clear(self, path: Path) -> None:

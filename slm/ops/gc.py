@@ -44,6 +44,7 @@ def _reachable(store: Store) -> tuple[set[str], set[str]]:
     for comp_id in comps:
         keep.add(store.names.resolve("compositions", dg.hex_of(comp_id)))
         comp = compositions.load(store, comp_id)
+        keep.update(comp.signatures)
         base(comp.base)
         for a in comp.adapters:
             adapter(a.digest)

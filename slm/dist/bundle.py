@@ -1,0 +1,207 @@
+"""The OCI image manifest and config blob of an slm bundle: built from the store, parsed strictly.
+
+    manifest  {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_COMPOSITION,
+               "config": <config descriptor>, "layers": [<layer descriptor>, ...]}
+    layer     {"mediaType": ..., "digest": "sha256:<hex>", "size": N,
+               "annotations": {"org.slm.blake3": "blake3:<hex>"}}
+    config    {"schema": "slm.bundle/1", "composition_id": .., "composition_manifest": ..,
+               "identity": {<the composition's identity fields>}}
+
+Layers, in order: the composition record, the base manifest, the tokenizer, the base tensors (in
+the base manifest's order), then per adapter its manifest and tensors, then signatures; a blob
+named twice is listed once. JSON is written with sorted keys and no whitespace, so one
+composition always gives one manifest digest (a second push finds everything in place).
+
+Parsing refuses any field it does not know: a bundle is checked, not interpreted generously.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+from slm.compose.adapter_manifest import parse_adapter_manifest
+from slm.compose.base_manifest import parse_base_manifest
+from slm.compose.composition import Composition
+from slm.dist import mediatypes as mt
+from slm.errors import InvalidInput
+from slm.store import digest as dg
+from slm.store.objects import ObjectStore
+
+SCHEMA = "slm.bundle/1"
+SHA256 = "sha256:"
+_SHA_HEX = re.compile(r"[0-9a-f]{64}")
+MAX_MANIFEST_BYTES = 4 << 20  # an OCI manifest of a few thousand layers is well under this
+MAX_LAYERS = 20000
+MAX_BLOB_BYTES = 1 << 40
+
+
+def sha256_of(data: bytes | memoryview) -> str:
+    return SHA256 + hashlib.sha256(data).hexdigest()
+
+
+def is_sha256(text: object) -> bool:
+    return isinstance(text, str) and text.startswith(SHA256) and _SHA_HEX.fullmatch(text[7:]) is not None
+
+
+def canonical(doc: dict) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+@dataclass(frozen=True)
+class Layer:
+    media_type: str
+    blake3: str
+    sha256: str
+    size: int
+
+    def descriptor(self) -> dict:
+        return {"mediaType": self.media_type, "digest": self.sha256, "size": self.size,
+                "annotations": {mt.BLAKE3_ANNOTATION: self.blake3}}
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    media_type: str
+    digest: str  # sha256:<hex>
+    size: int
+
+    def to_json(self) -> dict:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    config: Descriptor
+    layers: tuple[Layer, ...]
+    artifact_type: str = mt.ARTIFACT_COMPOSITION
+    subject: Descriptor | None = None
+
+    def to_bytes(self) -> bytes:
+        doc = {"schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": self.artifact_type,
+               "config": self.config.to_json(), "layers": [l.descriptor() for l in self.layers]}
+        if self.subject is not None:
+            doc["subject"] = self.subject.to_json()
+        return canonical(doc)
+
+
+def config_bytes(comp: Composition, record_digest: str) -> bytes:
+    return canonical({"schema": SCHEMA, "composition_id": comp.id, "composition_manifest": record_digest,
+                      "identity": comp.identity()})
+
+
+def blobs_of(objects: ObjectStore, comp: Composition, record_digest: str,
+             signatures: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(blake3 digest, media type) of every blob a bundle of `comp` holds, in layer order."""
+    out: list[tuple[str, str]] = [(record_digest, mt.COMPOSITION), (comp.base, mt.BASE_MANIFEST)]
+    base = parse_base_manifest(objects.read_verified(comp.base))
+    out.append((base.tokenizer_digest, mt.TOKENIZER))
+    out += [(t.digest, mt.TENSOR) for t in base.tensors]
+    for a in comp.adapters:
+        out.append((a.digest, mt.ADAPTER_MANIFEST))
+        out += [(d, mt.TENSOR) for d in parse_adapter_manifest(objects.read_verified(a.digest)).blob_digests()]
+    out += [(s, mt.SIGNATURE) for s in signatures]
+    seen: set[str] = set()
+    unique = []
+    for digest, media in out:
+        if digest not in seen:
+            seen.add(digest)
+            unique.append((digest, media))
+    return unique
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+def _json_object(data: bytes, what: str) -> dict:
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise InvalidInput(f"{what}: larger than {MAX_MANIFEST_BYTES >> 20} MB")
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise InvalidInput(f"{what}: not JSON ({err})") from err
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{what}: not a JSON object")
+    return doc
+
+
+def _only(doc: dict, allowed: set[str], what: str) -> None:
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise InvalidInput(f"{what}: unknown field {unknown[0]!r}")
+
+
+def _size(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BLOB_BYTES:
+        raise InvalidInput(f"{what}: size {value!r} is not a byte count")
+    return value
+
+
+def parse_descriptor(doc: object, what: str, annotations: set[str] = frozenset()) -> tuple[Descriptor, dict]:
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{what}: not a descriptor object")
+    _only(doc, {"mediaType", "digest", "size", "annotations", "artifactType"}, what)
+    media, digest = doc.get("mediaType"), doc.get("digest")
+    if not isinstance(media, str):
+        raise InvalidInput(f"{what}: mediaType missing")
+    if not is_sha256(digest):
+        raise InvalidInput(f"{what}: digest {digest!r} is not sha256:<64 hex> (slm bundles use sha256 on the wire)")
+    notes = doc.get("annotations", {})
+    if not isinstance(notes, dict) or not all(isinstance(v, str) for v in notes.values()):
+        raise InvalidInput(f"{what}: annotations must map strings to strings")
+    _only(notes, set(annotations), f"{what} annotations")
+    return Descriptor(media, digest, _size(doc.get("size"), what)), notes
+
+
+def parse_manifest(data: bytes, what: str = "bundle manifest") -> Manifest:
+    doc = _json_object(data, what)
+    _only(doc, {"schemaVersion", "mediaType", "artifactType", "config", "layers", "subject", "annotations"}, what)
+    if doc.get("schemaVersion") != 2 or doc.get("mediaType") != mt.OCI_MANIFEST:
+        raise InvalidInput(f"{what}: not an OCI image manifest (schemaVersion 2, mediaType {mt.OCI_MANIFEST})")
+    artifact = doc.get("artifactType")
+    if artifact != mt.ARTIFACT_COMPOSITION:
+        raise InvalidInput(f"{what}: artifactType {artifact!r} is not an slm composition "
+                           f"({mt.ARTIFACT_COMPOSITION})")
+    if doc.get("annotations", {}) != {} or "subject" in doc:
+        raise InvalidInput(f"{what}: a composition manifest carries no annotations or subject")
+    config, _ = parse_descriptor(doc.get("config"), f"{what} config")
+    if config.media_type != mt.CONFIG:
+        raise InvalidInput(f"{what}: config mediaType {config.media_type!r}, expected {mt.CONFIG}")
+    raw_layers = doc.get("layers")
+    if not isinstance(raw_layers, list) or not raw_layers or len(raw_layers) > MAX_LAYERS:
+        raise InvalidInput(f"{what}: layers must be a list of 1 to {MAX_LAYERS} descriptors")
+    layers = []
+    for i, raw in enumerate(raw_layers):
+        where = f"{what} layer {i}"
+        desc, notes = parse_descriptor(raw, where, {mt.BLAKE3_ANNOTATION})
+        if desc.media_type not in mt.LAYER_TYPES:
+            raise InvalidInput(f"{where}: unknown mediaType {desc.media_type!r}")
+        blake = notes.get(mt.BLAKE3_ANNOTATION)
+        if not isinstance(blake, str) or not dg.is_digest(blake):
+            raise InvalidInput(f"{where}: annotation {mt.BLAKE3_ANNOTATION} is missing or not a blake3 digest")
+        layers.append(Layer(desc.media_type, blake, desc.digest, desc.size))
+    if len({l.blake3 for l in layers}) != len(layers):
+        raise InvalidInput(f"{what}: a blob is listed twice")
+    return Manifest(config, tuple(layers))
+
+
+@dataclass(frozen=True)
+class BundleConfig:
+    composition_id: str
+    composition_manifest: str
+    identity: dict
+
+
+def parse_config(data: bytes, what: str = "bundle config") -> BundleConfig:
+    doc = _json_object(data, what)
+    _only(doc, {"schema", "composition_id", "composition_manifest", "identity"}, what)
+    if doc.get("schema") != SCHEMA:
+        raise InvalidInput(f"{what}: schema {doc.get('schema')!r}, expected {SCHEMA!r}")
+    comp_id, record = doc.get("composition_id"), doc.get("composition_manifest")
+    if not (isinstance(comp_id, str) and dg.is_digest(comp_id) and isinstance(record, str) and dg.is_digest(record)):
+        raise InvalidInput(f"{what}: composition_id and composition_manifest must be blake3 digests")
+    identity = doc.get("identity")
+    if not isinstance(identity, dict):
+        raise InvalidInput(f"{what}: identity missing")
+    return BundleConfig(comp_id, record, identity)

@@ -1,0 +1,273 @@
+"""A small OCI distribution-spec (registry v2) client over http.client.
+
+    HEAD  /v2/<repo>/blobs/<digest>             is the blob there? (push skips it if so)
+    POST  /v2/<repo>/blobs/uploads/             start an upload -> 202, Location
+    PATCH <location>  Content-Range a-b         one chunk (blobs over CHUNK bytes)
+    PUT   <location>?digest=<digest>            finish (monolithic: the whole body here)
+    PUT   /v2/<repo>/manifests/<tag|digest>     Content-Type: the manifest's media type
+    GET   /v2/<repo>/manifests/<ref>            Accept: the OCI manifest type
+    GET   /v2/<repo>/blobs/<digest>             may redirect to storage (Authorization is not
+                                                forwarded to another host)
+
+Auth: on a 401 the WWW-Authenticate challenge is answered, Basic with the credentials, or
+Bearer by fetching a token from the realm (with the credentials, if any); tokens are held in
+memory only and never appear in a message. Credentials come from SLM_REGISTRY_AUTH
+("user:password") or ~/.docker/config.json ($DOCKER_CONFIG/config.json) "auths".
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import re
+import ssl
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from slm.dist import mediatypes as mt
+from slm.dist.bundle import MAX_MANIFEST_BYTES, sha256_of
+from slm.dist.reference import Reference
+from slm.errors import IntegrityError, InvalidInput, IOFailure, NotFound
+
+ENV_AUTH = "SLM_REGISTRY_AUTH"
+CHUNK = 32 << 20  # blobs above this are uploaded in PATCH chunks of this size
+TIMEOUT_S = 120.0
+MAX_REDIRECTS = 5
+_CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+    def basic(self) -> str:
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode("ascii")
+
+
+def credentials_for(host: str) -> Credentials | None:
+    """SLM_REGISTRY_AUTH, else the host's entry in the Docker config file, else None."""
+    env = os.environ.get(ENV_AUTH)
+    if env:
+        user, sep, password = env.partition(":")
+        if not sep:
+            raise InvalidInput(f"{ENV_AUTH} must be USER:PASSWORD")
+        return Credentials(user, password)
+    folder = os.environ.get("DOCKER_CONFIG") or str(Path.home() / ".docker")
+    path = Path(folder) / "config.json"
+    try:
+        doc = json.loads(path.read_bytes()[:1 << 20])
+    except (OSError, ValueError):
+        return None
+    auths = doc.get("auths") if isinstance(doc, dict) else None
+    entry = (auths.get(host) or auths.get(f"https://{host}")) if isinstance(auths, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    if isinstance(entry.get("auth"), str):
+        try:
+            user, sep, password = base64.b64decode(entry["auth"]).decode("utf-8").partition(":")
+        except (ValueError, UnicodeDecodeError):
+            raise InvalidInput(f"{path}: the auth entry of {host} is not base64 user:password") from None
+        if sep:
+            return Credentials(user, password)
+    if isinstance(entry.get("username"), str) and isinstance(entry.get("password"), str):
+        return Credentials(entry["username"], entry["password"])
+    return None
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+
+
+class Registry:
+    def __init__(self, ref: Reference, insecure: bool = False, credentials: Credentials | None = None):
+        self.scheme = "http" if (ref.is_loopback or insecure) else "https"
+        self.ref = ref
+        self.base = f"{self.scheme}://{ref.host}"
+        self.credentials = credentials if credentials is not None else credentials_for(ref.host)
+        self._auth_header: str | None = None
+        self._conns: dict[tuple[str, str], http.client.HTTPConnection] = {}
+
+    # -- transport ----------------------------------------------------------------------
+    def _conn(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
+        key = (scheme, netloc)
+        if key not in self._conns:
+            if scheme == "https":
+                self._conns[key] = http.client.HTTPSConnection(netloc, timeout=TIMEOUT_S,
+                                                               context=ssl.create_default_context())
+            else:
+                self._conns[key] = http.client.HTTPConnection(netloc, timeout=TIMEOUT_S)
+        return self._conns[key]
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+    def _send(self, method: str, url: str, body: bytes | None, headers: dict[str, str],
+              limit: int | None) -> Response:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise IOFailure(f"registry {self.ref.host} redirected to a non-HTTP URL")
+        if parts.scheme == "http" and parts.netloc != self.ref.host and not self.scheme == "http":
+            raise IOFailure(f"registry {self.ref.host} redirected to plain HTTP; refused")
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        for attempt in (1, 2):  # a kept-alive connection the server closed: reconnect once
+            conn = self._conn(parts.scheme, parts.netloc)
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read() if limit is None else resp.read(limit + 1)
+                if limit is not None and len(data) > limit:
+                    conn.close()
+                    raise IntegrityError(f"registry {self.ref.host}: response to {method} is larger than "
+                                         f"expected ({limit} bytes)")
+                return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as err:
+                conn.close()
+                self._conns.pop((parts.scheme, parts.netloc), None)
+                if attempt == 2:
+                    raise IOFailure(f"registry {parts.netloc}: connection lost ({err})") from err
+            except ssl.SSLError as err:
+                raise IOFailure(f"registry {parts.netloc}: TLS failed ({err.reason or err}); "
+                                "plain HTTP is only used for loopback hosts or with --insecure") from err
+            except OSError as err:
+                self._conns.pop((parts.scheme, parts.netloc), None)
+                raise IOFailure(f"cannot reach registry {parts.netloc}: {err.strerror or err}") from err
+        raise AssertionError("unreachable")
+
+    def request(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None,
+                limit: int | None = 1 << 20) -> Response:
+        """One request, answering an auth challenge and following redirects."""
+        headers = dict(headers or {})
+        for _ in range(MAX_REDIRECTS + 1):
+            same_host = urllib.parse.urlsplit(url).netloc == self.ref.host
+            sent = dict(headers)
+            if same_host and self._auth_header:
+                sent["Authorization"] = self._auth_header
+            resp = self._send(method, url, body, sent, limit)
+            if resp.status == 401 and same_host and self._answer(resp.headers.get("www-authenticate", "")):
+                sent["Authorization"] = self._auth_header
+                resp = self._send(method, url, body, sent, limit)
+            if resp.status in (301, 302, 303, 307, 308) and "location" in resp.headers and method in ("GET", "HEAD"):
+                url = urllib.parse.urljoin(url, resp.headers["location"])
+                continue
+            return resp
+        raise IOFailure(f"registry {self.ref.host}: too many redirects")
+
+    def _answer(self, challenge: str) -> bool:
+        """Set the Authorization header for a challenge; False if there is nothing to answer with."""
+        scheme = challenge.split(" ", 1)[0].lower()
+        params = dict(_CHALLENGE.findall(challenge))
+        if scheme == "basic":
+            if self.credentials is None:
+                return False
+            self._auth_header = self.credentials.basic()
+            return True
+        if scheme != "bearer" or "realm" not in params:
+            return False
+        query = {k: v for k, v in params.items() if k in ("service", "scope")}
+        url = params["realm"] + ("?" + urllib.parse.urlencode(query) if query else "")
+        headers = {"Authorization": self.credentials.basic()} if self.credentials else {}
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "https" and not (parts.netloc == self.ref.host and self.scheme == "http"):
+            raise IOFailure(f"registry {self.ref.host}: token realm is not HTTPS; refused")
+        resp = self._send("GET", url, None, headers, 1 << 20)
+        if resp.status != 200:
+            raise IOFailure(f"registry {self.ref.host}: the token service refused ({resp.status}); "
+                            f"check {ENV_AUTH} or ~/.docker/config.json")
+        try:
+            doc = json.loads(resp.body)
+            token = doc.get("token") or doc.get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if not isinstance(token, str) or not token:
+            raise IOFailure(f"registry {self.ref.host}: the token service sent no token")
+        self._auth_header = f"Bearer {token}"
+        return True
+
+    def _fail(self, resp: Response, what: str) -> IOFailure | NotFound:
+        code = ""
+        try:
+            errors = json.loads(resp.body).get("errors") or []
+            code = f" ({errors[0].get('code')}: {errors[0].get('message')})" if errors else ""
+        except (ValueError, AttributeError, IndexError, TypeError):
+            pass
+        if resp.status == 404:
+            return NotFound(f"registry {self.ref.host}: {what}: not found{code}")
+        if resp.status in (401, 403):
+            return IOFailure(f"registry {self.ref.host}: {what}: access denied ({resp.status}){code}; "
+                             f"set {ENV_AUTH} or log in (~/.docker/config.json)")
+        return IOFailure(f"registry {self.ref.host}: {what}: HTTP {resp.status}{code}")
+
+    def _url(self, kind: str, ref: str) -> str:
+        return f"{self.base}/v2/{self.ref.repository}/{kind}/{ref}"
+
+    # -- blobs ------------------------------------------------------------------------------
+    def has_blob(self, digest: str) -> bool:
+        resp = self.request("HEAD", self._url("blobs", digest), limit=0)
+        if resp.status == 200:
+            return True
+        if resp.status == 404:
+            return False
+        raise self._fail(resp, f"HEAD blob {digest[:19]}")
+
+    def upload_blob(self, digest: str, data: bytes | memoryview) -> None:
+        resp = self.request("POST", self._url("blobs", "uploads/"), body=b"",
+                            headers={"Content-Length": "0"})
+        if resp.status != 202 or "location" not in resp.headers:
+            raise self._fail(resp, "start an upload")
+        location = urllib.parse.urljoin(self.base + "/", resp.headers["location"])
+        view = memoryview(data)
+        if len(view) > CHUNK:
+            for start in range(0, len(view), CHUNK):
+                part = view[start:start + CHUNK]
+                resp = self.request("PATCH", location, body=bytes(part), headers={
+                    "Content-Type": "application/octet-stream",
+                    "Content-Range": f"{start}-{start + len(part) - 1}", "Content-Length": str(len(part))})
+                if resp.status != 202 or "location" not in resp.headers:
+                    raise self._fail(resp, f"upload chunk of {digest[:19]}")
+                location = urllib.parse.urljoin(self.base + "/", resp.headers["location"])
+            view = memoryview(b"")
+        sep = "&" if "?" in location else "?"
+        resp = self.request("PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", body=bytes(view),
+                            headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(view))})
+        if resp.status != 201:
+            raise self._fail(resp, f"upload blob {digest[:19]}")
+
+    def get_blob(self, digest: str, size: int) -> bytes:
+        """At most `size` bytes (more is refused); the caller verifies the digests."""
+        resp = self.request("GET", self._url("blobs", digest), limit=size)
+        if resp.status != 200:
+            raise self._fail(resp, f"blob {digest[:19]}")
+        return resp.body
+
+    # -- manifests -----------------------------------------------------------------------------
+    def put_manifest(self, ref: str, data: bytes, media_type: str = mt.OCI_MANIFEST) -> Response:
+        resp = self.request("PUT", self._url("manifests", ref), body=data,
+                            headers={"Content-Type": media_type, "Content-Length": str(len(data))})
+        if resp.status != 201:
+            raise self._fail(resp, f"put manifest {ref}")
+        return resp
+
+    def get_manifest(self, ref: str, media_type: str = mt.OCI_MANIFEST) -> bytes | None:
+        """The manifest bytes (None if the registry has none under `ref`); a digest reference is
+        checked against the bytes."""
+        resp = self.request("GET", self._url("manifests", ref), headers={"Accept": media_type},
+                            limit=MAX_MANIFEST_BYTES)
+        if resp.status == 404:
+            return None
+        if resp.status != 200:
+            raise self._fail(resp, f"manifest {ref}")
+        got = resp.headers.get("content-type", "").split(";")[0].strip()
+        if got != media_type:
+            raise InvalidInput(f"registry {self.ref.host}: {ref} is a {got or 'untyped'} manifest, not {media_type}")
+        if ref.startswith("sha256:") and sha256_of(resp.body) != ref:
+            raise IntegrityError(f"registry {self.ref.host}: manifest {ref[:19]} does not hash to its digest")
+        return resp.body

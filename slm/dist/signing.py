@@ -1,0 +1,195 @@
+"""Ed25519 signatures over composition ids, and signed verification certificates.
+
+A signature blob (media type application/vnd.slm.signature.v1+json), canonical JSON:
+
+    {"algorithm": "ed25519", "composition": "blake3:<id>", "public_key": "ed25519:<base64>",
+     "schema": "slm.signature/1", "signature": "<base64 of 64 bytes>"}
+
+What is signed is the canonical JSON of {"composition": <id>, "schema": "slm.signature/1"}: the
+composition id is the BLAKE3 digest of the composition's canonical identity manifest, so the
+signature covers the base, tokenizer, architecture, quantization profile, runtime and every
+adapter with its weight and order. The schema string keeps a signature from being replayed as
+anything else (a certificate signs a different schema).
+
+A certificate (`slm verify --certificate FILE --key KEY`) is the same shape with schema
+slm.certificate/1 and a "result" object (the verify report), the signature covering every
+field but itself.
+
+Keys are PEM files as `openssl genpkey -algorithm ed25519` writes them (PKCS#8); public keys are
+written `ed25519:<base64 of the 32 raw bytes>` (config.toml `trusted_keys`, `slm sign --json`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from slm.dist.bundle import canonical
+from slm.errors import IntegrityError, InvalidInput, NotFound
+from slm.store import digest as dg
+
+SCHEMA = "slm.signature/1"
+CERT_SCHEMA = "slm.certificate/1"
+ALGORITHM = "ed25519"
+KEY_PREFIX = "ed25519:"
+MAX_SIGNATURE_BYTES = 4096
+MAX_CERT_BYTES = 1 << 20
+MAX_KEY_FILE = 64 << 10
+
+
+def _crypto():
+    try:
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError as err:  # a runtime dependency; only a broken install lacks it
+        raise InvalidInput("signatures need the 'cryptography' package (pip install cryptography)") from err
+    return ed25519, serialization, InvalidSignature
+
+
+@dataclass(frozen=True)
+class Signature:
+    composition: str
+    public_key: str  # ed25519:<base64>
+
+    @property
+    def fingerprint(self) -> str:
+        return key_fingerprint(self.public_key)
+
+
+def key_fingerprint(public_key: str) -> str:
+    """A short name for a public key (first 16 hex of BLAKE3 of its text)."""
+    return dg.short(dg.of_bytes(public_key.encode("ascii")), 16)
+
+
+def load_private_key(path: Path):
+    ed25519, serialization, _ = _crypto()
+    path = Path(path)
+    try:
+        data = path.read_bytes()[:MAX_KEY_FILE + 1]
+    except FileNotFoundError as err:
+        raise NotFound(f"no such key file: {path}") from err
+    except OSError as err:
+        raise InvalidInput(f"cannot read {path}: {err.strerror}") from err
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as err:
+        raise InvalidInput(f"{path}: not an unencrypted PEM private key") from err
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise InvalidInput(f"{path}: not an Ed25519 key (make one with `openssl genpkey -algorithm ed25519`)")
+    return key
+
+
+def public_key_text(private_key) -> str:
+    _, serialization, _ = _crypto()
+    raw = private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return KEY_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def parse_public_key(text: str, where: str = "public key"):
+    ed25519, _, _ = _crypto()
+    if not isinstance(text, str) or not text.startswith(KEY_PREFIX):
+        raise InvalidInput(f"{where}: {str(text)[:40]!r} is not an ed25519:<base64> public key")
+    try:
+        raw = base64.b64decode(text[len(KEY_PREFIX):], validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise InvalidInput(f"{where}: not base64") from err
+    if len(raw) != 32:
+        raise InvalidInput(f"{where}: an Ed25519 public key is 32 bytes, not {len(raw)}")
+    return ed25519.Ed25519PublicKey.from_public_bytes(raw)
+
+
+def public_key_from_file_or_text(value: str) -> str:
+    """`--key` of `slm verify --signature`: a key text, or a PEM public or private key file."""
+    if value.startswith(KEY_PREFIX):
+        parse_public_key(value)
+        return value
+    ed25519, serialization, _ = _crypto()
+    path = Path(value)
+    try:
+        data = path.read_bytes()[:MAX_KEY_FILE + 1]
+    except OSError as err:
+        raise NotFound(f"no such key file: {path}") from err
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError):
+        return public_key_text(load_private_key(path))
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise InvalidInput(f"{path}: not an Ed25519 public key")
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return KEY_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def _message(doc: dict) -> bytes:
+    return canonical({k: v for k, v in doc.items() if k not in ("signature", "algorithm", "public_key")})
+
+
+def sign(comp_id: str, private_key) -> bytes:
+    """A signature blob for `comp_id`."""
+    doc = {"schema": SCHEMA, "composition": comp_id}
+    sig = private_key.sign(_message(doc))
+    return canonical({**doc, "algorithm": ALGORITHM, "public_key": public_key_text(private_key),
+                      "signature": base64.b64encode(sig).decode("ascii")})
+
+
+def _verify_doc(doc: dict, schema: str, what: str) -> str:
+    """Check the signature of a signed document; returns its public key text."""
+    _, _, invalid = _crypto()
+    if doc.get("schema") != schema or doc.get("algorithm") != ALGORITHM:
+        raise InvalidInput(f"{what}: not an {schema} {ALGORITHM} document")
+    key_text = doc.get("public_key")
+    key = parse_public_key(key_text, what)
+    try:
+        sig = base64.b64decode(str(doc.get("signature")), validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise InvalidInput(f"{what}: signature is not base64") from err
+    try:
+        key.verify(sig, _message(doc))
+    except invalid as err:
+        raise IntegrityError(f"{what}: the signature does not verify (tampered, or signed by another key)") from err
+    return key_text
+
+
+def _json(data: bytes, limit: int, what: str) -> dict:
+    if len(data) > limit:
+        raise InvalidInput(f"{what}: larger than {limit} bytes")
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        raise InvalidInput(f"{what}: not JSON") from err
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{what}: not a JSON object")
+    return doc
+
+
+def parse_signature(data: bytes, comp_id: str, what: str = "signature") -> Signature:
+    """A signature blob, checked: well-formed, for `comp_id`, and valid under its own key
+    (whether that key is trusted is the policy's question)."""
+    doc = _json(data, MAX_SIGNATURE_BYTES, what)
+    if set(doc) != {"schema", "composition", "algorithm", "public_key", "signature"}:
+        raise InvalidInput(f"{what}: fields are not those of {SCHEMA}")
+    if doc["composition"] != comp_id:
+        raise IntegrityError(f"{what}: signs composition {dg.short(str(doc['composition']))}, "
+                             f"not {dg.short(comp_id)}")
+    return Signature(comp_id, _verify_doc(doc, SCHEMA, what))
+
+
+def certificate(comp_id: str, result: dict, private_key) -> bytes:
+    doc = {"schema": CERT_SCHEMA, "composition": comp_id, "result": result}
+    sig = private_key.sign(_message(doc))
+    return canonical({**doc, "algorithm": ALGORITHM, "public_key": public_key_text(private_key),
+                      "signature": base64.b64encode(sig).decode("ascii")})
+
+
+def check_certificate(data: bytes, what: str = "certificate") -> tuple[str, str, dict]:
+    """(composition id, public key, result) of a certificate whose signature verifies."""
+    doc = _json(data, MAX_CERT_BYTES, what)
+    if set(doc) != {"schema", "composition", "result", "algorithm", "public_key", "signature"}:
+        raise InvalidInput(f"{what}: fields are not those of {CERT_SCHEMA}")
+    key = _verify_doc(doc, CERT_SCHEMA, what)
+    if not dg.is_digest(str(doc["composition"])) or not isinstance(doc["result"], dict):
+        raise InvalidInput(f"{what}: malformed composition or result")
+    return doc["composition"], key, doc["result"]

@@ -1,0 +1,159 @@
+"""`slm export --format slm` and `slm import bundle`: compositions as OCI image layouts.
+
+Export reads the store (every blob re-hashed as it is read) and writes a layout directory or
+tar (slm.dist.layout); it changes nothing in the store. Import is a receive transaction
+(slm.ops.receive), the same one `slm pull` runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slm.compose.composition import Composition, for_base
+from slm.dist import mediatypes as mt
+from slm.dist.bundle import Descriptor, Layer, Manifest, blobs_of, config_bytes, parse_manifest, sha256_of
+from slm.dist.layout import LayoutReader, write_layout
+from slm.errors import IntegrityError, InvalidInput, NotFound
+from slm.ops import compositions, receive
+from slm.ops.progress import NoProgress, Progress
+from slm.ops.resolve import load_base
+from slm.store import Store
+from slm.store import digest as dg
+
+
+@dataclass
+class BundlePlan:
+    """Everything a bundle of one composition holds: the OCI manifest, its config and a way to
+    read each layer's bytes (verified against its BLAKE3 name when read)."""
+
+    composition: Composition
+    record_digest: str
+    manifest: Manifest
+    manifest_bytes: bytes
+    config: bytes
+    store: Store
+    extra: dict[str, bytes]  # blobs not in the store (a base's composition record)
+
+    @property
+    def manifest_digest(self) -> str:
+        return sha256_of(self.manifest_bytes)
+
+    def layer_bytes(self, layer: Layer) -> bytes:
+        if layer.blake3 in self.extra:
+            return self.extra[layer.blake3]
+        return self.store.objects.read_verified(layer.blake3)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(l.size for l in self.manifest.layers)
+
+
+def target(store: Store, ref: str | None) -> tuple[Composition, str, dict[str, bytes]]:
+    """(composition, record digest, blobs outside the store) for a composition id or prefix, a
+    base name (its base-only composition), or nothing (the active composition)."""
+    if ref is None:
+        comp_id = store.active_ref.read()
+        if comp_id is None:
+            raise NotFound("nothing is active: name a composition or a base")
+    else:
+        try:
+            comp_id = compositions.find_id(store, ref)
+        except NotFound:
+            comp_id = None
+        if comp_id is None:
+            if store.names.get("adapters", ref) is not None and store.names.get("bases", ref) is None:
+                raise InvalidInput(f"{ref!r} is an adapter: a bundle holds a composition (base + adapters); "
+                                   "export the adapter alone with --format gguf-lora or --format peft")
+            digest, base = load_base(store, ref)
+            comp = for_base(digest, base, ref if store.names.get("bases", ref) else "")
+            record = comp.to_toml()
+            return comp, dg.of_bytes(record), {dg.of_bytes(record): record}
+    comp = compositions.load(store, comp_id)
+    return comp, store.names.resolve("compositions", dg.hex_of(comp_id)), {}
+
+
+def plan(store: Store, ref: str | None, progress: Progress | None = None) -> BundlePlan:
+    progress = progress or NoProgress()
+    comp, record, extra = target(store, ref)
+    layers = []
+    entries = blobs_of(store.objects, comp, record, comp.signatures)
+    sizes = {d: (len(extra[d]) if d in extra else store.objects.size(d)) for d, _ in entries}
+    progress.start("hashing blobs", sum(sizes.values()))
+    for digest, media in entries:
+        data = extra[digest] if digest in extra else store.objects.read_verified(digest)
+        layers.append(Layer(media, digest, sha256_of(data), len(data)))
+        progress.advance(len(data))
+    progress.finish()
+    config = config_bytes(comp, record)
+    manifest = Manifest(Descriptor(mt.CONFIG, sha256_of(config), len(config)), tuple(layers))
+    return BundlePlan(comp, record, manifest, manifest.to_bytes(), config, store, extra)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    format: str
+    path: str
+    composition_id: str
+    manifest_digest: str
+    blobs: int
+    bytes: int
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def default_tag(comp: Composition) -> str:
+    return dg.short(comp.id, 12)
+
+
+def export_bundle(store: Store, ref: str | None, out: Path, tag: str | None = None,
+                  progress: Progress | None = None) -> ExportResult:
+    progress = progress or NoProgress()
+    started = time.perf_counter()
+    p = plan(store, ref, progress)
+    tag = tag or default_tag(p.composition)
+
+    def writer(data_of):
+        return lambda f: f.write(data_of())
+
+    blobs = [(l.sha256, l.size, writer(lambda l=l: _advancing(p.layer_bytes(l), progress))) for l in p.manifest.layers]
+    blobs.append((p.manifest.config.digest, len(p.config), writer(lambda: p.config)))
+    blobs.append((p.manifest_digest, len(p.manifest_bytes), writer(lambda: p.manifest_bytes)))
+    unique = list({b[0]: b for b in blobs}.values())  # two layers may share bytes (same sha256)
+    progress.start("writing bundle", p.total_bytes)
+    write_layout(Path(out), unique, p.manifest_digest, len(p.manifest_bytes), tag)
+    progress.finish()
+    return ExportResult("slm", str(out), p.composition.id, p.manifest_digest, len(unique),
+                        sum(b[1] for b in unique), round(time.perf_counter() - started, 3))
+
+
+def _advancing(data: bytes, progress: Progress) -> bytes:
+    progress.advance(len(data))
+    return data
+
+
+class _LayoutSource:
+    def __init__(self, reader: LayoutReader):
+        self.reader = reader
+
+    def blob(self, digest: str, size: int) -> bytes:
+        return self.reader.blob(digest, size)
+
+
+def import_bundle(store: Store, path: Path, tag: str | None = None,
+                  progress: Progress | None = None) -> receive.ReceiveResult:
+    reader = LayoutReader(Path(path))
+    try:
+        desc = reader.manifest_descriptor(tag)
+        data = reader.blob(desc.digest, desc.size)
+        if len(data) != desc.size or sha256_of(data) != desc.digest:
+            raise IntegrityError(f"{path}: the manifest does not hash to the digest index.json gives")
+        manifest = parse_manifest(data, f"{Path(path).name} manifest")
+        result = receive.receive(store, manifest, _LayoutSource(reader), Path(path).name, progress)
+        return dataclasses.replace(result, manifest_digest=desc.digest)
+    finally:
+        reader.close()

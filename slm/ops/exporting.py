@@ -1,0 +1,92 @@
+"""`slm export REF -o OUT [--format slm|gguf-lora|peft]`: read the store, write files; the store
+is never changed.
+
+    slm        an OCI image layout (directory, or a tar when OUT ends in .tar): slm.ops.bundles
+    gguf-lora  one LoRA adapter as llama.cpp loads it (REF: a composition with one adapter, or
+               an adapter with --base)
+    peft       one LoRA adapter as a PEFT directory (same REF rules)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slm.compose.adapter_manifest import parse_adapter_manifest
+from slm.dist import exporters
+from slm.errors import Incompatible, InvalidInput, NotFound
+from slm.ops import bundles, compositions
+from slm.ops.progress import Progress
+from slm.ops.resolve import load_base, resolve
+from slm.store import Store
+from slm.store import digest as dg
+
+
+@dataclass(frozen=True)
+class AdapterExportResult:
+    format: str
+    path: str
+    adapter: str
+    base: str
+    weight: float  # the composition's weight for it: give it to the consumer (llama.cpp's lora scale)
+    details: dict
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _adapter_and_base(store: Store, ref: str | None, base_ref: str | None):
+    comp = None
+    if ref is None:
+        active = store.active_ref.read()
+        if active is None:
+            raise NotFound("nothing is active: name a composition, or an adapter with --base")
+        comp = compositions.load(store, active)
+    elif store.names.get("adapters", ref) is None:
+        try:
+            comp = compositions.load(store, compositions.find_id(store, ref))
+        except NotFound:
+            comp = None
+    if comp is not None:
+        if base_ref is not None:
+            raise InvalidInput("--base goes with an adapter; a composition names its own base")
+        if len(comp.adapters) != 1:
+            raise Incompatible(f"composition {dg.short(comp.id)} has {len(comp.adapters)} adapters; "
+                               "this format holds one: export an adapter with --base")
+        a = comp.adapters[0]
+        base_digest, base = load_base(store, comp.base)
+        return a.digest, a.name or dg.short(a.digest), base_digest, base, a.weight
+    if base_ref is None:
+        raise InvalidInput(f"exporting adapter {ref!r} needs --base BASE (its q/k row layout and names "
+                           "depend on the base's architecture)")
+    digest, name = resolve(store, ref, ("adapters",))
+    base_digest, base = load_base(store, base_ref)
+    return digest, name or ref, base_digest, base, 1.0
+
+
+def export(store: Store, ref: str | None, out: Path, fmt: str = "slm", base: str | None = None,
+           tag: str | None = None, progress: Progress | None = None):
+    if fmt not in exporters.FORMATS:
+        raise InvalidInput(f"--format {fmt!r}: choose one of {', '.join(exporters.FORMATS)}")
+    if fmt == "slm":
+        if base is not None:
+            raise InvalidInput("--base applies to --format gguf-lora and peft")
+        return bundles.export_bundle(store, ref, Path(out), tag, progress)
+    if tag is not None:
+        raise InvalidInput("--tag applies to --format slm")
+    started = time.perf_counter()
+    digest, name, base_digest, base_manifest, weight = _adapter_and_base(store, ref, base)
+    manifest = parse_adapter_manifest(store.objects.read_verified(digest), f"adapter {name}")
+    from slm import arch as archs
+
+    if fmt == "gguf-lora":
+        layout = archs.get(base_manifest.architecture["family"]).gguf_qk_row_layout
+        targets = exporters.lora_targets(store.objects, manifest, base_manifest, layout, f"adapter {name}")
+        details = exporters.write_gguf_lora(Path(out), manifest, targets, base_manifest)
+    else:
+        targets = exporters.lora_targets(store.objects, manifest, base_manifest, "hf", f"adapter {name}")
+        details = exporters.write_peft(Path(out), targets, base_manifest)
+    return AdapterExportResult(fmt, str(out), name, base_digest, weight, details,
+                               round(time.perf_counter() - started, 3))

@@ -1,0 +1,328 @@
+"""Receiving a bundle (`slm import bundle`, `slm pull`): a store transaction exactly like import.
+
+    read the OCI manifest and config -> fetch the composition record, the base and adapter
+    manifests -> check that the layers are exactly the blobs those manifests name -> fetch
+    every other blob the store lacks, each re-hashed (sha256 and size against its descriptor,
+    BLAKE3 against its annotation) and staged under tmp/ -> under the store lock: journal
+    intent "bundle" -> commit the staged blobs -> set the base and adapter names -> set the
+    composition record (THE COMMIT POINT) -> clear the intent.
+
+Nothing is visible before every byte is verified. A failure before the record is set is
+undone before the command returns (blobs and names it added removed, intent cleared). A crash
+is recovered by `slm fsck --repair`: if every blob the record names is stored it finishes the
+transaction (names, record), else it clears the intent (the blobs are junk for `slm gc`): old
+or new, never a mix.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from slm.compose.adapter_manifest import AdapterManifest, parse_adapter_manifest
+from slm.compose.base_manifest import BaseManifest, parse_base_manifest
+from slm.compose.composition import Composition, architecture_digest, parse_composition
+from slm.dist import mediatypes as mt
+from slm.dist import signing
+from slm.dist.bundle import Descriptor, Layer, Manifest, parse_config, sha256_of
+from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, NotFound, SlmError
+from slm.ops import compositions
+from slm.ops.progress import NoProgress, Progress
+from slm.store import Store, fs
+from slm.store import digest as dg
+
+OP = "bundle"
+WINDOW = 16  # blobs fetched ahead of staging
+
+
+class BlobSource(Protocol):
+    """Where a bundle's blobs come from (a layout on disk, a registry)."""
+
+    def blob(self, digest: str, size: int) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class ReceiveResult:
+    composition_id: str
+    composition_manifest: str
+    base_name: str
+    adapter_names: tuple[str, ...]
+    signatures: int
+    layers: int
+    blobs_downloaded: int
+    bytes_downloaded: int
+    blobs_reused: int
+    new_blobs: int
+    seconds: float
+    source: str = ""
+    manifest_digest: str = ""  # sha256 of the OCI manifest received
+
+    def to_json(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["adapter_names"] = list(self.adapter_names)
+        return out
+
+
+def intent_name(comp_id: str) -> str:
+    return f"{OP}-{dg.hex_of(comp_id)}"
+
+
+def names_of(comp: Composition) -> list[tuple[str, str, str]]:
+    """(kind, name, digest) of every name a received composition sets."""
+    out = [("bases", comp.base_name, comp.base)] if comp.base_name else []
+    return out + [("adapters", a.name, a.digest) for a in comp.adapters if a.name]
+
+
+def expected_blobs(comp: Composition, record: str, base: BaseManifest,
+                   adapters: list[AdapterManifest]) -> dict[str, str]:
+    """blake3 digest -> media type of every blob a bundle of `comp` must hold."""
+    out = {record: mt.COMPOSITION, comp.base: mt.BASE_MANIFEST, base.tokenizer_digest: mt.TOKENIZER}
+    out.update({t.digest: mt.TENSOR for t in base.tensors if t.digest not in out})
+    for ref, manifest in zip(comp.adapters, adapters):
+        out.setdefault(ref.digest, mt.ADAPTER_MANIFEST)
+        out.update({d: mt.TENSOR for d in manifest.blob_digests() if d not in out})
+    out.update({s: mt.SIGNATURE for s in comp.signatures if s not in out})
+    return out
+
+
+def _checked(data: bytes, layer: Layer | Descriptor, blake3: str | None, where: str) -> bytes:
+    digest = layer.sha256 if isinstance(layer, Layer) else layer.digest
+    if len(data) != layer.size:
+        raise IntegrityError(f"{where}: blob {digest[:19]} is {len(data)} bytes, its descriptor says {layer.size}")
+    if sha256_of(data) != digest:
+        raise IntegrityError(f"{where}: blob {digest[:19]} does not hash to its sha256 digest (tampered or damaged)")
+    if blake3 is not None and dg.of_bytes(data) != blake3:
+        raise IntegrityError(f"{where}: blob {digest[:19]} does not hash to the BLAKE3 digest its annotation "
+                             f"claims ({dg.short(blake3)})")
+    return data
+
+
+class Receiver:
+    def __init__(self, store: Store, manifest: Manifest, source: BlobSource, where: str, progress: Progress):
+        self.store, self.manifest, self.source, self.where = store, manifest, source, where
+        self.progress = progress
+        self.layers = {l.blake3: l for l in manifest.layers}
+        self.downloaded = 0
+        self.bytes = 0
+        self.staging = store.objects.staging()
+        self._count_lock = threading.Lock()
+
+    def _stored(self, digest: str) -> bool:
+        """Whether the store already holds these bytes (re-hashed: existence is not proof)."""
+        if not self.store.objects.has(digest):
+            return False
+        if not self.store.objects.verify(digest):
+            raise IntegrityError(f"blob {dg.short(digest)} exists in the store but is corrupt; "
+                                 "run `slm fsck --repair` first")
+        self.staging.reused.add(digest)
+        return True
+
+    def fetch(self, layer: Layer) -> bytes:
+        data = _checked(self.source.blob(layer.sha256, layer.size), layer, layer.blake3, self.where)
+        with self._count_lock:  # fetches run on the source's threads
+            self.downloaded += 1
+            self.bytes += len(data)
+            self.progress.advance(len(data))
+        return data
+
+    def _fetch_ahead(self, layers: list[Layer]):
+        """(layer, verified bytes) in order; a source with `workers` > 1 fetches a bounded
+        window ahead on its threads (at most WINDOW blobs in memory)."""
+        workers = getattr(self.source, "workers", 1)
+        if workers <= 1:
+            for layer in layers:
+                yield layer, self.fetch(layer)
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pending: deque = deque()
+            for layer in layers:
+                pending.append((layer, pool.submit(self.fetch, layer)))
+                if len(pending) >= WINDOW:
+                    done = pending.popleft()
+                    yield done[0], done[1].result()
+            while pending:
+                done = pending.popleft()
+                yield done[0], done[1].result()
+
+    def content(self, digest: str, media: str, what: str) -> bytes:
+        """The verified bytes of a small blob (a manifest), from the store or the source."""
+        layer = self.layers.get(digest)
+        if layer is None:
+            raise IntegrityError(f"{self.where}: the bundle has no layer for {what} ({dg.short(digest)})")
+        if layer.media_type != media:
+            raise InvalidInput(f"{self.where}: {what} has mediaType {layer.media_type!r}, expected {media!r}")
+        if self._stored(digest):
+            return self.store.objects.read_verified(digest)
+        data = self.fetch(layer)
+        self.staging.put(data)
+        return data
+
+    def _merged_record(self, comp: Composition, record: str) -> str:
+        """The record to set: the bundle's, unless the store already has a record of this id;
+        then the local one is kept (its provenance), gaining the bundle's signatures."""
+        existing = self.store.names.get("compositions", dg.hex_of(comp.id))
+        if existing is None or existing == record:
+            return record
+        try:
+            local = compositions.load(self.store, comp.id)
+        except SlmError:
+            return record  # a damaged local record is replaced by the verified one
+        merged = local.with_signatures(dict.fromkeys((*local.signatures, *comp.signatures)))
+        if merged.signatures == local.signatures:
+            return existing
+        return self.staging.put(merged.to_toml())
+
+    def run(self) -> ReceiveResult:
+        started = time.perf_counter()
+        cfg = self.manifest.config
+        config = parse_config(_checked(self.source.blob(cfg.digest, cfg.size), cfg, None, self.where),
+                              f"{self.where} config")
+        self.downloaded += 1
+        self.bytes += cfg.size
+        self.progress.start("receiving", sum(l.size for l in self.manifest.layers))
+        record = config.composition_manifest
+        comp = parse_composition(self.content(record, mt.COMPOSITION, "the composition record"),
+                                 f"{self.where} composition record")
+        if comp.id != config.composition_id or comp.identity() != config.identity:
+            raise IntegrityError(f"{self.where}: the config names composition {dg.short(config.composition_id)} "
+                                 f"but the record is composition {dg.short(comp.id)}")
+        base = parse_base_manifest(self.content(comp.base, mt.BASE_MANIFEST, "the base manifest"),
+                                   f"{self.where} base manifest")
+        _check_base(comp, base, self.where)
+        adapters = [parse_adapter_manifest(self.content(a.digest, mt.ADAPTER_MANIFEST, f"adapter {a.name}"),
+                                           f"{self.where} adapter {a.name}") for a in comp.adapters]
+        expected = expected_blobs(comp, record, base, adapters)
+        for digest, media in expected.items():
+            layer = self.layers.get(digest)
+            if layer is None:
+                raise IntegrityError(f"{self.where}: the bundle lacks blob {dg.short(digest)} that its manifests name")
+            if layer.media_type != media:
+                raise InvalidInput(f"{self.where}: layer {dg.short(digest)} has mediaType {layer.media_type!r}, "
+                                   f"expected {media!r}")
+        extra = [d for d in self.layers if d not in expected]
+        if extra:
+            raise InvalidInput(f"{self.where}: layer {dg.short(extra[0])} is not named by the composition")
+        wanted = []
+        for digest, layer in self.layers.items():
+            if digest in self.staging.staged or digest in self.staging.reused:
+                continue
+            if self._stored(digest):
+                self.progress.advance(layer.size)
+                continue
+            wanted.append(layer)
+        for layer, data in self._fetch_ahead(wanted):
+            if layer.media_type == mt.SIGNATURE:
+                signing.parse_signature(data, comp.id)  # well-formed and valid for this id
+            self.staging.put(data)  # staged in order, on this thread
+        self.progress.finish()
+        record = self._merged_record(comp, record)
+        fs.point("bundle.staged")
+        new = commit(self.store, comp, record, self.staging)
+        reused = len(self.staging.reused)
+        return ReceiveResult(comp.id, record, comp.base_name, tuple(a.name for a in comp.adapters),
+                             len(comp.signatures), len(self.layers), self.downloaded, self.bytes, reused,
+                             len(new), round(time.perf_counter() - started, 3), self.where)
+
+
+def _check_base(comp: Composition, base: BaseManifest, where: str) -> None:
+    if (base.tokenizer_digest, architecture_digest(base), base.quant_profile) != \
+            (comp.tokenizer, comp.architecture, comp.quant_profile):
+        raise IntegrityError(f"{where}: the base manifest does not match the composition's tokenizer, "
+                             "architecture or quantization profile")
+
+
+def receive(store: Store, manifest: Manifest, source: BlobSource, where: str,
+            progress: Progress | None = None) -> ReceiveResult:
+    receiver = Receiver(store, manifest, source, where, progress or NoProgress())
+    try:
+        return receiver.run()
+    finally:
+        receiver.staging.discard()
+
+
+def commit(store: Store, comp: Composition, record: str, staging) -> list[str]:
+    """Under the store lock: intent, blobs, names, composition record (the commit point)."""
+    with store.locked():
+        for kind, name, digest in names_of(comp):
+            existing = store.names.get(kind, name)
+            if existing not in (None, digest):
+                raise InvalidInput(f"a different {kind[:-1]} is already named {name!r} in this store; "
+                                   "rename it before receiving this composition")
+        hex_id = dg.hex_of(comp.id)
+        had_record = store.names.get("compositions", hex_id)
+        new_dirs = [store.names.root / k for k in ("bases", "adapters", "compositions")
+                    if not (store.names.root / k).is_dir()]  # names.set creates them: undo removes them
+        intent = store.journal.begin(intent_name(comp.id), OP, None, record, had_record is None)
+        new: list[str] = []
+        named: list[tuple[str, str]] = []
+        try:
+            fs.point("bundle.before-commit")
+            new = staging.commit()
+            for kind, name, digest in names_of(comp):
+                if store.names.get(kind, name) is None:
+                    named.append((kind, name))  # before: a set whose directory fsync fails renamed already
+                    store.names.set(kind, name, digest)
+            fs.point("bundle.before-record")
+            store.names.set("compositions", hex_id, record)  # the commit point
+        except BaseException as err:
+            if not _recorded(store, hex_id, record):
+                _undo(store, intent, new, named, new_dirs, err)
+                raise
+            raise CommittedIncomplete(f"composition {dg.short(comp.id)} is received, but finishing failed "
+                                      f"({err}); run `slm fsck --repair`") from err
+        try:
+            store.journal.end(intent)
+        except SlmError as err:
+            raise CommittedIncomplete(f"composition {dg.short(comp.id)} is received, but finishing failed "
+                                      f"({err}); run `slm fsck --repair`") from err
+    return new
+
+
+def _recorded(store: Store, hex_id: str, record: str) -> bool:
+    try:
+        return store.names.get("compositions", hex_id) == record
+    except SlmError:
+        return False
+
+
+def _undo(store: Store, intent, new_blobs: list[str], named: list[tuple[str, str]], new_dirs,
+          cause: BaseException) -> None:
+    try:
+        for kind, name in named:
+            store.names.remove(kind, name)
+        for folder in new_dirs:
+            if folder.is_dir() and not any(folder.iterdir()):
+                fs.remove_any(folder)
+        store.objects.remove_new(new_blobs)
+        store.journal.end(intent)
+    except SlmError as err:
+        if isinstance(cause, SlmError):
+            cause.message += f"; undoing it failed too ({err}): run `slm fsck --repair`"
+
+
+def recover(store: Store, record: str) -> tuple[bool, str]:
+    """fsck's decision for an interrupted bundle transaction: (finishable, description). It is
+    finishable if every blob its record names is stored intact; finishing sets the free names
+    and the record (`finish`)."""
+    try:
+        comp = parse_composition(store.objects.read_verified(record))
+        base = parse_base_manifest(store.objects.read_verified(comp.base))
+        adapters = [parse_adapter_manifest(store.objects.read_verified(a.digest)) for a in comp.adapters]
+        blobs = expected_blobs(comp, record, base, adapters)
+        complete = store.objects.first_bad(list(blobs)) is None
+    except (SlmError, NotFound):
+        return False, "not all blobs stored"
+    return complete, f"composition {dg.short(comp.id)}"
+
+
+def finish(store: Store, record: str) -> None:
+    comp = parse_composition(store.objects.read_verified(record))
+    for kind, name, digest in names_of(comp):
+        if store.names.get(kind, name) is None:
+            store.names.set(kind, name, digest)
+    store.names.set("compositions", dg.hex_of(comp.id), record)

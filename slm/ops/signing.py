@@ -1,0 +1,234 @@
+"""`slm sign`, `slm verify --signature`, signed certificates, and the store's signing policy.
+
+Policy, in the store's config.toml (top level):
+
+    require_signed = true
+    trusted_keys = ["ed25519:<base64>", ...]
+
+With require_signed, every activation (activate, deactivate, rollback, upgrade: each is a
+switch) refuses a composition that carries no signature that verifies under a trusted key,
+with one line and before anything is written.
+
+Signing stores the signature blob and replaces the composition record with one that lists it
+(same identity, so the same id): the rename of names/compositions/<id> is the commit point; a
+crash before it leaves only unreferenced blobs for `slm gc`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from slm.compose.composition import Composition
+from slm.dist import signing
+from slm.errors import CommittedIncomplete, Incompatible, IntegrityError, InvalidInput, IOFailure, NotFound, SlmError
+from slm.ops import compositions
+from slm.store import Store, fs
+from slm.store import digest as dg
+
+
+@dataclass(frozen=True)
+class Policy:
+    require_signed: bool
+    trusted_keys: tuple[str, ...]
+
+
+def policy(store: Store) -> Policy:
+    config = store.config
+    required = config.get("require_signed", False)
+    keys = config.get("trusted_keys", [])
+    if not isinstance(required, bool):
+        raise InvalidInput("config.toml: require_signed must be true or false")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise InvalidInput('config.toml: trusted_keys must be a list of "ed25519:<base64>" strings')
+    for i, key in enumerate(keys):
+        signing.parse_public_key(key, f"config.toml trusted_keys[{i}]")
+    return Policy(required, tuple(keys))
+
+
+def _record(store: Store, comp_id: str) -> Composition | None:
+    """The stored record of a composition (where its signatures are listed), if any."""
+    if store.names.get("compositions", dg.hex_of(comp_id)) is None:
+        return None
+    return compositions.load(store, comp_id)
+
+
+@dataclass(frozen=True)
+class SignatureCheck:
+    digest: str
+    public_key: str | None
+    fingerprint: str | None
+    valid: bool
+    trusted: bool
+    problem: str = ""
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def check_signatures(store: Store, comp_id: str, trusted: tuple[str, ...]) -> list[SignatureCheck]:
+    record = _record(store, comp_id)
+    out = []
+    for digest in record.signatures if record else ():
+        try:
+            sig = signing.parse_signature(store.objects.read_verified(digest), comp_id,
+                                          f"signature {dg.short(digest)}")
+        except SlmError as err:
+            out.append(SignatureCheck(digest, None, None, False, False, str(err)))
+            continue
+        out.append(SignatureCheck(digest, sig.public_key, sig.fingerprint, True, sig.public_key in trusted))
+    return out
+
+
+def enforce(store: Store, comp: Composition) -> None:
+    """Refuse `comp` if the store requires signatures and none from a trusted key verifies.
+    Called by every switch before anything is written."""
+    rules = policy(store)
+    if not rules.require_signed:
+        return
+    checks = check_signatures(store, comp.id, rules.trusted_keys)
+    if any(c.valid and c.trusted for c in checks):
+        return
+    short = dg.short(comp.id)
+    if not checks:
+        raise Incompatible(f"composition {short} is not signed, and this store requires signed "
+                           "compositions (require_signed in config.toml)")
+    valid = [c for c in checks if c.valid]
+    if valid:
+        raise Incompatible(f"composition {short} is signed only by untrusted keys "
+                           f"({', '.join(c.fingerprint for c in valid)}); add the signer's key to "
+                           "trusted_keys in config.toml, or sign it with a trusted key")
+    raise Incompatible(f"composition {short}: no signature verifies ({checks[0].problem})")
+
+
+@dataclass(frozen=True)
+class SignResult:
+    composition_id: str
+    signature: str
+    public_key: str
+    fingerprint: str
+    signatures: int
+    added: bool
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _find(store: Store, ref: str | None) -> str:
+    if ref is None:
+        active = store.active_ref.read()
+        if active is None:
+            raise NotFound("nothing is active: name a composition to sign")
+        return active
+    return compositions.find_id(store, ref)
+
+
+def sign(store: Store, ref: str | None, key_path: Path) -> SignResult:
+    key = signing.load_private_key(Path(key_path))
+    public = signing.public_key_text(key)
+    with store.locked():
+        comp_id = _find(store, ref)
+        record = compositions.load(store, comp_id)
+        blob = signing.sign(comp_id, key)
+        digest = dg.of_bytes(blob)
+        added = digest not in record.signatures
+        if added:
+            updated = record.with_signatures((*record.signatures, digest))
+            staging = store.objects.staging()
+            try:
+                staging.put(blob)
+                record_digest = staging.put(updated.to_toml())
+                new = staging.commit()
+                try:
+                    fs.point("sign.before-record")
+                    store.names.set("compositions", dg.hex_of(comp_id), record_digest)  # the commit point
+                except BaseException as err:
+                    try:
+                        renamed = store.names.get("compositions", dg.hex_of(comp_id)) == record_digest
+                    except SlmError:
+                        renamed = False
+                    if renamed:  # the rename happened, its directory fsync failed: committed
+                        raise CommittedIncomplete(f"composition {dg.short(comp_id)} is signed, but finishing "
+                                                  f"failed ({err}); run `slm fsck`") from err
+                    store.objects.remove_new(new)
+                    raise
+            finally:
+                staging.discard()
+            record = updated
+    return SignResult(comp_id, digest, public, signing.key_fingerprint(public), len(record.signatures), added)
+
+
+@dataclass(frozen=True)
+class SignatureReport:
+    composition_id: str
+    signatures: tuple[SignatureCheck, ...]
+    trusted_keys: int
+
+    @property
+    def ok(self) -> bool:
+        return any(c.valid and c.trusted for c in self.signatures)
+
+    def to_json(self) -> dict:
+        return {"composition_id": self.composition_id, "ok": self.ok, "trusted_keys": self.trusted_keys,
+                "signatures": [c.to_json() for c in self.signatures]}
+
+    def check(self) -> None:
+        if not self.ok:
+            what = "no signatures" if not self.signatures else "no signature from a trusted key verifies"
+            raise IntegrityError(f"composition {dg.short(self.composition_id)}: {what}")
+
+
+def verify_signatures(store: Store, ref: str | None, keys: list[str] = ()) -> SignatureReport:
+    """The signatures of a composition, each checked; trusted = config.toml trusted_keys plus
+    the keys given (key texts or PEM files)."""
+    comp_id = _find(store, ref)
+    trusted = policy(store).trusted_keys + tuple(signing.public_key_from_file_or_text(k) for k in keys)
+    return SignatureReport(comp_id, tuple(check_signatures(store, comp_id, trusted)), len(set(trusted)))
+
+
+def write_certificate(comp_id: str, result: dict, key_path: Path, out: Path) -> str:
+    """Sign a verify result, bound to its composition id, into `out` (a new file)."""
+    key = signing.load_private_key(Path(key_path))
+    data = signing.certificate(comp_id, result, key)
+    out = Path(out)
+    try:
+        with open(out, "xb") as f:
+            f.write(data)
+    except FileExistsError as err:
+        raise InvalidInput(f"{out} already exists; choose a new path") from err
+    except OSError as err:
+        raise IOFailure(f"cannot write {out}: {err.strerror}") from err
+    return str(out)
+
+
+def check_certificate(path: Path, keys: list[str] = ()) -> dict:
+    data = Path(path).read_bytes()[:signing.MAX_CERT_BYTES + 1]
+    comp_id, key, result = signing.check_certificate(data, Path(path).name)
+    trusted = set(keys)
+    return {"composition_id": comp_id, "public_key": key, "fingerprint": signing.key_fingerprint(key),
+            "trusted": key in trusted, "result": result}
+
+
+@dataclass(frozen=True)
+class Certified:
+    """A verify report and the signed certificate written from it; its verdict is the report's."""
+    report: object  # VerifyReport
+    certificate: str
+
+    def to_json(self) -> dict:
+        return {**self.report.to_json(), "certificate": self.certificate}
+
+    def check(self) -> None:
+        self.report.check()
+
+
+def certify(store: Store, ref: str | None, key_path: Path, out: Path, numerics: bool = True,
+            progress=None) -> Certified:
+    """`slm verify --certificate OUT --key KEY`: verify, then write the report signed and bound to
+    the composition id (written whatever the result: the result says whether it passed)."""
+    from slm.ops import verify
+
+    signing.load_private_key(Path(key_path))  # a bad key fails before minutes of verification
+    report = verify.verify(store, ref, numerics, progress)
+    path = write_certificate(report.composition, report.to_json(), Path(key_path), Path(out))
+    return Certified(report, path)

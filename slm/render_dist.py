@@ -1,0 +1,65 @@
+"""Printers of the distribution verbs (export, import bundle, push, pull, sign, verify
+--signature). Kept beside slm/render.py, whose helpers they use."""
+
+from __future__ import annotations
+
+from slm import render
+from slm.render import human_bytes, sanitized
+from slm.store import digest as dg
+
+
+@sanitized(markup=False)
+def exported(r: dict) -> None:
+    if r["format"] == "slm":
+        print(f"exported composition {r['composition_id']} to {r['path']}")
+        print(f"  {r['blobs']} blobs, {human_bytes(r['bytes'])}; manifest {r['manifest_digest']}")
+    else:
+        print(f"exported adapter {r['adapter']} as {r['format']} to {r['path']}")
+        extra = f" (apply it with scale {r['weight']:g}, its weight in the composition)" if r["weight"] != 1.0 else ""
+        print(f"  for base {dg.short(r['base'])}{extra}")
+
+
+@sanitized(markup=False)
+def received(r: dict) -> None:
+    print(f"received composition {r['composition_id']} from {r['source']}")
+    names = ", ".join(filter(None, [r["base_name"], *r["adapter_names"]]))
+    print(f"  {r['blobs_downloaded']} blobs downloaded ({human_bytes(r['bytes_downloaded'])}), "
+          f"{r['blobs_reused']} already stored; names: {names or '-'}; signatures: {r['signatures']}")
+    print(f"  activate it with: slm activate {dg.short(r['composition_id'])}")
+
+
+@sanitized(markup=False)
+def pushed(r: dict) -> None:
+    print(f"pushed composition {r['composition_id']} to {r['reference']}")
+    print(f"  {r['blobs_uploaded']} blobs uploaded ({human_bytes(r['bytes_uploaded'])}), "
+          f"{r['blobs_present']} already there; manifest {r['manifest_digest']}"
+          + (f"; {r['referrers']} signature referrer(s)" if r["referrers"] else ""))
+
+
+@sanitized(markup=False)
+def signed(r: dict) -> None:
+    verb = "signed" if r["added"] else "already signed by this key:"
+    print(f"{verb} composition {r['composition_id']}")
+    print(f"  key {r['fingerprint']} ({r['public_key']}); {r['signatures']} signature(s)")
+
+
+@sanitized(markup=False)
+def signature_report(r: dict) -> None:
+    print(f"composition {r['composition_id']}: {len(r['signatures'])} signature(s), "
+          f"{r['trusted_keys']} trusted key(s)")
+    for s in r["signatures"]:
+        state = "valid, trusted" if s["valid"] and s["trusted"] else "valid, untrusted" if s["valid"] else "INVALID"
+        print(f"  {dg.short(s['digest'])}  key {s['fingerprint'] or '-'}  {state}" +
+              (f"  ({s['problem']})" if s["problem"] else ""))
+    print("ok" if r["ok"] else "FAILED: no valid signature from a trusted key")
+
+
+def verify_result(result) -> None:
+    """`slm verify` in its three forms: a signature report, a certified report, a plain report."""
+    r = result.to_json()
+    if "trusted_keys" in r:
+        signature_report(r)
+        return
+    render.verify_report(r)
+    if "certificate" in r:
+        print(f"certificate written to {render.printable(r['certificate'])}")

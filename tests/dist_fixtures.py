@@ -1,0 +1,95 @@
+"""Fixtures of the distribution tests: a real OCI registry (Debian's docker-registry, i.e.
+distribution 2.8) on a free loopback port with its own storage, stopped after; skopeo."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+APT_HINT = "(apt-get install docker-registry skopeo; `make test` installs them)"
+
+
+@dataclass
+class LocalRegistry:
+    host: str  # 127.0.0.1:PORT
+    storage: Path  # the registry's filesystem root
+
+    def blob_path(self, sha256_digest: str) -> Path:
+        hex_ = sha256_digest.removeprefix("sha256:")
+        return self.storage / "docker" / "registry" / "v2" / "blobs" / "sha256" / hex_[:2] / hex_ / "data"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def local_registry(root: Path, htpasswd: str | None = None):
+    """docker-registry on a free 127.0.0.1 port with its storage under `root`; with `htpasswd`
+    (a "user:bcrypt-hash" line) it asks for Basic auth."""
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        pytest.skip(f"docker-registry is not installed {APT_HINT}")
+    port = _free_port()
+    auth = ""
+    if htpasswd is not None:
+        (root / "htpasswd").write_text(htpasswd + "\n")
+        auth = f"auth:\n  htpasswd:\n    realm: slm-test\n    path: {root / 'htpasswd'}\n"
+    config = root / "config.yml"
+    config.write_text(
+        "version: 0.1\n"
+        "log:\n  level: error\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"  # loopback only
+        + auth
+    )
+    log = open(root / "registry.log", "wb")
+    proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1):
+                    break
+            except urllib.error.HTTPError as err:  # 401: up, and asking for credentials
+                if err.code == 401:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"docker-registry did not start: {(root / 'registry.log').read_text()[-500:]}")
+            time.sleep(0.05)
+        yield LocalRegistry(f"127.0.0.1:{port}", root / "data")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    with local_registry(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg
+
+
+@pytest.fixture(scope="session")
+def skopeo():
+    exe = shutil.which("skopeo")
+    if exe is None:
+        pytest.skip(f"skopeo is not installed {APT_HINT}")
+    return exe
