@@ -41,7 +41,8 @@ class Scenario:
     name: str
     committed: tuple[tuple[str, ...], ...]  # A: commands that exit 0 before the cut one
     cut: tuple[str, ...]  # B: the command whose every operation gets a power cut
-    prepare: str = "template"  # "template" (a copy of it), "empty" (no store yet), "interrupted-*"
+    prepare: str = "template"  # "template" (a copy of it), "empty" (no store yet), or a key of t
+    quarantine: bool = False  # B moves a corrupt blob to lost+found/: it must never be lost
 
 
 def scenarios(t: dict) -> list[Scenario]:
@@ -58,6 +59,7 @@ def scenarios(t: dict) -> list[Scenario]:
         Scenario("gc", (("activate", "tf"),), ("gc",)),
         Scenario("fsck-repair-finish", (), ("fsck", "--repair"), prepare="interrupted-after-commit"),
         Scenario("fsck-repair-undo", (), ("fsck", "--repair"), prepare="interrupted-before-commit"),
+        Scenario("fsck-repair-quarantine", (), ("fsck", "--repair"), prepare="corrupt-orphan", quarantine=True),
     ]
 
 
@@ -81,9 +83,21 @@ def build_template(root: Path, tiny: dict) -> dict:
                  ["import", "adapter", root / "lora3", "--name", "a3"],
                  ["activate", "tf"], ["activate", "tq"], ["activate", "tq", "a1"]):
         assert cli(store, *map(str, args)) == 0, args
+    orphan = Store.open(store).names.resolve("adapters", "a3")
     Store.open(store).names.remove("adapters", "a3")  # its blobs: only gc reaches them
     assert cli(store, "fsck") == 0
     out = {"root": root, "tiny": tiny, "template": store}
+    # a corrupt blob that nothing references: fsck --repair moves it to lost+found/
+    corrupt = root / "corrupt-orphan" / "store"
+    shutil.copytree(store, corrupt, symlinks=True)
+    blob = Store.open(corrupt).objects.path(orphan)
+    blob.chmod(0o644)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 1
+    blob.write_bytes(bytes(data))
+    blob.chmod(0o444)
+    assert cli(corrupt, "fsck") == 5
+    out["corrupt-orphan"], out["corrupt-bytes"] = corrupt, bytes(data)
     for kind, point in (("after-commit", "reflog.after-append"), ("before-commit", "reflog.before-append")):
         copy = root / f"interrupted-{kind}" / "store"
         shutil.copytree(store, copy, symlinks=True)
@@ -164,9 +178,11 @@ class Recording:
     before: object  # state after A
     after: object  # state after B (a clean run)
     first_op: int  # the session's index of B's first fs operation
+    corrupt: frozenset[str]  # blobs whose bytes did not match their names before B (not B's doing)
     last_op: int  # ... of its last one
     cuts: list[tuple[int, str, int, Image]] = field(default_factory=list)  # op index, mode, seed, image
     # op index last_op + 1 stands for "right after B returned"
+    quarantined: bytes | None = None  # the bytes B moves to lost+found/ (quarantine scenarios)
 
 
 def record(scenario: Scenario, t: dict, case: Path, cuts: list[tuple[str, int]]) -> Recording:
@@ -176,12 +192,20 @@ def record(scenario: Scenario, t: dict, case: Path, cuts: list[tuple[str, int]])
         for args in scenario.committed:
             assert cli(store, *args) == 0, (scenario.name, args)
         before = state(store)
+        corrupt = frozenset(_corrupt_blobs(store))
         first = sim.count + 1
         sim.start_recording(cuts)
         assert cli(store, *scenario.cut) == 0, scenario.name
         sim.count += 1  # the instant after B returned counts as one more cut point
         sim.record_cuts()
-    return Recording(scenario, before, state(store), first, sim.count - 1, sim.recorded)
+    return Recording(scenario, before, state(store), first, corrupt, sim.count - 1, sim.recorded,
+                     t["corrupt-bytes"] if scenario.quarantine else None)
+
+
+def _corrupt_blobs(store: Path) -> list[str]:
+    blobs = store / "objects" / "blake3"
+    return [b.name for b in sorted(blobs.iterdir()) if b.is_file() and
+            dg.of_bytes(b.read_bytes()) != dg.PREFIX + b.name] if blobs.is_dir() else []
 
 
 def replay(scenario: Scenario, t: dict, case: Path, op: int, mode: str, seed: int) -> Image:
@@ -208,12 +232,8 @@ def image_key(image: Image) -> tuple:
 
 def check_recovered(store: Path, rec: Recording, at_end: bool) -> list[str]:
     """The invariants after a cut (the disk is already written at `store`); the violations."""
-    problems: list[str] = []
-    blobs = store / "objects" / "blake3"
-    if blobs.is_dir():
-        for blob in sorted(blobs.iterdir()):
-            if blob.is_file() and dg.of_bytes(blob.read_bytes()) != dg.PREFIX + blob.name:
-                problems.append(f"blob {blob.name[:12]}: its bytes do not hash to its name")
+    problems = [f"blob {name[:12]}: its bytes do not hash to its name"
+                for name in _corrupt_blobs(store) if name not in rec.corrupt]
     if not (store / "config.toml").is_file():
         if rec.before is not None or at_end:
             problems.append("the store is gone (no config.toml)")
@@ -221,9 +241,11 @@ def check_recovered(store: Path, rec: Recording, at_end: bool) -> list[str]:
             problems.append("init after a cut init does not give a clean store")
         return problems
     if cli(store, "fsck", "--repair") != 0:
-        return problems + ["fsck --repair did not exit 0"]
+        return problems + ["fsck --repair did not exit 0: " + _findings(store)]
     if cli(store, "fsck") != 0:
-        return problems + ["a second fsck is not clean"]
+        return problems + ["a second fsck is not clean: " + _findings(store)]
+    if rec.quarantined is not None and not _quarantined(store, rec.quarantined):
+        problems.append("the corrupt blob fsck moved to lost+found/ is gone")
     got = state(store)
     if at_end and got != rec.after:
         problems.append("a cut right after the command returned lost some of it")
@@ -246,6 +268,21 @@ def check_recovered(store: Path, rec: Recording, at_end: bool) -> list[str]:
     if ref is not None and not problems:
         problems += _activates_again(store, ref)
     return problems
+
+
+def _findings(store: Path) -> str:
+    from slm.ops.fsck import fsck
+
+    try:
+        report = fsck(Store.open(store))
+    except Exception as err:  # the report of a failure: whatever stops fsck is the finding
+        return f"{type(err).__name__}: {err}"
+    return "; ".join(f"{f.problem}: {f.what}" for f in report.findings)
+
+
+def _quarantined(store: Path, data: bytes) -> bool:
+    lost = store / "lost+found"
+    return lost.is_dir() and any(p.is_file() and p.read_bytes() == data for p in lost.iterdir())
 
 
 def _activates_again(store: Path, ref: str) -> list[str]:

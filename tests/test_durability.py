@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.durability, pytest.mark.slow]
 
 SEEDS = [int(s) for s in os.environ.get("SLM_DURABILITY_SEEDS", "1").split(",")]
 NAMES = ["init", "import-base-fresh", "import-base", "import-adapter", "activate", "deactivate",
-         "rollback", "gc", "fsck-repair-finish", "fsck-repair-undo"]
+         "rollback", "gc", "fsck-repair-finish", "fsck-repair-undo", "fsck-repair-quarantine"]
 
 
 @pytest.fixture(scope="module")
