@@ -43,6 +43,7 @@ class Scenario:
     cut: tuple[str, ...]  # B: the command whose every operation gets a power cut
     prepare: str = "template"  # "template" (a copy of it), "empty" (no store yet), or a key of t
     quarantine: bool = False  # B moves a corrupt blob to lost+found/: it must never be lost
+    eio_on: tuple[str, str] | None = None  # B's first such fs operation fails (op, end of detail)
 
 
 def scenarios(t: dict) -> list[Scenario]:
@@ -54,12 +55,18 @@ def scenarios(t: dict) -> list[Scenario]:
         Scenario("import-base", (("activate", "tf"),), ("import", "base", hf, "--name", "th", "--quant", "q4_0")),
         Scenario("import-adapter", (("activate", "tf"),), ("import", "adapter", lora4, "--name", "a4")),
         Scenario("activate", (("activate", "tf"),), ("activate", "tq", "a1", "a2@0.5")),
+        Scenario("activate-first", (("init",), ("import", "base", gguf, "--name", "tq"),
+                                    ("import", "base", str(t["tiny"]["gguf"]), "--name", "tf")),
+                 ("activate", "tq"), prepare="empty"),
+        Scenario("activate-eio", (("activate", "tf"),), ("activate", "tq", "a2"),
+                 eio_on=("fsync", "logs/active")),
         Scenario("deactivate", (("activate", "tq", "a1", "a2@0.5"),), ("deactivate", "a1")),
         Scenario("rollback", (("activate", "tf"),), ("rollback",)),
         Scenario("gc", (("activate", "tf"),), ("gc",)),
         Scenario("fsck-repair-finish", (), ("fsck", "--repair"), prepare="interrupted-after-commit"),
         Scenario("fsck-repair-undo", (), ("fsck", "--repair"), prepare="interrupted-before-commit"),
         Scenario("fsck-repair-quarantine", (), ("fsck", "--repair"), prepare="corrupt-orphan", quarantine=True),
+        Scenario("fsck-repair-torn", (), ("fsck", "--repair"), prepare="torn-reflog"),
     ]
 
 
@@ -98,6 +105,13 @@ def build_template(root: Path, tiny: dict) -> dict:
     blob.chmod(0o444)
     assert cli(corrupt, "fsck") == 5
     out["corrupt-orphan"], out["corrupt-bytes"] = corrupt, bytes(data)
+    # a reflog whose last line was torn by a crash: fsck --repair truncates it
+    torn = root / "torn-reflog" / "store"
+    shutil.copytree(store, torn, symlinks=True)
+    with open(torn / "logs" / "active", "ab") as log:
+        log.write(b"4 blake3:0123")
+    assert cli(torn, "fsck") == 9
+    out["torn-reflog"] = torn
     for kind, point in (("after-commit", "reflog.after-append"), ("before-commit", "reflog.before-append")):
         copy = root / f"interrupted-{kind}" / "store"
         shutil.copytree(store, copy, symlinks=True)
@@ -179,10 +193,14 @@ class Recording:
     after: object  # state after B (a clean run)
     first_op: int  # the session's index of B's first fs operation
     corrupt: frozenset[str]  # blobs whose bytes did not match their names before B (not B's doing)
+    after_blobs: tuple[str, ...]  # the blobs after B: a cut right after B returned keeps exactly these
     last_op: int  # ... of its last one
     cuts: list[tuple[int, str, int, Image]] = field(default_factory=list)  # op index, mode, seed, image
     # op index last_op + 1 stands for "right after B returned"
     quarantined: bytes | None = None  # the bytes B moves to lost+found/ (quarantine scenarios)
+    # the state B would have left had its I/O not failed: a cut before a failing B returned
+    # may also leave that (the command had not said "failed" yet; its data may be on disk)
+    intended: object = None
 
 
 def record(scenario: Scenario, t: dict, case: Path, cuts: list[tuple[str, int]]) -> Recording:
@@ -195,11 +213,29 @@ def record(scenario: Scenario, t: dict, case: Path, cuts: list[tuple[str, int]])
         corrupt = frozenset(_corrupt_blobs(store))
         first = sim.count + 1
         sim.start_recording(cuts)
-        assert cli(store, *scenario.cut) == 0, scenario.name
+        sim.eio_on = scenario.eio_on
+        assert cli(store, *scenario.cut) == (12 if scenario.eio_on else 0), scenario.name
         sim.count += 1  # the instant after B returned counts as one more cut point
         sim.record_cuts()
-    return Recording(scenario, before, state(store), first, corrupt, sim.count - 1, sim.recorded,
-                     t["corrupt-bytes"] if scenario.quarantine else None)
+    rec = Recording(scenario, before, state(store), first, corrupt, blob_names(store), sim.count - 1,
+                    sim.recorded, t["corrupt-bytes"] if scenario.quarantine else None)
+    if scenario.eio_on:
+        rec.intended = _intended(scenario, t, case.parent / f"{case.name}-intended")
+    return rec
+
+
+def _intended(scenario: Scenario, t: dict, case: Path):
+    """The state after A and B with no fault at all."""
+    store = prepare(case, scenario, t)
+    with frozen_clock():
+        for args in (*scenario.committed, scenario.cut):
+            assert cli(store, *args) == 0, (scenario.name, args)
+    return state(store)
+
+
+def blob_names(store: Path) -> tuple[str, ...]:
+    blobs = store / "objects" / "blake3"
+    return tuple(sorted(p.name for p in blobs.iterdir())) if blobs.is_dir() else ()
 
 
 def _corrupt_blobs(store: Path) -> list[str]:
@@ -240,17 +276,17 @@ def check_recovered(store: Path, rec: Recording, at_end: bool) -> list[str]:
         elif cli(store, "init") != 0 or cli(store, "fsck") != 0:
             problems.append("init after a cut init does not give a clean store")
         return problems
-    if cli(store, "fsck", "--repair") != 0:
+    if at_end:
+        problems += _exactly_after(store, rec)
+    # through the public API (what `slm fsck` runs, without parsing a command line per case)
+    if _fsck(store, repair=True).exit_code != 0:
         return problems + ["fsck --repair did not exit 0: " + _findings(store)]
-    if cli(store, "fsck") != 0:
+    if _fsck(store, repair=False).exit_code != 0:
         return problems + ["a second fsck is not clean: " + _findings(store)]
     if rec.quarantined is not None and not _quarantined(store, rec.quarantined):
         problems.append("the corrupt blob fsck moved to lost+found/ is gone")
-    got = state(store)
-    if at_end and got != rec.after:
-        problems.append("a cut right after the command returned lost some of it")
-    ref, log, names = got
-    olds = [s for s in (rec.before, rec.after) if s is not None]
+    ref, log, names = state(store)
+    olds = [s for s in (rec.before, rec.after, rec.intended) if s is not None]
     if ref not in {s[0] for s in olds}:
         problems.append(f"refs/active names {dg.short(ref or '-')}: neither the old nor the new composition")
     if log not in [s[1] for s in olds]:
@@ -270,11 +306,37 @@ def check_recovered(store: Path, rec: Recording, at_end: bool) -> list[str]:
     return problems
 
 
-def _findings(store: Path) -> str:
-    from slm.ops.fsck import fsck
+def _exactly_after(store: Path, rec: Recording) -> list[str]:
+    """A cut right after B returned: B was acknowledged, so before any repair the disk holds
+    exactly what B left (names, ref, reflog, blobs), and fsck finds nothing but junk in tmp/."""
+    from slm.errors import SlmError
 
     try:
-        report = fsck(Store.open(store))
+        got, blobs = state(store), blob_names(store)
+        findings = [f for f in _fsck(store, repair=False).findings if f.problem != "junk"]
+    except SlmError as err:
+        return [f"a cut right after the command returned left a damaged store: {err}"]
+    out = []
+    if got != rec.after:
+        out.append("a cut right after the command returned lost some of it (names, ref or reflog)")
+    if blobs != rec.after_blobs:
+        out.append(f"a cut right after the command returned changed the blobs: "
+                   f"{len(set(blobs) - set(rec.after_blobs))} back, {len(set(rec.after_blobs) - set(blobs))} gone")
+    if findings:
+        out.append("a cut right after the command returned needs a repair: "
+                   + "; ".join(f"{f.problem}: {f.what}" for f in findings))
+    return out
+
+
+def _fsck(store: Path, repair: bool):
+    import slm
+
+    return slm.Store.open(store).fsck(repair)
+
+
+def _findings(store: Path) -> str:
+    try:
+        report = _fsck(store, repair=False)
     except Exception as err:  # the report of a failure: whatever stops fsck is the finding
         return f"{type(err).__name__}: {err}"
     return "; ".join(f"{f.problem}: {f.what}" for f in report.findings)
@@ -286,15 +348,19 @@ def _quarantined(store: Path, data: bytes) -> bool:
 
 
 def _activates_again(store: Path, ref: str) -> list[str]:
-    """Switch to another composition and back to the recovered one (its manifest, via -f)."""
-    from slm.ops.inspect import show_composition
+    """Switch to another composition and back to the recovered one (every blob re-hashed)."""
+    import slm
+    from slm.errors import SlmError
 
-    manifest = store.parent / "recovered.toml"
-    manifest.write_text(show_composition(Store.open(store), ref)["manifest_toml"], encoding="utf-8")
-    if cli(store, "activate", "tf") != 0 or cli(store, "activate", "-f", str(manifest)) != 0:
-        return ["the recovered composition does not activate again"]
+    s = slm.Store.open(store)
+    try:
+        recovered = s.composition(ref)
+        s.activate("tf")
+        s.activate(recovered)
+    except SlmError as err:
+        return [f"the recovered composition does not activate again: {err}"]
     if state(store)[0] != ref:
-        return ["activating the recovered composition's manifest gave another composition"]
+        return ["activating the recovered composition gave another composition"]
     return []
 
 

@@ -19,8 +19,10 @@ import durability_matrix as dm
 pytestmark = [pytest.mark.durability, pytest.mark.slow]
 
 SEEDS = [int(s) for s in os.environ.get("SLM_DURABILITY_SEEDS", "1").split(",")]
-NAMES = ["init", "import-base-fresh", "import-base", "import-adapter", "activate", "deactivate",
-         "rollback", "gc", "fsck-repair-finish", "fsck-repair-undo", "fsck-repair-quarantine"]
+# quickest first: the mutation test stops at the first failure
+NAMES = ["init", "fsck-repair-finish", "fsck-repair-undo", "fsck-repair-quarantine", "fsck-repair-torn",
+         "rollback", "activate-first", "activate", "activate-eio", "deactivate", "import-base-fresh", "gc",
+         "import-adapter", "import-base"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def _scenario(t, name):
 
 
 def test_every_scenario_is_listed(matrix_template):
-    assert [s.name for s in dm.scenarios(matrix_template)] == NAMES
+    assert sorted(s.name for s in dm.scenarios(matrix_template)) == sorted(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -44,7 +46,7 @@ def test_power_cut_at_every_operation(matrix_template, tmp_path, name):
     print(f"\n{name}: {per_mode} cut cases, {outcome.distinct} distinct disks recovered")
     assert not outcome.failures, "\n".join(outcome.failures[:10])
     ops = outcome.cases["drop-all"] - 1  # one case per op, and one after the command returned
-    assert ops >= 3, f"{name} did only {ops} fs operations"
+    assert ops >= 1, f"{name} did no fs operation"
     assert outcome.distinct > 1, "every cut left the same disk: the simulator dropped nothing"
 
 

@@ -32,6 +32,7 @@ is at the cut. A test hook, not a user feature.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -41,7 +42,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slm.errors import UsageError
+from slm.errors import IOFailure, UsageError
 
 MODES = ("drop-all", "keep-all", "random", "torn")
 BLOCK = 4096
@@ -104,6 +105,9 @@ class PowerCut:
         # seed) would leave is computed before each operation and kept: (op index, mode, seed, image).
         self._cuts: list[tuple[str, int]] = []
         self.recorded: list[tuple[int, str, int, Image]] = []
+        # (operation, end of its detail): the first such operation fails with EIO (a failure
+        # the command sees and undoes; the matrix then checks that the undo is durable too)
+        self.eio_on: tuple[str, str] | None = None
         self._uids: dict[int, int] = {}  # inode number -> uid, while the inode lives
         self._next_uid = 0
         self._freed: dict[int, tuple[bytes, int] | dict[str, int]] = {}
@@ -148,6 +152,9 @@ class PowerCut:
             return
         if self._cuts:
             self.record_cuts()
+        if self.eio_on is not None and (op, True) == (self.eio_on[0], detail.endswith(self.eio_on[1])):
+            self.eio_on = None
+            raise IOFailure(f"cannot {op} {detail}: {os.strerror(errno.EIO)} (injected)")
         if op == "unlink":
             self._forget(Path(detail))
         elif op == "rmtree":
