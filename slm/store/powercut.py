@@ -33,6 +33,7 @@ is at the cut. A test hook, not a user feature.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import random
 import re
@@ -387,8 +388,12 @@ class PowerCut:
         return out
 
 
-def write_image(image: Image, root: Path) -> None:
-    """Replace everything under `root` by `image` (hard links kept as links)."""
+def write_image(image: Image, root: Path, shared: Path | None = None) -> None:
+    """Replace everything under `root` by `image` (hard links kept as links).
+
+    With `shared` (a directory on the same filesystem), read-only files (blobs, mode 0444) are
+    hard-linked from one copy per content kept there instead of written again: nothing in the
+    store changes a read-only file in place, so cases may share them."""
     for entry in os.scandir(root):
         path = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):
@@ -407,8 +412,15 @@ def write_image(image: Image, root: Path) -> None:
                 os.link(written[node], path)
             else:
                 data, mode = image.files[node]
-                path.write_bytes(data)
-                os.chmod(path, mode)
+                if shared is not None and mode == 0o444:
+                    copy = shared / hashlib.sha256(data).hexdigest()
+                    if not copy.exists():
+                        copy.write_bytes(data)
+                        os.chmod(copy, mode)
+                    os.link(copy, path)
+                else:
+                    path.write_bytes(data)
+                    os.chmod(path, mode)
                 written[node] = path
     build(image.root_listing, root)
 
