@@ -285,6 +285,15 @@ def image_key(image: Image) -> tuple:
 
 def check_recovered(store: Path, rec: Recording, at_end: bool, recovered: set | None = None) -> list[str]:
     """The invariants after a cut (the disk is already written at `store`); the violations."""
+    from slm.errors import SlmError
+
+    try:
+        return _check(store, rec, at_end, recovered)
+    except SlmError as err:  # a store that fsck cannot even open (e.g. a torn config.toml)
+        return [f"the store cannot be recovered: {err}"]
+
+
+def _check(store: Path, rec: Recording, at_end: bool, recovered: set | None) -> list[str]:
     problems = [f"blob {name[:12]}: its bytes do not hash to its name"
                 for name in _corrupt_blobs(store) if name not in rec.corrupt]
     if not (store / "config.toml").is_file():
