@@ -35,9 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 FSYNC_CALLS = {"fsync_dir", "sync_and_close", "_fsync"}
 COPIED = ("slm", "tests", "scripts", "pyproject.toml")
 # What .ci/run checks after `make test` (which has just run the unmutated tests): the whole run
-# took 11.7 min on the shared 2-core machine (2.6 min of CPU), over CI's 4-minute budget; these
-# five cover the raw file fsync, the raw directory fsync, atomic_replace's directory fsync,
-# remove_any's and the journal's, and take about 2 minutes there. `make test-durability` runs all.
+# took 5.4 min (and 11.7 min under heavier load) on the shared 2-core machine, over CI's 4-minute
+# budget; these five cover the raw file fsync, the raw directory fsync, atomic_replace's
+# directory fsync, remove_any's and the journal's, and took 70 s there. `make test-durability`
+# runs all of them.
 CI_SUBSET = ("slm/store/fs.py:124", "slm/store/fs.py:161", "slm/store/fs.py:246", "slm/store/fs.py:308",
              "slm/store/journal.py:87")
 

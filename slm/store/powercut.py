@@ -153,7 +153,7 @@ class PowerCut:
             return
         if self._cuts:
             self.record_cuts()
-        if self.eio_on is not None and (op, True) == (self.eio_on[0], detail.endswith(self.eio_on[1])):
+        if self.eio_on is not None and op == self.eio_on[0] and detail.endswith(self.eio_on[1]):
             self.eio_on = None
             raise IOFailure(f"cannot {op} {detail}: {os.strerror(errno.EIO)} (injected)")
         if op == "unlink":
