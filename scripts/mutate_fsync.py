@@ -39,8 +39,11 @@ COPIED = ("slm", "tests", "scripts", "pyproject.toml")
 # budget; these five cover the raw file fsync, the raw directory fsync, atomic_replace's
 # directory fsync, remove_any's and the journal's, and took 70 s there. `make test-durability`
 # runs all of them.
-CI_SUBSET = ("slm/store/fs.py:124", "slm/store/fs.py:161", "slm/store/fs.py:246", "slm/store/fs.py:308",
-             "slm/store/journal.py:87")
+CI_SUBSET = ("slm/store/fs.py::fsync_dir::_fsync(fd, path)",
+             "slm/store/fs.py::NewFile.sync_and_close::_fsync(self.fd, self.path)",
+             "slm/store/fs.py::atomic_replace::fsync_dir(path.parent)",
+             "slm/store/fs.py::remove_any::fsync_dir(path.parent)",
+             "slm/store/journal.py::Journal.end::fs.fsync_dir(self.root)")
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,37 @@ class Site:
     end_line: int
     col: int
     source: str
+    function: str  # the enclosing function's qualified name
+
+    @property
+    def key(self) -> str:
+        """Names the site without its line number (lines move when others edit the file)."""
+        return f"{self.path}::{self.function}::{self.source}"
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.source}"
+        return f"{self.path}:{self.line} ({self.function}): {self.source}"
+
+
+class _Finder(ast.NodeVisitor):
+    def __init__(self, path: Path, text: str):
+        self.path, self.text, self.scope, self.sites = path, text, [], []
+
+    def _scoped(self, node) -> None:
+        self.scope.append(node.name)
+        self.generic_visit(node)
+        self.scope.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        call = node.value
+        if isinstance(call, ast.Call):
+            func = call.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in FSYNC_CALLS:
+                self.sites.append(Site(self.path, node.lineno, node.end_lineno, node.col_offset,
+                                       ast.get_source_segment(self.text, node), ".".join(self.scope)))
+        self.generic_visit(node)
 
 
 def call_sites(root: Path = ROOT) -> list[Site]:
@@ -60,14 +91,9 @@ def call_sites(root: Path = ROOT) -> list[Site]:
     sites = []
     for path in sorted((root / "slm").rglob("*.py")):
         text = path.read_text(encoding="utf-8")
-        for node in ast.walk(ast.parse(text)):
-            if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
-                continue
-            func = node.value.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if name in FSYNC_CALLS:
-                sites.append(Site(path.relative_to(root), node.lineno, node.end_lineno, node.col_offset,
-                                  ast.get_source_segment(text, node)))
+        finder = _Finder(path.relative_to(root), text)
+        finder.visit(ast.parse(text))
+        sites += finder.sites
     return sorted(sites, key=lambda s: (str(s.path), s.line))
 
 
@@ -128,20 +154,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="list the call sites and exit")
     parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
-                        help="only sites whose 'path:line' contains PATTERN (repeatable)")
+                        help="only sites whose 'path:line' or 'path::function::call' contains PATTERN "
+                             "(repeatable)")
     parser.add_argument("--ci", action="store_true",
                         help="CI's subset of call sites, without the unmutated run (make test did it)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per test run")
     args = parser.parse_args(argv)
 
     patterns = list(args.only) + (list(CI_SUBSET) if args.ci else [])
-    sites = [s for s in call_sites() if not patterns or any(p in f"{s.path}:{s.line}" for p in patterns)]
+    sites = [s for s in call_sites()
+             if not patterns or any(p in f"{s.path}:{s.line}" or p == s.key or p in s.key for p in patterns)]
     if args.ci and len(sites) != len(CI_SUBSET):
         sys.exit(f"mutate_fsync: CI_SUBSET names {len(CI_SUBSET)} call sites, {len(sites)} found "
-                 "(a line moved: update CI_SUBSET)")
+                 "(a call was renamed or moved to another function: update CI_SUBSET)")
     if args.list:
         for site in sites:
-            print(site)
+            print(f"{site}\n    {site.key}")
         print(f"{len(sites)} fsync call sites")
         return 0
     started = time.monotonic()

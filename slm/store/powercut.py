@@ -27,7 +27,12 @@ garbage; the size old or new), by `mode`:
 
 Every choice comes from a generator seeded with (seed, mode, the item's path), so a failing case
 replays exactly from the printed spec. Metadata other than names (a file's mode) is kept as it
-is at the cut. A test hook, not a user feature.
+is at the cut. The writes since a file's last fsync are what differs between its durable and
+its current content, compared block by block at the cut.
+
+In-process sessions (tests/durability_matrix.py) may also record, before each operation, the
+disk each of several cuts would leave without stopping (`start_recording`), and make one chosen
+operation fail with EIO (`eio_on`). A test hook, not a user feature.
 """
 
 from __future__ import annotations
