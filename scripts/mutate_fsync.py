@@ -15,7 +15,6 @@ mutant reuses them; mutants run the drop-all cuts first and stop at the first fa
     python scripts/mutate_fsync.py            # all call sites
     python scripts/mutate_fsync.py --list     # only list them
     python scripts/mutate_fsync.py --only fs.py:246 --only journal.py
-    python scripts/mutate_fsync.py --ci       # CI's subset (see CI_SUBSET), no unmutated run
 """
 
 from __future__ import annotations
@@ -34,16 +33,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FSYNC_CALLS = {"fsync_dir", "sync_and_close", "_fsync"}
 COPIED = ("slm", "tests", "scripts", "pyproject.toml")
-# What .ci/run checks after `make test` (which has just run the unmutated tests): the whole run
-# took 5.4 min (and 11.7 min under heavier load) on the shared 2-core machine, over CI's 4-minute
-# budget; these five cover the raw file fsync, the raw directory fsync, atomic_replace's
-# directory fsync, remove_any's and the journal's, and took 70 s there. `make test-durability`
-# runs all of them.
-CI_SUBSET = ("slm/store/fs.py::fsync_dir::_fsync(fd, path)",
-             "slm/store/fs.py::NewFile.sync_and_close::_fsync(self.fd, self.path)",
-             "slm/store/fs.py::atomic_replace::fsync_dir(path.parent)",
-             "slm/store/fs.py::remove_any::fsync_dir(path.parent)",
-             "slm/store/journal.py::Journal.end::fs.fsync_dir(self.root)")
 
 
 @dataclass(frozen=True)
@@ -122,15 +111,14 @@ def make_copy(scratch: Path) -> Path:
     return copy
 
 
-def run_tests(copy: Path, template: Path, modes: str, fail_fast: bool, timeout: float,
-              only: str | None = None) -> tuple[bool, str]:
+def run_tests(copy: Path, template: Path, modes: str, fail_fast: bool, timeout: float) -> tuple[bool, str]:
     """Run the durability tests inside `copy` (its slm is the one imported). (passed, last lines)."""
     env = {k: v for k, v in os.environ.items() if k not in ("SLM_FAULTS", "PYTHONPATH")}
     env.update(PYTHONPATH=os.pathsep.join([str(copy), *filter(None, [os.environ.get("PYTHONPATH")])]),
                SLM_DURABILITY_TEMPLATE=str(template), SLM_DURABILITY_MODES=modes,
                SLM_DURABILITY_FAIL_FAST="1" if fail_fast else "", PYTHONDONTWRITEBYTECODE="1")
     cmd = [sys.executable, "-m", "pytest", "tests/test_durability.py", "-m", "durability", "-q", "-x",
-           "-p", "no:cacheprovider", "--no-header", "-o", "addopts=", *(["-k", only] if only else [])]
+           "-p", "no:cacheprovider", "--no-header", "-o", "addopts="]
     try:
         r = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -156,17 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
                         help="only sites whose 'path:line' or 'path::function::call' contains PATTERN "
                              "(repeatable)")
-    parser.add_argument("--ci", action="store_true",
-                        help="CI's subset of call sites, without the unmutated run (make test did it)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per test run")
     args = parser.parse_args(argv)
 
-    patterns = list(args.only) + (list(CI_SUBSET) if args.ci else [])
     sites = [s for s in call_sites()
-             if not patterns or any(p in f"{s.path}:{s.line}" or p == s.key or p in s.key for p in patterns)]
-    if args.ci and len(sites) != len(CI_SUBSET):
-        sys.exit(f"mutate_fsync: CI_SUBSET names {len(CI_SUBSET)} call sites, {len(sites)} found "
-                 "(a call was renamed or moved to another function: update CI_SUBSET)")
+             if not args.only or any(p in f"{s.path}:{s.line}" or p in s.key for p in args.only)]
     if args.list:
         for site in sites:
             print(f"{site}\n    {site.key}")
@@ -178,11 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         template = scratch / "template"
         copy = make_copy(scratch)
         check_imports_copy(copy)
-        # the unmutated code builds the store templates every mutant starts from
-        only = "test_every_scenario_is_listed" if args.ci else None
-        print(f"unmutated: running the durability tests{' (templates only)' if only else ''} (drop-all) ...",
-              flush=True)
-        ok, last = run_tests(copy, template, "drop-all", False, args.timeout, only)
+        # the unmutated code passes, and builds the store templates every mutant starts from
+        print("unmutated: running the durability tests (drop-all) ...", flush=True)
+        ok, last = run_tests(copy, template, "drop-all", False, args.timeout)
         if not ok:
             print(f"unmutated: the durability tests FAIL: {last}")
             return 1
