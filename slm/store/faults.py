@@ -10,6 +10,10 @@ Selected by the environment variable SLM_FAULTS, read once when the CLI starts:
                                                  5), saying "slm-fault paused NAME" on stderr
                                                  (concurrency tests: what can run meanwhile)
     SLM_FAULTS=trace                             print every fs operation to stderr
+    SLM_FAULTS=powercut@op=N:seed=S:mode=M:root=DIR
+                                                 a simulated power cut before the Nth operation:
+                                                 unsynced data and directory entries under DIR
+                                                 are dropped, kept or torn (slm/store/powercut.py)
 
 Operations are counted from 1 in the order the fs layer performs them (named points are
 not counted). A crash exits with CRASH_EXIT_CODE without flushing or cleaning anything, as
@@ -68,6 +72,26 @@ class FaultPlan:
         raise IOFailure(f"cannot {op} {detail}: {os.strerror(code)} (injected)")
 
 
+# A plan installed by a test for a whole in-process session (several `slm.cli.run` calls under
+# one power-cut simulator); while set, the environment is not consulted.
+pinned = None
+
+
+def install(plan) -> None:
+    """Make `plan` the fs layer's fault hook (None: no faults); a power-cut plan also observes
+    every fsync."""
+    fs.fault_hook = plan
+    fs.sync_observer = getattr(plan, "observe_sync", None)
+
+
 def install_from_env() -> None:
+    if pinned is not None:
+        install(pinned)
+        return
     spec = os.environ.get(ENV)
-    fs.fault_hook = FaultPlan(spec) if spec else None
+    if spec and spec.startswith("powercut@"):
+        from slm.store.powercut import PowerCut
+
+        install(PowerCut.from_spec(spec))
+        return
+    install(FaultPlan(spec) if spec else None)

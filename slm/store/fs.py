@@ -27,11 +27,22 @@ from slm.errors import IntegrityError, IOFailure
 
 # Set by slm.store.faults when a fault plan is active (tests only); None in normal runs.
 fault_hook: Callable[[str, str], None] | None = None
+# Set by the power-cut simulator (slm.store.powercut, tests only): told of every fsync that
+# returned, so that it knows exactly what a power cut could no longer take away.
+sync_observer: Callable[[int, Path], None] | None = None
 
 
 def _fault_point(op: str, detail: str) -> None:
     if fault_hook is not None:
         fault_hook(op, detail)
+
+
+def _fsync(fd: int, path: os.PathLike | str) -> None:
+    """fsync `fd` (a file or a directory opened at `path`): the one call through which the
+    store makes anything durable, so the power-cut simulator sees each one that succeeded."""
+    os.fsync(fd)
+    if sync_observer is not None:
+        sync_observer(fd, Path(path))
 
 
 def point(name: str) -> None:
@@ -113,7 +124,7 @@ def fsync_dir(path: Path) -> None:
     except OSError as err:
         raise _io_error("open directory", path, err) from err
     try:
-        os.fsync(fd)
+        _fsync(fd, path)
     except OSError as err:
         raise _io_error("fsync directory", path, err) from err
     finally:
@@ -150,7 +161,7 @@ class NewFile:
     def sync_and_close(self) -> None:
         _fault_point("fsync", str(self.path))
         try:
-            os.fsync(self.fd)
+            _fsync(self.fd, self.path)
         except OSError as err:
             raise _io_error("fsync", self.path, err) from err
         finally:
@@ -251,7 +262,7 @@ def append_durably(path: Path, data: bytes) -> None:
         while view:
             view = view[os.write(fd, view):]
         _fault_point("fsync", str(path))
-        os.fsync(fd)
+        _fsync(fd, path)
     except OSError as err:
         raise _io_error("append to", path, err) from err
     finally:
@@ -269,7 +280,7 @@ def truncate(path: Path, size: int) -> None:
         raise _io_error("open", path, err) from err
     try:
         os.ftruncate(fd, size)
-        os.fsync(fd)
+        _fsync(fd, path)
     except OSError as err:
         raise _io_error("truncate", path, err) from err
     finally:

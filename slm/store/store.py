@@ -132,8 +132,9 @@ def init_store(root: Path) -> tuple[Store, bool]:
         fs.mkdir(folder)
     for sub in SUBDIRS:
         fs.mkdir(root / sub, sync_parent=False)
-    fs.atomic_replace(root / "lock", b"")  # the writers' lock file lives for the store's life
-    fs.fsync_dir(root)
+    # the writers' lock file lives for the store's life; its atomic_replace ends with an fsync
+    # of root, which also makes the subdirectories' entries durable before config.toml exists
+    fs.atomic_replace(root / "lock", b"")
     # config.toml last: its presence is what makes the directory a store.
     import tomlkit
 
