@@ -217,7 +217,8 @@ class PowerCut:
 
     def write(self) -> None:
         """Rewrite the root to the image of the cut (everything under it is replaced)."""
-        assert self.image is not None, "no cut yet"
+        if self.image is None:
+            raise RuntimeError("power-cut simulator: write() before any cut")  # a test bug
         write_image(self.image, self.root)
 
     def _crash_image(self, now: _Tree, mode: str, seed: int) -> Image:
