@@ -3,7 +3,6 @@ tokens `slm run` gives; importing slm sets nothing; __all__ is what `slm` offers
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys

@@ -171,7 +171,7 @@ def test_io_error_at_every_operation_obeys_the_commit_point(template, tmp_path, 
     after = _expected_after(template, tmp_path, args)
     for op in range(1, len(ops) + 1):
         store_dir = _copy(template, tmp_path / f"op{op}")
-        before, files = _state(store_dir), snapshot(store_dir)
+        files = snapshot(store_dir)
         r = _slm(store_dir, *args, faults=f"{fault}@op={op}")
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, (op, r.stderr)
         if op <= commit:

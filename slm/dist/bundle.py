@@ -27,6 +27,7 @@ from slm.compose.base_manifest import parse_base_manifest
 from slm.compose.composition import Composition
 from slm.dist import mediatypes as mt
 from slm.errors import InvalidInput
+from slm.formats.jsonfile import parse_json_object
 from slm.store import digest as dg
 from slm.store.objects import ObjectStore
 
@@ -115,15 +116,7 @@ def blobs_of(objects: ObjectStore, comp: Composition, record_digest: str,
 # -- parsing ----------------------------------------------------------------------------------
 
 def _json_object(data: bytes, what: str) -> dict:
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise InvalidInput(f"{what}: larger than {MAX_MANIFEST_BYTES >> 20} MB")
-    try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise InvalidInput(f"{what}: not JSON ({err})") from err
-    if not isinstance(doc, dict):
-        raise InvalidInput(f"{what}: not a JSON object")
-    return doc
+    return parse_json_object(data, what, MAX_MANIFEST_BYTES)
 
 
 def _only(doc: dict, allowed: set[str], what: str) -> None:

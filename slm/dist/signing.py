@@ -29,6 +29,7 @@ from pathlib import Path
 
 from slm.dist.bundle import canonical
 from slm.errors import IntegrityError, InvalidInput, NotFound
+from slm.formats.jsonfile import parse_json_object
 from slm.store import digest as dg
 
 SCHEMA = "slm.signature/1"
@@ -153,22 +154,10 @@ def _verify_doc(doc: dict, schema: str, what: str) -> str:
     return key_text
 
 
-def _json(data: bytes, limit: int, what: str) -> dict:
-    if len(data) > limit:
-        raise InvalidInput(f"{what}: larger than {limit} bytes")
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as err:
-        raise InvalidInput(f"{what}: not JSON") from err
-    if not isinstance(doc, dict):
-        raise InvalidInput(f"{what}: not a JSON object")
-    return doc
-
-
 def parse_signature(data: bytes, comp_id: str, what: str = "signature") -> Signature:
     """A signature blob, checked: well-formed, for `comp_id`, and valid under its own key
     (whether that key is trusted is the policy's question)."""
-    doc = _json(data, MAX_SIGNATURE_BYTES, what)
+    doc = parse_json_object(data, what, MAX_SIGNATURE_BYTES)
     if set(doc) != {"schema", "composition", "algorithm", "public_key", "signature"}:
         raise InvalidInput(f"{what}: fields are not those of {SCHEMA}")
     if doc["composition"] != comp_id:
@@ -186,7 +175,7 @@ def certificate(comp_id: str, result: dict, private_key) -> bytes:
 
 def check_certificate(data: bytes, what: str = "certificate") -> tuple[str, str, dict]:
     """(composition id, public key, result) of a certificate whose signature verifies."""
-    doc = _json(data, MAX_CERT_BYTES, what)
+    doc = parse_json_object(data, what, MAX_CERT_BYTES)
     if set(doc) != {"schema", "composition", "result", "algorithm", "public_key", "signature"}:
         raise InvalidInput(f"{what}: fields are not those of {CERT_SCHEMA}")
     key = _verify_doc(doc, CERT_SCHEMA, what)

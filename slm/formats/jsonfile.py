@@ -28,6 +28,20 @@ def parse_json(text: str, strict_keys: bool = False):
         raise ValueError("nested too deeply") from err
 
 
+def parse_json_object(data: bytes, what: str, max_bytes: int) -> dict:
+    """A JSON object from bytes someone else wrote (a bundle's manifest, a signature): bounded,
+    one-line errors."""
+    if len(data) > max_bytes:
+        raise InvalidInput(f"{what}: larger than {max_bytes} bytes")
+    try:
+        doc = parse_json(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise InvalidInput(f"{what}: not JSON ({err})") from err
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{what}: not a JSON object")
+    return doc
+
+
 def read_json_object(path: Path, what: str, max_bytes: int, strict_keys: bool = False) -> dict:
     try:
         size = path.stat().st_size

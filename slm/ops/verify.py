@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from slm.compose.composition import Composition
-from slm.errors import IntegrityError, NotFound
+from slm.errors import NotFound
 from slm.model.oracle import Oracle, OracleAdapter
 from slm.ops import activation, compositions
 from slm.ops.loading import load_composition
