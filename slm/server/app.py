@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import json
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -265,9 +266,21 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
     return Guard(app, api_key, body_limit, active_id, metrics, log)
 
 
+# The request handlers, the engine thread and the refs/active watcher all log: each line is
+# written whole under one lock (print() writes the text and its newline separately, so two
+# threads could run two lines together).
+_LOG_LOCK = threading.Lock()
+
+
+def _write_line(stream, text: str) -> None:
+    with _LOG_LOCK:
+        stream.write(text + "\n")
+        stream.flush()
+
+
 def stderr_log(line: str) -> None:
-    print(f"slm serve: {line}", file=sys.stderr, flush=True)
+    _write_line(sys.stderr, f"slm serve: {line}")
 
 
 def json_log(line: str) -> None:
-    print(json.dumps({"time": round(time.time(), 3), "log": line}), flush=True)
+    _write_line(sys.stdout, json.dumps({"time": round(time.time(), 3), "log": line}))
