@@ -10,17 +10,17 @@ every byte is verified before anything becomes visible, kill -9 at any instant l
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from slm.dist import mediatypes as mt
-from slm.dist.bundle import Descriptor, Manifest, canonical, parse_manifest, sha256_of
+from slm.dist.bundle import MAX_MANIFEST_BYTES, Descriptor, Manifest, canonical, parse_manifest, sha256_of
 from slm.dist.reference import parse_reference
 from slm.dist.registry import Registry
 from slm.errors import InvalidInput, NotFound
+from slm.formats.jsonfile import parse_json_object
 from slm.ops import bundles, receive
 from slm.ops.progress import NoProgress, Progress
 from slm.store import Store
@@ -58,6 +58,7 @@ def push(store: Store, reference: str, comp_ref: str | None = None, insecure: bo
         ref = dataclasses.replace(ref, tag=bundles.default_tag(plan.composition))
     registry = Registry(ref, insecure)
     clients = _Clients(registry)
+    advance_lock = threading.Lock()  # send() runs on the pool's threads
     try:
         blobs = [(plan.manifest.config.digest, len(plan.config), lambda: plan.config)]
         blobs += [(l.sha256, l.size, lambda l=l: plan.layer_bytes(l)) for l in plan.manifest.layers]
@@ -71,7 +72,8 @@ def push(store: Store, reference: str, comp_ref: str | None = None, insecure: bo
             if not client.has_blob(digest):
                 client.upload_blob(digest, data_of())
                 sent = size
-            progress.advance(size)
+            with advance_lock:
+                progress.advance(size)
             return sent
 
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
@@ -103,7 +105,10 @@ def _push_signatures(registry: Registry, plan: bundles.BundlePlan) -> int:
     if pushed:  # the registry does not index referrers: maintain the fallback tag (OCI 1.1)
         tag = plan.manifest_digest.replace(":", "-")
         old = registry.get_manifest(tag, mt.OCI_INDEX)
-        entries = json.loads(old).get("manifests", []) if old else []
+        index = parse_json_object(old, f"the registry's referrers index {tag}", MAX_MANIFEST_BYTES) if old else {}
+        entries = index.get("manifests", [])
+        if not isinstance(entries, list):
+            raise InvalidInput(f"the registry's referrers index {tag} has no list of manifests")
         known = {e.get("digest") for e in entries if isinstance(e, dict)}
         entries += [p for p in pushed if p["digest"] not in known]
         registry.put_manifest(tag, canonical({"schemaVersion": 2, "mediaType": mt.OCI_INDEX,

@@ -209,6 +209,9 @@ class Engine:
                 self._prefill(job)
             except SlmError as err:
                 self._fail(job, 422 if isinstance(err, NumericsError) else 400, str(err))
+            except Exception as err:  # a bug: fail this request, keep the engine thread alive
+                self.log(f"engine prefill failed: {type(err).__name__}: {err}")
+                self._fail(job, 500, f"internal error: {type(err).__name__}: {err}")
         self.running = [j for j in self.running if not self._dropped(j)]
         self._gauge()
 
