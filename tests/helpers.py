@@ -44,3 +44,26 @@ def peak_rss_of(argv: list[str]) -> tuple[int, str]:
     )
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, check=True)
     return int(out.stdout.strip()), out.stderr
+
+
+def random_overlay(kind, model, rng, names, weight=0.7, ia3_on=None):
+    """A seeded random overlay of `kind` (lora, ia3, sparse) on the named weights of a model
+    (GGUF row layout): what the kernel and batch tests compare paths with."""
+    import numpy as np
+
+    from slm.model.overlays import TargetData, build_overlay
+
+    targets = []
+    for name in names:
+        out_f, in_f = model.t[name].shape
+        if kind == "lora":
+            tensors = {"A": rng.standard_normal((4, in_f)).astype(np.float32) / np.sqrt(in_f),
+                       "B": rng.standard_normal((out_f, 4)).astype(np.float32) * 0.1}
+        elif kind == "ia3":
+            size = in_f if ia3_on == "input" else out_f
+            tensors = {"vector": (1 + 0.2 * rng.standard_normal(size)).astype(np.float32)}
+        else:
+            idx = rng.choice(out_f * in_f, 20, replace=False).astype(np.int64)
+            tensors = {"indices": idx, "values": rng.standard_normal(20).astype(np.float32) * 0.1}
+        targets.append(TargetData(name, out_f, in_f, tensors, scale=2.0, ia3_on=ia3_on))
+    return build_overlay(kind, weight, targets, src_layout="gguf", dst_layout="gguf", heads={})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import random_overlay
 
 from slm.model import kernels_native
 
@@ -79,25 +80,6 @@ def test_matmul_rows_slm_codecs(codec):
         assert kern.matmul(x[i:i + 1], t)[0].tobytes() == out[i].tobytes()
 
 
-def _overlay(kind, model, rng, names, weight=0.7, ia3_on=None):
-    from slm.model.overlays import TargetData, build_overlay
-
-    targets = []
-    for name in names:
-        out_f, in_f = model.t[name].shape
-        if kind == "lora":
-            tensors = {"A": rng.standard_normal((4, in_f)).astype(np.float32) / np.sqrt(in_f),
-                       "B": rng.standard_normal((out_f, 4)).astype(np.float32) * 0.1}
-        elif kind == "ia3":
-            size = in_f if ia3_on == "input" else out_f
-            tensors = {"vector": (1 + 0.2 * rng.standard_normal(size)).astype(np.float32)}
-        else:
-            idx = rng.choice(out_f * in_f, 20, replace=False).astype(np.int64)
-            tensors = {"indices": idx, "values": rng.standard_normal(20).astype(np.float32) * 0.1}
-        targets.append(TargetData(name, out_f, in_f, tensors, scale=2.0, ia3_on=ia3_on))
-    return build_overlay(kind, weight, targets, src_layout="gguf", dst_layout="gguf", heads={})
-
-
 def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
     """Six sequences on five compositions of one base (none; a LoRA; two LoRAs; a LoRA then an
     IA3 output scale; an IA3 input scale on the MLP; a sparse delta), prompts of different
@@ -113,11 +95,11 @@ def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
     linear = [n for n, w in base.t.items() if len(w.shape) == 2 and n.startswith("blk.")]
     attn = [n for n in linear if "attn" in n]
     down = [n for n in linear if "ffn_down" in n]
-    overlays = [[], [_overlay("lora", base, rng, linear)],
-                [_overlay("lora", base, rng, linear), _overlay("lora", base, rng, attn, 0.5)],
-                [_overlay("lora", base, rng, attn), _overlay("ia3", base, rng, [n for n in attn if "attn_v" in n])],
-                [_overlay("ia3", base, rng, down, ia3_on="input")],
-                [_overlay("sparse", base, rng, attn)]]
+    overlays = [[], [random_overlay("lora", base, rng, linear)],
+                [random_overlay("lora", base, rng, linear), random_overlay("lora", base, rng, attn, 0.5)],
+                [random_overlay("lora", base, rng, attn), random_overlay("ia3", base, rng, [n for n in attn if "attn_v" in n])],
+                [random_overlay("ia3", base, rng, down, ia3_on="input")],
+                [random_overlay("sparse", base, rng, attn)]]
     models = [Decoder(base.cfg, base.t, overlays=o) for o in overlays]
     prompts = [rng.integers(0, base.cfg.vocab_size, n) for n in (3, 7, 1, 12, 5, 9)]
     _check_rows_equal_single_runs(models, prompts, steps=6)
@@ -174,7 +156,7 @@ def test_decode_step_other_families(arch, tmp_path, store):
     base = load_base_model(store, "m").model
     rng = np.random.default_rng(9)
     linear = [n for n, w in base.t.items() if len(w.shape) == 2 and n.startswith("blk.")]
-    models = [base, Decoder(base.cfg, base.t, overlays=[_overlay("lora", base, rng, linear)]),
-              Decoder(base.cfg, base.t, overlays=[_overlay("ia3", base, rng, [n for n in linear if "attn_v" in n])])]
+    models = [base, Decoder(base.cfg, base.t, overlays=[random_overlay("lora", base, rng, linear)]),
+              Decoder(base.cfg, base.t, overlays=[random_overlay("ia3", base, rng, [n for n in linear if "attn_v" in n])])]
     prompts = [rng.integers(0, base.cfg.vocab_size, n) for n in (2, 6, 9)]
     _check_rows_equal_single_runs(models, prompts, steps=6)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import random_overlay
 
 from slm import quant
 from slm.model import kernels_native
@@ -75,21 +76,6 @@ def test_fused_model_matches_reference(tiny_model, store):
         np.testing.assert_allclose(np.concatenate(out), np.concatenate(ref), rtol=1e-4, atol=1e-4)
 
 
-def _random_overlay(kind, model, rng, names):
-    from slm.model.overlays import TargetData, build_overlay
-
-    targets = []
-    for name in names:
-        out_f, in_f = model.t[name].shape
-        if kind == "lora":
-            tensors = {"A": rng.standard_normal((4, in_f)).astype(np.float32) / np.sqrt(in_f),
-                       "B": rng.standard_normal((out_f, 4)).astype(np.float32) * 0.1}
-        else:
-            tensors = {"vector": (1 + 0.2 * rng.standard_normal(out_f)).astype(np.float32)}
-        targets.append(TargetData(name, out_f, in_f, tensors, scale=2.0))
-    return build_overlay(kind, 0.7, targets, src_layout="gguf", dst_layout="gguf", heads={})
-
-
 def test_fused_low_rank_matches_reference_overlays(tiny_model, store):
     """LoRAs added inside the C kernel (one, or two stacked, or followed by an IA3 scale that
     forbids the fusion on that layer) give the reference overlays' logits within 1e-5."""
@@ -100,9 +86,9 @@ def test_fused_low_rank_matches_reference_overlays(tiny_model, store):
     model = load_base_model(store, "tq").model
     rng = np.random.default_rng(7)
     linear = [n for n, w in model.t.items() if len(w.shape) == 2 and n.startswith("blk.")]
-    model.overlays = [_random_overlay("lora", model, rng, linear),
-                      _random_overlay("lora", model, rng, [n for n in linear if "attn" in n]),
-                      _random_overlay("ia3", model, rng, [n for n in linear if "attn_v" in n])]
+    model.overlays = [random_overlay("lora", model, rng, linear),
+                      random_overlay("lora", model, rng, [n for n in linear if "attn" in n]),
+                      random_overlay("ia3", model, rng, [n for n in linear if "attn_v" in n])]
     ids = np.asarray([5, 17, 42, 99, 123, 7])
     logits = {}
     for kernels in (ReferenceKernels(), kernels_native.NativeKernels()):
@@ -151,8 +137,8 @@ def test_the_executor_uses_overlays_only_through_their_protocol(tiny_model, stor
     sparse = build_overlay("sparse", 1.3, [TargetData(linear[0], out_f, in_f, {
         "indices": np.sort(flat), "values": rng.standard_normal(40).astype(np.float32)}, 1.0)],
         src_layout="gguf", dst_layout="gguf", heads={})
-    real = [_random_overlay("lora", model, rng, linear), ia3_in, sparse,
-            _random_overlay("ia3", model, rng, [n for n in linear if "attn_v" in n])]
+    real = [random_overlay("lora", model, rng, linear), ia3_in, sparse,
+            random_overlay("ia3", model, rng, [n for n in linear if "attn_v" in n])]
     ids = np.asarray([5, 17, 42, 99, 123, 7])
     for kernels in (ReferenceKernels(), kernels_native.NativeKernels()):
         model.kernels = kernels
@@ -203,7 +189,7 @@ def test_results_do_not_depend_on_thread_count(tiny_model, store):
     model = load_base_model(store, "tq").model
     rng = np.random.default_rng(11)
     linear = [n for n, w in model.t.items() if len(w.shape) == 2 and n.startswith("blk.")]
-    model.overlays = [_random_overlay("lora", model, rng, linear)]
+    model.overlays = [random_overlay("lora", model, rng, linear)]
     model.kernels = kernels_native.NativeKernels()
     prompt = rng.integers(0, model.cfg.vocab_size, 70)  # long enough for the two-range attention
     runs = []
