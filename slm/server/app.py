@@ -130,8 +130,7 @@ KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health
 
 
 def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: str | None = None,
-              body_limit: int = DEFAULT_BODY_LIMIT, log: Callable[[str], None] = print,
-              on_shutdown: Callable[[], None] | None = None):
+              body_limit: int = DEFAULT_BODY_LIMIT, log: Callable[[str], None] = print):
     def active_id() -> str | None:
         active = catalog.active
         return None if active is None else active.id

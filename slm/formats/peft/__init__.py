@@ -43,7 +43,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from slm.arch.roles import DIM_FIELDS, LINEAR_ROLES, linear_role, requires_from_shapes, target_order
+from slm.arch.roles import DIM_FIELDS, target_order
 from slm.errors import InvalidInput, NotFound
 from slm.formats.adapter_source import AdapterSource
 from slm.formats.peft import dims as peft_dims
@@ -120,7 +120,6 @@ def _adapter_folder(path: Path) -> Path:
 
 
 __all__ = [
-    "CONFIG_NAME", "WEIGHTS_NAME", "PICKLE_NAME", "KEY_PREFIX", "LINEAR_ROLES", "SUPPORTED_PEFT_TYPES",
+    "CONFIG_NAME", "WEIGHTS_NAME", "PICKLE_NAME", "KEY_PREFIX", "SUPPORTED_PEFT_TYPES",
     "is_peft_dir", "read_peft_adapter", "pattern_value", "select_module", "ia3_on_input",
-    "linear_role", "requires_from_shapes", "target_order",
 ]
