@@ -66,11 +66,18 @@ def key_fingerprint(public_key: str) -> str:
     return dg.short(dg.of_bytes(public_key.encode("ascii")), 16)
 
 
+def _read_key_file(path: Path) -> bytes:
+    """At most MAX_KEY_FILE + 1 bytes of a key file (one more than a key can be, so that the
+    parser refuses an oversized file without its whole content being read)."""
+    with open(path, "rb") as f:
+        return f.read(MAX_KEY_FILE + 1)
+
+
 def load_private_key(path: Path):
     ed25519, serialization, _ = _crypto()
     path = Path(path)
     try:
-        data = path.read_bytes()[:MAX_KEY_FILE + 1]
+        data = _read_key_file(path)
     except FileNotFoundError as err:
         raise NotFound(f"no such key file: {path}") from err
     except OSError as err:
@@ -111,7 +118,7 @@ def public_key_from_file_or_text(value: str) -> str:
     ed25519, serialization, _ = _crypto()
     path = Path(value)
     try:
-        data = path.read_bytes()[:MAX_KEY_FILE + 1]
+        data = _read_key_file(path)
     except OSError as err:
         raise NotFound(f"no such key file: {path}") from err
     try:
