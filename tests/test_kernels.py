@@ -176,6 +176,30 @@ def test_decode_step_helpers_match_numpy(layout):
         close(fused.attend(q1, k, v, seen - 1), ref.attend(q1, k, v, seen - 1))
     gate, up = (rng.standard_normal((2, 40)).astype(np.float32) * 5 for _ in range(2))
     close(fused.swiglu(gate, up), ref.swiglu(gate, up))
+    close(fused.geglu(gate, up), ref.geglu(gate, up))
+
+
+@pytest.mark.parametrize("first,window", [(0, 0), (13, 0), (0, 5), (9, 4), (30, 64)])
+def test_causal_attention_matches_numpy(first, window):
+    """A prompt's attention in C (every query over only the keys it sees) against the NumPy
+    definition that masks a dense product: GQA (6 heads on 2), queries after cached positions,
+    windows shorter and longer than the prompt, 1 and 2 threads."""
+    from slm.model import mathops
+
+    rng = np.random.default_rng([first, window])
+    T = 37
+    q = rng.standard_normal((T, 6, 16)).astype(np.float32)
+    k = rng.standard_normal((first + T, 2, 16)).astype(np.float32) * 3
+    v = rng.standard_normal((first + T, 2, 16)).astype(np.float32)
+    want = mathops.attend(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), first, window)
+    fused = kernels_native.NativeKernels()
+    outs = []
+    for threads in (1, 2):
+        fused.set_threads(threads)
+        outs.append(fused.attend_causal(q, k, v, first, window))
+        assert outs[-1].shape == want.shape and outs[-1].dtype == np.float32
+        assert np.abs(outs[-1] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert outs[0].tobytes() == outs[1].tobytes()  # each pair computed whole by one thread
 
 
 def test_results_do_not_depend_on_thread_count(tiny_model, store):

@@ -136,7 +136,10 @@ static const float NF4_LEVELS[16] = {
  * where the CPU has F16C, else bit manipulation. */
 #ifdef __F16C__
 static inline float half_to_float(const uint8_t *p) {
-    return _cvtsh_ss((unsigned short)((unsigned)p[0] | ((unsigned)p[1] << 8)));
+    /* (from a zeroed register: _cvtsh_ss inserts into whatever register holds a stale value,
+     * a false dependency that chained every block of a row to the one before) */
+    const int bits = (int)((unsigned)p[0] | ((unsigned)p[1] << 8));
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
 }
 #else
 static inline float half_to_float(const uint8_t *p) {
@@ -488,43 +491,54 @@ typedef struct {
     const float *bt;       /* (rank, rows) */
 } slm_term;
 
-/* The shared body of slm_matmul and slm_matmul_rows: the term of job j for row t is
- * terms[j * job_stride + t * row_stride] (row_stride 0: one term for every row). */
-static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, int64_t job_stride,
-                       int64_t row_stride, const float *x, int64_t tokens, int64_t n) {
+/* One product over a shared input, laid out before a team of threads runs it (team_matmul):
+ * the term of job j for row t is terms[j * job_stride + t * row_stride] (row_stride 0: one
+ * term for every row); u_at[t * count + j] is where that term's u = A x[t] starts in u. */
+typedef struct {
+    int count;
+    const slm_job *jobs;
+    const slm_term *terms;
+    int64_t job_stride, row_stride;
+    const float *x;            /* (tokens, n) */
+    int64_t tokens, n, total;  /* total: the rows of all jobs */
+    int64_t first[SLM_MAX_JOBS + 1];
+    const int64_t *u_at;       /* (tokens * count + 1) */
+    int64_t ranks;             /* the length of u */
+    const float *xs16, *xs32;  /* (tokens, n / 16), (tokens, n / 32): sums of x over each unit */
+    float *u;                  /* (ranks), shared by the team */
+    float *rows_scratch;       /* n floats per thread (a decoded NF4 row) */
+} matmul_plan;
+
+/* Checks the operands and fills p's layout (u_at: tokens * count + 1 slots). -1 when an
+ * argument is out of range. */
+static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm_term *terms,
+                       int64_t job_stride, int64_t row_stride, const float *x, int64_t tokens, int64_t n,
+                       int64_t *u_at) {
     if (count < 1 || count > SLM_MAX_JOBS || tokens < 1) return -1;
-    int64_t total = 0, first[SLM_MAX_JOBS + 1];
+    *p = (matmul_plan){count, jobs, terms, job_stride, row_stride, x, tokens, n, 0, {0}, u_at, 0, NULL, NULL,
+                       NULL, NULL};
     for (int j = 0; j < count; j++) {
         if (!valid_rows(jobs[j].type, n, jobs[j].row_bytes)) return -1;
-        first[j] = total;
-        total += jobs[j].rows;
+        p->first[j] = p->total;
+        p->total += jobs[j].rows;
     }
-    first[count] = total;
-    /* where each (row, job)'s u = A x starts in u (tokens x jobs offsets, then the values) */
-    int64_t *u_at = malloc(sizeof(int64_t) * (size_t)(tokens * count + 1));
-    if (u_at == NULL) return -2;
+    p->first[count] = p->total;
     int64_t ranks = 0;
     for (int64_t t = 0; t < tokens; t++)
         for (int j = 0; j < count; j++) {
             const slm_term *term = &terms[j * job_stride + t * row_stride];
-            if (term->rank < 0) {
-                free(u_at);
-                return -1;
-            }
+            if (term->rank < 0) return -1;
             u_at[t * count + j] = ranks;
             ranks += term->rank;
         }
     u_at[tokens * count] = ranks;
-    /* per thread: a decoded row (NF4); per token: the sums of x over each 16 and each 32
-     * values (the units of the types with a min); then every u = A x */
-    const int64_t threads = slm_threads(), sums = n / 16 + n / 32;
-    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + tokens * sums + ranks));
-    if (scratch == NULL) {
-        free(u_at);
-        return -2;
-    }
-    float *xs16 = scratch + n * threads, *xs32 = xs16 + tokens * (n / 16);
-    float *u = xs16 + tokens * sums;
+    p->ranks = ranks;
+    return 0;
+}
+
+/* The sums of x (tokens, n) over each 16 and each 32 values (the units of the types with a
+ * min): xs16 (tokens, n / 16), xs32 (tokens, n / 32). */
+static void unit_sums(const float *x, int64_t tokens, int64_t n, float *xs16, float *xs32) {
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t i = 0; i < n / 16; i++) {
             float s = 0.0f;
@@ -532,62 +546,93 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
             xs16[t * (n / 16) + i] = s;
             if (i % 2) xs32[t * (n / 32) + i / 2] = xs16[t * (n / 16) + i - 1] + s;
         }
-#pragma omp parallel
-    {
-        const int64_t tid = thread_index(), nth = thread_count();
-        /* this thread's share of the u = A x: the A factors are as many bytes as the B factors,
-         * too many to stream on one thread */
-        const int64_t k0 = ranks * tid / nth, k1 = ranks * (tid + 1) / nth;
-        for (int64_t t = 0; t < tokens; t++)
-            for (int j = 0; j < count; j++) {
-                const slm_term *term = &terms[j * job_stride + t * row_stride];
-                const int64_t at = u_at[t * count + j];
-                for (int64_t k = 0; k < term->rank; k++)
-                    if (at + k >= k0 && at + k < k1) u[at + k] = dot(term->a + k * n, x + t * n, (int)n);
-            }
-        /* each thread takes one contiguous range of rows (of all jobs), the same in both loops */
-        const int64_t i0 = total * tid / nth, i1 = total * (tid + 1) / nth;
-        float *w = scratch + (size_t)n * (size_t)tid;
-        for (int64_t i = i0; i < i1; i++) {
-            int j = 0;
-            while (i >= first[j + 1]) j++;
-            const slm_job *job = &jobs[j];
-            const int64_t r = i - first[j];
-            const uint8_t *row = job->data + r * job->row_bytes;
-            float *o = job->out + r;
-            switch (job->type) {
-#define DOT(T, V, B, U, M)                                                                      \
-    case T:                                                                                     \
-        dot_tiles(T, row, (int)n, x, U == 16 ? xs16 : xs32, n / U, tokens, o, job->rows);       \
+}
+
+/* This thread's share of a planned product, called by every thread of a team (inside a
+ * parallel region: slm_matmul's own, or the decode step's). The outputs are complete once
+ * every thread has returned (the caller's barrier). */
+static void team_matmul(const matmul_plan *p) {
+    const int64_t tid = thread_index(), nth = thread_count(), n = p->n, tokens = p->tokens;
+    const int count = p->count;
+    /* this thread's share of the u = A x: the A factors are as many bytes as the B factors,
+     * too many to stream on one thread */
+    const int64_t k0 = p->ranks * tid / nth, k1 = p->ranks * (tid + 1) / nth;
+    for (int64_t t = 0; t < tokens; t++)
+        for (int j = 0; j < count; j++) {
+            const slm_term *term = &p->terms[j * p->job_stride + t * p->row_stride];
+            const int64_t at = p->u_at[t * count + j];
+            for (int64_t k = 0; k < term->rank; k++)
+                if (at + k >= k0 && at + k < k1) p->u[at + k] = dot(term->a + k * n, p->x + t * n, (int)n);
+        }
+    /* each thread takes one contiguous range of rows (of all jobs), the same in both loops */
+    const int64_t i0 = p->total * tid / nth, i1 = p->total * (tid + 1) / nth;
+    float *w = p->rows_scratch + (size_t)n * (size_t)tid;
+    for (int64_t i = i0; i < i1; i++) {
+        int j = 0;
+        while (i >= p->first[j + 1]) j++;
+        const slm_job *job = &p->jobs[j];
+        const int64_t r = i - p->first[j];
+        const uint8_t *row = job->data + r * job->row_bytes;
+        float *o = job->out + r;
+        switch (job->type) {
+#define DOT(T, V, B, U, M)                                                                          \
+    case T:                                                                                         \
+        dot_tiles(T, row, (int)n, p->x, U == 16 ? p->xs16 : p->xs32, n / U, tokens, o, job->rows);  \
         break;
-                BLOCK_TYPES(DOT)
+            BLOCK_TYPES(DOT)
 #undef DOT
-            default: /* NF4 */
-                decode_nf4(row, (int)n, w);
-                for (int64_t t = 0; t < tokens; t++) o[t * job->rows] = dot(w, x + t * n, (int)n);
-            }
+        default: /* NF4 */
+            decode_nf4(row, (int)n, w);
+            for (int64_t t = 0; t < tokens; t++) o[t * job->rows] = dot(w, p->x + t * n, (int)n);
         }
-        if (ranks > 0) {
+    }
+    if (p->ranks > 0) {
 #pragma omp barrier
-        }
-        /* (every u is ready) low-rank terms over the same rows: y[r] += sum_k u[k] B^T[k, r],
-         * vectorised across rows (a 16-long dot per row would pay a horizontal sum per row) */
-        for (int j = 0; j < count && ranks > 0; j++) {
-            const slm_job *job = &jobs[j];
-            const int64_t r0 = (i0 > first[j] ? i0 : first[j]) - first[j];
-            const int64_t r1 = (i1 < first[j + 1] ? i1 : first[j + 1]) - first[j];
-            if (r0 >= r1) continue;
-            for (int64_t t = 0; t < tokens; t++) {
-                const slm_term *term = &terms[j * job_stride + t * row_stride];
-                const float *ut = u + u_at[t * count + j];
-                float *restrict o = job->out + t * job->rows;
-                for (int64_t k = 0; k < term->rank; k++) {
-                    const float uk = ut[k], *b = term->bt + k * job->rows;
-                    for (int64_t r = r0; r < r1; r++) o[r] += uk * b[r];
-                }
+    }
+    /* (every u is ready) low-rank terms over the same rows: y[r] += sum_k u[k] B^T[k, r],
+     * vectorised across rows (a 16-long dot per row would pay a horizontal sum per row) */
+    for (int j = 0; j < count && p->ranks > 0; j++) {
+        const slm_job *job = &p->jobs[j];
+        const int64_t r0 = (i0 > p->first[j] ? i0 : p->first[j]) - p->first[j];
+        const int64_t r1 = (i1 < p->first[j + 1] ? i1 : p->first[j + 1]) - p->first[j];
+        if (r0 >= r1) continue;
+        for (int64_t t = 0; t < tokens; t++) {
+            const slm_term *term = &p->terms[j * p->job_stride + t * p->row_stride];
+            const float *ut = p->u + p->u_at[t * count + j];
+            float *restrict o = job->out + t * job->rows;
+            for (int64_t k = 0; k < term->rank; k++) {
+                const float uk = ut[k], *b = term->bt + k * job->rows;
+                for (int64_t r = r0; r < r1; r++) o[r] += uk * b[r];
             }
         }
     }
+}
+
+/* The shared body of slm_matmul and slm_matmul_rows: plan, scratch, one parallel region. */
+static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, int64_t job_stride,
+                       int64_t row_stride, const float *x, int64_t tokens, int64_t n) {
+    if (count < 1 || count > SLM_MAX_JOBS || tokens < 1) return -1;
+    int64_t *u_at = malloc(sizeof(int64_t) * (size_t)(tokens * count + 1));
+    if (u_at == NULL) return -2;
+    matmul_plan p;
+    if (plan_matmul(&p, count, jobs, terms, job_stride, row_stride, x, tokens, n, u_at) != 0) {
+        free(u_at);
+        return -1;
+    }
+    const int64_t threads = slm_threads(), sums = n / 16 + n / 32;
+    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + tokens * sums + p.ranks));
+    if (scratch == NULL) {
+        free(u_at);
+        return -2;
+    }
+    float *xs16 = scratch + n * threads, *xs32 = xs16 + tokens * (n / 16);
+    p.rows_scratch = scratch;
+    p.xs16 = xs16;
+    p.xs32 = xs32;
+    p.u = xs16 + tokens * sums;
+    unit_sums(x, tokens, n, xs16, xs32);
+#pragma omp parallel
+    team_matmul(&p);
     free(scratch);
     free(u_at);
     return 0;
@@ -626,10 +671,13 @@ int slm_dequantize(int type, const uint8_t *data, int64_t row_bytes, int64_t sta
 }
 
 
-/* ---- the rest of a decode step: small, single-threaded, no thread wake-ups ---------- */
+/* ---- the rest of a decode step: small, single-threaded, no thread wake-ups ----------
+ * (noinline: the decode step below calls these same functions, so that an op run alone and
+ * the same op inside the step are one piece of machine code, bit for bit the same result) */
 
-/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w; x, out (tokens, n). */
-void slm_rms_norm(const float *x, const float *w, float *out, int64_t tokens, int64_t n, float eps) {
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w; x, out (tokens, n); out may be x. */
+__attribute__((noinline)) void slm_rms_norm(const float *x, const float *w, float *out, int64_t tokens, int64_t n,
+                                            float eps) {
     for (int64_t t = 0; t < tokens; t++) {
         const float *xt = x + t * n;
         float s = 0.0f;
@@ -642,8 +690,8 @@ void slm_rms_norm(const float *x, const float *w, float *out, int64_t tokens, in
 
 /* Rotary position embedding: x, out (tokens, heads, hd); cos, sin (tokens, hd/2). The pairs
  * rotated together are (2i, 2i+1) when interleaved (GGUF row order), else (i, i + hd/2). */
-void slm_rope(const float *x, float *out, const float *cos_t, const float *sin_t, int64_t tokens,
-              int64_t heads, int64_t hd, int interleaved) {
+__attribute__((noinline)) void slm_rope(const float *x, float *out, const float *cos_t, const float *sin_t,
+                                        int64_t tokens, int64_t heads, int64_t hd, int interleaved) {
     const int64_t half = hd / 2;
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t h = 0; h < heads; h++) {
@@ -657,41 +705,385 @@ void slm_rope(const float *x, float *out, const float *cos_t, const float *sin_t
         }
 }
 
+/* qh . k for four keys at once (four independent accumulators: one dot alone is a chain of
+ * dependent FMAs), each key row `stride` floats after the last. */
+static inline void dot4(const float *restrict qh, const float *restrict k, const int64_t stride, const int64_t hd,
+                        float out[4]) {
+    vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}; /* (named, not an array: kept in registers) */
+    int64_t d = 0;
+    for (; d + LANES <= hd; d += LANES) {
+        const vf qv = load_vf(qh + d);
+        a0 += qv * load_vf(k + d);
+        a1 += qv * load_vf(k + stride + d);
+        a2 += qv * load_vf(k + 2 * stride + d);
+        a3 += qv * load_vf(k + 3 * stride + d);
+    }
+    float s[4] = {sum_lanes(a0), sum_lanes(a1), sum_lanes(a2), sum_lanes(a3)};
+    for (int j = 0; j < 4; j++) {
+        for (int64_t e = d; e < hd; e++) s[j] += qh[e] * k[j * stride + e];
+        out[j] = s[j];
+    }
+}
+
+/* One query head qh (hd) attending to the S keys of its kv head: k, v (S, n_kv, hd) read at
+ * kv head kv; p: S floats of scratch; out (hd). Scores four keys at a time; the weighted sum
+ * of the values in register blocks of 8 vectors, key by key in order. */
+__attribute__((noinline)) static void attend_head(const float *restrict qh, const float *restrict k,
+                                                  const float *restrict v, float *restrict oh, int64_t S,
+                                                  int64_t n_kv, int64_t hd, int64_t kv, float *restrict p) {
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t stride = n_kv * hd;
+    const float *kh = k + kv * hd, *vh = v + kv * hd;
+    float top = -INFINITY;
+    int64_t s = 0;
+    for (; s + 4 <= S; s += 4) dot4(qh, kh + s * stride, stride, hd, p + s);
+    for (; s < S; s++) { /* the last keys: a row of four with zero-padded copies */
+        float pad[4];
+        dot4(qh, kh + s * stride, 0, hd, pad);
+        p[s] = pad[0];
+    }
+    for (s = 0; s < S; s++) {
+        p[s] *= scale;
+        top = p[s] > top ? p[s] : top;
+    }
+    float total = 0.0f;
+    for (s = 0; s < S; s++) {
+        p[s] = expf(p[s] - top);
+        total += p[s];
+    }
+    for (s = 0; s < S; s++) p[s] /= total;
+#define BLOCK (8 * LANES)
+    int64_t d0 = 0;
+    for (; d0 + BLOCK <= hd; d0 += BLOCK) {
+        vf c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, c4 = {0}, c5 = {0}, c6 = {0}, c7 = {0};
+        for (s = 0; s < S; s++) {
+            const float *vs = vh + s * stride + d0;
+            const float ps = p[s];
+            c0 += ps * load_vf(vs);
+            c1 += ps * load_vf(vs + LANES);
+            c2 += ps * load_vf(vs + 2 * LANES);
+            c3 += ps * load_vf(vs + 3 * LANES);
+            c4 += ps * load_vf(vs + 4 * LANES);
+            c5 += ps * load_vf(vs + 5 * LANES);
+            c6 += ps * load_vf(vs + 6 * LANES);
+            c7 += ps * load_vf(vs + 7 * LANES);
+        }
+        const vf acc[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+        memcpy(oh + d0, acc, sizeof acc);
+    }
+#undef BLOCK
+    for (int64_t d = d0; d < hd; d++) { /* a head size that is not a multiple of the block */
+        float a = 0.0f;
+        for (s = 0; s < S; s++) a += p[s] * vh[s * stride + d];
+        oh[d] = a;
+    }
+}
+
 /* One query position attending to keys 0..S-1 (grouped-query: head h reads kv head
  * h / (nh / n_kv)). q, out (nh, hd); k, v (S, n_kv, hd). Returns -2 when out of memory. */
 int slm_attend_one(const float *q, const float *k, const float *v, float *out, int64_t S,
                    int64_t nh, int64_t n_kv, int64_t hd) {
     float *p = malloc(sizeof(float) * (size_t)(S > 0 ? S : 1));
     if (p == NULL) return -2;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int64_t group = nh / n_kv;
-    for (int64_t h = 0; h < nh; h++) {
-        const float *qh = q + h * hd;
-        const int64_t kv = h / group;
-        float top = -INFINITY;
-        for (int64_t s = 0; s < S; s++) {
-            p[s] = dot(qh, k + (s * n_kv + kv) * hd, (int)hd) * scale;
-            top = p[s] > top ? p[s] : top;
-        }
-        float total = 0.0f;
-        for (int64_t s = 0; s < S; s++) {
-            p[s] = expf(p[s] - top);
-            total += p[s];
-        }
-        float *oh = out + h * hd;
-        for (int64_t d = 0; d < hd; d++) oh[d] = 0.0f;
-        for (int64_t s = 0; s < S; s++) {
-            const float ps = p[s] / total, *vs = v + (s * n_kv + kv) * hd;
-            for (int64_t d = 0; d < hd; d++) oh[d] += ps * vs[d];
-        }
-    }
+    for (int64_t h = 0; h < nh; h++) attend_head(q + h * hd, k, v, out + h * hd, S, n_kv, hd, h / (nh / n_kv), p);
     free(p);
     return 0;
 }
 
+/* Causal attention of T query positions first .. first + T - 1 (a prompt): query t sees keys
+ * lo .. first + t, lo = first + t - window + 1 with a window (0: from key 0). q, out (T, nh,
+ * hd); k, v (first + T, n_kv, hd). Each (query, head) pair is attend_head over its own keys,
+ * so the masked keys cost nothing (a dense product computes the whole square, then hides half
+ * of it); the pairs are shared by the threads in small chunks (later queries see more keys).
+ * Returns -2 when out of memory. */
+int slm_attend_causal(const float *q, const float *k, const float *v, float *out, int64_t T, int64_t first,
+                      int64_t window, int64_t nh, int64_t n_kv, int64_t hd) {
+    const int64_t S = first + T, threads = slm_threads();
+    float *scratch = malloc(sizeof(float) * (size_t)(S * threads));
+    if (scratch == NULL) return -2;
+    const int64_t group = nh / n_kv;
+#pragma omp parallel for schedule(dynamic, 8)
+    for (int64_t i = 0; i < T * nh; i++) {
+        const int64_t t = i / nh, h = i % nh, last = first + t;
+        const int64_t lo = window && last - window + 1 > 0 ? last - window + 1 : 0;
+        attend_head(q + (t * nh + h) * hd, k + lo * n_kv * hd, v + lo * n_kv * hd, out + (t * nh + h) * hd,
+                    last + 1 - lo, n_kv, hd, h / group, scratch + S * thread_index());
+    }
+    free(scratch);
+    return 0;
+}
+
 /* out = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values. */
-void slm_swiglu(const float *gate, const float *up, float *out, int64_t n) {
+__attribute__((noinline)) void slm_swiglu(const float *gate, const float *up, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+/* out = gelu_tanh(gate) * up, GELU's tanh approximation (slm.model.mathops.gelu_tanh, in the
+ * same order of float32 operations), n values. */
+__attribute__((noinline)) void slm_geglu(const float *gate, const float *up, float *out, int64_t n) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i], inner = c * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(inner)) * up[i];
+    }
+}
+
+/* ---- the decode step: every layer of one token per sequence, in one call ------------
+ *
+ * One parallel region for the whole step instead of ~10 calls (each its own thread wake-up)
+ * per layer. Per layer, with barriers between the phases:
+ *
+ *   thread 0    h = rms_norm(x, attn_norm)
+ *   all         q, k, v = h W^T + low-rank terms        (team_matmul: rows split by thread)
+ *   thread 0    + biases; q/k norms; RoPE; k, v into the cache slot; q * q_scale
+ *   all         attention, (sequence, head) pairs split by thread
+ *   all         a = att Wo^T (+ terms)
+ *   thread 0    + bias; [post norm]; x += a; h = rms_norm(x, ffn_norm)
+ *   all         gate, up = h W^T (+ terms)
+ *   all         act(gate + bias) * (up + bias), elements split by thread
+ *   all         f = act Wdown^T (+ terms)
+ *   thread 0    + bias; [post norm]; x += f
+ *
+ * Each op is the function the op-by-op path (slm/model/decoder.py over NativeKernels) calls,
+ * on the same values, so a sequence's result is bit for bit that path's, whatever the batch
+ * (tests/test_step.py). */
+
+enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, P_COUNT };
+
+typedef struct {             /* one linear layer of the base */
+    int32_t type, pad;
+    const uint8_t *data;     /* (rows, row_bytes) */
+    int64_t rows, row_bytes;
+    const float *bias;       /* (rows) or NULL */
+} slm_linear;
+
+typedef struct {             /* mirrored by slm/model/step_native.py's Layer */
+    slm_linear w[P_COUNT];
+    const float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm; /* NULL: none */
+    int64_t window;          /* positions a query sees, itself included; 0: all */
+    int64_t table;           /* its RoPE table: 0 or 1 (the sliding layers' base) */
+} slm_layer;
+
+typedef struct {             /* the base: its sizes, its family's choices, its layers */
+    int64_t layers, hidden, heads, kv_heads, head_dim, ffn;
+    int32_t activation;      /* 0: SwiGLU, 1: GeGLU (tanh) */
+    int32_t interleaved;     /* RoPE on pairs (2i, 2i+1) (GGUF row order), else (i, i + hd/2) */
+    float eps, q_scale;      /* q_scale: queries are multiplied by it (1: not) */
+    const slm_layer *layer;  /* (layers) */
+    const float *output_norm;
+} slm_model;
+
+typedef struct {             /* one sequence of the batch */
+    int64_t position;        /* of its token */
+    float *const *k, *const *v; /* per layer: its cache, (slots, kv_heads, head_dim) */
+    const int64_t *slots;    /* per layer */
+    const slm_term *terms;   /* (layers, P_COUNT): its composition's low-rank terms (rank 0: none) */
+    const float *rope;       /* (2 tables, cos | sin, head_dim / 2) at its position */
+} slm_row;
+
+typedef struct {             /* the step's working memory, carved from one caller-owned block */
+    float *h, *q, *k, *v, *qr, *att, *o, *g, *up, *f, *sums, *u, *rows, *p;
+    int64_t *u_at;           /* per thread: B * SLM_MAX_JOBS + 1 */
+    slm_term *terms;         /* (P_COUNT, B): the current layer's terms, job-major */
+    int64_t sums_n, u_at_n;  /* per-thread lengths of sums and u_at */
+} step_buffers;
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* The longest key run and the most low-rank values (one product's u) a step over these rows
+ * needs. */
+static void step_needs(const slm_model *m, int64_t B, const slm_row *rows, int64_t *slots, int64_t *ranks) {
+    *slots = 1;
+    *ranks = 0;
+    for (int64_t l = 0; l < m->layers; l++) {
+        int64_t r = 0;
+        for (int64_t t = 0; t < B; t++) {
+            *slots = max64(*slots, rows[t].slots[l]);
+            for (int j = 0; j < P_COUNT; j++) r += rows[t].terms ? rows[t].terms[l * P_COUNT + j].rank : 0;
+        }
+        *ranks = max64(*ranks, r);
+    }
+}
+
+/* Lays the buffers out from `base` (NULL: only measure); returns the bytes they take. */
+static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks, int64_t threads, uint8_t *base,
+                     step_buffers *b) {
+    const int64_t H = m->hidden, Q = m->heads * m->head_dim, KV = m->kv_heads * m->head_dim, F = m->ffn;
+    const int64_t N = max64(max64(H, Q), F);
+    b->sums_n = B * (N / 16 + N / 32);
+    b->u_at_n = B * SLM_MAX_JOBS + 1;
+    int64_t at = 0;
+#define TAKE(field, type, count)                                    \
+    do {                                                            \
+        if (base) b->field = (type *)(base + at);                   \
+        at += ((int64_t)sizeof(type) * (count) + 63) / 64 * 64;     \
+    } while (0)
+    TAKE(h, float, B * H); TAKE(q, float, B * Q); TAKE(k, float, B * KV); TAKE(v, float, B * KV);
+    TAKE(qr, float, B * Q); TAKE(att, float, B * Q); TAKE(o, float, B * H); TAKE(g, float, B * F);
+    TAKE(up, float, B * F); TAKE(f, float, B * H); TAKE(sums, float, b->sums_n * threads);
+    TAKE(u, float, ranks + 1); TAKE(rows, float, N * threads); TAKE(p, float, slots * threads);
+    TAKE(u_at, int64_t, b->u_at_n * threads); TAKE(terms, slm_term, P_COUNT * B);
+#undef TAKE
+    return at;
+}
+
+/* Bytes of working memory slm_decode_step needs for these rows (a caller keeps one block and
+ * grows it when this says so). */
+int64_t slm_step_work_bytes(const slm_model *m, int64_t B, const slm_row *rows) {
+    int64_t slots, ranks;
+    step_buffers b;
+    step_needs(m, B, rows, &slots, &ranks);
+    return carve(m, B, slots, ranks, slm_threads(), NULL, &b);
+}
+
+static int step_checks(const slm_model *m, int64_t B, const slm_row *rows) {
+    const int64_t H = m->hidden, Q = m->heads * m->head_dim, KV = m->kv_heads * m->head_dim, F = m->ffn;
+    if (B < 1 || m->layers < 1 || m->kv_heads < 1 || m->heads % m->kv_heads || m->head_dim % 2) return -1;
+    const int64_t out[P_COUNT] = {Q, KV, KV, H, F, F, H}, in[P_COUNT] = {H, H, H, Q, H, H, F};
+    for (int64_t l = 0; l < m->layers; l++) {
+        const slm_layer *L = &m->layer[l];
+        for (int j = 0; j < P_COUNT; j++)
+            if (L->w[j].rows != out[j] || !valid_rows(L->w[j].type, in[j], L->w[j].row_bytes)) return -1;
+        if (L->table < 0 || L->table > 1 || L->window < 0) return -1;
+        for (int64_t t = 0; t < B; t++) {
+            const int64_t pos = rows[t].position, slots = rows[t].slots[l];
+            /* a ring (slots < positions) only ever holds exactly a sliding layer's window */
+            if (pos < 0 || slots < 1 || (pos >= slots && slots != L->window)) return -1;
+            for (int j = 0; rows[t].terms && j < P_COUNT; j++) {
+                const slm_term *term = &rows[t].terms[l * P_COUNT + j];
+                if (term->rank < 0 || (term->rank > 0 && (term->a == NULL || term->bt == NULL))) return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* A product of the step: jobs `first` .. `first + count - 1` of layer L over input x (B, n),
+ * each writing its (B, rows) output; the rows' low-rank terms gathered (job-major) into
+ * b->terms at `slot`. Every thread plans its own copy (no barrier) and runs its share. */
+static void step_matmul(const slm_model *m, const step_buffers *b, int64_t layer, int first, int count,
+                        const float *x, int64_t n, float *const *outs, int64_t B, const slm_row *rows) {
+    const int tid = thread_index();
+    slm_job jobs[SLM_MAX_JOBS];
+    slm_term *terms = b->terms + (int64_t)first * B;
+    for (int j = 0; j < count; j++) {
+        const slm_linear *w = &m->layer[layer].w[first + j];
+        jobs[j] = (slm_job){w->type, 0, w->data, w->rows, w->row_bytes, outs[j], NULL, NULL};
+    }
+    matmul_plan p;
+    int64_t *u_at = b->u_at + b->u_at_n * tid;
+    plan_matmul(&p, count, jobs, terms, B, 1, x, B, n, u_at); /* (checked by step_checks) */
+    float *xs16 = b->sums + b->sums_n * tid;
+    unit_sums(x, B, n, xs16, xs16 + B * (n / 16));
+    p.xs16 = xs16;
+    p.xs32 = xs16 + B * (n / 16);
+    p.u = b->u;
+    p.rows_scratch = b->rows;
+    team_matmul(&p);
+}
+
+static void add_bias(float *y, const float *bias, int64_t B, int64_t n) {
+    if (bias)
+        for (int64_t t = 0; t < B; t++)
+            for (int64_t i = 0; i < n; i++) y[t * n + i] += bias[i];
+}
+
+/* x (B, hidden): in, each sequence's embedded token; out (B, hidden): the final hidden states
+ * after the output norm (the head's input). Each row's cache gains its position's keys and
+ * values. 0: done; -1: arguments out of range (a bug in the caller); the work block too small. */
+int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x, float *out, void *work,
+                    int64_t work_bytes) {
+    if (step_checks(m, B, rows) != 0) return -1;
+    int64_t need_slots, need_ranks;
+    step_needs(m, B, rows, &need_slots, &need_ranks);
+    step_buffers b;
+    const int64_t threads = slm_threads();
+    if (carve(m, B, need_slots, need_ranks, threads, NULL, &b) > work_bytes) return -1;
+    carve(m, B, need_slots, need_ranks, threads, work, &b);
+    const int64_t H = m->hidden, hd = m->head_dim, nh = m->heads, nkv = m->kv_heads;
+    const int64_t Q = nh * hd, KV = nkv * hd, F = m->ffn, half = hd / 2;
+#pragma omp parallel
+    {
+        const int tid = thread_index(), nth = thread_count();
+        if (tid == 0) slm_rms_norm(x, m->layer[0].attn_norm, b.h, B, H, m->eps);
+        for (int64_t l = 0; l < m->layers; l++) {
+            const slm_layer *L = &m->layer[l];
+            if (tid == 0) /* this layer's terms, job-major: terms[j * B + t] */
+                for (int j = 0; j < P_COUNT; j++)
+                    for (int64_t t = 0; t < B; t++)
+                        b.terms[j * B + t] = rows[t].terms ? rows[t].terms[l * P_COUNT + j] : (slm_term){0, NULL, NULL};
+#pragma omp barrier
+            float *qkv[3] = {b.q, b.k, b.v};
+            step_matmul(m, &b, l, P_Q, 3, b.h, H, qkv, B, rows);
+#pragma omp barrier
+            if (tid == 0)
+                for (int64_t t = 0; t < B; t++) {
+                    float *q = b.q + t * Q, *k = b.k + t * KV, *v = b.v + t * KV;
+                    add_bias(q, L->w[P_Q].bias, 1, Q);
+                    add_bias(k, L->w[P_K].bias, 1, KV);
+                    add_bias(v, L->w[P_V].bias, 1, KV);
+                    if (L->q_norm) slm_rms_norm(q, L->q_norm, q, nh, hd, m->eps);
+                    if (L->k_norm) slm_rms_norm(k, L->k_norm, k, nkv, hd, m->eps);
+                    const int64_t pos = rows[t].position, slots = rows[t].slots[l];
+                    const int64_t slot = pos < slots ? pos : pos % slots;
+                    const float *c = rows[t].rope + L->table * 2 * half, *s = c + half;
+                    float *kc = rows[t].k[l] + slot * KV, *vc = rows[t].v[l] + slot * KV;
+                    slm_rope(q, b.qr + t * Q, c, s, 1, nh, hd, m->interleaved);
+                    slm_rope(k, kc, c, s, 1, nkv, hd, m->interleaved);
+                    memcpy(vc, v, sizeof(float) * (size_t)KV);
+                    if (m->q_scale != 1.0f)
+                        for (int64_t i = 0; i < Q; i++) b.qr[t * Q + i] *= m->q_scale;
+                }
+#pragma omp barrier
+            for (int64_t i = tid; i < B * nh; i += nth) { /* (sequence, head) pairs */
+                const int64_t t = i / nh, h = i % nh, pos = rows[t].position, slots = rows[t].slots[l];
+                /* the keys the query sees, in slot order: a full ring, else the window ending
+                 * at its position */
+                int64_t lo = 0, S = slots;
+                if (pos < slots) {
+                    lo = L->window && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
+                    S = pos + 1 - lo;
+                }
+                attend_head(b.qr + t * Q + h * hd, rows[t].k[l] + lo * KV, rows[t].v[l] + lo * KV,
+                            b.att + t * Q + h * hd, S, nkv, hd, h / (nh / nkv), b.p + need_slots * tid);
+            }
+#pragma omp barrier
+            float *o[1] = {b.o};
+            step_matmul(m, &b, l, P_O, 1, b.att, Q, o, B, rows);
+#pragma omp barrier
+            if (tid == 0) {
+                add_bias(b.o, L->w[P_O].bias, B, H);
+                if (L->post_attn_norm) slm_rms_norm(b.o, L->post_attn_norm, b.o, B, H, m->eps);
+                for (int64_t i = 0; i < B * H; i++) x[i] += b.o[i];
+                slm_rms_norm(x, L->ffn_norm, b.h, B, H, m->eps);
+            }
+#pragma omp barrier
+            float *gu[2] = {b.g, b.up};
+            step_matmul(m, &b, l, P_GATE, 2, b.h, H, gu, B, rows);
+#pragma omp barrier
+            { /* this thread's slice of the activation, the biases added first */
+                const int64_t e0 = B * F * tid / nth, e1 = B * F * (tid + 1) / nth;
+                for (int64_t e = e0; e < e1; e++) {
+                    if (L->w[P_GATE].bias) b.g[e] += L->w[P_GATE].bias[e % F];
+                    if (L->w[P_UP].bias) b.up[e] += L->w[P_UP].bias[e % F];
+                }
+                if (m->activation == 1) slm_geglu(b.g + e0, b.up + e0, b.g + e0, e1 - e0);
+                else slm_swiglu(b.g + e0, b.up + e0, b.g + e0, e1 - e0);
+            }
+#pragma omp barrier
+            float *f[1] = {b.f};
+            step_matmul(m, &b, l, P_DOWN, 1, b.g, F, f, B, rows);
+#pragma omp barrier
+            if (tid == 0) {
+                add_bias(b.f, L->w[P_DOWN].bias, B, H);
+                if (L->post_ffn_norm) slm_rms_norm(b.f, L->post_ffn_norm, b.f, B, H, m->eps);
+                for (int64_t i = 0; i < B * H; i++) x[i] += b.f[i];
+                if (l + 1 < m->layers) slm_rms_norm(x, m->layer[l + 1].attn_norm, b.h, B, H, m->eps);
+                else slm_rms_norm(x, m->output_norm, out, B, H, m->eps);
+            }
+        }
+    }
+    return 0;
 }
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qkernels",

@@ -36,7 +36,10 @@ class Row:
 def decode_step(rows: list[Row], kernels) -> np.ndarray:
     """Run each row's token at its next position; returns the logits (B, V), row i's being bit
     for bit rows[i].model.forward([rows[i].token], rows[i].cache, "last")[0]. Every row's model
-    must be over the same base tensors; each cache gains one position."""
+    must be over the same base tensors; each cache gains one position.
+
+    The rows whose composition the native step takes (slm.model.step_native: every layer in
+    one C call) run together that way; the others run op by op, together."""
     from slm.model.kernels_native import NativeKernels
 
     if not isinstance(kernels, NativeKernels) or len(rows) == 1:
@@ -47,13 +50,39 @@ def decode_step(rows: list[Row], kernels) -> np.ndarray:
     for r in rows:
         if r.cache.length + 1 > r.cache.capacity:
             raise ValueError(f"KV cache holds {r.cache.capacity} positions; {r.cache.length + 1} needed")
+    steps = [r.model.native_step() for r in rows]
+    native = [i for i, (s, r) in enumerate(zip(steps, rows)) if s is not None and s.takes(r.cache)]
+    if not native:
+        return _op_by_op(rows, kernels)
+    x = _embed([rows[i] for i in native])
+    # every layer of these rows in one native call, each row with its own terms and cache
+    x = steps[native[0]].run([(steps[i], rows[i].cache) for i in native], x)  # (B', H), after the output norm
+    for i in native:
+        rows[i].cache.length += 1
+    logits = Decoder.logits(_Batch([rows[i] for i in native], kernels), x)  # (B', V)
+    if len(native) == len(rows):
+        return logits
+    rest = [i for i in range(len(rows)) if i not in native]
+    out = np.empty((len(rows), logits.shape[1]), dtype=logits.dtype)
+    out[native], out[rest] = logits, _op_by_op([rows[i] for i in rest], kernels)
+    return out
+
+
+def _embed(rows: list[Row]) -> np.ndarray:
+    """The rows' tokens embedded (B, H), as Decoder.forward embeds one."""
+    first = rows[0].model
+    x = np.concatenate([r.model.kernels.embed(np.asarray([r.token]), first.t["token_embd.weight"])
+                        for r in rows])  # (B, H)
+    return x if first.embed_scale is None else x * first.embed_scale
+
+
+def _op_by_op(rows: list[Row], kernels) -> np.ndarray:
+    """Decoder.block and Decoder.logits over the batch view: each op on every row."""
+    first = rows[0].model
     batch = _Batch(rows, kernels)
     cfg = first.cfg
     starts = [r.cache.length for r in rows]
-    x = np.concatenate([r.model.kernels.embed(np.asarray([r.token]), first.t["token_embd.weight"])
-                        for r in rows])  # (B, H)
-    if first.embed_scale is not None:
-        x = x * first.embed_scale
+    x = _embed(rows)
     tables = {}
     for base in set(first.rope_bases):  # per row, as the single forward pass computes them
         pairs = [rope_tables(cfg.head_dim, base, np.arange(s, s + 1)) for s in starts]
@@ -162,7 +191,7 @@ class _RowKernels:
         return self._by_sequence(self.base.swiglu, gate, up, c_kernel=True)
 
     def geglu(self, gate, up):
-        return self._by_sequence(self.base.geglu, gate, up, c_kernel=False)
+        return self._by_sequence(self.base.geglu, gate, up, c_kernel=True)
 
     def matmul(self, x, w):
         """The tied output head (Decoder.logits): no overlays."""

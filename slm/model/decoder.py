@@ -6,7 +6,9 @@ Reads like the math: rms_norm, rope, attention, mlp, block. What differs between
 windows, RoPE bases) comes from the family's description (Config.desc), never from its name.
 Weights are QuantTensors named the GGUF way; every linear layer goes through `linears`, the one
 place where a kernel multiplies and where adapter overlays add their contribution (never
-merged into the base).
+merged into the base). A one-token step of a composition the C kernels take whole runs all
+its layers in one native call instead (slm.model.step_native: the same functions, the same
+bits); this module stays the definition that path is tested against.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class KVCache:
         self.v = [np.zeros_like(k) for k in self.k]
         self.length = 0  # positions filled
         self.capacity = capacity
+        self.native = None  # the arrays' addresses for the native decode step (slm.model.step_native)
 
     def extend(self, layer: int, start: int, k: np.ndarray, v: np.ndarray):
         """Store the keys/values k, v (T, n_kv, hd) of positions start..start+T-1 and return what
@@ -164,6 +167,17 @@ class Decoder:
     def overlays(self, overlays) -> None:
         self._overlays = list(overlays)
         self._plans: dict[tuple, tuple] = {}  # (name, fuses) -> (low-rank term, overlays after)
+        self._native: tuple | None = None  # (kernels, its NativeStep or None): see native_step
+
+    def native_step(self):
+        """The decode step in one native call for this model with these kernels and overlays
+        (slm.model.step_native.NativeStep), or None when a part of it needs the op-by-op path."""
+        cached = self._native
+        if cached is None or cached[0] is not self.kernels:
+            from slm.model.step_native import NativeStep
+
+            cached = self._native = (self.kernels, NativeStep.for_model(self))
+        return cached[1]
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
         """y = x W'^T (+ b) where W' is the base weight with every overlay applied in load order."""
@@ -233,6 +247,11 @@ class Decoder:
         x = self.kernels.embed(np.asarray(tokens), self.t["token_embd.weight"])  # (T, H)
         if self.embed_scale is not None:
             x = x * self.embed_scale
+        step = self.native_step() if T == 1 else None
+        if step is not None and step.takes(cache):  # every layer in one native call, same arithmetic
+            x = step.run([(step, cache)], x)  # (1, H), after the output norm
+            cache.length = start + 1
+            return self.logits(x)
         for layer in range(cfg.num_layers):
             x = self.block(layer, x, cache, start, *tables[self.rope_bases[layer]])
         cache.length = start + T
@@ -282,10 +301,13 @@ class Decoder:
         """Causal attention of q (T, nh, hd) at positions first.. over k, v (S, n_kv, hd),
         S = first + T; with a window, query t sees only the `window` keys ending at first + t.
 
-        A long batch is split into two query ranges of about equal work, run by the kernels'
-        two threads (NumPy releases the GIL); each range only needs the keys from its first
-        query's window start to its last position."""
+        Kernels that attend causally (the C kernels: attend_causal) take a prompt whole, on
+        their own threads. Otherwise a long batch is split into two query ranges of about
+        equal work, run by the kernels' two threads (NumPy releases the GIL); each range only
+        needs the keys from its first query's window start to its last position."""
         T = q.shape[0]
+        if T > 1 and self.kernels.attends_causally(q.shape[-1]) and k.shape[0] == first + T:
+            return self.kernels.attend_causal(q, k, v, first, window)
 
         def attend(a: int, b: int) -> np.ndarray:
             lo = max(0, first + a - window + 1) if window else 0

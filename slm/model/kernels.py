@@ -48,6 +48,10 @@ class Kernels:
         """[fn(i) for i in items]; the fused kernels run these on their two threads."""
         return [fn(i) for i in items]
 
+    def attends_causally(self, head_dim: int) -> bool:
+        """Whether attend_causal takes a whole prompt's attention (on the set's own threads)."""
+        return False
+
     def set_threads(self, n: int) -> None:
         """Use at most n threads (the NumPy reference path uses one anyway)."""
 

@@ -1,0 +1,192 @@
+"""The decode step in one native call: every layer of one token per sequence (slm_decode_step
+in _qkernels.c), for one sequence (Decoder.forward) or a batch of them (slm.model.batch).
+
+The op-by-op path (Decoder.block over NativeKernels) crosses into C about ten times per layer
+and opens a parallel region per linear layer; this path crosses once per step and opens one
+region for all layers. It is the same arithmetic: each op inside is the C function the op path
+calls, on the same values, so a sequence's logits are bit for bit the op path's
+(tests/test_step.py checks it for every family and weight type).
+
+It takes a composition whose every linear layer the fused kernel has and whose overlays are
+plain LoRA (fused as low-rank terms); anything else (an IA3 scale, a sparse delta, a weight
+type without a C kernel, a float16 cache) takes the op path. What the family's description
+says (q/k norms, post norms, biases, activation, windows, RoPE layout, query scale) becomes the
+fields of one descriptor, built once per model: the C side never names a family.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from slm.model import kernels_native as kn
+from slm.model.mathops import rope_tables
+
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # P_Q .. P_DOWN
+# slm_layer's norm fields, in order (a family without one leaves it NULL)
+NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # slm_model.activation
+
+_p, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+
+
+class Linear(ctypes.Structure):
+    """slm_linear: one base weight and its bias."""
+
+    _fields_ = [("type", _i32), ("pad", _i32), ("data", _p), ("rows", _i64), ("row_bytes", _i64), ("bias", _p)]
+
+
+class Layer(ctypes.Structure):
+    """slm_layer: the seven weights, the norms (NULL: the family has none there), window, table."""
+
+    _fields_ = [("w", Linear * len(PROJECTIONS)), *((n, _p) for n in NORMS), ("window", _i64), ("table", _i64)]
+
+
+class Model(ctypes.Structure):
+    """slm_model."""
+
+    _fields_ = [("layers", _i64), ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
+                ("ffn", _i64), ("activation", _i32), ("interleaved", _i32), ("eps", ctypes.c_float),
+                ("q_scale", ctypes.c_float), ("layer", _p), ("output_norm", _p)]
+
+
+class Row(ctypes.Structure):
+    """slm_row: one sequence of the batch."""
+
+    _fields_ = [("position", _i64), ("k", _p), ("v", _p), ("slots", _p), ("terms", _p), ("rope", _p)]
+
+
+def _signatures(lib) -> None:
+    lib.slm_step_work_bytes.restype, lib.slm_step_work_bytes.argtypes = _i64, [_p, _i64, _p]
+    lib.slm_decode_step.restype, lib.slm_decode_step.argtypes = _i32, [_p, _i64, _p, _p, _p, _p, _i64]
+
+
+if kn.LIB is not None:
+    _signatures(kn.LIB)
+
+
+class _CacheView:
+    """A KVCache's per-layer addresses, as the C side reads them (built once per cache: its
+    arrays are allocated once and never move)."""
+
+    def __init__(self, cache):
+        n = len(cache.k)
+        self.k = (_p * n)(*(a.ctypes.data for a in cache.k))
+        self.v = (_p * n)(*(a.ctypes.data for a in cache.v))
+        self.slots = (_i64 * n)(*(a.shape[0] for a in cache.k))
+
+
+class NativeStep:
+    """One model's descriptor for slm_decode_step, and its composition's low-rank terms.
+
+    Built by `for_model`, which says None when the model needs the op path. The descriptor
+    points into the model's arrays, which it keeps alive."""
+
+    def __init__(self, model, terms: list):
+        cfg = model.cfg
+        self.model = model
+        self.keep = [terms]
+        layers = (Layer * cfg.num_layers)()
+        for i, layer in enumerate(layers):
+            p = f"blk.{i}."
+            for j, role in enumerate(PROJECTIONS):
+                name = p + role + ".weight"
+                w, bias = model.t[name], model.bias.get(name)
+                layer.w[j] = Linear(kn.kernel_type(w), 0, w.data.ctypes.data, w.rows, w.data.strides[0],
+                                    None if bias is None else self._hold(bias))
+            for norm in self._norms(cfg.desc):
+                setattr(layer, norm, self._hold(model.vectors[p + norm + ".weight"]))
+            layer.window = cfg.window(i)
+            layer.table = int(cfg.layer_types[i] == "sliding_attention")
+        self.layers = layers
+        self.desc = Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                          cfg.intermediate_size, ACTIVATIONS[cfg.desc.activation], cfg.qk_row_layout == "gguf",
+                          cfg.rms_norm_eps, 1.0 if model.q_scale is None else float(model.q_scale),
+                          ctypes.addressof(layers), self._hold(model.vectors["output_norm.weight"]))
+        # (layers, 7) slm_term: this composition's fused LoRA terms (rank 0: none)
+        self.terms = (kn.Term * (cfg.num_layers * len(PROJECTIONS)))()
+        for k, term in enumerate(terms):
+            if term is not None:
+                a, b_t = term
+                self.terms[k] = kn.Term(a.shape[0], a.ctypes.data, b_t.ctypes.data)
+        # the RoPE base of table 0 (full layers) and, if any layer slides, of table 1
+        sliding = any(t == "sliding_attention" for t in cfg.layer_types)
+        self.bases = (cfg.rope_theta, cfg.rope_theta_local) if sliding else (cfg.rope_theta,)
+
+    @staticmethod
+    def _norms(desc) -> list[str]:
+        """The norms of a block of this family, as Decoder.block reads them."""
+        return ["attn_norm", "ffn_norm", *(["attn_q_norm", "attn_k_norm"] if desc.qk_norm else []),
+                *(["post_attention_norm", "post_ffw_norm"] if desc.post_norms else [])]
+
+    def _hold(self, a: np.ndarray) -> int:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        self.keep.append(a)
+        return a.ctypes.data
+
+    @classmethod
+    def for_model(cls, model) -> "NativeStep | None":
+        """The step for this model (its base and its overlays), or None when some part of it
+        needs the op path."""
+        cfg = model.cfg
+        if kn.LIB is None or not isinstance(model.kernels, kn.NativeKernels) or \
+                cfg.desc.activation not in ACTIVATIONS:
+            return None
+        terms = []
+        for i in range(cfg.num_layers):
+            for role in PROJECTIONS:
+                name = f"blk.{i}.{role}.weight"
+                w = model.t.get(name)
+                if w is None or not kn.supports(w) or any(o.input_scale(name) is not None for o in model.overlays):
+                    return None
+                term, after = model._plan(name)
+                if after:  # an IA3 scale or a sparse delta, applied after the kernel
+                    return None
+                terms.append(term)
+        return cls(model, terms)
+
+    @staticmethod
+    def takes(cache) -> bool:
+        """Whether the C side reads this cache (float32 arrays, C order)."""
+        return all(a.dtype == np.float32 and a.flags.c_contiguous for a in (*cache.k, *cache.v))
+
+    def run(self, steps: list, x: np.ndarray) -> np.ndarray:
+        """steps: [(NativeStep of the row's model, its KVCache)], all over this step's base;
+        x (B, hidden) the embedded tokens. Runs every layer at each cache's next position
+        (the caches gain it; their `length` is the caller's to advance) and returns the final
+        hidden states after the output norm (B, hidden), the head's input."""
+        B, hd = len(steps), self.model.cfg.head_dim
+        x = np.array(x, dtype=np.float32, order="C")  # (B, H): the residual stream, updated in place
+        out = np.empty_like(x)
+        rope = np.zeros((B, 2, 2, hd // 2), dtype=np.float32)  # (row, table, cos | sin, hd/2)
+        rows = (Row * B)()
+        for i, (step, cache) in enumerate(steps):
+            view = cache.native
+            if view is None:
+                view = cache.native = _CacheView(cache)
+            position = np.arange(cache.length, cache.length + 1)
+            for t, base in enumerate(step.bases):  # as the op path computes them, row by row
+                cos, sin = rope_tables(hd, base, position)  # (1, hd/2) each
+                rope[i, t, 0], rope[i, t, 1] = cos[0], sin[0]
+            rows[i] = Row(cache.length, ctypes.addressof(view.k), ctypes.addressof(view.v),
+                          ctypes.addressof(view.slots), ctypes.addressof(step.terms),
+                          rope.ctypes.data + i * rope.strides[0])
+        work = _work(kn.LIB.slm_step_work_bytes(ctypes.byref(self.desc), B, rows))
+        status = kn.LIB.slm_decode_step(ctypes.byref(self.desc), B, rows, x.ctypes.data, out.ctypes.data,
+                                        work.ctypes.data, work.nbytes)
+        kn.check_status(status, "slm_decode_step", f"{B} sequence(s)")
+        return out
+
+
+_WORK = threading.local()
+
+
+def _work(nbytes: int) -> np.ndarray:
+    """The step's working memory: one block per thread, grown when a step needs more (kept
+    between steps, so a decode allocates it once)."""
+    block = getattr(_WORK, "block", None)
+    if block is None or block.nbytes < nbytes:
+        block = _WORK.block = np.empty(nbytes, dtype=np.uint8)
+    return block
