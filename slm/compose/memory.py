@@ -3,7 +3,8 @@
     P = (O + B + A + D + R + KV) * (1 + slack)
       O   runtime: the interpreter and libraries (+8 MiB with the fused C kernels: their second
           prefill scratch buffer and threads), plus
-          the tokenizer (~500 bytes per token)
+          the tokenizer (~350 bytes per vocabulary entry: measured 484 for SmolLM2's
+          byte-level BPE with its merges, 206 for Gemma 3's SentencePiece pieces)
       B   base bytes: every quantized blob is memory-mapped and read once per token
       A   adapters: their float32 tensors, counted twice (the bytes read and the overlay copies)
       D   dequantization scratch: bounded, allocated once (slm.model.kernels)
@@ -25,7 +26,7 @@ from slm.errors import InvalidInput
 
 RUNTIME_BYTES = 70 << 20
 FUSED_KERNEL_BYTES = 8 << 20  # a second 4 MiB scratch, OpenMP and prefill threads
-TOKENIZER_BYTES_PER_TOKEN = 500
+TOKENIZER_BYTES_PER_TOKEN = 350
 SCRATCH_BYTES = 4 << 20
 SLACK = 0.10
 DEFAULT_POSITIONS = 512  # what `slm activate` plans for: a 512-token prompt + generation
