@@ -323,6 +323,7 @@ def bench_base(base: str, a) -> dict:
     from slm.ops.runtime import Runtime
 
     rt = Runtime(store)
+    results["lora_overhead_ab"] = lora_overhead_ab(rt, comp_ids, short)
     warm = []
     for _ in range(50):
         t = time.perf_counter()
@@ -354,6 +355,30 @@ def bench_base(base: str, a) -> dict:
                  peak_rss(work / "store", "run", PROMPT, "-n", "16"))[1],
     }
     return results
+
+
+def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: int = 10) -> dict:
+    """The LoRA's decode overhead, interleaved in one process (the honest measure: the bench
+    medians compare runs minutes apart): blocks of `steps` greedy decode steps alternate
+    between the base and the LoRA composition, both staged; the 20th percentile of each side's
+    block times (the quietest blocks) gives the overhead."""
+    models = {w: rt.switch(comp_ids[w]).model for w in ("base", "lora")}
+    state = {}
+    for w, m in models.items():
+        cache = m.new_cache(len(prompt) + blocks * steps + 1)
+        state[w] = (cache, int(np.argmax(m.forward(np.asarray(prompt), cache, "last")[-1])))
+    times: dict = {"base": [], "lora": []}
+    for i in range(2 * blocks):
+        w = ("base", "lora")[i % 2]
+        m, (cache, token) = models[w], state[w]
+        t = time.perf_counter()
+        for _ in range(steps):
+            token = int(np.argmax(m.forward(np.asarray([token]), cache, "last")[-1]))
+        times[w].append((time.perf_counter() - t) / steps)
+        state[w] = (cache, token)
+    p20 = {w: float(np.percentile(v, 20)) for w, v in times.items()}
+    return {"base_ms_per_token": p20["base"] * 1e3, "lora_ms_per_token": p20["lora"] * 1e3,
+            "overhead": p20["lora"] / p20["base"] - 1, "blocks": blocks, "steps_per_block": steps}
 
 
 def bench_batching(store, base: str, adapters: list[str], a) -> dict:
@@ -486,6 +511,10 @@ def print_base_tables(r: dict) -> None:
         cells = [t[f"{n}|{w}|{k}"] / t[f"slm|{w}|{k}"] for k, w in
                  (("decode", "base"), ("decode", "lora"), ("prefill", "base"), ("prefill", "lora"))]
         print(f"| {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    ab = r["lora_overhead_ab"]
+    print(f"\nLoRA decode overhead, interleaved in-process A/B ({ab['blocks']} blocks of {ab['steps_per_block']} "
+          f"steps each, 20th percentile): {100 * ab['overhead']:.1f}% ({ab['base_ms_per_token']:.2f} vs "
+          f"{ab['lora_ms_per_token']:.2f} ms per token)")
     s = r["switch_s"]
     print(f"\nswitch: in-process warm {s['in_process_warm'] * 1e3:.3f} ms, in-process cold (stage the "
           f"adapter) {s['in_process_cold_adapter'] * 1e3:.1f} ms, `slm activate` wall "

@@ -988,6 +988,16 @@ static void add_bias(float *y, const float *bias, int64_t B, int64_t n) {
             for (int64_t i = 0; i < n; i++) y[t * n + i] += bias[i];
 }
 
+/* A sublayer's output y (B, H) closed into the residual stream: x += post_norm(y + bias)
+ * (the family's post norm, if it has one), then h = rms_norm(x, next_norm). */
+static void add_residual(float *x, float *y, const float *bias, const float *post_norm, const float *next_norm,
+                         float *h, int64_t B, int64_t H, float eps) {
+    add_bias(y, bias, B, H);
+    if (post_norm) slm_rms_norm(y, post_norm, y, B, H, eps);
+    for (int64_t i = 0; i < B * H; i++) x[i] += y[i];
+    slm_rms_norm(x, next_norm, h, B, H, eps);
+}
+
 /* x (B, hidden): in, each sequence's embedded token; out (B, hidden): the final hidden states
  * after the output norm (the head's input). Each row's cache gains its position's keys and
  * values. 0: done; -1: arguments out of range (a bug in the caller); the work block too small. */
@@ -1051,12 +1061,7 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
             float *o[1] = {b.o};
             step_matmul(m, &b, l, P_O, 1, b.att, Q, o, B, rows);
 #pragma omp barrier
-            if (tid == 0) {
-                add_bias(b.o, L->w[P_O].bias, B, H);
-                if (L->post_attn_norm) slm_rms_norm(b.o, L->post_attn_norm, b.o, B, H, m->eps);
-                for (int64_t i = 0; i < B * H; i++) x[i] += b.o[i];
-                slm_rms_norm(x, L->ffn_norm, b.h, B, H, m->eps);
-            }
+            if (tid == 0) add_residual(x, b.o, L->w[P_O].bias, L->post_attn_norm, L->ffn_norm, b.h, B, H, m->eps);
 #pragma omp barrier
             float *gu[2] = {b.g, b.up};
             step_matmul(m, &b, l, P_GATE, 2, b.h, H, gu, B, rows);
@@ -1074,13 +1079,10 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
             float *f[1] = {b.f};
             step_matmul(m, &b, l, P_DOWN, 1, b.g, F, f, B, rows);
 #pragma omp barrier
-            if (tid == 0) {
-                add_bias(b.f, L->w[P_DOWN].bias, B, H);
-                if (L->post_ffn_norm) slm_rms_norm(b.f, L->post_ffn_norm, b.f, B, H, m->eps);
-                for (int64_t i = 0; i < B * H; i++) x[i] += b.f[i];
-                if (l + 1 < m->layers) slm_rms_norm(x, m->layer[l + 1].attn_norm, b.h, B, H, m->eps);
-                else slm_rms_norm(x, m->output_norm, out, B, H, m->eps);
-            }
+            if (tid == 0) /* then the next layer's input norm, or after the last the output norm */
+                add_residual(x, b.f, L->w[P_DOWN].bias, L->post_ffn_norm,
+                             l + 1 < m->layers ? m->layer[l + 1].attn_norm : m->output_norm,
+                             l + 1 < m->layers ? b.h : out, B, H, m->eps);
         }
     }
     return 0;
