@@ -103,7 +103,8 @@ def _verified(store: Store, digest: str, what: str) -> bytes:
 
 
 def stage(store: Store, comp: Composition, verify_base: bool = True) -> Staged:
-    """Validate everything (re-hashing every blob) and load the overlays. Changes nothing."""
+    """Validate everything (every blob re-hashed, or vouched for by the verified-digest cache:
+    docs/recovery.md) and load the overlays. Changes nothing but that advisory cache."""
     base = parse_base_manifest(_verified(store, comp.base, "base"), f"base {dg.short(comp.base)}")
     with ThreadPoolExecutor(max_workers=1) as background:
         # Re-hashing the base (BLAKE3 and file reads release the GIL) overlaps with parsing
@@ -113,6 +114,7 @@ def stage(store: Store, comp: Composition, verify_base: bool = True) -> Staged:
             return _stage_adapters(store, comp, base)
         finally:  # a corrupt base outranks whatever the adapters' checks said
             bad = base_check.result() if base_check is not None else None
+            store.objects.save_verified()  # what the re-hashes found, for the next command
             if bad is not None:
                 raise IntegrityError(f"base blob {dg.short(bad)} is missing or corrupt (run `slm fsck`)")
 

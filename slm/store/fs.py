@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import shutil
 import stat
 from pathlib import Path
@@ -188,7 +187,9 @@ class NewFile:
 
 def temp_name(directory: Path, stem: str) -> Path:
     """A fresh temp path in `directory` (same filesystem, so a later rename is atomic)."""
-    return directory / f".{stem}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    # os.urandom, not the secrets module: secrets imports hashlib and hmac (start-up time of
+    # every command); a temp name needs uniqueness, not a cryptographic API
+    return directory / f".{stem}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
 
 
 def rename(src: Path, dst: Path) -> None:
@@ -269,6 +270,34 @@ def append_durably(path: Path, data: bytes) -> None:
         os.close(fd)
     if created:
         fsync_dir(path.parent)
+
+
+def write_advisory(path: Path, data: bytes) -> None:
+    """Overwrite a derived, advisory file in place, with no fsync and no temp file: only for
+    data its reader checks and may discard (the verified-digest cache, slm.store.verified). A
+    crash, a power cut or a concurrent writer may leave it old, torn, empty or mixed; the
+    reader's checksum tells, and nothing is lost but the time to rebuild it.
+
+    No fault point: a failure here fails no command (the caller ignores it), and the crash
+    and I/O-error tests count the operations whose failure must fail the command. Opened
+    like a store file (O_NOFOLLOW | O_NONBLOCK), and cut only once it is known to be a regular
+    file of one link: a symlink, a FIFO or a hard link to a blob in its place is left alone."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise _io_error("open", path, err) from err
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise IntegrityError(f"{path} is not a regular file of one link; left alone")
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as err:
+        raise _io_error("write", path, err) from err
+    finally:
+        os.close(fd)
 
 
 def truncate(path: Path, size: int) -> None:
