@@ -159,6 +159,9 @@ class NewFile:
 
     def sync_and_close(self) -> None:
         _fault_point("fsync", str(self.path))
+        self._sync_and_close_now()
+
+    def _sync_and_close_now(self) -> None:
         try:
             _fsync(self.fd, self.path)
         except OSError as err:
@@ -181,8 +184,60 @@ class NewFile:
                 os.unlink(self.path)
             except OSError:
                 pass
-        else:
+        elif not self._handed_off:
             self._close()
+
+    _handed_off = False  # set when a Syncs pool owns the descriptor (it closes it after the fsync)
+
+
+class Syncs:
+    """New files fsynced on a few threads while the caller writes the next ones.
+
+    Why: an import stages one file per tensor (272 for SmolLM2), and one fsync after the
+    other waited on the disk for each (most of an import's time); fsyncs of different files
+    issued together share the disk's and the journal's work. Each file is still fsynced once,
+    by the same `_fsync`, and `wait()` is the barrier: it returns only when every fsync given
+    to it has returned, and raises the first that failed (never retried, as everywhere). The
+    caller names none of the files (links them into objects/) before `wait()` returned.
+
+    The fault point of each fsync stays on the caller's thread, in order, so that the fault
+    plans count operations as before. Under the power-cut simulator (`sync_observer` set) each
+    fsync runs at once on the caller's thread: its model of what is durable is kept by one thread."""
+
+    THREADS = 8
+
+    def __init__(self) -> None:
+        self._pool = None
+        self._pending: list = []
+
+    def sync_and_close(self, f: NewFile) -> None:
+        _fault_point("fsync", str(f.path))
+        if sync_observer is not None:
+            f._sync_and_close_now()
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=self.THREADS, thread_name_prefix="slm-fsync")
+        f._handed_off = True
+        self._pending.append(self._pool.submit(f._sync_and_close_now))
+
+    def wait(self) -> None:
+        """Every fsync handed over so far has returned; the first failure is raised."""
+        pending, self._pending = self._pending, []
+        failures = [job.exception() for job in pending]  # waits for each
+        first = next((err for err in failures if err is not None), None)
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        """Wait for what is in flight (its failures no longer matter: the files are discarded)."""
+        for job in self._pending:
+            job.exception()
+        self._pending = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def temp_name(directory: Path, stem: str) -> Path:

@@ -211,6 +211,7 @@ class Staging:
     reused: set[str] = field(default_factory=set)  # already in objects/ when put: not staged again
     dir: Path | None = None
     _lock_fd: int | None = None
+    _syncs: fs.Syncs = field(default_factory=fs.Syncs)  # each staged file's fsync, in flight
 
     def _dir(self) -> Path:
         if self.dir is None:
@@ -233,7 +234,7 @@ class Staging:
         with fs.NewFile(path, 0o644) as f:
             for start in range(0, len(view), _CHUNK * 16):
                 f.write(view[start:start + _CHUNK * 16])
-            f.sync_and_close()
+            self._syncs.sync_and_close(f)  # durable before commit links it (Syncs.wait)
         self.staged[digest] = path
         return digest
 
@@ -253,6 +254,7 @@ class Staging:
         are unlinked again before the error propagates (best effort: `slm gc` removes what a
         refusing disk leaves). Runs under the store lock; a blob that was already stored when
         it was put and has gone since (a gc in between) fails the commit before any change."""
+        self._syncs.wait()  # the barrier: every staged file's fsync has returned
         gone = [d for d in self.reused if not self.objects.has(d)]
         if gone:
             raise Busy(f"blob {dg.short(gone[0])}, already stored when this import began, was removed "
@@ -277,6 +279,7 @@ class Staging:
         return new
 
     def discard(self) -> None:
+        self._syncs.close()
         if self.dir is not None and self.dir.exists():
             fs.remove_tree(self.dir)
         if self._lock_fd is not None:
