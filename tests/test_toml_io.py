@@ -4,6 +4,7 @@ on every document it takes, and leave every other one to tomlkit."""
 
 from __future__ import annotations
 
+import pytest
 import tomlkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -69,3 +70,72 @@ def test_manifest_shapes_take_the_plain_path():
     for doc in (base, adapter):
         assert toml_io._plain_dumps(doc) is not None
         assert toml_io.dumps(doc) == tomlkit.dumps(doc).encode("utf-8")
+
+
+def _tomllib(text: str):
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return "refused"
+
+
+@_SETTINGS
+@given(plain_documents)
+def test_the_plain_reader_reads_what_the_writer_writes_as_tomllib_does(doc):
+    text = toml_io.dumps(doc).decode("utf-8")
+    assert toml_io._plain_loads(text) == _tomllib(text) == doc
+
+
+line_edits = st.lists(st.tuples(st.sampled_from(["drop", "repeat", "swap", "cut", "insert"]),
+                                st.integers(min_value=0, max_value=10**6),
+                                st.sampled_from(["[", "]", "[[", ".", " = ", "\"", "\\", "#", "=", " ", "x",
+                                                 "[a]", "[[a]]", "a = 1", "1e5", "+1", "1_0", "0x1",
+                                                 "nan", "\t", ",", "{}", "'s'", "é"])),
+                      min_size=1, max_size=4)
+
+
+@_SETTINGS
+@given(plain_documents, line_edits)
+def test_the_plain_reader_agrees_with_tomllib_on_damaged_text_or_declines(doc, edits):
+    """Damaged manifests (lines dropped, repeated, swapped, cut, text inserted): the plain
+    reader returns tomllib's document, or None when tomllib refuses or the text is not plain."""
+    lines = toml_io.dumps(doc).decode("utf-8").split("\n")
+    for kind, where, text in edits:
+        i = where % max(1, len(lines))
+        if kind == "drop" and lines:
+            del lines[i]
+        elif kind == "repeat" and lines:
+            lines.insert(i, lines[i])
+        elif kind == "swap" and len(lines) > 1:
+            lines[i], lines[i - 1] = lines[i - 1], lines[i]
+        elif kind == "cut" and lines and lines[i]:
+            lines[i] = lines[i][: where % len(lines[i])]
+        else:
+            line = lines[i] if lines else ""
+            at = where % (len(line) + 1)
+            lines[i:i + 1] = [line[:at] + text + line[at:]]
+    text = "\n".join(lines)
+    mine = toml_io._plain_loads(text)
+    if mine is not None:
+        assert mine == _tomllib(text)
+
+
+@pytest.mark.parametrize("text", [
+    'a = 1\na = 2\n',  # a key twice
+    '[t]\nx = 1\n[t]\ny = 2\n',  # a table twice
+    '[[e]]\nx = 1\n[e.s]\ny = 1\n[e.s]\nz = 1\n',  # a sub-table twice in one entry
+    '[[e]]\nx = 1\n[e.s.a]\ny = 1\n[e.s]\nz = 1\n',  # a super table defined after its sub-table
+    '[[e]]\nx = 1\ns = 2\n[e.s.a]\ny = 1\n',  # a value, then a table of the same name
+    '[t]\nx = 1\n[[t]]\ny = 1\n',  # a table, then an array of tables of the same name
+    '[[t]]\nx = 1\n[t]\ny = 1\n',
+    '[t]\nx = 1\n[t.s]\ny = 1\n',  # a sub-table of a plain table (tomllib reads it)
+    'a = "x\\"y"\n', 'a = "\\u00e9"\n', 'a = 1 # note\n', 'a = {x = 1}\n', 'a = nan\n', 'a = +1\n',
+    'a = 1_000\n', 'a = 0x1f\n', 'a = 01\n', 'a = 1.\n', "a = 'x'\n", 'a = [1,2]\n', 'a = [[1]]\n',
+    '"a" = 1\n', 'a.b = 1\n', 'a  = 1\n', 'a = 1 \n', ' a = 1\n', 'a = 1\r\n', '[ t ]\n', '[t]]\n',
+    'a = "é"\n', 'a = 1979-05-27\n', 'a = inf\n',
+])
+def test_what_the_plain_reader_leaves_to_tomllib(text):
+    assert toml_io._plain_loads(text) is None
+    _tomllib(text)  # whatever tomllib makes of it, it is tomllib's call (loads() asks it)

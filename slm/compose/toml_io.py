@@ -139,11 +139,121 @@ def loads(data: bytes, what: str) -> dict:
     if len(data) > MAX_MANIFEST:
         raise InvalidInput(f"{what}: larger than {MAX_MANIFEST >> 20} MB")
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InvalidInput(f"{what}: not UTF-8 text") from err
+    doc = _plain_loads(text)
+    if doc is not None:
+        return doc
+    try:
+        return tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as err:
         raise InvalidInput(f"{what}: not valid TOML ({' '.join(str(err).split())})") from err
+
+
+# Reading the plain shapes back. tomllib is pure Python: the manifests of a base and an
+# adapter (a line per field, 700 tensors) took it ~60 ms of every `slm activate`, a new process
+# each time. `_plain_loads` reads the lines `_plain_dumps` writes (and only those: one
+# `key = value` or header per line, bare keys, strings without escapes, no comments, no
+# inline tables) into exactly the document tomllib gives, and returns None for anything else,
+# which tomllib then reads (or refuses). tests/test_toml_io.py compares the two on generated
+# and damaged texts.
+_STRING_BODY = re.compile(r"[ !#-\[\]-~]*")  # printable ASCII but the quote and the backslash
+_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:[eE][+-]?[0-9]+)?|[eE][+-]?[0-9]+)")
+_ITEM = re.compile(r'"[ !#-\[\]-~]*"|true|false|[-0-9][-+.eE0-9]*')  # one array item, checked by _scalar_of
+_NO_VALUE = object()
+
+
+def _scalar_of(text: str):
+    """The value of one scalar spelt as `_plain_dumps` spells it, else _NO_VALUE."""
+    first = text[:1]
+    if first == '"':
+        if len(text) >= 2 and text[-1] == '"' and _STRING_BODY.fullmatch(text, 1, len(text) - 1):
+            return text[1:-1]
+        return _NO_VALUE
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    if _INTEGER.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return _NO_VALUE
+
+
+def _value_of(text: str):
+    if text[:1] != "[":
+        return _scalar_of(text)
+    if text == "[]":
+        return []
+    items, pos, end = [], 1, len(text) - 1
+    if text[-1] != "]":
+        return _NO_VALUE
+    while True:
+        m = _ITEM.match(text, pos, end)
+        if m is None:
+            return _NO_VALUE
+        item = _scalar_of(m.group())
+        if item is _NO_VALUE:
+            return _NO_VALUE
+        items.append(item)
+        pos = m.end()
+        if pos == end:
+            return items
+        if not text.startswith(", ", pos):
+            return _NO_VALUE
+        pos += 2
+
+
+def _plain_loads(text: str) -> dict | None:
+    doc: dict = {}
+    arrays: set[str] = set()  # root keys made by [[name]]
+    current = doc
+    for line in text.split("\n"):
+        if not line:
+            continue
+        if line[0] != "[":
+            key, sep, spelt = line.partition(" = ")
+            if not sep or key in current or not _BARE_KEY.fullmatch(key):
+                return None
+            value = _value_of(spelt)
+            if value is _NO_VALUE:
+                return None
+            current[key] = value
+            continue
+        if line.startswith("[["):
+            name = line[2:-2]
+            if not line.endswith("]]") or not _BARE_KEY.fullmatch(name) or (name in doc and name not in arrays):
+                return None
+            arrays.add(name)
+            current = {}
+            doc.setdefault(name, []).append(current)
+            continue
+        if not line.endswith("]") or line.endswith("]]"):
+            return None
+        path = line[1:-1].split(".")
+        if not all(_BARE_KEY.fullmatch(part) for part in path):
+            return None
+        if len(path) == 1:
+            if path[0] in doc:
+                return None
+            current = doc[path[0]] = {}
+            continue
+        # [name.sub...]: a table in the last entry of the array of tables `name`
+        if path[0] not in arrays:
+            return None
+        table = doc[path[0]][-1]
+        for part in path[1:-1]:  # intermediate tables: made by an earlier header, or made now
+            table = table.setdefault(part, {})
+            if type(table) is not dict:
+                return None
+        if path[-1] in table:  # defined again, or defined after its sub-tables: tomllib decides
+            return None
+        current = table[path[-1]] = {}
+    return doc
+
 
 
 def field(doc: dict, key: str, kind: type | tuple[type, ...], what: str):
