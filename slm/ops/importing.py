@@ -12,6 +12,7 @@ committed, `slm fsck --repair` clears the intent. A crash is recovered by `slm f
 from __future__ import annotations
 
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,14 +151,14 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
     order = tensor_order(source.architecture)
     tensors = sorted(source.tensors, key=lambda t: order[t.name])
     staging = store.objects.staging()
-    # The finite check (NumPy, which releases the GIL) of the tensors ahead runs on a thread
-    # beside the hashing and writing of this one; errors still come in tensor order.
-    checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slm-finite")
+    # The next tensors' bytes are produced (read, or quantized from a checkpoint) and checked
+    # finite on a thread (NumPy releases the GIL) while this one is hashed and written; errors
+    # still come in tensor order, and at most PREFETCH tensors wait in memory.
+    checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slm-tensors")
     try:
         progress.start("importing tensors", sum(t.nbytes for t in tensors))
         records = []
-        for t, finite in zip(tensors, checker.map(_finite, tensors)):
-            data = t.stored_bytes()
+        for t, (data, finite) in zip(tensors, _prefetched(checker, _checked, tensors)):
             if len(data) != t.nbytes:
                 raise InvalidInput(f"tensor {t.name}: {len(data)} bytes, expected {t.nbytes}")
             if not finite:
@@ -192,11 +193,24 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
     )
 
 
-def _finite(t) -> bool:
-    """Whether a source tensor's stored bytes are all finite values (a short tensor is left to
-    the size check, which names it)."""
+PREFETCH = 2
+
+
+def _checked(t) -> tuple[bytes | memoryview, bool]:
+    """A source tensor's bytes as they will be stored, and whether they are all finite values
+    (a tensor of the wrong size is left to the size check, which names it)."""
     data = t.stored_bytes()
-    return len(data) != t.nbytes or get_codec(t.dtype).all_finite(data, t.shape)
+    return data, len(data) != t.nbytes or get_codec(t.dtype).all_finite(data, t.shape)
+
+
+def _prefetched(pool: ThreadPoolExecutor, fn, items: list):
+    """fn(item) for each item in order, computed on `pool` at most PREFETCH items ahead."""
+    pending = deque(pool.submit(fn, item) for item in items[:PREFETCH])
+    for nxt in items[PREFETCH:]:
+        pending.append(pool.submit(fn, nxt))
+        yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def open_adapter_source(path: Path, base_shapes: dict[str, tuple[int, ...]] | None = None) -> AdapterSource:
