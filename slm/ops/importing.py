@@ -171,7 +171,7 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
             quant_profile=source.quant_profile,
             qk_row_layout=source.qk_row_layout,
             architecture=source.architecture,
-            tokenizer_digest=staging.put(source.tokenizer_doc),
+            tokenizer_digest=staging.put(source.tokenizer_doc()),  # after the tensors: see BaseSource
             tokenizer_source=source.format,
             tensors=tuple(records),
         )
