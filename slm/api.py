@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from slm.compose.composition import Composition
 from slm.errors import InvalidInput, NotFound, UsageError
-from slm.ops import activation, compositions, fsck, gc, importing, inspect, run, verify
-from slm.ops.importing import ImportResult
-from slm.ops.loading import Loaded
-from slm.ops.progress import Progress
-from slm.ops.results import FsckReport, GcPlan, Generation, LogEntry, Status, Transition, VerifyReport
-from slm.ops.runtime import Runtime as _StagedRuntime
 from slm.store import store as _store
+
+# Each method imports the operation it runs: `slm activate` (a new process each time) must not
+# pay for the importer, the executor, the tokenizer or the distribution code (docs/benchmarks.md).
+if TYPE_CHECKING:
+    import numpy as np
+
+    from slm.ops.importing import ImportResult
+    from slm.ops.loading import Loaded
+    from slm.ops.progress import Progress
+    from slm.ops.results import FsckReport, GcPlan, Generation, LogEntry, Status, Transition, VerifyReport
+    from slm.ops.run import RunOptions
 
 
 class Store:
@@ -60,21 +63,29 @@ class Store:
     # -- import ----------------------------------------------------------------------------
     def import_base(self, path: str | os.PathLike, name: str, quant: str | None = None,
                     progress: Progress | None = None) -> ImportResult:
+        from slm.ops import importing
+
         return importing.import_base(self._s, Path(path), name, quant, progress)
 
     def import_adapter(self, path: str | os.PathLike, name: str, progress: Progress | None = None,
                        base: str | None = None) -> ImportResult:
         """Import a PEFT adapter directory or a GGUF LoRA. With `base` (a stored base's name or
         digest), the adapter's shapes are taken from that base and it must fit it."""
+        from slm.ops import importing
+
         return importing.import_adapter(self._s, Path(path), name, progress, base)
 
     # -- compositions and the active one ---------------------------------------------------
     def compose(self, base: str, adapters: Sequence[str] = ()) -> Composition:
         """A composition from a base and "NAME[@WEIGHT]" specs in load order; writes nothing."""
+        from slm.ops import compositions
+
         return compositions.build(self._s, base, list(adapters))
 
     def composition(self, ref: str) -> Composition:
         """A stored composition by id or unique id prefix."""
+        from slm.ops import compositions
+
         return compositions.load(self._s, compositions.find_id(self._s, ref))
 
     def activate(self, comp: Composition | str | None = None, adapters: Sequence[str] = (), *,
@@ -86,6 +97,8 @@ class Store:
         order); or `file` names a composition manifest (TOML), as `slm activate -f`. With
         `upgrade`, `comp` is at most a composition id (default: the active one), rebuilt for
         this runtime as `upgrade()` does (`slm activate --upgrade`)."""
+        from slm.ops import activation
+
         if upgrade:
             if adapters or file is not None:
                 raise UsageError("--upgrade takes at most one composition id, no adapters or -f")
@@ -106,19 +119,29 @@ class Store:
         return upgrade(self._s, ref, memory_budget)
 
     def deactivate(self, adapter: str) -> Transition:
+        from slm.ops import activation
+
         return activation.deactivate(self._s, adapter)
 
     def rollback(self, steps: int | None = None, to: str | None = None) -> Transition:
+        from slm.ops import activation
+
         return activation.rollback(self._s, steps, to)
 
     def status(self) -> Status:
+        from slm.ops import activation
+
         return activation.status(self._s)
 
     def log(self) -> list[LogEntry]:
         """Every transition of the active composition, newest first."""
+        from slm.ops import activation
+
         return activation.log(self._s)
 
     def active(self) -> Composition | None:
+        from slm.ops import activation
+
         return activation.active(self._s)
 
     # -- inspection --------------------------------------------------------------------------
@@ -131,21 +154,31 @@ class Store:
         return load_tokenizer(self._s.objects.read_verified(manifest.tokenizer_digest))
 
     def ls(self) -> list[dict]:
+        from slm.ops import inspect
+
         return inspect.list_entries(self._s)
 
     def show(self, ref: str) -> dict:
+        from slm.ops import inspect
+
         return inspect.show(self._s, ref)
 
     # -- integrity -----------------------------------------------------------------------------
     def verify(self, comp: Composition | str | None = None, numerics: bool = True,
                progress: Progress | None = None) -> VerifyReport:
+        from slm.ops import verify
+
         ref = comp.id if isinstance(comp, Composition) else comp
         return verify.verify(self._s, ref, numerics, progress)
 
     def fsck(self, repair: bool = False, progress: Progress | None = None) -> FsckReport:
+        from slm.ops import fsck
+
         return fsck.fsck(self._s, repair, progress)
 
     def gc(self, dry_run: bool = False, on_plan: Callable[[GcPlan], None] | None = None) -> GcPlan:
+        from slm.ops import gc
+
         return gc.gc(self._s, dry_run, on_plan)
 
     # -- distribution (docs/distribution.md) ---------------------------------------------------
@@ -219,9 +252,11 @@ class Store:
         return self.verify(comp, numerics, progress)
 
     # -- the command line's run ----------------------------------------------------------------
-    def run(self, options: run.RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
+    def run(self, options: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
         """`slm run`: load the active composition (or options.base), generate, stop at a switch
         of refs/active unless options.on_switch is "finish"; --logits-out written on success."""
+        from slm.ops import run
+
         return run.run_prompt(self._s, options, on_text)
 
 
@@ -233,12 +268,16 @@ class Runtime:
     """
 
     def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None):
+        from slm.ops.runtime import Runtime as _StagedRuntime
+
         self.store = store
         self._rt = _StagedRuntime(store._s, max_staged)
         self.threads = threads
 
     def session(self, comp: Composition | str | None = None) -> "Session":
         """A session pinned to `comp` (a Composition, an id or prefix), or to the active one."""
+        from slm.ops import compositions
+
         if comp is None:
             comp = self.store.active()
             if comp is None:
@@ -259,12 +298,16 @@ class Session:
         return self._loaded.id
 
     def _options(self, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int,
-                 chat: bool) -> run.RunOptions:
-        return run.RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              seed=seed, chat=chat, threads=self.runtime.threads)
+                 chat: bool) -> RunOptions:
+        from slm.ops.run import RunOptions
+
+        return RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                          seed=seed, chat=chat, threads=self.runtime.threads)
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int = 0, chat: bool = False) -> Generation:
+        from slm.ops import run
+
         options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
         return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
 
@@ -273,6 +316,8 @@ class Session:
         """The generated text in pieces, each as soon as it decodes to whole characters."""
         import queue
         import threading
+
+        from slm.ops import run
 
         pieces: queue.Queue = queue.Queue()
         options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
@@ -296,6 +341,8 @@ class Session:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Float32 logits (positions x vocab) of a token sequence, computed from scratch."""
+        import numpy as np
+
         model = self._loaded.model
         values = list(token_ids)
         if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):

@@ -8,11 +8,19 @@ import stat
 from pathlib import Path
 
 
+# The verified-digest cache is derived, advisory data, not store state (docs/recovery.md): any
+# command that re-hashes a blob may refresh it, one that fails included.
+ADVISORY = "cache/verified-digests"
+
+
 def snapshot(root: Path) -> dict[str, tuple]:
-    """Every file under a store with its mode and content hash (to prove nothing changed)."""
+    """Every file under a store with its mode and content hash (to prove nothing changed), but
+    the advisory verified-digest cache."""
     state = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
+        if rel == ADVISORY:
+            continue
         st = path.lstat()
         if stat.S_ISDIR(st.st_mode):
             state[rel] = ("dir",)

@@ -237,8 +237,8 @@ def test_a_held_lock_gives_a_clear_busy_error(cli, two_bases, store_dir):
     config = store_dir / "config.toml"
     config.write_text(config.read_text().replace("lock_timeout_s = 30.0", "lock_timeout_s = 0.3"))
 
-    # another process holds the lock (filelock is re-entrant within one process)
-    code = ("import filelock, sys, time; l = filelock.FileLock(sys.argv[1]); l.acquire();"
+    # another process holds the lock (an flock on it, as slm's writers take it)
+    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX);"
             "print('held', flush=True); time.sleep(30)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(store_dir / "lock")], stdout=subprocess.PIPE, text=True)
     try:

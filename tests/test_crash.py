@@ -17,6 +17,8 @@ from slm.cli import run as slm_run
 from slm.store import Store
 from slm.store.faults import CRASH_EXIT_CODE
 
+from helpers import ADVISORY
+
 pytestmark = pytest.mark.slow
 
 
@@ -137,11 +139,12 @@ def _commit_op(ops: list[tuple[str, str]], verb: str) -> int:
 
 
 def snapshot(store_dir) -> dict[str, bytes | None]:
-    """Every entry of a store (files with their bytes, directories as None), lock excluded."""
+    """Every entry of a store (files with their bytes, directories as None), the lock and the
+    advisory verified-digest cache (helpers.ADVISORY: not store state) excluded."""
     out = {}
     for path in sorted(store_dir.rglob("*")):
         rel = str(path.relative_to(store_dir))
-        if rel != "lock":
+        if rel not in ("lock", ADVISORY):
             out[rel] = None if path.is_dir() else path.read_bytes()
     return out
 

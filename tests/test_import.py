@@ -222,3 +222,30 @@ def test_json_errors_are_machine_readable(cli, store, tiny_model, tmp_path):
     r = cli("import", "base", tmp_path / "missing", "--name", "x", "--json")
     assert r.code == 3
     assert r.json() == {"error": r.err.strip().removeprefix("slm: error: "), "exit_code": 3}
+
+
+def test_a_failed_fsync_on_the_sync_threads_fails_the_import_before_anything_is_named(
+        cli, store, store_dir, tiny_model, monkeypatch):
+    """Staged files are fsynced on a pool (slm.store.fs.Syncs) while the next are written; one
+    that fails is reported at the barrier, before any blob is linked or the name is set."""
+    import errno
+    import os
+
+    from slm.store import fs
+
+    real_fsync = fs._fsync
+    failing = []
+
+    def fsync(fd, path):
+        if "stage" in str(path) and not failing:  # the first staged tensor's
+            failing.append(path)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd, path)
+
+    monkeypatch.setattr(fs, "_fsync", fsync)
+    before = snapshot(store_dir)
+    r = cli("import", "base", tiny_model["gguf_q"], "--name", "tq")
+    assert failing, "no staged file was fsynced"
+    assert r.code == 12 and one_line(r.err) and "fsync" in r.err, r.err
+    assert snapshot(store_dir) == before
+    assert list((store_dir / "tmp").iterdir()) == []

@@ -66,3 +66,26 @@ def test_every_blob_is_named_by_its_hash_and_read_only(imported, store_dir):
     for blob in blobs:
         assert blob.name == blake3.blake3(blob.read_bytes()).hexdigest()
         assert stat.S_IMODE(blob.stat().st_mode) == 0o444
+
+
+def test_the_stored_manifest_and_tokenizer_are_the_reference_bytes(imported, store, smollm2_gguf):
+    """What an import stores does not depend on how slm parses or writes (its digests are the
+    names of the base): the manifest is byte for byte what tomlkit writes for its document,
+    and the tokenizer is the canonical JSON of the tokenizer.* fields as gguf-py reads them."""
+    import json
+    import tomllib
+
+    import tomlkit
+
+    from slm.compose.base_manifest import parse_base_manifest
+
+    stored = store.objects.read_verified(imported["digest"])
+    assert tomlkit.dumps(tomllib.loads(stored.decode("utf-8"))).encode("utf-8") == stored
+    reader = gguf.GGUFReader(smollm2_gguf)
+    fields = {name[len("tokenizer."):]: field.contents() for name, field in reader.fields.items()
+              if name.startswith("tokenizer.")}
+    assert "chat_template" in fields  # so no architecture key (docs/formats.md)
+    expected = json.dumps({"format": "slm-tokenizer/1", "source": "gguf", "fields": fields}, sort_keys=True,
+                          separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    tokenizer = parse_base_manifest(stored).tokenizer_digest
+    assert store.objects.read_verified(tokenizer) == expected

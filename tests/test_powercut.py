@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import durability_matrix as dm
+from helpers import ADVISORY
 from slm.store import faults, fs
 from slm.store.journal import Journal
 from slm.store.powercut import CUT_EXIT_CODE, PowerCut, PowerCutHappened
@@ -152,7 +153,13 @@ def test_a_recorded_cut_is_the_disk_a_real_cut_leaves(matrix_template, tmp_path)
         if op not in (ops[0], ops[len(ops) // 2], ops[-3], ops[-1]):
             continue
         real = dm.replay(scenario, matrix_template, tmp_path / f"cut-{op}-{mode}", op, mode, seed)
-        assert real.flat() == image.flat(), (op, mode, seed)
+        assert _run_independent(real.flat()) == _run_independent(image.flat()), (op, mode, seed)
+
+
+def _run_independent(flat: dict) -> dict:
+    """A disk image but the advisory verified-digest cache, whose records name the inodes and
+    times of one run's files (no two runs write the same bytes there; nothing depends on it)."""
+    return {path: data for path, data in flat.items() if path != f"store/{ADVISORY}"}
 
 
 def test_a_failing_case_prints_a_replay_that_reproduces_it(matrix_template, tmp_path, monkeypatch):

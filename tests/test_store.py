@@ -160,3 +160,32 @@ def test_a_malformed_digest_is_invalid_input_not_a_value_error(store, text):
     with pytest.raises(InvalidInput):
         store.names.get("no-such-kind", "x")
     assert store.names.get("bases", "x") is None
+
+
+def test_the_store_lock_is_re_entrant_in_a_thread_and_exclusive_across_threads(store):
+    """A verb that switches under its own lock takes it again (re-entrant); another thread of
+    the same process (the server's) waits for it like another process."""
+    import threading
+
+    from slm.errors import Busy
+    from slm.store.lock import store_lock
+
+    outcome = []
+
+    def other_thread():
+        try:
+            with store_lock(store.root / "lock", timeout=0.2):
+                outcome.append("got it")
+        except Busy:
+            outcome.append("busy")
+
+    with store.locked():
+        with store.locked(timeout=0):  # re-entrant: no wait, no deadlock
+            worker = threading.Thread(target=other_thread)
+            worker.start()
+            worker.join()
+    assert outcome == ["busy"]
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert outcome == ["busy", "got it"]

@@ -44,7 +44,7 @@ class TensorRef:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * DTYPES[self.dtype].itemsize
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
 
 
 @dataclass(frozen=True)

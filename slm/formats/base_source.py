@@ -22,7 +22,9 @@ class BaseSource:
     architecture: dict[str, Any]
     qk_row_layout: str  # see slm.formats.llama.QK_LAYOUTS
     quant_profile: str
-    tokenizer_doc: bytes  # canonical JSON (see canonical_json)
+    # the tokenizer as canonical JSON (see canonical_json), built when asked: checked when the
+    # source is opened, serialised while an import's tensor files are on their way to the disk
+    tokenizer_doc: Callable[[], bytes]
     tensors: list[SourceTensor]
     closers: list[Callable[[], None]] = field(default_factory=list)
 

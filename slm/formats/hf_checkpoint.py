@@ -170,7 +170,7 @@ def _source(root: Path, arch: dict, profile: str, files: list[SafetensorsFile]) 
         ))
     return BaseSource(
         format="hf", architecture=arch, qk_row_layout="hf", quant_profile=profile,
-        tokenizer_doc=tokenizer_doc_from_dir(root), tensors=tensors,
+        tokenizer_doc=(lambda doc=tokenizer_doc_from_dir(root): doc), tensors=tensors,
         closers=[f.close for f in files],
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,16 +102,28 @@ def _verified(store: Store, digest: str, what: str) -> bytes:
 
 
 def stage(store: Store, comp: Composition, verify_base: bool = True) -> Staged:
-    """Validate everything (re-hashing every blob) and load the overlays. Changes nothing."""
+    """Validate everything (every blob re-hashed, or vouched for by the verified-digest cache:
+    docs/recovery.md) and load the overlays. Changes nothing but that advisory cache."""
     base = parse_base_manifest(_verified(store, comp.base, "base"), f"base {dg.short(comp.base)}")
+    # the base blobs the verified-digest cache does not vouch for: usually none, and then no
+    # thread is started (nor concurrent.futures imported: slm activate is a new process each time)
+    unknown = [d for d in base.blob_digests() if not store.objects.trusted(d)] if verify_base else []
+    if not unknown:
+        try:
+            return _stage_adapters(store, comp, base)
+        finally:
+            store.objects.save_verified()
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=1) as background:
         # Re-hashing the base (BLAKE3 and file reads release the GIL) overlaps with parsing
         # and checking the adapters, which hold it: about 40 ms off an activation.
-        base_check = background.submit(store.objects.first_bad, list(base.blob_digests())) if verify_base else None
+        base_check = background.submit(store.objects.first_bad, unknown)
         try:
             return _stage_adapters(store, comp, base)
         finally:  # a corrupt base outranks whatever the adapters' checks said
-            bad = base_check.result() if base_check is not None else None
+            bad = base_check.result()
+            store.objects.save_verified()  # what the re-hashes found, for the next command
             if bad is not None:
                 raise IntegrityError(f"base blob {dg.short(bad)} is missing or corrupt (run `slm fsck`)")
 

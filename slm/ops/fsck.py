@@ -88,6 +88,9 @@ class Fsck:
                          lambda p=path: fs.chmod(p, BLOB_MODE))
             self.progress.advance(info.st_size)
         self.progress.finish()
+        # every blob re-hashed: the verified-digest cache keeps exactly the ones that matched
+        objects.verified.retain(set(digests) - self.corrupt)
+        objects.save_verified()
 
     def _quarantine(self, path: Path) -> None:
         lost = self.store.root / "lost+found"

@@ -12,6 +12,8 @@ committed, `slm fsck --repair` clears the intent. A crash is recovered by `slm f
 from __future__ import annotations
 
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,14 +151,17 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
     order = tensor_order(source.architecture)
     tensors = sorted(source.tensors, key=lambda t: order[t.name])
     staging = store.objects.staging()
+    # The next tensors' bytes are produced (read, or quantized from a checkpoint) and checked
+    # finite on a thread (NumPy releases the GIL) while this one is hashed and written; errors
+    # still come in tensor order, and at most PREFETCH tensors wait in memory.
+    checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slm-tensors")
     try:
         progress.start("importing tensors", sum(t.nbytes for t in tensors))
         records = []
-        for t in tensors:
-            data = t.stored_bytes()
+        for t, (data, finite) in zip(tensors, _prefetched(checker, _checked, tensors)):
             if len(data) != t.nbytes:
                 raise InvalidInput(f"tensor {t.name}: {len(data)} bytes, expected {t.nbytes}")
-            if not get_codec(t.dtype).all_finite(data, t.shape):
+            if not finite:
                 raise InvalidInput(f"tensor {t.name} holds values that are not finite (NaN or inf)")
             records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, staging.put(data)))
             progress.advance(t.nbytes)
@@ -166,12 +171,13 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
             quant_profile=source.quant_profile,
             qk_row_layout=source.qk_row_layout,
             architecture=source.architecture,
-            tokenizer_digest=staging.put(source.tokenizer_doc),
+            tokenizer_digest=staging.put(source.tokenizer_doc()),  # after the tensors: see BaseSource
             tokenizer_source=source.format,
             tensors=tuple(records),
         )
         digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes())
     finally:
+        checker.shutdown(cancel_futures=True)
         staging.discard()
     return ImportResult(
         kind="base",
@@ -185,6 +191,26 @@ def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
         new_bytes=sum(store.objects.size(d) for d in new),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+PREFETCH = 2
+
+
+def _checked(t) -> tuple[bytes | memoryview, bool]:
+    """A source tensor's bytes as they will be stored, and whether they are all finite values
+    (a tensor of the wrong size is left to the size check, which names it)."""
+    data = t.stored_bytes()
+    return data, len(data) != t.nbytes or get_codec(t.dtype).all_finite(data, t.shape)
+
+
+def _prefetched(pool: ThreadPoolExecutor, fn, items: list):
+    """fn(item) for each item in order, computed on `pool` at most PREFETCH items ahead."""
+    pending = deque(pool.submit(fn, item) for item in items[:PREFETCH])
+    for nxt in items[PREFETCH:]:
+        pending.append(pool.submit(fn, nxt))
+        yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def open_adapter_source(path: Path, base_shapes: dict[str, tuple[int, ...]] | None = None) -> AdapterSource:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.dist import signing
 from slm.errors import CommittedIncomplete, Incompatible, IntegrityError, InvalidInput, IOFailure, NotFound, SlmError
 from slm.ops import compositions
 from slm.store import Store, fs
@@ -41,8 +40,11 @@ def policy(store: Store) -> Policy:
         raise InvalidInput("config.toml: require_signed must be true or false")
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise InvalidInput('config.toml: trusted_keys must be a list of "ed25519:<base64>" strings')
-    for i, key in enumerate(keys):
-        signing.parse_public_key(key, f"config.toml trusted_keys[{i}]")
+    if keys:  # every switch asks for the policy; the key parser loads only when there are keys
+        from slm.dist import signing
+
+        for i, key in enumerate(keys):
+            signing.parse_public_key(key, f"config.toml trusted_keys[{i}]")
     return Policy(required, tuple(keys))
 
 
@@ -67,6 +69,8 @@ class SignatureCheck:
 
 
 def check_signatures(store: Store, comp_id: str, trusted: tuple[str, ...]) -> list[SignatureCheck]:
+    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+
     record = _record(store, comp_id)
     out = []
     for digest in record.signatures if record else ():
@@ -124,6 +128,8 @@ def _find(store: Store, ref: str | None) -> str:
 
 
 def sign(store: Store, ref: str | None, key_path: Path) -> SignResult:
+    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+
     key = signing.load_private_key(Path(key_path))
     public = signing.public_key_text(key)
     with store.locked():
@@ -181,6 +187,8 @@ class SignatureReport:
 def verify_signatures(store: Store, ref: str | None, keys: list[str] = ()) -> SignatureReport:
     """The signatures of a composition, each checked; trusted = config.toml trusted_keys plus
     the keys given (key texts or PEM files)."""
+    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+
     comp_id = _find(store, ref)
     trusted = policy(store).trusted_keys + tuple(signing.public_key_from_file_or_text(k) for k in keys)
     return SignatureReport(comp_id, tuple(check_signatures(store, comp_id, trusted)), len(set(trusted)))
@@ -188,6 +196,8 @@ def verify_signatures(store: Store, ref: str | None, keys: list[str] = ()) -> Si
 
 def write_certificate(comp_id: str, result: dict, key_path: Path, out: Path) -> str:
     """Sign a verify result, bound to its composition id, into `out` (a new file)."""
+    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+
     key = signing.load_private_key(Path(key_path))
     data = signing.certificate(comp_id, result, key)
     out = Path(out)
@@ -202,6 +212,8 @@ def write_certificate(comp_id: str, result: dict, key_path: Path, out: Path) -> 
 
 
 def check_certificate(path: Path, keys: list[str] = ()) -> dict:
+    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+
     data = Path(path).read_bytes()[:signing.MAX_CERT_BYTES + 1]
     comp_id, key, result = signing.check_certificate(data, Path(path).name)
     trusted = set(keys)
@@ -226,6 +238,7 @@ def certify(store: Store, ref: str | None, key_path: Path, out: Path, numerics: 
             progress=None) -> Certified:
     """`slm verify --certificate OUT --key KEY`: verify, then write the report signed and bound to
     the composition id (written whatever the result: the result says whether it passed)."""
+    from slm.dist import signing
     from slm.ops import verify
 
     signing.load_private_key(Path(key_path))  # a bad key fails before minutes of verification

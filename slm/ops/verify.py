@@ -65,6 +65,7 @@ def check_integrity(store: Store, comp: Composition, progress: Progress) -> dict
             bad.append(d)
         progress.advance(sizes[d])
     progress.finish()
+    store.objects.save_verified()  # every blob was re-hashed: the cache now says what was found
     return {"blobs": len(blobs), "bytes": sum(sizes.values()), "bad_blobs": bad, "ok": not bad}
 
 

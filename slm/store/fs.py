@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import shutil
 import stat
 from pathlib import Path
@@ -160,6 +159,9 @@ class NewFile:
 
     def sync_and_close(self) -> None:
         _fault_point("fsync", str(self.path))
+        self._sync_and_close_now()
+
+    def _sync_and_close_now(self) -> None:
         try:
             _fsync(self.fd, self.path)
         except OSError as err:
@@ -182,13 +184,67 @@ class NewFile:
                 os.unlink(self.path)
             except OSError:
                 pass
-        else:
+        elif not self._handed_off:
             self._close()
+
+    _handed_off = False  # set when a Syncs pool owns the descriptor (it closes it after the fsync)
+
+
+class Syncs:
+    """New files fsynced on a few threads while the caller writes the next ones.
+
+    Why: an import stages one file per tensor (272 for SmolLM2), and one fsync after the
+    other waited on the disk for each (most of an import's time); fsyncs of different files
+    issued together share the disk's and the journal's work. Each file is still fsynced once,
+    by the same `_fsync`, and `wait()` is the barrier: it returns only when every fsync given
+    to it has returned, and raises the first that failed (never retried, as everywhere). The
+    caller names none of the files (links them into objects/) before `wait()` returned.
+
+    The fault point of each fsync stays on the caller's thread, in order, so that the fault
+    plans count operations as before. Under the power-cut simulator (`sync_observer` set) each
+    fsync runs at once on the caller's thread: its model of what is durable is kept by one thread."""
+
+    THREADS = 8
+
+    def __init__(self) -> None:
+        self._pool = None
+        self._pending: list = []
+
+    def sync_and_close(self, f: NewFile) -> None:
+        _fault_point("fsync", str(f.path))
+        if sync_observer is not None:
+            f._sync_and_close_now()
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=self.THREADS, thread_name_prefix="slm-fsync")
+        f._handed_off = True
+        self._pending.append(self._pool.submit(f._sync_and_close_now))
+
+    def wait(self) -> None:
+        """Every fsync handed over so far has returned; the first failure is raised."""
+        pending, self._pending = self._pending, []
+        failures = [job.exception() for job in pending]  # waits for each
+        first = next((err for err in failures if err is not None), None)
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        """Wait for what is in flight (its failures no longer matter: the files are discarded)."""
+        for job in self._pending:
+            job.exception()
+        self._pending = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def temp_name(directory: Path, stem: str) -> Path:
     """A fresh temp path in `directory` (same filesystem, so a later rename is atomic)."""
-    return directory / f".{stem}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    # os.urandom, not the secrets module: secrets imports hashlib and hmac (start-up time of
+    # every command); a temp name needs uniqueness, not a cryptographic API
+    return directory / f".{stem}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
 
 
 def rename(src: Path, dst: Path) -> None:
@@ -269,6 +325,34 @@ def append_durably(path: Path, data: bytes) -> None:
         os.close(fd)
     if created:
         fsync_dir(path.parent)
+
+
+def write_advisory(path: Path, data: bytes) -> None:
+    """Overwrite a derived, advisory file in place, with no fsync and no temp file: only for
+    data its reader checks and may discard (the verified-digest cache, slm.store.verified). A
+    crash, a power cut or a concurrent writer may leave it old, torn, empty or mixed; the
+    reader's checksum tells, and nothing is lost but the time to rebuild it.
+
+    No fault point: a failure here fails no command (the caller ignores it), and the crash
+    and I/O-error tests count the operations whose failure must fail the command. Opened
+    like a store file (O_NOFOLLOW | O_NONBLOCK), and cut only once it is known to be a regular
+    file of one link: a symlink, a FIFO or a hard link to a blob in its place is left alone."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise _io_error("open", path, err) from err
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise IntegrityError(f"{path} is not a regular file of one link; left alone")
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as err:
+        raise _io_error("write", path, err) from err
+    finally:
+        os.close(fd)
 
 
 def truncate(path: Path, size: int) -> None:

@@ -5,31 +5,38 @@ fsynced, and only `commit()` moves them into objects/ (hard link, first writer w
 directory, chmod 0444). An import that fails before commit leaves objects/ untouched; one that
 crashes during commit leaves at most unreferenced blobs, which `slm gc` removes.
 
-Existence is never proof: `read_verified` and `verify` re-hash the bytes.
+Existence is never proof: `verify` and `hash_file` re-hash the bytes; `read_verified` and
+`first_bad` re-hash them unless the verified-digest cache (slm.store.verified) vouches for the
+file as it is, and every hash that matches refreshes that cache.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from slm.errors import Busy, IntegrityError, NotFound, SlmError
+from slm.errors import Busy, IntegrityError, IOFailure, NotFound, SlmError
 from slm.store import digest as dg
 from slm.store import fs
+from slm.store.verified import VerifiedCache, key_of
 
 BLOB_MODE = 0o444
 _CHUNK = 1 << 20
 
 
 class ObjectStore:
-    def __init__(self, objects_dir: Path, tmp_dir: Path):
+    def __init__(self, objects_dir: Path, tmp_dir: Path, verified: VerifiedCache | None = None):
         self.dir = objects_dir / "blake3"
         self.tmp_dir = tmp_dir
+        self.verified = verified
+        self._dir_text = str(self.dir)
 
     def path(self, digest: str) -> Path:
         return self.dir / dg.hex_of(digest)
@@ -55,37 +62,110 @@ class ObjectStore:
             raise NotFound(f"no blob {digest} in the store")
         return path
 
+    def _open(self, digest: str) -> int:
+        """A descriptor on a blob's file, opened as `_existing` checks it but in one system call
+        (an activation reads hundreds of adapter blobs): a symlink is refused, a FIFO does not
+        block; the caller checks that it is a regular file."""
+        if not dg.is_digest(digest):
+            raise NotFound(f"not a blake3 digest: {digest!r}")
+        path = os.path.join(self._dir_text, digest[len(dg.PREFIX):])
+        try:
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(f"no blob {digest} in the store") from None
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise IntegrityError(f"blob {dg.short(digest)} is a symlink; the store refuses links") from None
+            raise IOFailure(f"cannot read blob {dg.short(digest)}: {os.strerror(err.errno)}") from err
+
     def hash_file(self, digest: str) -> str:
-        """Re-hash the stored bytes of a blob (the digest they actually have)."""
+        """Re-hash the stored bytes of a blob (the digest they actually have). The verified-digest
+        cache is never consulted here, only told what was found."""
         path = self._existing(digest)
+        started = time.time_ns()
         h = dg.hasher()
         with open(path, "rb") as f:
+            before = os.fstat(f.fileno())
             while chunk := f.read(_CHUNK * 8):
                 h.update(chunk)
-        return dg.PREFIX + h.hexdigest()
+            after = os.fstat(f.fileno())
+        found = dg.PREFIX + h.hexdigest()
+        self._learn(digest, found == digest, before, after, started)
+        return found
 
     def verify(self, digest: str) -> bool:
+        """Whether the blob's bytes, re-hashed now, match its name (`slm verify`, `slm fsck`)."""
         return self.hash_file(digest) == digest
+
+    def _learn(self, digest: str, matched: bool, before: os.stat_result, after: os.stat_result,
+               started_ns: int) -> None:
+        if self.verified is None:
+            return
+        if matched:
+            self.verified.record(digest, before, after, started_ns)
+        else:
+            self.verified.forget(digest)
+
+    def trusted(self, digest: str) -> bool:
+        """Whether the verified-digest cache vouches for the blob's file as it is now."""
+        if self.verified is None or not dg.is_digest(digest):
+            return False
+        try:
+            info = os.lstat(os.path.join(self._dir_text, digest[len(dg.PREFIX):]))
+        except OSError:
+            return False
+        return stat.S_ISREG(info.st_mode) and self.verified.trusts(digest, info)
+
+    def save_verified(self) -> None:
+        """Write what this process learnt into the verified-digest cache (advisory: never fails)."""
+        if self.verified is not None:
+            self.verified.save()
 
     def first_bad(self, digests: list[str], threads: int = 2) -> str | None:
         """The first of `digests` that is missing or does not hash to its name, or None.
 
-        Hashed on `threads` threads (BLAKE3 releases the GIL): an activation re-hashes the
-        whole base, mostly files too small for BLAKE3's own threading."""
+        A blob the verified-digest cache vouches for is not read; the rest are hashed on
+        `threads` threads (BLAKE3 releases the GIL): an activation checks the whole base,
+        mostly files too small for BLAKE3's own threading."""
         from concurrent.futures import ThreadPoolExecutor
+
+        unknown = [d for d in digests if not self.trusted(d)]
+        if not unknown:
+            return None
 
         def ok(digest: str) -> bool:
             return self.has(digest) and self.verify(digest)
 
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            for digest, good in zip(digests, pool.map(ok, digests)):
+            for digest, good in zip(unknown, pool.map(ok, unknown)):
                 if not good:
                     return digest
         return None
 
     def read_verified(self, digest: str) -> bytes:
-        data = self._existing(digest).read_bytes()
-        if dg.of_bytes(data) != digest:
+        """A blob's bytes, checked to hash to its name (or vouched for by the verified-digest
+        cache: the file is the one that did, unchanged)."""
+        started = time.time_ns()
+        fd = self._open(digest)
+        try:
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode):
+                raise NotFound(f"no blob {digest} in the store")
+            data = os.read(fd, before.st_size + 1)
+            if len(data) != before.st_size:  # a short read, or a file that grew: on to the end
+                chunks = [data]
+                while chunk := os.read(fd, _CHUNK):
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if (self.verified is not None and key_of(before) == key_of(after) and len(data) == after.st_size
+                and self.verified.trusts(digest, after)):
+            return data
+        matched = dg.of_bytes(data) == digest
+        self._learn(digest, matched, before, after, started)
+        if not matched:
             raise IntegrityError(
                 f"blob {dg.short(digest)} is corrupt: its bytes do not hash to its name "
                 "(run `slm fsck`)"
@@ -158,6 +238,7 @@ class Staging:
     reused: set[str] = field(default_factory=set)  # already in objects/ when put: not staged again
     dir: Path | None = None
     _lock_fd: int | None = None
+    _syncs: fs.Syncs = field(default_factory=fs.Syncs)  # each staged file's fsync, in flight
 
     def _dir(self) -> Path:
         if self.dir is None:
@@ -180,7 +261,7 @@ class Staging:
         with fs.NewFile(path, 0o644) as f:
             for start in range(0, len(view), _CHUNK * 16):
                 f.write(view[start:start + _CHUNK * 16])
-            f.sync_and_close()
+            self._syncs.sync_and_close(f)  # durable before commit links it (Syncs.wait)
         self.staged[digest] = path
         return digest
 
@@ -200,6 +281,7 @@ class Staging:
         are unlinked again before the error propagates (best effort: `slm gc` removes what a
         refusing disk leaves). Runs under the store lock; a blob that was already stored when
         it was put and has gone since (a gc in between) fails the commit before any change."""
+        self._syncs.wait()  # the barrier: every staged file's fsync has returned
         gone = [d for d in self.reused if not self.objects.has(d)]
         if gone:
             raise Busy(f"blob {dg.short(gone[0])}, already stored when this import began, was removed "
@@ -224,6 +306,7 @@ class Staging:
         return new
 
     def discard(self) -> None:
+        self._syncs.close()
         if self.dir is not None and self.dir.exists():
             fs.remove_tree(self.dir)
         if self._lock_fd is not None:

@@ -7,7 +7,7 @@
       refs/active            the active composition id
       logs/active            reflog, one checksummed line per transition
       journal/               intent records of in-flight transactions
-      cache/                 derived data keyed by composition id; safe to delete
+      cache/                 derived data (prefix cache by composition id, verified-digests); safe to delete
       tmp/                   staging; anything left here after a crash is junk
       lock                   held by the one writer
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
@@ -30,6 +31,8 @@ from slm.store.names import Names
 from slm.store.objects import ObjectStore
 from slm.store.reflog import Reflog
 from slm.store.refs import Ref
+from slm.store.verified import FILE_NAME as VERIFIED_FILE
+from slm.store.verified import VerifiedCache
 
 STORE_DIRNAME = ".slm"
 FORMAT_VERSION = 1
@@ -46,9 +49,12 @@ def default_config() -> dict:
 class Store:
     root: Path
 
-    @property
+    @cached_property
     def objects(self) -> ObjectStore:
-        return ObjectStore(self.root / "objects", self.root / "tmp")
+        """The blobs, with the one verified-digest cache of this Store object (what re-hashes
+        learn during a command is saved once, by the command)."""
+        return ObjectStore(self.root / "objects", self.root / "tmp",
+                           VerifiedCache(self.root / "cache" / VERIFIED_FILE))
 
     @property
     def names(self) -> Names:

@@ -1,0 +1,142 @@
+"""The verified-digest cache: blob files that were re-hashed and matched their names, each with
+what the file system said about the file then, so that an activation need not re-read and
+re-hash a 98 MB base that has not changed since.
+
+    cache/verified-digests    slm-verified-digests 1
+                              <64 hex> <st_dev> <st_ino> <st_size> <st_mtime_ns> <st_ctime_ns>
+                              ...
+                              blake3:<64 hex: the digest of every byte above this line>
+
+What it trusts: that a blob file whose (device, inode, size, mtime, ctime) are what they were
+when its bytes were last hashed and matched its name still holds those bytes. A write to a
+file moves its mtime and ctime; putting the mtime back (os.utime) moves the ctime again, which
+only the kernel sets; a file replaced by another (a rename, a copy back) has another inode. Not
+caught: bytes that change on the medium with no write (bit rot), and a writer who can also set
+the clock back or edit the block device or this file itself (who can write the store can write
+its blobs too). `slm verify` and `slm fsck` re-hash every byte whatever this file says, and
+refresh it (`fsck` drops what it did not verify).
+
+Advisory: a missing, torn, oversized or corrupt file (or anything but a regular file in its
+place) means "re-hash", never an error. It is derived data, not store state: rewritten whole
+in place without fsync (fs.write_advisory: a power cut may lose or tear it, the checksum says
+so), and a command that fails may still have refreshed it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from slm.errors import SlmError
+from slm.store import digest as dg
+from slm.store import fs
+
+FILE_NAME = "verified-digests"
+HEADER = b"slm-verified-digests 1\n"
+MAX_BYTES = 64 << 20  # about 500,000 blobs
+# A file changed within one clock tick of its last change may keep its ctime (the kernel's
+# file times are coarse: a tick is at most 10 ms): a file is recorded only if its ctime is
+# older than this before its hash began, so a later write cannot leave the same key.
+RACY_NS = 100_000_000
+
+Key = tuple[int, int, int, int, int]
+
+
+def key_of(st: os.stat_result) -> Key:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class VerifiedCache:
+    """The records of one store, loaded on first use and saved by `save` when they changed.
+
+    Thread-safe: an activation hashes its base on a pool beside its adapters."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._records: dict[str, Key] | None = None
+        self._dirty = False
+        self._lock = threading.Lock()
+
+    def _loaded(self) -> dict[str, Key]:
+        if self._records is None:
+            self._records = _parse(_read(self.path))
+        return self._records
+
+    def trusts(self, digest: str, st: os.stat_result) -> bool:
+        """Whether the blob of `digest`, a file now described by `st`, was verified as it is."""
+        with self._lock:
+            return self._loaded().get(dg.hex_of(digest)) == key_of(st)
+
+    def record(self, digest: str, before: os.stat_result, after: os.stat_result, started_ns: int) -> None:
+        """The bytes of `digest`'s file hashed to `digest`, from `before` (the file when it was
+        opened) to `after` (when the hash ended), a hash begun at time.time_ns() `started_ns`.
+        A file that changed meanwhile, or changed too recently to be told apart, is not recorded."""
+        key = key_of(after)
+        if key_of(before) != key or after.st_ctime_ns > started_ns - RACY_NS:
+            return
+        with self._lock:
+            records = self._loaded()
+            if records.get(dg.hex_of(digest)) != key:
+                records[dg.hex_of(digest)] = key
+                self._dirty = True
+
+    def forget(self, digest: str) -> None:
+        """A blob that did not hash to its name (or is gone): no record may vouch for it."""
+        with self._lock:
+            if self._loaded().pop(dg.hex_of(digest), None) is not None:
+                self._dirty = True
+
+    def retain(self, digests: set[str]) -> None:
+        """Keep only the records of `digests` (what fsck has just verified)."""
+        keep = {dg.hex_of(d) for d in digests}
+        with self._lock:
+            records = self._loaded()
+            for hex_digest in [h for h in records if h not in keep]:
+                del records[hex_digest]
+                self._dirty = True
+
+    def save(self) -> None:
+        """Write the records if they changed; a failed write is ignored (the next command
+        re-hashes what it cannot find)."""
+        with self._lock:
+            if not self._dirty or self._records is None:
+                return
+            data = _serialize(self._records)
+            self._dirty = False
+        try:
+            fs.write_advisory(self.path, data)
+        except SlmError:
+            pass
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return fs.read_store_file(path, MAX_BYTES) or b""
+    except SlmError:  # a FIFO, a directory, a link or an oversized file in its place
+        return b""
+
+
+def _serialize(records: dict[str, Key]) -> bytes:
+    body = HEADER + b"".join(f"{h} {' '.join(map(str, k))}\n".encode("ascii") for h, k in sorted(records.items()))
+    return body + dg.of_bytes(body).encode("ascii") + b"\n"
+
+
+def _parse(data: bytes) -> dict[str, Key]:
+    """The records of an intact file; {} for anything else (absent, torn, edited, garbage)."""
+    body, sep, trailer = data[:-1].rpartition(b"\n")
+    body += sep
+    if not data.endswith(b"\n") or not body.startswith(HEADER):
+        return {}
+    try:
+        if trailer.decode("ascii") != dg.of_bytes(body):
+            return {}
+        records = {}
+        for line in body[len(HEADER):].decode("ascii").splitlines():
+            hex_digest, *fields = line.split(" ")
+            if len(fields) != 5 or not dg.is_digest(dg.PREFIX + hex_digest):
+                return {}
+            records[hex_digest] = tuple(int(f) for f in fields)
+        return records
+    except (UnicodeDecodeError, ValueError):
+        return {}
