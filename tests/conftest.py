@@ -18,6 +18,14 @@ import smollm2_path  # noqa: E402
 
 from slm.cli import run  # noqa: E402
 
+try:  # every property test draws the same examples on every run: a failure reproduces
+    from hypothesis import settings
+
+    settings.register_profile("slm", derandomize=True, deadline=None)
+    settings.load_profile("slm")
+except ImportError:  # (the dev extra brings hypothesis; a test file that needs it says so)
+    pass
+
 
 @pytest.fixture(autouse=True)
 def _isolated_store_env(tmp_path, monkeypatch):

@@ -148,12 +148,15 @@ def test_bad_vocabularies_are_one_line_errors():
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40),
+@given(text=st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\u2581"),
+                    max_size=40),
        prefix=st.booleans())
 def test_decode_inverts_encode(text, prefix):
     """Every character has a piece or byte tokens, so any text survives (control-token spellings
     stay text when special tokens are not parsed). With the space prefix, a text fragment after a
-    user-defined token keeps its prefix space in llama.cpp too, so those texts are left out."""
+    user-defined token keeps its prefix space in llama.cpp too, so those texts are left out. U+2581
+    is left out as well: it is SentencePiece's spelling of a space, so a literal one decodes as a
+    space, in llama.cpp too (HAND below compares "\u2581ab" with it)."""
     while prefix and ("\n" in text or "<b>" in text):
         text = text.replace("\n", "").replace("<b>", "")
     tok = tokenizer(add_space_prefix=prefix)
