@@ -464,6 +464,44 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
     return s;
 }
 
+/* q . k for four rows k at once, `stride` floats apart (four independent accumulators: one
+ * dot alone is a chain of dependent FMAs); dot1 is one lane of it, the same operations in the
+ * same order, so that a value does not depend on whether it was computed in a four. */
+static inline void dot4(const float *restrict q, const float *restrict k, const int64_t stride, const int64_t n,
+                        float out[4]) {
+    vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}; /* (named, not an array: kept in registers) */
+    int64_t d = 0;
+    for (; d + LANES <= n; d += LANES) {
+        const vf qv = load_vf(q + d);
+        a0 += qv * load_vf(k + d);
+        a1 += qv * load_vf(k + stride + d);
+        a2 += qv * load_vf(k + 2 * stride + d);
+        a3 += qv * load_vf(k + 3 * stride + d);
+    }
+    float s[4] = {sum_lanes(a0), sum_lanes(a1), sum_lanes(a2), sum_lanes(a3)};
+    for (int j = 0; j < 4; j++) {
+        for (int64_t e = d; e < n; e++) s[j] += q[e] * k[j * stride + e];
+        out[j] = s[j];
+    }
+}
+
+static inline float dot1(const float *restrict q, const float *restrict k, const int64_t n) {
+    vf a0 = {0};
+    int64_t d = 0;
+    for (; d + LANES <= n; d += LANES) a0 += load_vf(q + d) * load_vf(k + d);
+    float s = sum_lanes(a0);
+    for (int64_t e = d; e < n; e++) s += q[e] * k[e];
+    return s;
+}
+
+/* out[i] = q . rows[i] for `count` rows `stride` floats apart: fours, then ones. */
+static inline void dots(const float *restrict q, const float *restrict rows, const int64_t stride,
+                        const int64_t count, const int64_t n, float *restrict out) {
+    int64_t i = 0;
+    for (; i + 4 <= count; i += 4) dot4(q, rows + i * stride, stride, n, out + i);
+    for (; i < count; i++) out[i] = dot1(q, rows + i * stride, n);
+}
+
 /* Whether rows of n values, row_bytes apart, are whole blocks of a type the kernels have. */
 static int valid_rows(int type, int64_t n, int64_t row_bytes) {
     const block_type t = type_info(type);
@@ -554,15 +592,24 @@ static void unit_sums(const float *x, int64_t tokens, int64_t n, float *xs16, fl
 static void team_matmul(const matmul_plan *p) {
     const int64_t tid = thread_index(), nth = thread_count(), n = p->n, tokens = p->tokens;
     const int count = p->count;
-    /* this thread's share of the u = A x: the A factors are as many bytes as the B factors,
-     * too many to stream on one thread */
-    const int64_t k0 = p->ranks * tid / nth, k1 = p->ranks * (tid + 1) / nth;
+    /* this thread's share of the u = A x (the A factors are as many bytes as the B factors, too
+     * many to stream on one thread), in units of four ranks of one term: a unit is computed the
+     * same way whichever thread takes it, so u does not depend on the thread count */
+    int64_t units = 0;
     for (int64_t t = 0; t < tokens; t++)
-        for (int j = 0; j < count; j++) {
+        for (int j = 0; j < count; j++) units += (p->terms[j * p->job_stride + t * p->row_stride].rank + 3) / 4;
+    const int64_t g0 = units * tid / nth, g1 = units * (tid + 1) / nth;
+    int64_t g = 0; /* the first unit of the current term */
+    for (int64_t t = 0; t < tokens && g < g1; t++)
+        for (int j = 0; j < count && g < g1; j++) {
             const slm_term *term = &p->terms[j * p->job_stride + t * p->row_stride];
-            const int64_t at = p->u_at[t * count + j];
-            for (int64_t k = 0; k < term->rank; k++)
-                if (at + k >= k0 && at + k < k1) p->u[at + k] = dot(term->a + k * n, p->x + t * n, (int)n);
+            const int64_t at = p->u_at[t * count + j], mine0 = g0 > g ? g0 - g : 0;
+            const int64_t term_units = (term->rank + 3) / 4, mine1 = g1 - g < term_units ? g1 - g : term_units;
+            for (int64_t unit = mine0; unit < mine1; unit++) {
+                const int64_t k = 4 * unit, size = term->rank - k < 4 ? term->rank - k : 4;
+                dots(p->x + t * n, term->a + k * n, n, size, n, p->u + at + k);
+            }
+            g += term_units;
         }
     /* each thread takes one contiguous range of rows (of all jobs), the same in both loops */
     const int64_t i0 = p->total * tid / nth, i1 = p->total * (tid + 1) / nth;
@@ -705,29 +752,9 @@ __attribute__((noinline)) void slm_rope(const float *x, float *out, const float 
         }
 }
 
-/* qh . k for four keys at once (four independent accumulators: one dot alone is a chain of
- * dependent FMAs), each key row `stride` floats after the last. */
-static inline void dot4(const float *restrict qh, const float *restrict k, const int64_t stride, const int64_t hd,
-                        float out[4]) {
-    vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}; /* (named, not an array: kept in registers) */
-    int64_t d = 0;
-    for (; d + LANES <= hd; d += LANES) {
-        const vf qv = load_vf(qh + d);
-        a0 += qv * load_vf(k + d);
-        a1 += qv * load_vf(k + stride + d);
-        a2 += qv * load_vf(k + 2 * stride + d);
-        a3 += qv * load_vf(k + 3 * stride + d);
-    }
-    float s[4] = {sum_lanes(a0), sum_lanes(a1), sum_lanes(a2), sum_lanes(a3)};
-    for (int j = 0; j < 4; j++) {
-        for (int64_t e = d; e < hd; e++) s[j] += qh[e] * k[j * stride + e];
-        out[j] = s[j];
-    }
-}
-
 /* One query head qh (hd) attending to the S keys of its kv head: k, v (S, n_kv, hd) read at
- * kv head kv; p: S floats of scratch; out (hd). Scores four keys at a time; the weighted sum
- * of the values in register blocks of 8 vectors, key by key in order. */
+ * kv head kv; p: S floats of scratch; out (hd). Scores four keys at a time (dots); the
+ * weighted sum of the values in register blocks of 8 vectors, key by key in order. */
 __attribute__((noinline)) static void attend_head(const float *restrict qh, const float *restrict k,
                                                   const float *restrict v, float *restrict oh, int64_t S,
                                                   int64_t n_kv, int64_t hd, int64_t kv, float *restrict p) {
@@ -735,13 +762,8 @@ __attribute__((noinline)) static void attend_head(const float *restrict qh, cons
     const int64_t stride = n_kv * hd;
     const float *kh = k + kv * hd, *vh = v + kv * hd;
     float top = -INFINITY;
-    int64_t s = 0;
-    for (; s + 4 <= S; s += 4) dot4(qh, kh + s * stride, stride, hd, p + s);
-    for (; s < S; s++) { /* the last keys: a row of four with zero-padded copies */
-        float pad[4];
-        dot4(qh, kh + s * stride, 0, hd, pad);
-        p[s] = pad[0];
-    }
+    int64_t s;
+    dots(qh, kh, stride, S, hd, p);
     for (s = 0; s < S; s++) {
         p[s] *= scale;
         top = p[s] > top ? p[s] : top;
