@@ -465,8 +465,9 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
 }
 
 /* q . k for four rows k at once, `stride` floats apart (four independent accumulators: one
- * dot alone is a chain of dependent FMAs); dot1 is one lane of it, the same operations in the
- * same order, so that a value does not depend on whether it was computed in a four. */
+ * dot alone is a chain of dependent FMAs); dot1 is the same sum for one row. The compiler
+ * does not round the two alike (measured: last-bit differences), so every caller groups its
+ * rows into fours the same way whatever the thread count. */
 static inline void dot4(const float *restrict q, const float *restrict k, const int64_t stride, const int64_t n,
                         float out[4]) {
     vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}; /* (named, not an array: kept in registers) */
