@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the slm command does (slm.entry), before NumPy
+# Idle OpenMP threads of slm's C kernels sleep instead of spinning (read when libgomp loads, so
+# before slm is imported; subprocesses inherit it). Under `make test` two workers share two cores,
+# and a spinning thread holds a core the other worker's kernels wait for. How idle threads wait
+# changes no result: the kernels run the same code on the same number of threads.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 from pathlib import Path
 
 import pytest
@@ -17,6 +23,18 @@ import make_tiny_model  # noqa: E402  (scripts/, a fixture generator)
 import smollm2_path  # noqa: E402
 
 from slm.cli import run  # noqa: E402
+
+
+if importlib.util.find_spec("xdist") is not None:  # `make test` runs the suite on two workers
+    import xdist_scheduling
+
+    def pytest_xdist_make_scheduler(config, log):
+        return xdist_scheduling.make_scheduler(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: the longest files are handed out first
+        items[:] = xdist_scheduling.longest_first(items)
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +93,27 @@ def cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF, assembled from its chunk packages (scripts/gemma3_path.py)."""
+    import gemma3_path
+
+    path = gemma3_path.locate()
+    if path is None:
+        pytest.fail("the Gemma 3 chunk packages are not installed (make test installs them)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma_transformers(gemma_gguf):
+    """transformers' Gemma 3 in float32 on the same GGUF (gguf-py dequantizes it), loaded once:
+    tests/test_gemma_real.py and tests/test_arch_real.py share it (and one xdist worker,
+    tests/xdist_scheduling.py). A test that wraps it (PEFT) must hand it back unwrapped."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(gemma_gguf.parent), gguf_file=gemma_gguf.name,
+                                                 dtype=torch.float32)
+    return model.eval()
