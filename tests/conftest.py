@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -21,15 +20,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import make_tiny_model  # noqa: E402  (scripts/, a fixture generator)
 import smollm2_path  # noqa: E402
+import xdist_scheduling  # noqa: E402  (tests/: how make test spreads the files over its workers)
 
 from slm.cli import run  # noqa: E402
 
 
-if importlib.util.find_spec("xdist") is not None:  # `make test` runs the suite on two workers
-    import xdist_scheduling
-
-    def pytest_xdist_make_scheduler(config, log):
-        return xdist_scheduling.make_scheduler(config, log)
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (`make test` runs two workers); unused without it
+def pytest_xdist_make_scheduler(config, log):
+    return xdist_scheduling.make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
