@@ -94,6 +94,16 @@ def cli(capsys):
 
 
 @pytest.fixture(scope="session")
+def smollm2_transformers(smollm2_gguf):
+    """transformers' SmolLM2 in float32 on the bundled GGUF, loaded once: tests/test_run_real.py
+    and tests/test_adapters_real.py share it (and one xdist worker, tests/xdist_scheduling.py).
+    Nothing may change it: PEFT wraps deep copies of it (scripts/make_adapters.py)."""
+    import make_adapters
+
+    return make_adapters.load_base(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
 def gemma_gguf() -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF, assembled from its chunk packages (scripts/gemma3_path.py)."""
     import gemma3_path

@@ -28,14 +28,13 @@ def real_store(tmp_path_factory, smollm2_gguf):
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_gguf):
+def reference(smollm2_gguf, smollm2_transformers):
     """transformers float32 on the same GGUF: prompt logits and 64 greedy tokens."""
-    torch = pytest.importorskip("torch")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+    from transformers import AutoTokenizer
 
-    folder, name = smollm2_gguf.parent, smollm2_gguf.name
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    model = smollm2_transformers  # loaded once, shared with tests/test_adapters_real.py (tests/conftest.py)
     ids = tok(PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
         logits = model(ids).logits[0].numpy()

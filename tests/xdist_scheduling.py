@@ -17,15 +17,17 @@ from __future__ import annotations
 SAME_WORKER = {
     "tests/test_gemma_real.py": "gemma3-transformers",  # both load Gemma 3 in transformers
     "tests/test_arch_real.py": "gemma3-transformers",
+    "tests/test_run_real.py": "smollm2-transformers",  # both load SmolLM2 in transformers
+    "tests/test_adapters_real.py": "smollm2-transformers",
 }
 
 LONGEST_FIRST = [
-    "tests/test_run_real.py",
     "tests/test_gemma_real.py",
     "tests/test_arch_real.py",
+    "tests/test_run_real.py",
+    "tests/test_adapters_real.py",
     "tests/test_crash.py",
     "tests/test_demo_adapters.py",
-    "tests/test_adapters_real.py",
     "tests/test_hostile.py",
     "tests/test_fuzz.py",
     "tests/test_serve.py",
