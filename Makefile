@@ -46,14 +46,20 @@ venv: $(DEV_STAMP)
 demo: $(RUNTIME_STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
 
+# The suite on TEST_WORKERS processes (pytest-xdist): one test file per unit of work, so that a
+# file's module-scoped fixtures are built once, longest files first (tests/xdist_scheduling.py).
+# TEST_WORKERS=0: all in this process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
 test: $(DEV_STAMP)
-	$(PY) -m pytest
+	$(PYTEST)
 
 test-fast: $(DEV_STAMP)
-	$(PY) -m pytest -m "not real_model and not oracle"
+	$(PYTEST) -m "not real_model and not oracle"
 
 test-real: $(DEV_STAMP)
-	$(PY) -m pytest -m real_model
+	$(PYTEST) -m real_model
 
 # The power-cut matrix (tests/test_durability.py) with three seeds for the random and torn cuts
 # (make test runs one), the simulator's own tests, then every fsync call site removed in turn

@@ -6,6 +6,11 @@ import os
 import sys
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the slm command does (slm.entry), before NumPy
+# Idle OpenMP threads of slm's C kernels sleep instead of spinning (read when libgomp loads, so
+# before slm is imported; subprocesses inherit it). Under `make test` two workers share two cores,
+# and a spinning thread holds a core the other worker's kernels wait for. How idle threads wait
+# changes no result: the kernels run the same code on the same number of threads.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import make_tiny_model  # noqa: E402  (scripts/, a fixture generator)
 import smollm2_path  # noqa: E402
+import xdist_scheduling  # noqa: E402  (tests/: how make test spreads the files over its workers)
 
 from slm.cli import run  # noqa: E402
 
@@ -25,6 +31,16 @@ try:  # every property test draws the same examples on every run: a failure repr
     settings.load_profile("slm")
 except ImportError:  # (the dev extra brings hypothesis; a test file that needs it says so)
     pass
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (`make test` runs two workers); unused without it
+def pytest_xdist_make_scheduler(config, log):
+    return xdist_scheduling.make_scheduler(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: the longest files are handed out first
+        items[:] = xdist_scheduling.longest_first(items)
 
 
 @pytest.fixture(autouse=True)
@@ -83,3 +99,37 @@ def cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers(smollm2_gguf):
+    """transformers' SmolLM2 in float32 on the bundled GGUF, loaded once: tests/test_run_real.py
+    and tests/test_adapters_real.py share it (and one xdist worker, tests/xdist_scheduling.py).
+    Nothing may change it: PEFT wraps deep copies of it (scripts/make_adapters.py)."""
+    import make_adapters
+
+    return make_adapters.load_base(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF, assembled from its chunk packages (scripts/gemma3_path.py)."""
+    import gemma3_path
+
+    path = gemma3_path.locate()
+    if path is None:
+        pytest.fail("the Gemma 3 chunk packages are not installed (make test installs them)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma_transformers(gemma_gguf):
+    """transformers' Gemma 3 in float32 on the same GGUF (gguf-py dequantizes it), loaded once:
+    tests/test_gemma_real.py and tests/test_arch_real.py share it (and one xdist worker,
+    tests/xdist_scheduling.py). A test that wraps it (PEFT) must hand it back unwrapped."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(gemma_gguf.parent), gguf_file=gemma_gguf.name,
+                                                 dtype=torch.float32)
+    return model.eval()

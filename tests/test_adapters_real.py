@@ -15,10 +15,8 @@ PROMPT = "Once upon a time, in a small village,"
 
 
 @pytest.fixture(scope="module")
-def hf_base(smollm2_gguf):
-    import make_adapters
-
-    return make_adapters.load_base(smollm2_gguf)  # float32 transformers model, loaded once
+def hf_base(smollm2_transformers):
+    return smollm2_transformers  # float32 transformers model, loaded once (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

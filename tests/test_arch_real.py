@@ -5,10 +5,6 @@ float64 oracle."""
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -16,19 +12,7 @@ from slm.formats import llama as names
 from slm.formats.gguf import read_gguf
 from slm.formats.gguf_model import architecture_from_gguf, supported_nbytes
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import gemma3_path  # noqa: E402
-
 pytestmark = [pytest.mark.real_model, pytest.mark.oracle]
-
-
-@pytest.fixture(scope="module")
-def gemma_gguf() -> Path:
-    os.environ.setdefault(gemma3_path.CACHE_ENV, "/work/.modelcache")
-    path = gemma3_path.locate()
-    if path is None:
-        pytest.fail("the Gemma 3 270M chunk packages are not installed (scripts/gemma3_path.py)")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +58,8 @@ def store(gemma_gguf, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def transformers_model(gemma_gguf):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(gemma_gguf.parent, gguf_file=gemma_gguf.name, dtype=torch.float32)
+def transformers_model(gemma_transformers):
+    return gemma_transformers  # tests/conftest.py: loaded once, shared with tests/test_gemma_real.py
 
 
 def test_import_greedy_text_and_verify(store, arch, transformers_model):

@@ -5,8 +5,6 @@ base bit-identical."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -16,24 +14,8 @@ PROMPT = "The history of the Roman Empire spans many centuries, and historians o
 
 
 @pytest.fixture(scope="module")
-def gemma_gguf():
-    import gemma3_path
-
-    os.environ.setdefault(gemma3_path.CACHE_ENV, str(gemma3_path.DEFAULT_CACHE))
-    path = gemma3_path.locate()
-    if path is None:
-        pytest.fail("the Gemma 3 chunk packages are not installed (make test installs them)")
-    return path
-
-
-@pytest.fixture(scope="module")
-def hf_gemma(gemma_gguf):
-    torch = pytest.importorskip("torch")
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(gemma_gguf.parent), gguf_file=gemma_gguf.name,
-                                                 dtype=torch.float32)
-    return model.eval()
+def hf_gemma(gemma_transformers):
+    return gemma_transformers  # tests/conftest.py: loaded once, shared with tests/test_arch_real.py
 
 
 @pytest.fixture(scope="module")

@@ -28,14 +28,13 @@ def real_store(tmp_path_factory, smollm2_gguf):
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_gguf):
+def reference(smollm2_gguf, smollm2_transformers):
     """transformers float32 on the same GGUF: prompt logits and 64 greedy tokens."""
-    torch = pytest.importorskip("torch")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch
+    from transformers import AutoTokenizer
 
-    folder, name = smollm2_gguf.parent, smollm2_gguf.name
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    model = smollm2_transformers  # loaded once, shared with tests/test_adapters_real.py (tests/conftest.py)
     ids = tok(PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
         logits = model(ids).logits[0].numpy()
@@ -119,18 +118,29 @@ def test_bad_input_is_one_line_with_documented_code(cli, real_store, tmp_path, c
     assert one_line(r.err), r.err
 
 
-@pytest.mark.parametrize("policy", ["stop", "finish"])
-def test_switch_during_generation(real_store, policy, tmp_path):
+SWITCH_TOKENS = "300"  # long enough (about 4 s at 70 tok/s) that the activation lands mid-generation
+
+
+@pytest.fixture(scope="module")
+def switch_case(real_store, tmp_path_factory):
+    """The slm command on the real store, with the adapter the switch activates imported, and
+    the base's greedy text (computed once: both policies compare with it)."""
     import make_random_lora
 
     slm = [sys.executable, "-m", "slm", "--store", str(real_store.root)]
-    adapter = make_random_lora.make_random_lora(tmp_path / "noisy", seed=1)
+    adapter = make_random_lora.make_random_lora(tmp_path_factory.mktemp("switch") / "noisy", seed=1)
     subprocess.run([*slm, "import", "adapter", str(adapter), "--name", "noisy"], check=True, capture_output=True)
     subprocess.run([*slm, "activate", "smollm2"], check=True, capture_output=True)
-    # long enough (about 4 s at 70 tok/s) that the activation below lands mid-generation
-    tokens = "300"
-    expected = json.loads(subprocess.run([*slm, "run", PROMPT, "-n", tokens, "--json"], check=True,
+    expected = json.loads(subprocess.run([*slm, "run", PROMPT, "-n", SWITCH_TOKENS, "--json"], check=True,
                                          capture_output=True, text=True).stdout)["text"]
+    return slm, expected
+
+
+@pytest.mark.parametrize("policy", ["stop", "finish"])
+def test_switch_during_generation(switch_case, policy):
+    slm, expected = switch_case
+    tokens = SWITCH_TOKENS
+    subprocess.run([*slm, "activate", "smollm2"], check=True, capture_output=True)
     proc = subprocess.Popen([*slm, "run", PROMPT, "-n", tokens, "--on-switch", policy],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = os.read(proc.stdout.fileno(), 1)  # the first token is out: generation is under way
