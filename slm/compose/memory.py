@@ -3,7 +3,7 @@
     P = (O + B + A + D + R + KV) * (1 + slack)
       O   runtime: the interpreter and libraries (+8 MiB with the fused C kernels: their second
           prefill scratch buffer and threads), plus
-          the tokenizer (~350 bytes per vocabulary entry: measured 484 for SmolLM2's
+          the tokenizer (~300 bytes per vocabulary entry: measured 484 for SmolLM2's
           byte-level BPE with its merges, 206 for Gemma 3's SentencePiece pieces)
       B   base bytes: every quantized blob is memory-mapped and read once per token
       A   adapters: their float32 tensors, counted twice (the bytes read and the overlay copies)
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from slm import arch as archs
 from slm.errors import InvalidInput
 
-RUNTIME_BYTES = 70 << 20
+RUNTIME_BYTES = 50 << 20
 FUSED_KERNEL_BYTES = 8 << 20  # a second 4 MiB scratch, OpenMP and prefill threads
-TOKENIZER_BYTES_PER_TOKEN = 350
+TOKENIZER_BYTES_PER_TOKEN = 300
 SCRATCH_BYTES = 4 << 20
 SLACK = 0.10
 DEFAULT_POSITIONS = 512  # what `slm activate` plans for: a 512-token prompt + generation
