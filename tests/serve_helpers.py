@@ -53,7 +53,8 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
-            raise
+            raise AssertionError(f"the server did not exit within {timeout} s of {signal.Signals(sig).name}; "
+                                 "its log:\n" + "\n".join(self.lines)) from None
 
     def http(self, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None,
              timeout: float = 60) -> tuple[int, dict, bytes]:

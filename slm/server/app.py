@@ -268,7 +268,10 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
 # The request handlers, the engine thread and the refs/active watcher all log: each line is
 # written whole under one lock (print() writes the text and its newline separately, so two
 # threads could run two lines together).
-_LOG_LOCK = threading.Lock()
+# Re-entrant: the SIGTERM handler (slm.server.serve) logs from the main thread between two
+# bytecodes of whatever that thread was doing, possibly inside _write_line itself; with a plain
+# lock the handler then waited for itself and the server never stopped (test_serve, under load).
+_LOG_LOCK = threading.RLock()
 
 
 def _write_line(stream, text: str) -> None:
