@@ -249,3 +249,24 @@ def test_a_held_lock_gives_a_clear_busy_error(cli, two_bases, store_dir):
         proc.kill()
         proc.wait()
     assert cli("activate", "tq").code == 0
+
+
+def test_an_activation_imports_no_numpy(cli, two_bases, store_dir, tmp_path):
+    """`slm activate` is a new process each time, and importing NumPy was most of its start-up
+    (docs/benchmarks.md): every check of an activation (manifests, tensor sizes, finite adapter
+    values, the memory estimate) runs without it, both ways (base + adapter, base alone)."""
+    import subprocess
+    import sys
+
+    import make_random_lora
+
+    lora = make_random_lora.make_random_lora(tmp_path / "lora", rank=2, hidden=64, intermediate=128,
+                                             layers=2, kv_dim=32, seed=3)
+    assert cli("import", "adapter", lora, "--name", "l").code == 0
+    for args in (["tq", "l"], ["tq"], ["th", "l"]):
+        probe = ("import sys; from slm.cli import run; "
+                 f"code = run(['--store', {str(store_dir)!r}, 'activate', *{args!r}]); "
+                 "print(code, 'numpy' in sys.modules)")
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+        assert out.stdout.split()[-2:] == ["0", "False"], (args, out.stdout, out.stderr)
+    assert cli("status", "--json").json()["active"]["base_name"] == "th"

@@ -272,6 +272,34 @@ def test_weight_times_scale_overflowing_float32_is_refused(cli, store_dir):
     refused(cli, store_dir, 6, "activate", "tq", "a1@3e38")  # finite alone, scale 2 overflows
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", [0, 37, -1])
+def test_an_adapter_tensor_not_finite_in_the_store_is_refused_at_activation(cli, store_dir, value, where):
+    """Import refuses a non-finite adapter; an adapter written into the store by other means
+    (its blob and manifest well formed, hashing right) is refused when activated: exit 6."""
+    import dataclasses
+
+    from slm.compose.adapter_manifest import TensorRef, parse_adapter_manifest
+
+    store = Store.open(store_dir)
+    manifest = parse_adapter_manifest(store.objects.read_verified(store.names.resolve("adapters", "a1")))
+    target = manifest.targets[0]
+    ref = target.tensors["A"]
+    values = np.frombuffer(store.objects.read_verified(ref.digest), dtype="<f4").copy()
+    values[where] = value
+    staging = store.objects.staging()
+    bad_ref = TensorRef(staging.put(values.tobytes()), ref.dtype, ref.shape)
+    bad_target = dataclasses.replace(target, tensors={**target.tensors, "A": bad_ref})
+    bad = dataclasses.replace(manifest, targets=(bad_target, *manifest.targets[1:]))
+    digest = staging.put(bad.to_bytes())
+    with store.locked():
+        staging.commit()
+        store.names.set("adapters", "bad", digest)
+    staging.discard()
+    r = refused(cli, store_dir, 6, "activate", "tq", "bad")
+    assert "not finite as float32" in r.err and target.module in r.err
+
+
 def _f32_tensor_offset(path: Path) -> int:
     from gguf import GGUFReader
 
@@ -546,3 +574,19 @@ def test_an_unsupported_architecture_is_named_and_changes_nothing(cli, store_dir
     w.close()
     r = refused(cli, store_dir, 4, "import", "base", path, "--name", "phi")
     assert "phi3" in r.err
+
+
+def test_the_float32_factor_check_is_numpys_float32_product():
+    """The weight x scale check of an activation (no NumPy) against NumPy's float32 product,
+    around float32's largest value and for values past it."""
+    from slm.ops.compositions import _finite_in_float32
+
+    big = float(np.finfo(np.float32).max)
+    values = [0.0, 1.0, 2.0, 0.5, 1e-45, 1e-38, 3e38, big, big * (1 + 2**-25), big * (1 + 2**-23), 1e39,
+              float("inf"), float("nan"), 1.0000001, 1.8446744e19, 1.8446746e19]
+    for w in values:
+        for s in values:
+            for sw in (1, -1):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    expected = bool(np.isfinite(np.float32(sw * w) * np.float32(s)))
+                assert _finite_in_float32(sw * w, s) == expected, (sw * w, s)

@@ -239,3 +239,31 @@ def test_run_threads_option(cli, store, tiny_model, tmp_path):
     assert texts[0] == texts[1]
     r = cli("--store", store.root, "run", "hello", "--base", "tq", "--threads", "0")
     assert r.code == 4 and "--threads" in r.err and r.err.count("\n") <= 1
+
+
+# ------------------------------------------------ the finite check an activation runs (no NumPy)
+
+@pytest.mark.parametrize("path", ["c", "numpy"])
+def test_the_finite_check_finds_every_non_finite_float32(monkeypatch, path):
+    """slm.model.finite against NumPy's isfinite: every class of float32 (NaN payloads, both
+    infinities, the largest finite, subnormals, -0) at the first, a middle and the last place of
+    lengths around the vector widths; the NumPy fallback (kernels not built) gives the same."""
+    from slm.model import finite
+
+    if path == "numpy":
+        monkeypatch.setattr(finite, "_check", lambda: None)
+    else:
+        assert finite._check() is not None
+    specials = np.array([0x7FC00000, 0x7FC00001, 0xFF800001, 0x7F800001, 0x7F800000, 0xFF800000,
+                         0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x80000000], dtype="<u4").view("<f4")
+    base = np.random.default_rng(0).standard_normal(70).astype("<f4")
+    assert finite.f32_all_finite(b"")
+    for n in (1, 7, 8, 9, 16, 33, 70):
+        assert finite.f32_all_finite(base[:n].tobytes())
+        for where in {0, n // 2, n - 1}:
+            for value in specials:
+                values = base[:n].copy()
+                values[where] = value
+                assert finite.f32_all_finite(values.tobytes()) == bool(np.isfinite(values).all()), (n, where, value)
+    with pytest.raises(ValueError):
+        finite.f32_all_finite(b"\0" * 6)

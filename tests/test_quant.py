@@ -547,3 +547,51 @@ def test_subclass_registration_rules():
             type_size = 1
 
     assert "incomplete" not in codec_names()
+
+
+# ------------------------------------------------------------ the numpy-free layout table
+
+def test_the_layout_table_agrees_with_every_codec():
+    """slm.quant.layouts (what an activation uses, without the codecs) is the codecs' layouts:
+    the same types, the same bytes for every shape a type can hold."""
+    from slm.quant.layouts import LAYOUTS, stored_bytes
+
+    assert set(LAYOUTS) == set(codec_names())
+    for name in codec_names():
+        codec = get_codec(name)
+        assert LAYOUTS[name] == (codec.block_size, codec.type_size)
+        for shape in [(codec.block_size,), (3, 2 * codec.block_size), (2, 5, 4 * codec.block_size)]:
+            assert stored_bytes(name, shape) == codec.nbytes(shape)
+
+
+@pytest.mark.parametrize("dtype, shape", [("q4_1", (3, 33)), ("q6_k", (2, 128)), ("iq2_xxs", (1, 256)),
+                                          ("nope", (4,)), ("f32", ())])
+def test_stored_bytes_refuses_with_the_codecs_own_error(dtype, shape):
+    from slm.quant.layouts import stored_bytes
+
+    with pytest.raises(QuantError) as ours:
+        stored_bytes(dtype, shape)
+    with pytest.raises(QuantError) as theirs:
+        get_codec(dtype).nbytes(shape)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_a_codec_whose_layout_disagrees_with_the_table_does_not_register():
+    from slm.quant import registry
+
+    class Wrong:
+        name, ggml_type, block_size, type_size = "q4_1", None, 32, 21
+
+    with pytest.raises(TypeError, match="layouts"):
+        registry.register(Wrong())
+
+
+def test_importing_the_package_imports_no_codec_until_one_is_asked_for():
+    import subprocess
+    import sys
+
+    probe = ("import sys; import slm.quant, slm.quant.layouts, slm.quant.errors; "
+             "print('numpy' in sys.modules); from slm.quant import get_codec; "
+             "print(get_codec('q4_1').type_size, 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "20", "True"], out.stderr

@@ -60,10 +60,7 @@ def test_scale_off_by_one_percent_fails_numerics(cli, tiny, monkeypatch):
         return real_build(kind, weight * 1.01, targets, **kw)
 
     assert cli("activate", "tq", "lora").code == 0
-    monkeypatch.setattr(overlays, "build_overlay", off_by_one_percent)
-    import slm.ops.compositions as comps
-
-    monkeypatch.setattr(comps, "build_overlay", off_by_one_percent)
+    monkeypatch.setattr(overlays, "build_overlay", off_by_one_percent)  # staging looks it up there
     r = cli("verify", "--json")
     assert r.code == 10, r.err
     assert r.json()["numerics"]["ok"] is False and one_line(r.err)

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from slm.compose.toml_io import dumps, field, loads
 from slm.errors import InvalidInput
@@ -31,8 +30,13 @@ from slm.formats.adapter_source import ADAPTER_KINDS
 from slm.arch import QK_LAYOUTS
 from slm.store import digest as dg
 
+if TYPE_CHECKING:
+    import numpy as np
+
 SCHEMA = "slm.adapter/1"
-DTYPES = {"f32": np.dtype("<f4"), "i64": np.dtype("<i8")}
+# dtype: (NumPy's name, bytes per value); NumPy itself is imported only to make arrays, not to
+# parse or check a manifest (an activation imports no NumPy: slm.ops.compositions.stage)
+DTYPES = {"f32": ("<f4", 4), "i64": ("<i8", 8)}
 KIND_TENSORS = {"lora": ("A", "B"), "ia3": ("vector",), "sparse": ("indices", "values")}
 
 
@@ -44,7 +48,7 @@ class TensorRef:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+        return math.prod(self.shape) * DTYPES[self.dtype][1]
 
 
 @dataclass(frozen=True)
@@ -140,12 +144,21 @@ def parse_adapter_manifest(data: bytes, what: str = "adapter manifest") -> Adapt
 
 def tensor_bytes(arr: np.ndarray) -> tuple[str, bytes]:
     """(dtype name, little-endian C-order bytes) for storing an adapter tensor."""
+    import numpy as np
+
     if np.issubdtype(arr.dtype, np.integer):
         return "i64", np.ascontiguousarray(arr, dtype="<i8").tobytes()
     return "f32", np.ascontiguousarray(arr, dtype="<f4").tobytes()
 
 
-def tensor_from_bytes(ref: TensorRef, data: bytes) -> np.ndarray:
+def check_tensor_bytes(ref: TensorRef, data: bytes) -> bytes:
+    """`data`, if it is as many bytes as `ref` says."""
     if len(data) != ref.nbytes:
         raise InvalidInput(f"adapter tensor {dg.short(ref.digest)}: {len(data)} bytes, expected {ref.nbytes}")
-    return np.frombuffer(data, dtype=DTYPES[ref.dtype]).reshape(ref.shape)
+    return data
+
+
+def tensor_from_bytes(ref: TensorRef, data: bytes) -> np.ndarray:
+    import numpy as np
+
+    return np.frombuffer(check_tensor_bytes(ref, data), dtype=DTYPES[ref.dtype][0]).reshape(ref.shape)

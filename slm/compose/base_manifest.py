@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slm import arch as archs
-from slm import quant
+from slm.quant.errors import QuantError
+from slm.quant.layouts import stored_bytes
 from slm.compose.toml_io import dumps, field, loads
 from slm.errors import InvalidInput
 from slm.formats import llama
@@ -128,8 +129,8 @@ def _parse(data: bytes, what: str) -> BaseManifest:
             raise InvalidInput(f"{where}: invalid shape {list(shape)}")
         dtype = field(t, "dtype", str, where)
         try:
-            expected_bytes = quant.get_codec(dtype).nbytes(shape)
-        except quant.QuantError as err:
+            expected_bytes = stored_bytes(dtype, shape)
+        except QuantError as err:
             raise InvalidInput(f"{where}: {err}") from err
         nbytes = field(t, "nbytes", int, where)
         if nbytes != expected_bytes:

@@ -11,9 +11,10 @@ e.g. "blk.3.attn_q.weight"), with shapes in NumPy order (out_features, in_featur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 ADAPTER_KINDS = ("lora", "ia3", "sparse")
 

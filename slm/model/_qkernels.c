@@ -126,6 +126,19 @@ int slm_block_size(int type, int64_t *values, int64_t *bytes) {
     return t.values > 0 ? 0 : -1;
 }
 
+/* 1 when the n little-endian float32 values at p are all finite (an exponent of all ones is an
+ * infinity or a NaN), else 0: the check of an adapter's tensors at activation, which imports
+ * no NumPy (slm/model/finite.py). */
+int slm_f32_all_finite(const uint8_t *p, int64_t n) {
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, p + 4 * i, sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
 static const float NF4_LEVELS[16] = {
     -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
     -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,

@@ -7,11 +7,10 @@ interface; the two are differential-tested.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from slm.model import mathops
+from slm.model.kernel_choice import fused_selected
 from slm.model.weights import QuantTensor
 
 DEFAULT_SCRATCH_ELEMS = 1 << 20  # 4 MiB of float32: bounds the dequantized working set
@@ -93,14 +92,6 @@ class ReferenceKernels(Kernels):
 
     def embed(self, ids: np.ndarray, table: QuantTensor) -> np.ndarray:
         return table.take_rows(ids)  # (T, hidden)
-
-
-def fused_selected() -> bool:
-    """Whether default_kernels() picks the fused C kernels (SLM_KERNELS=reference says no)."""
-    import importlib.util
-
-    return os.environ.get("SLM_KERNELS", "fused") != "reference" and \
-        importlib.util.find_spec("slm.model._qkernels") is not None
 
 
 def default_kernels():

@@ -52,7 +52,7 @@ def switch(store: Store, comp: Composition, op: str, memory_budget: str | None =
     with store.locked():
         log, old = preflight(store)
         signing.enforce(store, comp)  # require_signed: refused before anything is staged or written
-        staged = compositions.stage(store, comp)  # every check, every re-hash; nothing written
+        staged = compositions.stage(store, comp, load_overlays=False)  # every check and re-hash; nothing written
         est = budget.of_staged(staged)
         budget.check(est, budget.resolve(store, memory_budget), "this composition")
         new = comp.id

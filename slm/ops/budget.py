@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slm.compose.memory import DEFAULT_POSITIONS, Estimate, estimate, parse_size
 from slm.errors import BudgetExceeded
-from slm.model import kernels
+from slm.model.kernel_choice import fused_selected
 from slm.ops.compositions import Staged
 from slm.store import Store
 
@@ -20,7 +20,7 @@ def of_staged(staged: Staged, positions: int = DEFAULT_POSITIONS, prompt_tokens:
               all_logits: bool = False) -> Estimate:
     adapter_bytes = sum(m.total_bytes for _, m in staged.adapters)
     return estimate(staged.base.architecture, staged.base.total_bytes, adapter_bytes, positions,
-                    prompt_tokens, all_logits, fused_kernels=kernels.fused_selected())
+                    prompt_tokens, all_logits, fused_kernels=fused_selected())
 
 
 def check(est: Estimate, budget: int | None, what: str) -> None:

@@ -13,21 +13,30 @@ and Q5_K are decode only. GGML type ids and names: ggml_types.GGMLType, the one 
 
 from __future__ import annotations
 
-# Importing the type modules runs their class statements, which registers the codecs.
-from . import float_types, nf4, q4_0, q4_1, q5_0, q5_1, q8_0  # noqa: F401
-from . import q2_k, q3_k, q4_k, q5_k, q6_k  # noqa: F401  (k-quants)
-from .base import Codec
-from .errors import QuantError
-from .ggml_types import GGMLType, ggml_type_label
-from .registry import SUPPORTED_GGML_TYPES, by_ggml_type, codec_names, get_codec
+# Importing the type modules runs their class statements, which registers the codecs; that
+# imports NumPy, so it happens on first use of what this package exports (PEP 562), not on
+# `import slm.quant`: `slm activate` needs only the numpy-free slm.quant.layouts.
+_EXPORTS = {
+    "Codec": "base",
+    "GGMLType": "ggml_types",
+    "QuantError": "errors",
+    "SUPPORTED_GGML_TYPES": "registry",
+    "by_ggml_type": "registry",
+    "codec_names": "registry",
+    "get_codec": "registry",
+    "ggml_type_label": "ggml_types",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = [
-    "Codec",
-    "GGMLType",
-    "QuantError",
-    "SUPPORTED_GGML_TYPES",
-    "by_ggml_type",
-    "codec_names",
-    "get_codec",
-    "ggml_type_label",
-]
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    from .registry import load_codecs
+
+    load_codecs()
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

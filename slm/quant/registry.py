@@ -1,7 +1,8 @@
 """Lookup of codec instances by name ("q4_1", "Q4_1") or by GGML type id (3).
 
 Codec subclasses register themselves when their class statement runs (Codec.__init_subclass__
-calls `register`), so importing `slm.quant` is all it takes to populate this registry.
+calls `register`); load_codecs imports every codec module, and every lookup here calls it
+first, so the registry is complete whoever asks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 
 from .errors import QuantError
 from .ggml_types import GGMLType, ggml_type_label
+from .layouts import LAYOUTS
 
 if TYPE_CHECKING:
     from .base import Codec
@@ -23,10 +25,30 @@ _BY_GGML_TYPE: dict[int, Codec] = {}
 SUPPORTED_GGML_TYPES: dict[int, str] = {}
 
 
+_CODEC_MODULES = ("float_types", "nf4", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+                  "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+_loaded = False
+
+
+def load_codecs() -> None:
+    """Import every codec module (each registers its codecs); once."""
+    global _loaded
+    if not _loaded:
+        from importlib import import_module
+
+        for module in _CODEC_MODULES:
+            import_module(f"slm.quant.{module}")
+        _loaded = True
+
+
 def register(codec: Codec) -> None:
-    """Add one codec instance; a clashing name or id is a programming error."""
+    """Add one codec instance; a clashing name or id, or a layout that disagrees with
+    layouts.LAYOUTS, is a programming error."""
     if codec.name != codec.name.lower() or not codec.name:
         raise TypeError(f"codec name must be non-empty lowercase, got {codec.name!r}")
+    if LAYOUTS.get(codec.name) != (codec.block_size, codec.type_size):
+        raise TypeError(f"codec {codec.name!r}: {codec.block_size} values in {codec.type_size} bytes, "
+                        f"but slm.quant.layouts says {LAYOUTS.get(codec.name)}")
     if codec.name in _BY_NAME:
         raise TypeError(f"codec name {codec.name!r} registered twice")
     if codec.ggml_type is not None:
@@ -42,11 +64,13 @@ def register(codec: Codec) -> None:
 
 def codec_names() -> list[str]:
     """Names of all registered codecs, sorted."""
+    load_codecs()
     return sorted(_BY_NAME)
 
 
 def by_ggml_type(ggml_type: int) -> Codec | None:
     """The codec for a GGML type id, or None when slm does not support that type."""
+    load_codecs()
     return _BY_GGML_TYPE.get(int(ggml_type))
 
 
@@ -68,6 +92,7 @@ def get_codec(name_or_ggml_type: str | int) -> Codec:
 
     Also accepts numpy integers and gguf's GGMLQuantizationType (an IntEnum).
     """
+    load_codecs()
     key = name_or_ggml_type
     # bool is an int subclass, but get_codec(True) is surely a bug, not "f16".
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):

@@ -1,0 +1,35 @@
+"""Whether float32 bytes are all finite, without NumPy when the C kernels are built.
+
+An activation checks that every adapter tensor is finite; with NumPy that check would cost the
+NumPy import (most of a `slm activate`'s start-up), so the C kernels' slm_f32_all_finite does
+it over the bytes as they were read. NumPy is the fallback where the kernels are not built."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.cache
+def _check():
+    import importlib.util
+
+    spec = importlib.util.find_spec("slm.model._qkernels")
+    if spec is None or not spec.origin:
+        return None
+    import ctypes
+
+    fn = ctypes.CDLL(spec.origin).slm_f32_all_finite
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_int64]
+    return fn
+
+
+def f32_all_finite(data: bytes) -> bool:
+    """Whether the little-endian float32 values in `data` (a multiple of 4 bytes) are all finite."""
+    if len(data) % 4:
+        raise ValueError(f"{len(data)} bytes are not whole float32 values")
+    check = _check()
+    if check is None:
+        import numpy as np
+
+        return bool(np.isfinite(np.frombuffer(data, dtype="<f4")).all())
+    return check(data, len(data) // 4) == 1
