@@ -8,7 +8,9 @@ Workloads on each base (--bases: SmolLM2-135M-Instruct Q4_1, Gemma 3 270M Q4_K_M
 switch latency (in-process Runtime warm and cold; wall time of `slm activate`), import
 throughput, peak RSS, and the batching of `slm serve` (aggregate decode tok/s of 8 sequences
 decoded together in one step, on one composition and on 4, against one alone; in-process,
-through the server's batched step; `--batching-only` runs just that). Each system runs in a worker process of its own (no thread pool or
+through the server's batched step; `--batching-only` runs just that). slm runs twice: as it
+does by default, and as "slm int8" with the opt-in int8 activations (--activations int8),
+whose logits error against the default is measured too (int8_error). Each system runs in a worker process of its own (no thread pool or
 environment setting of one can slow another; slm's sets one OpenBLAS thread, torch's two),
 driven by this process one request at a time, so the systems are interleaved run by run
 and never run at once; medians of --runs. Peers that are not installed are skipped and said
@@ -47,6 +49,7 @@ def med(xs):
 
 class SlmSystem:
     name = "slm"
+    activations = "float32"
 
     def __init__(self, plan: dict):
         from slm.ops.runtime import Runtime
@@ -62,6 +65,7 @@ class SlmSystem:
             from slm.model.kernels import ReferenceKernels
 
             loaded.model.kernels = ReferenceKernels()
+        loaded.model.kernels.set_activations(self.activations)
         return loaded
 
     def prefill(self, which, ids):
@@ -78,6 +82,11 @@ class SlmSystem:
         for _ in range(n):
             logits = m.forward(np.asarray([int(np.argmax(logits[-1]))]), cache, "last")
         return n / (time.perf_counter() - t)
+
+
+class SlmInt8System(SlmSystem):
+    name = "slm int8"
+    activations = "int8"
 
 
 class LlamaCppSystem:
@@ -145,7 +154,7 @@ class TransformersSystem:
             return n / (time.perf_counter() - t)
 
 
-SYSTEMS = {c.name: c for c in (SlmSystem, LlamaCppSystem, TransformersSystem)}
+SYSTEMS = {c.name: c for c in (SlmSystem, SlmInt8System, LlamaCppSystem, TransformersSystem)}
 
 
 def worker(name: str, plan_path: Path) -> int:
@@ -276,6 +285,8 @@ def bench_base(base: str, a) -> dict:
         import_adapter(store, make_random_lora.make_random_lora(work / name, rank=16, alpha=32.0, std=0.02,
                                                                 seed=seed, **lora_shape), name)
     results["batching"] = bench_batching(store, base, ["lora16", "lora16b", "lora16c"], a)
+    if a.kernels == "default":
+        results["batching_int8"] = bench_batching(store, base, ["lora16", "lora16b", "lora16c"], a, "int8")
     results["batching_http"] = bench_serve_http(store.root, base, ["lora16", "lora16b", "lora16c"], a)
     if a.batching_only:
         return results
@@ -288,7 +299,7 @@ def bench_base(base: str, a) -> dict:
 
     plan = {"store": str(store.root), "comp_ids": comp_ids, "kernels": a.kernels, "gguf": str(gguf),
             "peft_dir": str(peft_dir), "short": short, "long": long_ids, "lora_gguf": None}
-    names = ["slm"]
+    names = ["slm"] + (["slm int8"] if a.kernels == "default" else [])
     if not a.skip_peers:
         import make_adapters
         from slm.formats.peft import read_peft_adapter
@@ -325,6 +336,9 @@ def bench_base(base: str, a) -> dict:
 
     rt = Runtime(store)
     results["lora_overhead_ab"] = lora_overhead_ab(rt, comp_ids, short)
+    if a.kernels == "default":
+        results["lora_overhead_ab_int8"] = lora_overhead_ab(rt, comp_ids, short, activations="int8")
+        results["int8_error"] = int8_error(rt, comp_ids, tok)
     warm = []
     for _ in range(50):
         t = time.perf_counter()
@@ -362,12 +376,15 @@ def bench_base(base: str, a) -> dict:
     return results
 
 
-def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: int = 10) -> dict:
+def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: int = 10,
+                     activations: str = "float32") -> dict:
     """The LoRA's decode overhead, interleaved in one process (the honest measure: the bench
     medians compare runs minutes apart): blocks of `steps` greedy decode steps alternate
     between the base and the LoRA composition, both staged; the 20th percentile of each side's
     block times (the quietest blocks) gives the overhead."""
     models = {w: rt.switch(comp_ids[w]).model for w in ("base", "lora")}
+    for m in models.values():
+        m.kernels.set_activations(activations)
     state = {}
     for w, m in models.items():
         cache = m.new_cache(len(prompt) + blocks * steps + 1)
@@ -382,15 +399,55 @@ def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: 
         times[w].append((time.perf_counter() - t) / steps)
         state[w] = (cache, token)
     p20 = {w: float(np.percentile(v, 20)) for w, v in times.items()}
+    for m in models.values():
+        m.kernels.set_activations("float32")
     return {"base_ms_per_token": p20["base"] * 1e3, "lora_ms_per_token": p20["lora"] * 1e3,
             "overhead": p20["lora"] / p20["base"] - 1, "blocks": blocks, "steps_per_block": steps}
 
 
-def bench_batching(store, base: str, adapters: list[str], a) -> dict:
+def int8_error(rt, comp_ids: dict, tok, positions: int = 96, greedy: int = 64) -> dict:
+    """What the opt-in int8 activations cost in fidelity, on this base, base and LoRA: a fixed
+    text fed one token at a time (every product then takes int8 inputs) in both modes, the
+    largest logit difference against the default and against the logits' spread (max - min),
+    how often the top token agrees; and how many of `greedy` greedy tokens after PROMPT are the
+    same text."""
+    text = tok.encode(" ".join(["The quick brown fox jumps over the lazy dog while the farmer "
+                                "counts his sheep in the morning light."] * 8))[:positions]
+    out = {}
+    for which in ("base", "lora"):
+        m = rt.switch(comp_ids[which]).model
+        logits, tokens = {}, {}
+        for mode in ("float32", "int8"):
+            m.kernels.set_activations(mode)
+            cache = m.new_cache(len(text))
+            logits[mode] = np.concatenate([m.forward(np.asarray([t]), cache, "last") for t in text])  # (P, V)
+            ids = tok.encode(PROMPT)
+            cache = m.new_cache(len(ids) + greedy)
+            last = m.forward(np.asarray(ids), cache, "last")[-1]
+            tokens[mode] = []
+            for _ in range(greedy):
+                tokens[mode].append(int(np.argmax(last)))
+                last = m.forward(np.asarray([tokens[mode][-1]]), cache, "last")[-1]
+        m.kernels.set_activations("float32")
+        f, q = logits["float32"], logits["int8"]
+        diff = np.abs(q - f).max(axis=1)  # (P,)
+        spread = f.max(axis=1) - f.min(axis=1)
+        same = next((i for i, (x, y) in enumerate(zip(tokens["float32"], tokens["int8"])) if x != y), greedy)
+        out[which] = {"positions": len(text), "max_abs_logit_diff": float(diff.max()),
+                      "median_abs_logit_diff": float(np.median(diff)),
+                      "max_diff_over_spread": float((diff / spread).max()),
+                      "top1_agreement": float(np.mean(f.argmax(1) == q.argmax(1))),
+                      "greedy_tokens_identical": same, "greedy_tokens": greedy}
+    print(f"int8 activations' error: {out}", file=sys.stderr, flush=True)
+    return out
+
+
+def bench_batching(store, base: str, adapters: list[str], a, activations: str = "float32") -> dict:
     """Aggregate decode tok/s of 8 sequences decoded together (slm.model.batch.decode_step, the
     step `slm serve` runs), on one composition and on 4 (the base and three LoRAs r=16), against
     one sequence alone (Decoder.forward token by token, as `slm run`). Each sample: 8 short
-    prompts prefilled, then --batch-steps greedy steps; medians of min(--runs, 3) samples."""
+    prompts prefilled, then --batch-steps greedy steps; medians of min(--runs, 3) samples.
+    activations: the kernels' mode for every product (both sides of each ratio)."""
     from slm.model.batch import Row, decode_step
     from slm.model.kernels import default_kernels
     from slm.ops import compositions
@@ -399,6 +456,8 @@ def bench_batching(store, base: str, adapters: list[str], a) -> dict:
     rt = Runtime(store)
     loaded = [rt.stage(compositions.build(store, base, spec)) for spec in ([], *([x] for x in adapters))]
     kernels = default_kernels()
+    for k in (kernels, *(x.model.kernels for x in loaded)):
+        k.set_activations(activations)
     tok = loaded[0].tokenizer
     prompts = [tok.encode(f"{PROMPT} Chapter {i + 1}.") for i in range(8)]
 
@@ -420,7 +479,7 @@ def bench_batching(store, base: str, adapters: list[str], a) -> dict:
         figures[name] = med([sample(models) for _ in range(min(a.runs, 3))])
     figures["ratio_eight_base"] = figures["eight_base"] / figures["one_base"]
     figures["ratio_eight_on_4_compositions"] = figures["eight_on_4_compositions"] / figures["one_base"]
-    print(f"{base}: batching {figures}", file=sys.stderr, flush=True)
+    print(f"{base}: batching ({activations}) {figures}", file=sys.stderr, flush=True)
     return figures
 
 
@@ -484,42 +543,60 @@ def print_tables(results: dict) -> None:
 
 
 def print_base_tables(r: dict) -> None:
-    b = r.get("batching")
+    for key, mode in (("batching", ""), ("batching_int8", " (int8 activations)")):
+        if r.get(key):
+            print_batching(r[key], r.get("batching_http") if key == "batching" else None, mode)
+    if "throughput_tok_s" not in r:
+        return
+    print_throughput(r)
+
+
+def print_batching(b: dict, h: dict | None, mode: str) -> None:
     if b:
-        print("| decode (slm serve's batched step) | aggregate tok/s | vs one request alone |")
+        print(f"| decode (slm serve's batched step){mode} | aggregate tok/s | vs one request alone |")
         print("|---|---:|---:|")
         print(f"| one request, base | {b['one_base']:.1f} | 1.00 |")
         print(f"| one request, LoRA r=16 | {b['one_lora']:.1f} | {b['one_lora'] / b['one_base']:.2f} |")
         print(f"| 8 requests, base | {b['eight_base']:.1f} | {b['ratio_eight_base']:.2f} |")
         print(f"| 8 requests on 4 compositions (base + 3 LoRAs) | {b['eight_on_4_compositions']:.1f} | "
               f"{b['ratio_eight_on_4_compositions']:.2f} |")
-        h = r.get("batching_http")
         if h:
             print(f"| through `slm serve` (HTTP): one / 8 / 8 on 4 compositions | {h['one']:.1f} / {h['eight']:.1f} / "
                   f"{h['eight_on_4_compositions']:.1f} | {h['ratio_eight']:.2f} / "
                   f"{h['ratio_eight_on_4_compositions']:.2f} |")
         print()
-    if "throughput_tok_s" not in r:
-        return
+
+
+def print_throughput(r: dict) -> None:
     t = r["throughput_tok_s"]
-    names = sorted({k.split("|")[0] for k in t}, key=lambda n: (n != "slm", n))
+    names = sorted({k.split("|")[0] for k in t}, key=lambda n: (not n.startswith("slm"), n))
+    ours = [n for n in names if n.startswith("slm")]
     print("| system | decode base | decode LoRA | prefill base | prefill LoRA | LoRA decode overhead |")
     print("|---|---:|---:|---:|---:|---:|")
     for n in names:
         db, dl, pb, pl = (t[f"{n}|{w}|{k}"] for k, w in
                           (("decode", "base"), ("decode", "lora"), ("prefill", "base"), ("prefill", "lora")))
         print(f"| {n} | {db:.1f} | {dl:.1f} | {pb:.0f} | {pl:.0f} | {100 * (db / dl - 1):.1f}% |")
-    print("\nratios to slm (peer / slm; > 1 means the peer is faster):\n")
-    print("| system | decode base | decode LoRA | prefill base | prefill LoRA |")
+    print("\nslm's speed over each peer's (slm / peer; > 1 means slm is faster):\n")
+    print("| slm mode / peer | decode base | decode LoRA | prefill base | prefill LoRA |")
     print("|---|---:|---:|---:|---:|")
-    for n in names[1:]:
-        cells = [t[f"{n}|{w}|{k}"] / t[f"slm|{w}|{k}"] for k, w in
-                 (("decode", "base"), ("decode", "lora"), ("prefill", "base"), ("prefill", "lora"))]
-        print(f"| {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-    ab = r["lora_overhead_ab"]
-    print(f"\nLoRA decode overhead, interleaved in-process A/B ({ab['blocks']} blocks of {ab['steps_per_block']} "
-          f"steps each, 20th percentile): {100 * ab['overhead']:.1f}% ({ab['base_ms_per_token']:.2f} vs "
-          f"{ab['lora_ms_per_token']:.2f} ms per token)")
+    for mine in ours:
+        for n in (n for n in names if n not in ours):
+            cells = [t[f"{mine}|{w}|{k}"] / t[f"{n}|{w}|{k}"] for k, w in
+                     (("decode", "base"), ("decode", "lora"), ("prefill", "base"), ("prefill", "lora"))]
+            print(f"| {mine} / {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    for key, mode in (("lora_overhead_ab", ""), ("lora_overhead_ab_int8", ", int8 activations")):
+        ab = r.get(key)
+        if ab:
+            print(f"\nLoRA decode overhead{mode}, interleaved in-process A/B ({ab['blocks']} blocks of "
+                  f"{ab['steps_per_block']} steps each, 20th percentile): {100 * ab['overhead']:.1f}% "
+                  f"({ab['base_ms_per_token']:.2f} vs {ab['lora_ms_per_token']:.2f} ms per token)")
+    for which, e in (r.get("int8_error") or {}).items():
+        print(f"\nint8 activations vs float32, {which}, {e['positions']} positions one token at a time: "
+              f"largest |logit difference| {e['max_abs_logit_diff']:.3f} (median {e['median_abs_logit_diff']:.3f}; "
+              f"at most {100 * e['max_diff_over_spread']:.2f}% of the logits' spread), top token agrees at "
+              f"{100 * e['top1_agreement']:.1f}% of positions, greedy text identical for "
+              f"{e['greedy_tokens_identical']} of {e['greedy_tokens']} tokens")
     s = r["switch_s"]
     print(f"\nswitch: in-process warm {s['in_process_warm'] * 1e3:.3f} ms, in-process cold (stage the "
           f"adapter) {s['in_process_cold_adapter'] * 1e3:.1f} ms, `slm activate` wall "

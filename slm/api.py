@@ -267,12 +267,15 @@ class Runtime:
     compositions is a reference swap. A Runtime never changes refs/active.
     """
 
-    def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None):
+    def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None,
+                 activations: str = "float32"):
+        from slm.ops.run import check_activations
         from slm.ops.runtime import Runtime as _StagedRuntime
 
+        check_activations(activations)  # "int8": opt-in, faster, less exact (docs/numerics.md)
         self.store = store
         self._rt = _StagedRuntime(store._s, max_staged)
-        self.threads = threads
+        self.threads, self.activations = threads, activations
 
     def session(self, comp: Composition | str | None = None) -> "Session":
         """A session pinned to `comp` (a Composition, an id or prefix), or to the active one."""
@@ -302,7 +305,8 @@ class Session:
         from slm.ops.run import RunOptions
 
         return RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                          seed=seed, chat=chat, threads=self.runtime.threads)
+                          seed=seed, chat=chat, threads=self.runtime.threads,
+                          activations=self.runtime.activations)
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int = 0, chat: bool = False) -> Generation:
@@ -344,6 +348,7 @@ class Session:
         import numpy as np
 
         model = self._loaded.model
+        model.kernels.set_activations(self.runtime.activations)
         values = list(token_ids)
         if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):
             raise InvalidInput("logits needs token ids (integers)")

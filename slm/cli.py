@@ -253,6 +253,13 @@ def show(
     _show(_store(ctx).show(ref), json_out, render.manifest)
 
 
+ActivationsOpt = typer.Option(
+    "float32", "--activations", metavar="float32|int8",
+    help="int8: faster decoding, OPT-IN and less exact: the input of each quantized product is "
+         "rounded to int8 per 32 values, as llama.cpp does, so logits move (measured in "
+         "docs/numerics.md). float32 (default): within 1e-5 of the reference kernels.")
+
+
 @app.command("run")
 def run_cmd(
     ctx: typer.Context,
@@ -277,6 +284,7 @@ def run_cmd(
         None, "--threads", metavar="N",
         help="Threads for the kernels (default: every core; 1 is faster when another program "
              "keeps a core busy). The text does not depend on it."),
+    activations: str = ActivationsOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Generate text on the active composition (or --base), streaming it."""
@@ -287,7 +295,8 @@ def run_cmd(
         prompt = prompt_from_stdin(sys.stdin)
     options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
-                         memory_budget=memory_budget, on_switch=on_switch, threads=threads)
+                         memory_budget=memory_budget, on_switch=on_switch, threads=threads,
+                         activations=activations)
     result = store.run(options, on_text=None if json_out else render.stream_text)
     _show(result, json_out, render.run_footer)
 
@@ -305,6 +314,7 @@ def serve(
         None, "--max-queue", metavar="N", help="Requests waiting beyond the batch before HTTP 429 (default 4 x N)."),
     memory_budget: Optional[str] = MemoryBudgetOpt,
     threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="Threads for the kernels (default: every core)."),
+    activations: str = ActivationsOpt,
     body_limit: int = typer.Option(1 << 20, "--body-limit", metavar="BYTES", help="Largest request body accepted."),
     grace: float = typer.Option(10.0, "--grace", metavar="SECONDS",
                                 help="On SIGTERM/SIGINT, how long running requests get to finish."),
@@ -319,7 +329,8 @@ def serve(
     from slm.server.serve import serve as run_server
 
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
-                           memory_budget=memory_budget, threads=threads, body_limit=body_limit, grace=grace)
+                           memory_budget=memory_budget, threads=threads, activations=activations,
+                           body_limit=body_limit, grace=grace)
     run_server(_store(ctx), options, log=json_log if json_out else stderr_log)
 
 

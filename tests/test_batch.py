@@ -105,9 +105,10 @@ def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
     _check_rows_equal_single_runs(models, prompts, steps=6)
 
 
-def _check_rows_equal_single_runs(models, prompts, steps: int) -> None:
+def _check_rows_equal_single_runs(models, prompts, steps: int, activations: str = "float32") -> None:
     """Row i (models[i] on prompts[i]) joins the batch at step i; each row's logits at every
-    step must be bit for bit those of its model decoding alone."""
+    step must be bit for bit those of its model decoding alone (the models' kernels and the
+    batch's in the same activations mode)."""
     from slm.model.batch import Row, decode_step
 
     def alone(model, prompt):
@@ -119,6 +120,7 @@ def _check_rows_equal_single_runs(models, prompts, steps: int) -> None:
 
     expected = [alone(m, p) for m, p in zip(models, prompts)]
     kern = kernels_native.NativeKernels()
+    kern.set_activations(activations)
     caches, last, seen = [], [], []
     for _ in range(len(models) + steps + 2):  # bounded: the last row joins at step len(models) - 1
         if len(caches) < len(models):  # one row joins per step (continuous batching)

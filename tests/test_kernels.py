@@ -241,6 +241,28 @@ def test_run_threads_option(cli, store, tiny_model, tmp_path):
     assert r.code == 4 and "--threads" in r.err and r.err.count("\n") <= 1
 
 
+def test_run_activations_option(cli, store, tiny_model, tmp_path, monkeypatch):
+    """`slm run --activations int8` runs the opt-in mode (its logits are not float32's, and
+    close to them); a mode that does not exist, or int8 without the C kernels, is exit 4."""
+    from slm.ops.importing import import_base
+
+    import_base(store, tiny_model["gguf_q"], "tq")
+    logits = {}
+    for mode in ("float32", "int8"):
+        out = tmp_path / f"{mode}.npy"
+        r = cli("--store", store.root, "run", "hello there", "--base", "tq", "-n", "4", "--activations", mode,
+                "--logits-out", out)
+        assert r.code == 0, r.err
+        logits[mode] = np.load(out)
+    moved = np.abs(logits["int8"] - logits["float32"]).max() / np.abs(logits["float32"]).max()
+    assert 0.0 < moved < 0.1, moved
+    r = cli("--store", store.root, "run", "hello", "--base", "tq", "--activations", "int4")
+    assert r.code == 4 and "--activations" in r.err and r.err.count("\n") <= 1
+    monkeypatch.setenv("SLM_KERNELS", "reference")
+    r = cli("--store", store.root, "run", "hello", "--base", "tq", "--activations", "int8")
+    assert r.code == 4 and "C kernels" in r.err and r.err.count("\n") <= 1
+
+
 # ------------------------------------------------ the finite check an activation runs (no NumPy)
 
 @pytest.mark.parametrize("path", ["c", "numpy"])
@@ -267,3 +289,101 @@ def test_the_finite_check_finds_every_non_finite_float32(monkeypatch, path):
                 assert finite.f32_all_finite(values.tobytes()) == bool(np.isfinite(values).all()), (n, where, value)
     with pytest.raises(ValueError):
         finite.f32_all_finite(b"\0" * 6)
+
+
+# ------------------------------------------------------- int8 activations (opt-in), exactly
+
+def _int8_codes(ggml_type, raw: np.ndarray):
+    """(d, m, q) of every block of raw (rows, bytes per row), from the block layouts of
+    ggml-common.h: d, m float64 (rows, blocks), q int64 (rows, blocks, 32) in value order."""
+    import gguf
+
+    T = gguf.GGMLQuantizationType
+    size = gguf.GGML_QUANT_SIZES[ggml_type][1]
+    b = raw.reshape(raw.shape[0], -1, size)
+
+    def f16(a):
+        return a.copy().view("<f2")[..., 0].astype(np.float64)
+
+    def nibbles(qs):
+        return np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int64)
+
+    def fifth_bits(qh):
+        bits = qh.copy().view("<u4")[..., 0]
+        return ((bits[..., None] >> np.arange(32)) & 1).astype(np.int64) << 4
+
+    d, m = f16(b[..., 0:2]), np.zeros(b.shape[:2])
+    if ggml_type == T.Q8_0:
+        q = b[..., 2:34].view(np.int8).astype(np.int64)
+    elif ggml_type == T.Q4_0:
+        q = nibbles(b[..., 2:18]) - 8
+    elif ggml_type == T.Q4_1:
+        m, q = f16(b[..., 2:4]), nibbles(b[..., 4:20])
+    elif ggml_type == T.Q5_0:
+        q = (nibbles(b[..., 6:22]) | fifth_bits(b[..., 2:6])) - 16
+    else:  # Q5_1
+        m, q = f16(b[..., 2:4]), nibbles(b[..., 8:24]) | fifth_bits(b[..., 4:8])
+    return d, m, q
+
+
+def _int8_inputs(x: np.ndarray):
+    """x (T, n) as the int8 mode quantizes it, per 32 values in float32: q = rint(x * 127 / amax)
+    (round half to even), dx = amax / 127. -> q (T, n/32, 32) int64, dx (T, n/32) float64."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint((xb * inv[..., None]).astype(np.float32)).astype(np.int64)
+    return q, (amax / np.float32(127)).astype(np.float32).astype(np.float64)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+@pytest.mark.parametrize("tokens", [1, 3, 4, kernels_native.FUSED_MAX_TOKENS])
+def test_int8_activations_are_integer_dot_products(name, tokens):
+    """Each output is sum over blocks of dw * dx * (qw . qx) (+ m * the float sum of x): the
+    integer products exact, against this independent NumPy evaluation in float64 (adversarial
+    blocks included: zero rows, extreme codes and scales); each row alone gives the same bits."""
+    import gguf
+    from test_kernels_kquants import blocks, tensor
+
+    T = gguf.GGMLQuantizationType[name]
+    raw = blocks(T, 37, 768, seed=3)
+    w = tensor(T, raw)
+    x = np.random.default_rng(tokens).standard_normal((tokens, 768)).astype(np.float32)
+    x[0, :32] = 0.0  # a block of zeros: dx = 0
+    kern = kernels_native.NativeKernels()
+    kern.set_activations("int8")
+    got = kern.matmul(x, w)  # (T, 37)
+    d, m, q = _int8_codes(T, raw)
+    qx, dx = _int8_inputs(x)
+    sums = x.reshape(tokens, -1, 32).astype(np.float64).sum(-1)  # (T, blocks)
+    terms = np.einsum("rbi,tbi->trb", q, qx) * d[None] * dx[:, None] + m[None] * sums[:, None]  # (T, rows, blocks)
+    want = terms.sum(-1)
+    assert np.all(np.abs(got - want) <= 1e-5 * np.abs(terms).sum(-1) + 1e-30)
+    for t in range(tokens):
+        assert kern.matmul(x[t:t + 1], w)[0].tobytes() == got[t].tobytes()
+    kern.set_activations("float32")
+    assert not np.array_equal(kern.matmul(x, w), got)  # the mode was in effect
+    # a longer input (a prompt's chunk) runs the dequantized BLAS product, in float32 either way
+    long = np.random.default_rng(0).standard_normal((kernels_native.FUSED_MAX_TOKENS + 1, 768)).astype(np.float32)
+    want_long = kern.matmul(long, w)
+    kern.set_activations("int8")
+    assert kern.matmul(long, w).tobytes() == want_long.tobytes()
+
+
+def test_int8_mode_keeps_float_activations_for_the_other_types_and_passes_nan_through():
+    import gguf
+    from test_kernels_kquants import blocks, tensor
+
+    x = np.random.default_rng(0).standard_normal((2, 768)).astype(np.float32)
+    f, i8 = kernels_native.NativeKernels(), kernels_native.NativeKernels()
+    i8.set_activations("int8")
+    for name in ("Q4_K", "Q6_K", "Q2_K"):
+        w = tensor(gguf.GGMLQuantizationType[name], blocks(gguf.GGMLQuantizationType[name], 5, 768, seed=1))
+        assert i8.matmul(x, w).tobytes() == f.matmul(x, w).tobytes(), name
+    w = tensor(gguf.GGMLQuantizationType.Q4_1, blocks(gguf.GGMLQuantizationType.Q4_1, 5, 768, seed=1))
+    x[1, 100] = np.nan
+    y = i8.matmul(x, w)
+    assert np.isfinite(y[0]).all() and np.isnan(y[1]).all()
+    with pytest.raises(ValueError, match="activations"):
+        i8.set_activations("int4")

@@ -173,3 +173,53 @@ def test_native_step_declines_what_it_lacks(tiny_model, store):
     t = dict(base.t, **{"blk.1.ffn_up.weight": quant_tensor(
         "blk.1.ffn_up.weight", f16.shape, "f16", f16.dequantize().astype(np.float16).tobytes())})
     assert Decoder(base.cfg, t).native_step() is None
+
+
+# ------------------------------------------------------------------ int8 activations (opt-in)
+
+INT8_TYPES = [gguf.GGMLQuantizationType[t] for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K")]
+
+
+def _int8(models: list[Decoder]) -> list[Decoder]:
+    for m in models:
+        m.kernels.set_activations("int8")
+    return models
+
+
+@pytest.mark.parametrize("family,ggml_type", [("llama", t) for t in INT8_TYPES] +
+                         [(f, gguf.GGMLQuantizationType.Q8_0) for f in FAMILIES[1:]],
+                         ids=lambda v: getattr(v, "name", v))
+def test_int8_step_is_the_int8_op_path_bit_for_bit(family, ggml_type, monkeypatch):
+    """The opt-in int8 activations keep the step's promise (the same arithmetic as the op
+    path, bit for bit); they move the logits, by a bounded amount. (Q4_K: a type without an
+    int8 kernel keeps float activations beside the Q8_0 head that takes them.)"""
+    from slm.model.step_native import NativeStep
+
+    seed = FAMILIES.index(family) + 11
+    base = _model(family, ggml_type, seed)
+    prompt = np.random.default_rng(seed).integers(0, VOCAB, 6)
+    floats = [_decode(m, prompt, steps=8) for m in _compositions(base, seed)]
+    native = [_decode(m, prompt, steps=8) for m in _int8(_compositions(base, seed))]
+    monkeypatch.setattr(NativeStep, "for_model", classmethod(lambda cls, model: None))
+    op_path = [_decode(m, prompt, steps=8) for m in _int8(_compositions(base, seed))]
+    for c, (got, want, f) in enumerate(zip(native, op_path, floats)):
+        for s, (g, w) in enumerate(zip(got, want)):
+            assert g.tobytes() == w.tobytes(), f"composition {c}, step {s}: {np.abs(g - w).max()}"
+        # the first step (same tokens in both modes): int8 moves the logits, boundedly (random
+        # weights and inputs, three layers: up to ~15% of the largest logit here; the real
+        # bases move far less, docs/numerics.md)
+        moved = np.abs(got[0] - f[0]).max() / np.abs(f[0]).max()
+        assert 0.0 < moved < 0.3, moved
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_int8_batch_rows_equal_their_single_runs(family):
+    from test_batch import _check_rows_equal_single_runs
+
+    base = _model(family, gguf.GGMLQuantizationType.Q5_0 if family == "llama" else
+                  gguf.GGMLQuantizationType.Q8_0, seed=17)
+    rng = np.random.default_rng(5)
+    comps = _int8(_compositions(base, seed=5))
+    models = [comps[0], comps[1], comps[2], comps[1]]
+    prompts = [rng.integers(0, VOCAB, n) for n in (2, 6, 3, 5)]
+    _check_rows_equal_single_runs(models, prompts, steps=5, activations="int8")

@@ -426,6 +426,175 @@ static inline __attribute__((always_inline)) void dot_tiles(const int type, cons
     }
 }
 
+/* ---------------------------------------------------------------- int8 activations (opt-in)
+ *
+ * The faster mode that moves results (docs/numerics.md): x quantized once per product, per
+ * 32 values, to q = round(x / dx) in -127..127 with dx = max|x| / 127, and each block's dot
+ * product taken in integers, exactly: x . w over a block = dw * dx * (q . qw) (+ m * sum(x),
+ * the float sum, for the types with a min). Only the 32-value types (Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0) take it; the others keep float activations in the same call. A row's result is the
+ * same sequence of operations whatever rows share the call, as on the float path. */
+#define Q8_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q5_0 || (type) == T_Q5_1 || (type) == T_Q8_0)
+
+/* x (tokens, n), n a multiple of 32 -> q (tokens, n) and dx (tokens, n / 32). A block holding a
+ * NaN gets dx NaN, so that it reaches the output as it does on the float path. */
+static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8_t *restrict q,
+                        float *restrict dx) {
+    for (int64_t b = 0; b < tokens * (n / 32); b++) {
+        const float *xb = x + b * 32;
+#if defined(__AVX2__)
+        __m256 v[4], amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float max = _mm_cvtss_f32(m4);
+        if (_mm256_movemask_ps(nan)) {
+            dx[b] = NAN;
+            memset(q + b * 32, 0, 32);
+            continue;
+        }
+        const __m256 inv = _mm256_set1_ps(max > 0.0f ? 127.0f / max : 0.0f);
+        __m256i i[4];
+        for (int k = 0; k < 4; k++) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], inv)); /* to nearest, even */
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        _mm256_storeu_si256((__m256i *)(q + b * 32),
+                            _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        dx[b] = max / 127.0f;
+#else
+        float amax = 0.0f;
+        int nan = 0;
+        for (int i = 0; i < 32; i++) {
+            const float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+            nan |= xb[i] != xb[i];
+        }
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        dx[b] = nan ? NAN : amax / 127.0f;
+        for (int i = 0; i < 32; i++) q[b * 32 + i] = nan ? 0 : (int8_t)lrintf(xb[i] * inv);
+#endif
+    }
+}
+
+/* A block's 32 codes in value order, as integers: signed (q - offset: Q4_0, Q5_0, Q8_0) or
+ * unsigned (Q4_1, Q5_1: the min is applied in floats); d and m its scale and min. */
+#if defined(__AVX2__)
+static inline __m256i block_q8(const int type, const uint8_t *restrict blk, float *d, float *m) {
+    *d = half_to_float(blk);
+    const __m256i low4 = _mm256_set1_epi8(15);
+    __m128i qs;
+    uint32_t qh = 0;
+    switch (type) {
+    case T_Q8_0: return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    case T_Q4_0: qs = _mm_loadu_si128((const __m128i *)(blk + 2)); break;
+    case T_Q4_1: *m = half_to_float(blk + 2); qs = _mm_loadu_si128((const __m128i *)(blk + 4)); break;
+    case T_Q5_0: memcpy(&qh, blk + 2, 4); qs = _mm_loadu_si128((const __m128i *)(blk + 6)); break;
+    default: /* T_Q5_1 */
+        *m = half_to_float(blk + 2);
+        memcpy(&qh, blk + 4, 4);
+        qs = _mm_loadu_si128((const __m128i *)(blk + 8));
+    }
+    /* byte j: value j in its low nibble, value j + 16 in its high one */
+    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), low4);
+    if (type == T_Q5_0 || type == T_Q5_1) { /* bit j of qh: value j's fifth bit */
+        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                                   _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                                                     0x0101010101010101LL, 0));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        v = _mm256_or_si256(v, _mm256_and_si256(on, _mm256_set1_epi8(16)));
+    }
+    if (type == T_Q4_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    if (type == T_Q5_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+    return v;
+}
+
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* x[t] . row for NT <= SLM_TILE rows of int8 x (xq rows n apart, dx and xs rows n / 32 apart):
+ * per block, the codes unpacked once; per row, the 32 products summed in integers (maddubs
+ * takes unsigned x signed bytes: a signed code's sign moves onto x), then scaled. */
+static inline __attribute__((always_inline)) void dot_rows_q8(const int type, const int NT, const uint8_t *restrict row,
+                                                              const int n, const int8_t *restrict xq,
+                                                              const float *restrict dx, const float *restrict xs,
+                                                              float *restrict out, const int64_t out_n) {
+    const int has_min = type == T_Q4_1 || type == T_Q5_1, is_signed = !has_min;
+    const int bytes = type_info(type).bytes, blocks = n / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[SLM_TILE];
+    float mins[SLM_TILE];
+    for (int t = 0; t < NT; t++) {
+        acc[t] = _mm256_setzero_ps();
+        mins[t] = 0.0f;
+    }
+    for (int b = 0; b < blocks; b++) {
+        float d, m = 0.0f;
+        _mm_prefetch((const char *)row + (size_t)b * bytes + 1024, _MM_HINT_T0);
+        const __m256i w = block_q8(type, row + (size_t)b * bytes, &d, &m);
+        const __m256i aw = is_signed ? _mm256_sign_epi8(w, w) : w;
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)t * n + 32 * b));
+            if (is_signed) x = _mm256_sign_epi8(x, w);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * dx[t * blocks + b]), acc[t]);
+            if (has_min) mins[t] += m * xs[t * blocks + b];
+        }
+    }
+    for (int t = 0; t < NT; t++) out[t * out_n] = sum8(acc[t]) + mins[t];
+}
+#else
+/* the same integers without AVX2 (results differ from the AVX2 build in float rounding only) */
+static inline void dot_rows_q8(const int type, const int NT, const uint8_t *restrict row, const int n,
+                               const int8_t *restrict xq, const float *restrict dx, const float *restrict xs,
+                               float *restrict out, const int64_t out_n) {
+    const block_type bt = type_info(type);
+    const int blocks = n / 32;
+    for (int t = 0; t < NT; t++) {
+        float acc = 0.0f;
+        for (int b = 0; b < blocks; b++) {
+            const uint8_t *blk = row + (size_t)b * bt.bytes;
+            float d[16], m[16];
+            block_scales(type, blk, d, m);
+            int32_t isum = 0;
+            for (int g = 0; g < 2; g++) {
+                int8_t codes[16];
+                const i8x16 c = block_codes(type, blk, g);
+                memcpy(codes, &c, 16);
+                for (int i = 0; i < 16; i++) isum += codes[i] * xq[(int64_t)t * n + 32 * b + 16 * g + i];
+            }
+            acc += (float)isum * (d[0] * dx[t * blocks + b]) + (bt.has_min ? m[0] * xs[t * blocks + b] : 0.0f);
+        }
+        out[t * out_n] = acc;
+    }
+}
+#endif
+
+static inline __attribute__((always_inline)) void dot_tiles_q8(const int type, const uint8_t *restrict row, const int n,
+                                                               const int8_t *restrict xq, const float *restrict dx,
+                                                               const float *restrict xs, const int64_t tokens,
+                                                               float *restrict out, const int64_t out_n) {
+    const int64_t blocks = n / 32;
+    int64_t t = 0;
+    for (; t + SLM_TILE <= tokens; t += SLM_TILE)
+        dot_rows_q8(type, SLM_TILE, row, n, xq + t * n, dx + t * blocks, xs + t * blocks, out + t * out_n, out_n);
+    switch (tokens - t) {
+#define REST(k) case k: dot_rows_q8(type, k, row, n, xq + t * n, dx + t * blocks, xs + t * blocks, out + t * out_n, out_n); break;
+    REST(1) REST(2) REST(3)
+#undef REST
+    }
+}
+
 /* One row of n values (n a multiple of the block size) into w. */
 static inline __attribute__((always_inline)) void decode_blocks(const int type, const uint8_t *restrict row,
                                                                 const int n, float *restrict w) {
@@ -559,6 +728,8 @@ typedef struct {
     const float *xs16, *xs32;  /* (tokens, n / 16), (tokens, n / 32): sums of x over each unit */
     float *u;                  /* (ranks), shared by the team */
     float *rows_scratch;       /* n floats per thread (a decoded NF4 row) */
+    const int8_t *xq;          /* (tokens, n): x as int8 (int8 activations), else NULL */
+    const float *xd;           /* (tokens, n / 32): their scales */
 } matmul_plan;
 
 /* Checks the operands and fills p's layout (u_at: tokens * count + 1 slots). -1 when an
@@ -635,6 +806,14 @@ static void team_matmul(const matmul_plan *p) {
         const int64_t r = i - p->first[j];
         const uint8_t *row = job->data + r * job->row_bytes;
         float *o = job->out + r;
+        if (p->xq != NULL && Q8_TYPE(job->type)) {
+            switch (job->type) {
+#define DOT8(T) case T: dot_tiles_q8(T, row, (int)n, p->xq, p->xd, p->xs32, tokens, o, job->rows); break;
+                DOT8(T_Q4_0) DOT8(T_Q4_1) DOT8(T_Q5_0) DOT8(T_Q5_1) DOT8(T_Q8_0)
+#undef DOT8
+            }
+            continue;
+        }
         switch (job->type) {
 #define DOT(T, V, B, U, M)                                                                          \
     case T:                                                                                         \
@@ -669,9 +848,10 @@ static void team_matmul(const matmul_plan *p) {
     }
 }
 
-/* The shared body of slm_matmul and slm_matmul_rows: plan, scratch, one parallel region. */
+/* The shared body of slm_matmul and slm_matmul_rows: plan, scratch, one parallel region.
+ * int8: int8 activations for the types that take them (n a multiple of 32). */
 static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, int64_t job_stride,
-                       int64_t row_stride, const float *x, int64_t tokens, int64_t n) {
+                       int64_t row_stride, const float *x, int64_t tokens, int64_t n, int int8) {
     if (count < 1 || count > SLM_MAX_JOBS || tokens < 1) return -1;
     int64_t *u_at = malloc(sizeof(int64_t) * (size_t)(tokens * count + 1));
     if (u_at == NULL) return -2;
@@ -680,8 +860,10 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
         free(u_at);
         return -1;
     }
-    const int64_t threads = slm_threads(), sums = n / 16 + n / 32;
-    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + tokens * sums + p.ranks));
+    int8 = int8 && n % 32 == 0;
+    const int64_t threads = slm_threads(), sums = n / 16 + n / 32, scales = int8 ? tokens * (n / 32) : 0;
+    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + tokens * sums + p.ranks + scales) +
+                            (size_t)(int8 ? tokens * n : 0));
     if (scratch == NULL) {
         free(u_at);
         return -2;
@@ -692,6 +874,13 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
     p.xs32 = xs32;
     p.u = xs16 + tokens * sums;
     unit_sums(x, tokens, n, xs16, xs32);
+    if (int8) {
+        float *xd = p.u + p.ranks;
+        int8_t *xq = (int8_t *)(xd + scales);
+        quantize_x8(x, tokens, n, xq, xd);
+        p.xq = xq;
+        p.xd = xd;
+    }
 #pragma omp parallel
     team_matmul(&p);
     free(scratch);
@@ -701,14 +890,14 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
 
 /* out[t, r] = x[t] . dequant(row r) + (A x[t]) . B[r] for every job, in one parallel region.
  * The result does not depend on the number of threads, nor on the other rows of x: each
- * output is computed whole by one thread, in a fixed order.
+ * output is computed whole by one thread, in a fixed order. int8: int8 activations (above).
  * x (tokens, n) float32, C order. Returns 0; -1 when an argument is out of range, -2 when
  * out of memory. */
-int slm_matmul(int count, const slm_job *jobs, const float *x, int64_t tokens, int64_t n) {
+int slm_matmul(int count, const slm_job *jobs, const float *x, int64_t tokens, int64_t n, int int8) {
     if (count < 1 || count > SLM_MAX_JOBS) return -1;
     slm_term terms[SLM_MAX_JOBS];
     for (int j = 0; j < count; j++) terms[j] = (slm_term){jobs[j].rank, jobs[j].lora_a, jobs[j].lora_bt};
-    return matmul_impl(count, jobs, terms, 1, 0, x, tokens, n);
+    return matmul_impl(count, jobs, terms, 1, 0, x, tokens, n, int8);
 }
 
 /* slm_matmul for a batch of rows that each bring their own low-rank terms (the server's
@@ -717,8 +906,8 @@ int slm_matmul(int count, const slm_job *jobs, const float *x, int64_t tokens, i
  * and lora fields are ignored. Row t's result is bit for bit what slm_matmul gives for row t
  * alone with that term. */
 int slm_matmul_rows(int count, const slm_job *jobs, const slm_term *terms, const float *x, int64_t tokens,
-                    int64_t n) {
-    return matmul_impl(count, jobs, terms, tokens, 1, x, tokens, n);
+                    int64_t n, int int8) {
+    return matmul_impl(count, jobs, terms, tokens, 1, x, tokens, n, int8);
 }
 
 /* Rows [start, stop) of one weight into out ((stop - start), n) float32, on the calling
@@ -907,6 +1096,8 @@ typedef struct {             /* the base: its sizes, its family's choices, its l
     float eps, q_scale;      /* q_scale: queries are multiplied by it (1: not) */
     const slm_layer *layer;  /* (layers) */
     const float *output_norm;
+    int32_t int8;            /* 1: int8 activations for the products that take them (opt-in) */
+    int32_t pad;
 } slm_model;
 
 typedef struct {             /* one sequence of the batch */
@@ -921,7 +1112,9 @@ typedef struct {             /* the step's working memory, carved from one calle
     float *h, *q, *k, *v, *qr, *att, *o, *g, *up, *f, *sums, *u, *rows, *p;
     int64_t *u_at;           /* per thread: B * SLM_MAX_JOBS + 1 */
     slm_term *terms;         /* (P_COUNT, B): the current layer's terms, job-major */
-    int64_t sums_n, u_at_n;  /* per-thread lengths of sums and u_at */
+    int8_t *xq;              /* per thread: a product's input as int8 (int8 activations) */
+    float *xd;               /* per thread: their scales */
+    int64_t sums_n, u_at_n, xq_n;  /* per-thread lengths of sums, u_at and xq (xd: xq_n / 32) */
 } step_buffers;
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -948,6 +1141,7 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
     const int64_t N = max64(max64(H, Q), F);
     b->sums_n = B * (N / 16 + N / 32);
     b->u_at_n = B * SLM_MAX_JOBS + 1;
+    b->xq_n = m->int8 ? B * N : 0;
     int64_t at = 0;
 #define TAKE(field, type, count)                                    \
     do {                                                            \
@@ -959,6 +1153,7 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
     TAKE(up, float, B * F); TAKE(f, float, B * H); TAKE(sums, float, b->sums_n * threads);
     TAKE(u, float, ranks + 1); TAKE(rows, float, N * threads); TAKE(p, float, slots * threads);
     TAKE(u_at, int64_t, b->u_at_n * threads); TAKE(terms, slm_term, P_COUNT * B);
+    TAKE(xq, int8_t, b->xq_n * threads); TAKE(xd, float, b->xq_n / 32 * threads);
 #undef TAKE
     return at;
 }
@@ -1013,6 +1208,13 @@ static void step_matmul(const slm_model *m, const step_buffers *b, int64_t layer
     unit_sums(x, B, n, xs16, xs16 + B * (n / 16));
     p.xs16 = xs16;
     p.xs32 = xs16 + B * (n / 16);
+    if (m->int8 && n % 32 == 0) { /* each thread quantizes the (small) input itself: no barrier */
+        int8_t *xq = b->xq + b->xq_n * tid;
+        float *xd = b->xd + b->xq_n / 32 * tid;
+        quantize_x8(x, B, n, xq, xd);
+        p.xq = xq;
+        p.xd = xd;
+    }
     p.u = b->u;
     p.rows_scratch = b->rows;
     team_matmul(&p);

@@ -56,7 +56,7 @@ def decode_step(rows: list[Row], kernels) -> np.ndarray:
         return _op_by_op(rows, kernels)
     x = _embed([rows[i] for i in native])
     # every layer of these rows in one native call, each row with its own terms and cache
-    x = steps[native[0]].run([(steps[i], rows[i].cache) for i in native], x)  # (B', H), after the output norm
+    x = steps[native[0]].run([(steps[i], rows[i].cache) for i in native], x, kernels.int8)  # (B', H), after the output norm
     for i in native:
         rows[i].cache.length += 1
     logits = Decoder.logits(_Batch([rows[i] for i in native], kernels), x)  # (B', V)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import os
 
+# What a product's input may be quantized to (NativeKernels.set_activations): float32, the
+# default, within 1e-5 of the reference kernels; int8, opt-in, faster and measurably less exact.
+ACTIVATION_MODES = ("float32", "int8")
+
 
 def fused_selected() -> bool:
     """Whether default_kernels() picks the fused C kernels (SLM_KERNELS=reference says no)."""

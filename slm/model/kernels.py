@@ -77,6 +77,11 @@ class ReferenceKernels(Kernels):
     def __init__(self, scratch_elems: int = DEFAULT_SCRATCH_ELEMS):
         self.scratch = np.empty(scratch_elems, dtype=np.float32)
 
+    def set_activations(self, mode: str) -> None:
+        """Products in float32 (int8 activations are the C kernels' opt-in mode)."""
+        if mode != "float32":
+            raise KernelArgumentError(f"activations {mode!r} need slm's C kernels (these are {self.name})")
+
     def matmul(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         """x (T, in) float32 @ w.T -> (T, out) float32, w dequantized chunk by chunk."""
         check_width(x, w.cols, w.name)

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from slm.model import mathops
+from slm.model.kernel_choice import ACTIVATION_MODES
 from slm.model.kernels import KernelArgumentError, ReferenceKernels, check_width
 from slm.model.weights import QuantTensor
 
@@ -66,8 +67,8 @@ def _load() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(spec.origin)
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     signatures = {  # name: (result, arguments), as in _qkernels.c
-        "slm_matmul": (i32, [i32, p, p, i64, i64]),
-        "slm_matmul_rows": (i32, [i32, p, p, p, i64, i64]),
+        "slm_matmul": (i32, [i32, p, p, i64, i64, i32]),
+        "slm_matmul_rows": (i32, [i32, p, p, p, i64, i64, i32]),
         "slm_dequantize": (i32, [i32, p, i64, i64, i64, i64, p]),
         "slm_block_size": (i32, [i32, p, p]),
         "slm_threads": (i32, []),
@@ -154,6 +155,17 @@ class NativeKernels(ReferenceKernels):
         self.set_threads(DEFAULT_THREADS)
         self._jobs: dict[tuple, tuple] = {}  # see _plan
         self._terms: dict[tuple, tuple] = {}  # see _row_terms
+        self.int8 = False  # see set_activations
+
+    def set_activations(self, mode: str) -> None:
+        """"float32" (the default: every product in float32, within 1e-5 of the reference
+        kernels) or "int8": the input of every fused product over a 32-value block type (Q4_0,
+        Q4_1, Q5_0, Q5_1, Q8_0) quantized to int8 per 32 values and the block dot products
+        taken in integers, as llama.cpp does: faster decoding, logits that move (measured in
+        docs/numerics.md). Opt-in."""
+        if mode not in ACTIVATION_MODES:
+            raise KernelArgumentError(f"activations {mode!r}: one of {', '.join(ACTIVATION_MODES)}")
+        self.int8 = mode == "int8"
 
     def set_threads(self, n: int) -> None:
         """n threads for the kernels' parallel regions (from this thread) and the prefill."""
@@ -188,7 +200,7 @@ class NativeKernels(ReferenceKernels):
         outs = [np.empty((tokens, r), dtype=np.float32) for r in rows]  # (T, out) each
         for job, out in zip(jobs, outs):
             job.out = _addr(out)
-        check_status(LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols), "slm_matmul",
+        check_status(LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols, self.int8), "slm_matmul",
                       weights[0].name)
         return outs
 
@@ -210,7 +222,7 @@ class NativeKernels(ReferenceKernels):
         for job, out in zip(jobs, outs):
             job.out = _addr(out)
         terms = self._row_terms(weights, row_terms, tokens)
-        check_status(LIB.slm_matmul_rows(len(rows), jobs, terms, _addr(x), tokens, cols), "slm_matmul_rows",
+        check_status(LIB.slm_matmul_rows(len(rows), jobs, terms, _addr(x), tokens, cols, self.int8), "slm_matmul_rows",
                       weights[0].name)
         return outs
 

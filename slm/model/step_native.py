@@ -49,7 +49,7 @@ class Model(ctypes.Structure):
 
     _fields_ = [("layers", _i64), ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
                 ("ffn", _i64), ("activation", _i32), ("interleaved", _i32), ("eps", ctypes.c_float),
-                ("q_scale", ctypes.c_float), ("layer", _p), ("output_norm", _p)]
+                ("q_scale", ctypes.c_float), ("layer", _p), ("output_norm", _p), ("int8", _i32), ("pad", _i32)]
 
 
 class Row(ctypes.Structure):
@@ -152,11 +152,12 @@ class NativeStep:
         """Whether the C side reads this cache (float32 arrays, C order)."""
         return all(a.dtype == np.float32 and a.flags.c_contiguous for a in (*cache.k, *cache.v))
 
-    def run(self, steps: list, x: np.ndarray) -> np.ndarray:
+    def run(self, steps: list, x: np.ndarray, int8: bool | None = None) -> np.ndarray:
         """steps: [(NativeStep of the row's model, its KVCache)], all over this step's base;
         x (B, hidden) the embedded tokens. Runs every layer at each cache's next position
         (the caches gain it; their `length` is the caller's to advance) and returns the final
-        hidden states after the output norm (B, hidden), the head's input."""
+        hidden states after the output norm (B, hidden), the head's input. int8: int8
+        activations (NativeKernels.set_activations); None: as this model's kernels say."""
         B, hd = len(steps), self.model.cfg.head_dim
         x = np.array(x, dtype=np.float32, order="C")  # (B, H): the residual stream, updated in place
         out = np.empty_like(x)
@@ -173,6 +174,7 @@ class NativeStep:
             rows[i] = Row(cache.length, ctypes.addressof(view.k), ctypes.addressof(view.v),
                           ctypes.addressof(view.slots), ctypes.addressof(step.terms),
                           rope.ctypes.data + i * rope.strides[0])
+        self.desc.int8 = self.model.kernels.int8 if int8 is None else int8
         work = _work(kn.LIB.slm_step_work_bytes(ctypes.byref(self.desc), B, rows))
         status = kn.LIB.slm_decode_step(ctypes.byref(self.desc), B, rows, x.ctypes.data, out.ctypes.data,
                                         work.ctypes.data, work.nbytes)

@@ -36,6 +36,7 @@ class RunOptions:
     memory_budget: str | None = None
     on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
     threads: int | None = None  # None: every core
+    activations: str = "float32"  # or "int8" (opt-in, faster, logits move: docs/numerics.md)
 
 
 MAX_SEED = 2**63 - 1
@@ -71,6 +72,16 @@ def _check_options(o: RunOptions) -> None:
         raise InvalidInput("--on-switch must be 'stop' or 'finish'")
     if o.threads is not None and not 1 <= o.threads <= MAX_THREADS:
         raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
+    check_activations(o.activations)
+
+
+def check_activations(mode: str) -> None:
+    from slm.model.kernel_choice import ACTIVATION_MODES, fused_selected
+
+    if mode not in ACTIVATION_MODES:
+        raise InvalidInput(f"--activations must be one of {', '.join(ACTIVATION_MODES)}")
+    if mode != "float32" and not fused_selected():
+        raise InvalidInput(f"--activations {mode} needs slm's C kernels (not built, or SLM_KERNELS=reference)")
 
 
 class LogitsFile:
@@ -156,6 +167,7 @@ def generate_on(store: Store, loaded: Loaded, o: RunOptions, on_text=None, keep_
     tok, model = loaded.tokenizer, loaded.model
     if o.threads is not None:
         model.kernels.set_threads(o.threads)
+    model.kernels.set_activations(o.activations)
     text = o.prompt
     if o.chat:
         text = render_chat(tok.chat_template, [{"role": "user", "content": o.prompt}], tok.special_tokens)

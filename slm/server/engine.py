@@ -92,8 +92,11 @@ class PromptCache:
 
 class Engine:
     def __init__(self, max_batch: int = 8, max_queue: int = 32, threads: int | None = None,
-                 memory_budget: int | None = None, metrics=None, log: Callable[[str], None] = print):
+                 memory_budget: int | None = None, metrics=None, log: Callable[[str], None] = print,
+                 activations: str = "float32"):
         self.max_batch, self.max_queue, self.threads = max_batch, max_queue, threads
+        self.activations = activations  # the batch step's and every request's model's (alike, so
+        # that a batched answer is its request's answer alone)
         self.budget, self.metrics, self.log = memory_budget, metrics, log
         self.pending: queue.Queue[Job] = queue.Queue()
         self.running: list[Job] = []
@@ -170,6 +173,7 @@ class Engine:
         self.kernels = default_kernels()  # the batch step's kernels, owned by this thread
         if self.threads is not None:
             self.kernels.set_threads(self.threads)  # OpenMP threads are set per calling thread
+        self.kernels.set_activations(self.activations)
         while not self._stop.is_set():
             self._admit()
             if not self.running:
@@ -221,6 +225,7 @@ class Engine:
         model = job.loaded.model
         if self.threads is not None:
             model.kernels.set_threads(self.threads)
+        model.kernels.set_activations(self.activations)
         req = job.req
         job.sampler = Sampler(req.temperature, req.top_p, req.seed)
         job.cache = model.new_cache(job.capacity)

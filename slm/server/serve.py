@@ -17,7 +17,7 @@ from slm.api import Store
 from slm.compose.memory import parse_size
 from slm.errors import InvalidInput, IOFailure
 from slm.ops import budget
-from slm.ops.run import MAX_THREADS
+from slm.ops.run import MAX_THREADS, check_activations
 from slm.server.app import DEFAULT_BODY_LIMIT, build_app, stderr_log
 from slm.server.catalog import Catalog
 from slm.server.engine import Engine
@@ -35,6 +35,7 @@ class ServeOptions:
     max_queue: int | None = None  # None: 4 x max_batch
     memory_budget: str | None = None
     threads: int | None = None
+    activations: str = "float32"  # or "int8": opt-in (docs/numerics.md)
     body_limit: int = DEFAULT_BODY_LIMIT
     grace: float = 10.0  # seconds running requests get to finish after SIGTERM
 
@@ -48,6 +49,7 @@ def check(o: ServeOptions) -> None:
         raise InvalidInput("--max-queue must be >= 0")
     if o.threads is not None and not 1 <= o.threads <= MAX_THREADS:
         raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
+    check_activations(o.activations)
     if o.api_key is not None and (not o.api_key or any(c.isspace() for c in o.api_key)):
         raise InvalidInput("the API key must be non-empty and without spaces")
     if o.body_limit < 1024:
@@ -80,7 +82,7 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
     catalog.on_switch = metrics.record_switch
     catalog.start()  # stages what is active now (a failure is logged; the server still starts)
     engine = Engine(o.max_batch, 4 * o.max_batch if o.max_queue is None else o.max_queue, o.threads,
-                    memory_budget, metrics, log)
+                    memory_budget, metrics, log, o.activations)
     engine.start()
     app = build_app(catalog, engine, metrics, api_key=o.api_key, body_limit=o.body_limit, log=log)
 
