@@ -548,7 +548,8 @@ static inline __attribute__((always_inline)) void dot_rows_q8(const int type, co
             if (is_signed) x = _mm256_sign_epi8(x, w);
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * dx[t * blocks + b]), acc[t]);
-            if (has_min) mins[t] += m * xs[t * blocks + b];
+            /* (an explicit fma: the compiler contracts `+= m * x` in some instantiations only) */
+            if (has_min) mins[t] = fmaf(m, xs[t * blocks + b], mins[t]);
         }
     }
     for (int t = 0; t < NT; t++) out[t * out_n] = sum8(acc[t]) + mins[t];
