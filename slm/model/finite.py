@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import functools
 
+from slm.model.kernel_choice import library_path
+
 
 @functools.cache
 def _check():
-    import importlib.util
-
-    spec = importlib.util.find_spec("slm.model._qkernels")
-    if spec is None or not spec.origin:
+    path = library_path()
+    if path is None:
         return None
     import ctypes
 
-    fn = ctypes.CDLL(spec.origin).slm_f32_all_finite
+    fn = ctypes.CDLL(path).slm_f32_all_finite
     fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_int64]
     return fn
 

@@ -10,9 +10,14 @@ import os
 ACTIVATION_MODES = ("float32", "int8")
 
 
-def fused_selected() -> bool:
-    """Whether default_kernels() picks the fused C kernels (SLM_KERNELS=reference says no)."""
+def library_path() -> str | None:
+    """The built C kernels (slm/model/_qkernels*.so, compiled at install), or None."""
     import importlib.util
 
-    return os.environ.get("SLM_KERNELS", "fused") != "reference" and \
-        importlib.util.find_spec("slm.model._qkernels") is not None
+    spec = importlib.util.find_spec("slm.model._qkernels")
+    return spec.origin if spec is not None and spec.origin else None
+
+
+def fused_selected() -> bool:
+    """Whether default_kernels() picks the fused C kernels (SLM_KERNELS=reference says no)."""
+    return os.environ.get("SLM_KERNELS", "fused") != "reference" and library_path() is not None

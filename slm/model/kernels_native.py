@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from slm.model import mathops
-from slm.model.kernel_choice import ACTIVATION_MODES
+from slm.model.kernel_choice import ACTIVATION_MODES, library_path
 from slm.model.kernels import KernelArgumentError, ReferenceKernels, check_width
 from slm.model.weights import QuantTensor
 
@@ -61,10 +60,10 @@ def check_status(status: int, function: str, what: str) -> None:
         raise RuntimeError(f"{function} ({what}) refused its arguments (status {status}): a bug in slm")
 
 def _load() -> ctypes.CDLL | None:
-    spec = importlib.util.find_spec("slm.model._qkernels")
-    if spec is None or not spec.origin:
+    path = library_path()
+    if path is None:
         return None
-    lib = ctypes.CDLL(spec.origin)
+    lib = ctypes.CDLL(path)
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     signatures = {  # name: (result, arguments), as in _qkernels.c
         "slm_matmul": (i32, [i32, p, p, i64, i64, i32]),
