@@ -25,6 +25,7 @@ so), and a command that fails may still have refreshed it.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -122,6 +123,11 @@ def _serialize(records: dict[str, Key]) -> bytes:
     return body + dg.of_bytes(body).encode("ascii") + b"\n"
 
 
+# Every record line at once, checked by one regular expression: a per-line parse was ~7 ms of
+# each activation (one record per blob of the store)
+_RECORD_LINES = re.compile(rb"(?:[0-9a-f]{64}(?: -?[0-9]+){5}\n)*")
+
+
 def _parse(data: bytes) -> dict[str, Key]:
     """The records of an intact file; {} for anything else (absent, torn, edited, garbage)."""
     body, sep, trailer = data[:-1].rpartition(b"\n")
@@ -131,12 +137,12 @@ def _parse(data: bytes) -> dict[str, Key]:
     try:
         if trailer.decode("ascii") != dg.of_bytes(body):
             return {}
-        records = {}
-        for line in body[len(HEADER):].decode("ascii").splitlines():
-            hex_digest, *fields = line.split(" ")
-            if len(fields) != 5 or not dg.is_digest(dg.PREFIX + hex_digest):
-                return {}
-            records[hex_digest] = tuple(int(f) for f in fields)
-        return records
-    except (UnicodeDecodeError, ValueError):
+    except UnicodeDecodeError:
         return {}
+    if _RECORD_LINES.fullmatch(body, len(HEADER)) is None:
+        return {}
+    records = {}
+    for line in body[len(HEADER):].decode("ascii").split("\n")[:-1]:
+        hex_digest, dev, ino, size, mtime, ctime = line.split(" ")
+        records[hex_digest] = (int(dev), int(ino), int(size), int(mtime), int(ctime))
+    return records
