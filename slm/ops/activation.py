@@ -18,7 +18,7 @@ from __future__ import annotations
 from slm.compose.composition import Composition, stamped
 from slm.errors import (CommittedIncomplete, IntegrityError, InvalidInput, NeedsRecovery, NotFound, SlmError,
                         UsageError)
-from slm.ops import budget, compositions, signing
+from slm.ops import budget, compositions, policy
 from slm.ops.results import CompositionInfo, LogEntry, Status, Transition
 from slm.store import Store, fs
 from slm.store import digest as dg
@@ -51,7 +51,7 @@ def switch(store: Store, comp: Composition, op: str, memory_budget: str | None =
     """Make `comp` the active composition (the one transaction behind every verb)."""
     with store.locked():
         log, old = preflight(store)
-        signing.enforce(store, comp)  # require_signed: refused before anything is staged or written
+        policy.enforce(store, comp)  # require_signed: refused before anything is staged or written
         staged = compositions.stage(store, comp, load_overlays=False)  # every check and re-hash; nothing written
         est = budget.of_staged(staged)
         budget.check(est, budget.resolve(store, memory_budget), "this composition")
