@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api",
     "Composition": "slm.compose.composition", "ImportResult": "slm.ops.importing",
-    "AdapterEntry": "slm.ops.results", "CompositionInfo": "slm.ops.results", "Transition": "slm.ops.results",
+    "AdapterEntry": "slm.ops.transition", "CompositionInfo": "slm.ops.transition", "Transition": "slm.ops.transition",
     "Status": "slm.ops.results", "LogEntry": "slm.ops.results", "Finding": "slm.ops.reports",
     "FsckReport": "slm.ops.reports", "GcPlan": "slm.ops.reports", "Generation": "slm.ops.results",
     "Timings": "slm.ops.results", "VerifyReport": "slm.ops.reports",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from slm.ops.results import AdapterEntry, Result
+from slm.ops.transition import AdapterEntry, Result
 
 
 @dataclass(frozen=True)
