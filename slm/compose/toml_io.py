@@ -276,6 +276,9 @@ def _plain_loads(text: str) -> dict | None:
 
 def field(doc: dict, key: str, kind: type | tuple[type, ...], what: str):
     """doc[key], which must exist and be of `kind` (bool is not accepted as int)."""
+    value = doc.get(key, _NO_VALUE)
+    if type(value) is kind:  # the common case, at once (a manifest has thousands of fields)
+        return value
     if key not in doc:
         raise InvalidInput(f"{what}: missing field {key!r}")
     value = doc[key]
