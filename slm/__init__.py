@@ -15,10 +15,10 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api",
     "Composition": "slm.compose.composition", "ImportResult": "slm.ops.importing",
-    "AdapterEntry": "slm.ops.results", "CompositionInfo": "slm.ops.results", "Transition": "slm.ops.results",
-    "Status": "slm.ops.results", "LogEntry": "slm.ops.results", "Finding": "slm.ops.results",
-    "FsckReport": "slm.ops.results", "GcPlan": "slm.ops.results", "Generation": "slm.ops.results",
-    "Timings": "slm.ops.results", "VerifyReport": "slm.ops.results",
+    "AdapterEntry": "slm.ops.transition", "CompositionInfo": "slm.ops.transition", "Transition": "slm.ops.transition",
+    "Status": "slm.ops.results", "LogEntry": "slm.ops.results", "Finding": "slm.ops.reports",
+    "FsckReport": "slm.ops.reports", "GcPlan": "slm.ops.reports", "Generation": "slm.ops.results",
+    "Timings": "slm.ops.results", "VerifyReport": "slm.ops.reports",
     "ExitCode": "slm.errors", "SlmError": "slm.errors", "UsageError": "slm.errors", "NotFound": "slm.errors",
     "InvalidInput": "slm.errors", "IntegrityError": "slm.errors", "Incompatible": "slm.errors",
     "Busy": "slm.errors", "BudgetExceeded": "slm.errors", "NeedsRecovery": "slm.errors",
@@ -46,4 +46,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from slm.compose.composition import Composition  # noqa: F401
     from slm.errors import *  # noqa: F401,F403
     from slm.ops.importing import ImportResult  # noqa: F401
+    from slm.ops.reports import *  # noqa: F401,F403
     from slm.ops.results import *  # noqa: F401,F403

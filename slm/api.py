@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from slm.ops.importing import ImportResult
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.results import FsckReport, GcPlan, Generation, LogEntry, Status, Transition, VerifyReport
+    from slm.ops.reports import FsckReport, GcPlan, VerifyReport
+    from slm.ops.results import Generation, LogEntry, Status, Transition
     from slm.ops.run import RunOptions
 
 

@@ -35,6 +35,29 @@ def test_help_lists_exactly_the_verbs(cli):
         assert cli(verb, "--help").code == 0, verb
 
 
+def test_a_verb_is_parsed_by_an_app_of_that_verb_alone(cli, monkeypatch):
+    """`run` builds only the invoked verb's command (slm.cli.app_for: typer would otherwise
+    build every command's parameters at each start-up); what a verb says, its help and its
+    usage errors, is word for word what the whole app says."""
+    import slm.cli
+    import typer.main
+
+    for verb in sorted(VERBS):
+        narrow = slm.cli.app_for(["--store", "somewhere", verb, "--json"])
+        assert set(typer.main.get_command(narrow).commands) == {verb}
+    for argv in ([], ["--help"], ["-h"], ["frobnicate"], ["--store", "x"], ["--store=x", "--bogus", "ls"]):
+        assert slm.cli.app_for(argv) is slm.cli.app, argv
+    asked = [[verb, "--help"] for verb in sorted(VERBS)] + [
+        ["activate", "--no-such-option"], ["--store=elsewhere", "rollback", "-n", "x"], ["import", "adapter"],
+        ["import", "frobnicate"], ["show"]]
+    narrow_said = [cli(*argv) for argv in asked]
+    monkeypatch.setattr(slm.cli, "app_for", lambda argv: slm.cli.app)
+    whole_said = [cli(*argv) for argv in asked]
+    for argv, narrow, whole in zip(asked, narrow_said, whole_said):
+        assert (narrow.code, narrow.out, narrow.err) == (whole.code, whole.out, whole.err), argv
+    assert {r.code for r in narrow_said} == {0, 2}
+
+
 def test_unknown_command_is_a_usage_error(cli):
     r = cli("frobnicate")
     assert r.code == 2 and one_line(r.err)

@@ -88,6 +88,22 @@ def test_the_plain_reader_reads_what_the_writer_writes_as_tomllib_does(doc):
     assert toml_io._plain_loads(text) == _tomllib(text) == doc
 
 
+def test_spellings_read_once_give_each_entry_its_own_values():
+    """The plain reader reads each spelling once per text (a manifest repeats its keys, shapes
+    and headers on every entry): every entry still gets tomllib's values, and lists of its own."""
+    entry = {"module": "m", "scale": 2.0, "on": True,
+             "tensors": {"A": {"dtype": "f32", "shape": [16, 576]}, "B": {"dtype": "f32", "shape": [576, 16]}}}
+    doc = {"schema": "s", "shape": [16, 576], "targets": [entry, dict(entry), dict(entry)]}
+    text = toml_io.dumps(doc).decode("utf-8")
+    mine = toml_io._plain_loads(text)
+    assert mine == _tomllib(text) == doc
+    shapes = [mine["shape"]] + [t["tensors"][k]["shape"] for t in mine["targets"] for k in "AB"]
+    assert len({id(s) for s in shapes}) == len(shapes)
+    shapes[1].append(1)  # a caller changing one list changes no other
+    assert mine["targets"][1]["tensors"]["A"]["shape"] == [16, 576] == mine["shape"]
+    assert toml_io._plain_loads(text.replace("[targets.tensors.B]", "[targets.tensors.A]", 1)) is None
+
+
 line_edits = st.lists(st.tuples(st.sampled_from(["drop", "repeat", "swap", "cut", "insert"]),
                                 st.integers(min_value=0, max_value=10**6),
                                 st.sampled_from(["[", "]", "[[", ".", " = ", "\"", "\\", "#", "=", " ", "x",

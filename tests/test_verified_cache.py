@@ -113,6 +113,32 @@ def test_the_first_activation_re_hashes_every_blob(tiny, monkeypatch):
     assert base_blobs | adapter_blobs <= set(hashed.digests)
 
 
+def test_a_record_no_key_spells_vouches_for_nothing(tiny, monkeypatch):
+    """Records are kept as the file spells them and compared with keys spelt by the cache
+    itself: a record spelt otherwise (even one naming the same numbers) or a line that is no
+    record, in a file with a valid checksum, makes the activation re-hash, never trusts."""
+    base_blobs, adapter_blobs = _blobs(tiny)
+    slm.Store.open(tiny).activate("tq", ["a1"])
+    cache = tiny / "cache" / verified.FILE_NAME
+    records = verified._parse(cache.read_bytes())
+    assert {dg.hex_of(d) for d in base_blobs | adapter_blobs} <= set(records)
+    base_victim, adapter_victim = sorted(base_blobs)[0], sorted(adapter_blobs)[0]
+    key = verified.key_of(_blob_path(tiny, base_victim).stat())
+    assert records[dg.hex_of(base_victim)] == verified.spell(key)
+    records[dg.hex_of(base_victim)] = "0" + verified.spell(key)  # the same numbers, spelt otherwise
+    records[dg.hex_of(adapter_victim)] = "vouched"
+    records["not-a-digest"] = "1 2 3 4 5"
+    cache.write_bytes(verified._serialize(records))
+    hashed = Hashed(monkeypatch)
+    slm.Store.open(tiny).activate("tq")
+    slm.Store.open(tiny).activate("tq", ["a1"])
+    assert {base_victim, adapter_victim} <= set(hashed.digests)
+    assert not (base_blobs | adapter_blobs) - {base_victim, adapter_victim} & set(hashed.digests)
+    nospace_body = verified.HEADER + b"no-space-in-this-line\n"
+    cache.write_bytes(nospace_body + dg.of_bytes(nospace_body).encode() + b"\n")
+    assert verified._parse(cache.read_bytes()) == {}
+
+
 @pytest.mark.parametrize("which", ["base", "adapter"])
 def test_a_blob_changed_in_place_is_caught_by_activate_and_verify(cli, tiny, which):
     base_blobs, adapter_blobs = _blobs(tiny)
@@ -140,7 +166,7 @@ def test_verify_and_fsck_re_hash_what_the_cache_vouches_for(cli, tiny):
     _change_in_place(path)
     cache = tiny / "cache" / verified.FILE_NAME
     records = verified._parse(cache.read_bytes())
-    records[dg.hex_of(victim)] = verified.key_of(path.stat())  # as if the bytes had rotted in place
+    records[dg.hex_of(victim)] = verified.spell(verified.key_of(path.stat()))  # as if the bytes had rotted in place
     cache.write_bytes(verified._serialize(records))
     assert cli("activate", "tq").code == 0  # trusted: what the cache is documented not to catch
     r = cli("verify", "--json", "--no-numerics")
@@ -208,7 +234,7 @@ def test_fsck_keeps_exactly_the_blobs_it_verified(cli, tiny):
     stored = {d for d in s.objects.digests()}
     cache = tiny / "cache" / verified.FILE_NAME
     records = verified._parse(cache.read_bytes())
-    records["0" * 64] = (1, 2, 3, 4, 5)  # a blob gc removed long ago
+    records["0" * 64] = verified.spell((1, 2, 3, 4, 5))  # a blob gc removed long ago
     cache.write_bytes(verified._serialize(records))
     assert cli("fsck").code == 0
     assert {dg.PREFIX + h for h in verified._parse(cache.read_bytes())} == stored

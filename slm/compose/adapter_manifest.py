@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 from slm.compose.toml_io import dumps, field, loads
 from slm.errors import InvalidInput
-from slm.formats.adapter_source import ADAPTER_KINDS
 from slm.arch import QK_LAYOUTS
 from slm.store import digest as dg
 
@@ -37,6 +36,8 @@ SCHEMA = "slm.adapter/1"
 # dtype: (NumPy's name, bytes per value); NumPy itself is imported only to make arrays, not to
 # parse or check a manifest (an activation imports no NumPy: slm.ops.compositions.stage)
 DTYPES = {"f32": ("<f4", 4), "i64": ("<i8", 8)}
+# the tensors of each kind (slm.formats.adapter_source.ADAPTER_KINDS: the same kinds, held equal by
+# tests/test_adapters.py; that module is not imported here, as an activation would pay for its classes)
 KIND_TENSORS = {"lora": ("A", "B"), "ia3": ("vector",), "sparse": ("indices", "values")}
 
 
@@ -104,7 +105,7 @@ def parse_adapter_manifest(data: bytes, what: str = "adapter manifest") -> Adapt
     if doc.get("schema") != SCHEMA:
         raise InvalidInput(f"{what}: schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
     kind = field(doc, "kind", str, what)
-    if kind not in ADAPTER_KINDS:
+    if kind not in KIND_TENSORS:
         raise InvalidInput(f"{what}: unknown adapter kind {kind!r}")
     layout = field(doc, "row_layout", str, what)
     if layout not in QK_LAYOUTS:

@@ -22,7 +22,7 @@ import slm
 from slm.compose.base_manifest import BaseManifest
 from slm.compose.toml_io import dumps, field as req, loads
 from slm.errors import Incompatible, InvalidInput
-from slm.formats.base_source import canonical_json
+from slm.formats.jsonfile import canonical_json
 from slm.store import digest as dg
 from slm.store.names import validate_name
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from slm.formats.jsonfile import canonical_json  # noqa: F401  (importers of a base find it here)
 
 
 @dataclass
@@ -32,8 +33,3 @@ class BaseSource:
         for close in self.closers:
             close()
 
-
-def canonical_json(obj: Any) -> bytes:
-    """One spelling per value: sorted keys, no whitespace, UTF-8."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from slm.errors import InvalidInput
 
@@ -61,3 +62,9 @@ def read_json_object(path: Path, what: str, max_bytes: int, strict_keys: bool = 
     if not isinstance(data, dict):
         raise InvalidInput(f"{path}: {what} is not a JSON object")
     return data
+
+
+def canonical_json(obj: Any) -> bytes:
+    """One spelling per value: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")

@@ -15,15 +15,20 @@ the reflog) refuses before writing anything and points to `slm fsck --repair`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from slm.compose.composition import Composition, stamped
 from slm.errors import (CommittedIncomplete, IntegrityError, InvalidInput, NeedsRecovery, NotFound, SlmError,
                         UsageError)
-from slm.ops import budget, compositions, signing
-from slm.ops.results import CompositionInfo, LogEntry, Status, Transition
+from slm.ops import budget, compositions, policy
+from slm.ops.transition import CompositionInfo, Transition
 from slm.store import Store, fs
 from slm.store import digest as dg
 from slm.store.journal import Intent
 from slm.store.reflog import ReflogState
+
+if TYPE_CHECKING:
+    from slm.ops.results import LogEntry, Status
 
 
 def preflight(store: Store) -> tuple[ReflogState, str | None]:
@@ -51,7 +56,7 @@ def switch(store: Store, comp: Composition, op: str, memory_budget: str | None =
     """Make `comp` the active composition (the one transaction behind every verb)."""
     with store.locked():
         log, old = preflight(store)
-        signing.enforce(store, comp)  # require_signed: refused before anything is staged or written
+        policy.enforce(store, comp)  # require_signed: refused before anything is staged or written
         staged = compositions.stage(store, comp, load_overlays=False)  # every check and re-hash; nothing written
         est = budget.of_staged(staged)
         budget.check(est, budget.resolve(store, memory_budget), "this composition")
@@ -180,6 +185,8 @@ def rollback(store: Store, steps: int | None = None, to: str | None = None) -> T
 
 
 def status(store: Store) -> Status:
+    from slm.ops.results import Status
+
     comp_id = store.active_ref.read()
     entries = store.reflog.read()
     active_info = CompositionInfo.of(compositions.load(store, comp_id)) if comp_id is not None else None
@@ -188,4 +195,6 @@ def status(store: Store) -> Status:
 
 def log(store: Store) -> list[LogEntry]:
     """Every transition, newest first."""
+    from slm.ops.results import LogEntry
+
     return [LogEntry(e.seq, e.op, e.old, e.new, e.time) for e in reversed(store.reflog.entries())]

@@ -1,4 +1,5 @@
-"""`slm sign`, `slm verify --signature`, signed certificates, and the store's signing policy.
+"""`slm sign`, `slm verify --signature`, signed certificates; the store's signing policy and
+its check are in slm.ops.policy (every switch loads that, not this module).
 
 Policy, in the store's config.toml (top level):
 
@@ -20,32 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.errors import CommittedIncomplete, Incompatible, IntegrityError, InvalidInput, IOFailure, NotFound, SlmError
+from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, IOFailure, NotFound, SlmError
 from slm.ops import compositions
+from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
 from slm.store import Store, fs
 from slm.store import digest as dg
-
-
-@dataclass(frozen=True)
-class Policy:
-    require_signed: bool
-    trusted_keys: tuple[str, ...]
-
-
-def policy(store: Store) -> Policy:
-    config = store.config
-    required = config.get("require_signed", False)
-    keys = config.get("trusted_keys", [])
-    if not isinstance(required, bool):
-        raise InvalidInput("config.toml: require_signed must be true or false")
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise InvalidInput('config.toml: trusted_keys must be a list of "ed25519:<base64>" strings')
-    if keys:  # every switch asks for the policy; the key parser loads only when there are keys
-        from slm.dist import signing
-
-        for i, key in enumerate(keys):
-            signing.parse_public_key(key, f"config.toml trusted_keys[{i}]")
-    return Policy(required, tuple(keys))
 
 
 def _record(store: Store, comp_id: str) -> Composition | None:
@@ -82,27 +62,6 @@ def check_signatures(store: Store, comp_id: str, trusted: tuple[str, ...]) -> li
             continue
         out.append(SignatureCheck(digest, sig.public_key, sig.fingerprint, True, sig.public_key in trusted))
     return out
-
-
-def enforce(store: Store, comp: Composition) -> None:
-    """Refuse `comp` if the store requires signatures and none from a trusted key verifies.
-    Called by every switch before anything is written."""
-    rules = policy(store)
-    if not rules.require_signed:
-        return
-    checks = check_signatures(store, comp.id, rules.trusted_keys)
-    if any(c.valid and c.trusted for c in checks):
-        return
-    short = dg.short(comp.id)
-    if not checks:
-        raise Incompatible(f"composition {short} is not signed, and this store requires signed "
-                           "compositions (require_signed in config.toml)")
-    valid = [c for c in checks if c.valid]
-    if valid:
-        raise Incompatible(f"composition {short} is signed only by untrusted keys "
-                           f"({', '.join(c.fingerprint for c in valid)}); add the signer's key to "
-                           "trusted_keys in config.toml, or sign it with a trusted key")
-    raise Incompatible(f"composition {short}: no signature verifies ({checks[0].problem})")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from slm.errors import NotFound
 from slm.model.oracle import Oracle, OracleAdapter
 from slm.ops import activation, compositions
 from slm.ops.loading import load_composition
-from slm.ops.results import CompositionInfo, VerifyReport
+from slm.ops.reports import VerifyReport
+from slm.ops.results import CompositionInfo
 from slm.ops.progress import NoProgress, Progress
 from slm.store import Store
 from slm.store import digest as dg
