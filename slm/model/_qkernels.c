@@ -539,6 +539,7 @@ static inline __attribute__((always_inline)) void dot_rows_q8(const int type, co
     }
     for (int b = 0; b < blocks; b++) {
         float d, m = 0.0f;
+        /* a kilobyte ahead: +2-19% on a 40 MB weight streamed by one thread (Q4_1, Q5_0, Q8_0) */
         _mm_prefetch((const char *)row + (size_t)b * bytes + 1024, _MM_HINT_T0);
         const __m256i w = block_q8(type, row + (size_t)b * bytes, &d, &m);
         const __m256i aw = is_signed ? _mm256_sign_epi8(w, w) : w;
