@@ -1328,7 +1328,30 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
     return 0;
 }
 
+/* f32_all_finite(buffer) -> bool: slm_f32_all_finite from Python without ctypes (an
+ * activation's finite check, slm/model/finite.py: importing ctypes is a few ms of each
+ * `slm activate`). */
+static PyObject *py_f32_all_finite(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return NULL;
+    if (view.len % 4) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "%zd bytes are not whole float32 values", view.len);
+    }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = slm_f32_all_finite((const uint8_t *)view.buf, (int64_t)(view.len / 4));
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
+static PyMethodDef methods[] = {
+    {"f32_all_finite", py_f32_all_finite, METH_O, "Whether the little-endian float32 values in a buffer are all finite."},
+    {NULL, NULL, 0, NULL}};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qkernels",
-                                    "C kernels, called through ctypes.", -1, NULL};
+                                    "C kernels, called through ctypes (and f32_all_finite directly).", -1, methods};
 
 PyMODINIT_FUNC PyInit__qkernels(void) { return PyModule_Create(&module); }

@@ -1,26 +1,22 @@
 """Whether float32 bytes are all finite, without NumPy when the C kernels are built.
 
 An activation checks that every adapter tensor is finite; with NumPy that check would cost the
-NumPy import (most of a `slm activate`'s start-up), so the C kernels' slm_f32_all_finite does
-it over the bytes as they were read. NumPy is the fallback where the kernels are not built."""
+NumPy import (most of a `slm activate`'s start-up), so the C kernels' f32_all_finite does it
+over the bytes as they were read (called as a function of the extension module: no ctypes
+either). NumPy is the fallback where the kernels are not built."""
 
 from __future__ import annotations
 
 import functools
 
-from slm.model.kernel_choice import library_path
-
 
 @functools.cache
 def _check():
-    path = library_path()
-    if path is None:
+    try:
+        from slm.model import _qkernels
+    except ImportError:  # not built at install: the NumPy fallback below
         return None
-    import ctypes
-
-    fn = ctypes.CDLL(path).slm_f32_all_finite
-    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_int64]
-    return fn
+    return _qkernels.f32_all_finite
 
 
 def f32_all_finite(data: bytes) -> bool:
@@ -32,4 +28,4 @@ def f32_all_finite(data: bytes) -> bool:
         import numpy as np
 
         return bool(np.isfinite(np.frombuffer(data, dtype="<f4")).all())
-    return check(data, len(data) // 4) == 1
+    return check(data)
