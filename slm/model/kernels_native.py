@@ -140,6 +140,15 @@ def _short_f32(a: np.ndarray) -> bool:
     return _f32_c(a) and a.shape[0] <= FUSED_MAX_TOKENS
 
 
+def _gated(c_function, fallback, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """act(gate) * up (T, F) by the C function on a short float32 batch, else by `fallback`."""
+    if not (_short_f32(gate) and _f32_c(up)) or gate.shape != up.shape:
+        return fallback(gate, up)
+    out = np.empty_like(gate)  # (T, F)
+    c_function(_addr(gate), _addr(up), _addr(out), gate.size)
+    return out
+
+
 class NativeKernels(ReferenceKernels):
     name = "c-fused"
     fuses_low_rank = True  # matmul_many takes low-rank terms (slm.model.llama)
@@ -328,18 +337,10 @@ class NativeKernels(ReferenceKernels):
         return out
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        if not (_short_f32(gate) and _f32_c(up)) or gate.shape != up.shape:
-            return super().swiglu(gate, up)
-        out = np.empty_like(gate)  # (T, F)
-        LIB.slm_swiglu(_addr(gate), _addr(up), _addr(out), gate.size)
-        return out
+        return _gated(LIB.slm_swiglu, super().swiglu, gate, up)
 
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        if not (_short_f32(gate) and _f32_c(up)) or gate.shape != up.shape:
-            return super().geglu(gate, up)
-        out = np.empty_like(gate)  # (T, F)
-        LIB.slm_geglu(_addr(gate), _addr(up), _addr(out), gate.size)
-        return out
+        return _gated(LIB.slm_geglu, super().geglu, gate, up)
 
     def _long(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         """Dequantize bounded row chunks (C) and multiply them with BLAS, two chunks at a time:
