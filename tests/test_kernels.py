@@ -180,17 +180,20 @@ def test_decode_step_helpers_match_numpy(layout):
 
 
 @pytest.mark.parametrize("first,window", [(0, 0), (13, 0), (0, 5), (9, 4), (30, 64)])
-def test_causal_attention_matches_numpy(first, window):
-    """A prompt's attention in C (every query over only the keys it sees) against the NumPy
-    definition that masks a dense product: GQA (6 heads on 2), queries after cached positions,
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 16), (4, 1, 256), (3, 3, 20), (40, 2, 8)])
+def test_causal_attention_matches_numpy(first, window, heads, kv_heads, head_dim):
+    """A prompt's attention in C (tiles of query rows sharing their keys, only the keys of a
+    tile's range scored) against the NumPy definition that masks a dense product: GQA (6 heads
+    on 2; Gemma 3's 4 on 1 at 256 values a head; 20 per kv head, more than a tile's rows), plain
+    multi-head with a head size no vector width divides, queries after cached positions,
     windows shorter and longer than the prompt, 1 and 2 threads."""
     from slm.model import mathops
 
-    rng = np.random.default_rng([first, window])
+    rng = np.random.default_rng([first, window, heads, head_dim])
     T = 37
-    q = rng.standard_normal((T, 6, 16)).astype(np.float32)
-    k = rng.standard_normal((first + T, 2, 16)).astype(np.float32) * 3
-    v = rng.standard_normal((first + T, 2, 16)).astype(np.float32)
+    q = rng.standard_normal((T, heads, head_dim)).astype(np.float32)
+    k = rng.standard_normal((first + T, kv_heads, head_dim)).astype(np.float32) * 3
+    v = rng.standard_normal((first + T, kv_heads, head_dim)).astype(np.float32)
     want = mathops.attend(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), first, window)
     fused = kernels_native.NativeKernels()
     outs = []
@@ -199,7 +202,20 @@ def test_causal_attention_matches_numpy(first, window):
         outs.append(fused.attend_causal(q, k, v, first, window))
         assert outs[-1].shape == want.shape and outs[-1].dtype == np.float32
         assert np.abs(outs[-1] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
-    assert outs[0].tobytes() == outs[1].tobytes()  # each pair computed whole by one thread
+    assert outs[0].tobytes() == outs[1].tobytes()  # each tile computed whole by one thread
+
+
+def test_causal_attention_passes_nan_through():
+    """A NaN in one key reaches exactly the queries that see that key (the vector exp keeps
+    NaN; a key outside a query's range weighs 0 and leaves it finite)."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((12, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((12, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((12, 2, 32)).astype(np.float32)
+    k[6, 1, 3] = np.nan
+    out = kernels_native.NativeKernels().attend_causal(q, k, v, 0, 0).reshape(12, 4, 32)
+    sees = np.isnan(out).any(axis=2)  # (position, head)
+    assert not sees[:6].any() and not sees[6:, :2].any() and sees[6:, 2:].all()
 
 
 def test_results_do_not_depend_on_thread_count(tiny_model, store):

@@ -1017,43 +1017,246 @@ int slm_attend_one(const float *q, const float *k, const float *v, float *out, i
     return 0;
 }
 
+/* ---- a prompt's attention, in tiles ----------------------------------------------------
+ *
+ * A decode step's single query reads each key once whatever is done (attend_head). A prompt's
+ * queries read the same keys many times over, so here the work unit is a TILE: up to
+ * ATT_ROWS query rows that read the same keys and values, namely the heads of one kv group
+ * (grouped-query attention) at up to ATT_POSITIONS consecutive positions. Per tile:
+ *
+ *   scores  S (rows, keys) = Q K^T * scale   4 rows x 3 keys per register block: each key
+ *                                            vector loaded once for 4 rows, each query once
+ *                                            for 3 keys
+ *   softmax per row over its own keys        (the tile's keys run from its first row's window
+ *                                            start to its last row's position: a row's other
+ *                                            keys get weight 0), exp 8 lanes at a time
+ *   out     (rows, hd) = P V                 4 rows x 2 vectors of hd per register block: each
+ *                                            value vector loaded once for 4 rows
+ *
+ * The masked keys outside the tile's range are never computed; inside it at most
+ * ATT_POSITIONS - 1 per row are (and weigh 0). One call computes every parts-th tile, with no
+ * parallel region of its own: the prefill runs its parts on its own two threads
+ * (kernels_native.py), as it does its BLAS products, so that no OpenMP thread spins on a core
+ * while they work. */
+
+#define ATT_ROWS 16
+#define ATT_POSITIONS 4
+
+/* exp(x) in every lane: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes' degree-6 polynomial
+ * (relative error ~1e-7, a float's rounding), times 2^n through the exponent bits. NaN stays
+ * NaN. Lanes below -64 ln 2 give 0: every use adds e^x to at least 1 (a softmax to its top
+ * key's 1, a gated activation to 1), so 2^-64 is far below a float's rounding there, and the
+ * denormal floats that e^x and a softmax's weights would otherwise reach (x < -87.3) cost
+ * about twice the time in the products that follow (measured on real attention scores).
+ * Lanes above 88 give e^88 (a gated activation's denominator is then as good as infinite). */
+typedef int32_t vi __attribute__((vector_size(4 * LANES)));
+
+static inline vf exp_vf(vf x) {
+    const vf lowest = (vf){0} - 44.361419555836500f, highest = (vf){0} + 88.0f, magic = (vf){0} + 12582912.0f; /* 1.5 * 2^23 */
+    const vi under = x < lowest, over = x > highest;
+    x = (vf)(((vi)x & ~under) | ((vi)lowest & under));
+    x = (vf)(((vi)x & ~over) | ((vi)highest & over));
+    const vf shifted = x * 1.44269504088896341f + magic; /* round(x log2 e) in the low bits */
+    const vf n = shifted - magic;
+    const vf r = x - n * 0.693359375f - n * -2.12194440e-4f;
+    vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const vi two_n = ((vi)shifted - 0x4B400000 + 127) << 23;
+    return (vf)((vi)(p * (vf)two_n) & ~under);
+}
+
+/* scores[i][s .. s + 3 LANES) = rows[i] . keys[s ..] for 4 rows, from the keys transposed:
+ * kt (hd, ld), key s's value d at kt[d * ld + s]; the keys in the lanes, so no sums across
+ * lanes, each row value broadcast once for 3 LANES keys (12 accumulators, 3 key vectors and a
+ * broadcast: 16 registers with AVX2). */
+static inline void score_block(const float *const rows[4], const float *kt, int64_t ld, int64_t hd,
+                               float *const scores[4], int64_t s) {
+    vf a00 = {0}, a01 = {0}, a02 = {0}, a10 = {0}, a11 = {0}, a12 = {0};
+    vf a20 = {0}, a21 = {0}, a22 = {0}, a30 = {0}, a31 = {0}, a32 = {0};
+    for (int64_t d = 0; d < hd; d++) {
+        const float *kd = kt + d * ld + s;
+        const vf k0 = load_vf(kd), k1 = load_vf(kd + LANES), k2 = load_vf(kd + 2 * LANES);
+        float r = rows[0][d];
+        a00 += r * k0, a01 += r * k1, a02 += r * k2;
+        r = rows[1][d];
+        a10 += r * k0, a11 += r * k1, a12 += r * k2;
+        r = rows[2][d];
+        a20 += r * k0, a21 += r * k1, a22 += r * k2;
+        r = rows[3][d];
+        a30 += r * k0, a31 += r * k1, a32 += r * k2;
+    }
+    const vf acc[4][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
+    for (int i = 0; i < 4; i++) memcpy(scores[i] + s, acc[i], sizeof acc[i]);
+}
+
+/* out[i] = sum_s p[i][s] v[s] for 4 rows over S values (value s at v + s * stride), 3 vectors
+ * of hd at a time (each value vector loaded once for the 4 rows), then one, then lane by lane. */
+static inline void weigh_block(const float *const p[4], const float *v, int64_t stride, int64_t S, int64_t hd,
+                               float *const out[4]) {
+    int64_t d = 0;
+    for (; d + 3 * LANES <= hd; d += 3 * LANES) {
+        vf c00 = {0}, c01 = {0}, c02 = {0}, c10 = {0}, c11 = {0}, c12 = {0};
+        vf c20 = {0}, c21 = {0}, c22 = {0}, c30 = {0}, c31 = {0}, c32 = {0};
+        for (int64_t s = 0; s < S; s++) {
+            const float *vs = v + s * stride + d;
+            const vf v0 = load_vf(vs), v1 = load_vf(vs + LANES), v2 = load_vf(vs + 2 * LANES);
+            float w = p[0][s];
+            c00 += w * v0, c01 += w * v1, c02 += w * v2;
+            w = p[1][s];
+            c10 += w * v0, c11 += w * v1, c12 += w * v2;
+            w = p[2][s];
+            c20 += w * v0, c21 += w * v1, c22 += w * v2;
+            w = p[3][s];
+            c30 += w * v0, c31 += w * v1, c32 += w * v2;
+        }
+        const vf acc[4][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32}};
+        for (int i = 0; i < 4; i++) memcpy(out[i] + d, acc[i], sizeof acc[i]);
+    }
+    for (; d + LANES <= hd; d += LANES) {
+        vf c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+        for (int64_t s = 0; s < S; s++) {
+            const vf v0 = load_vf(v + s * stride + d);
+            c0 += p[0][s] * v0, c1 += p[1][s] * v0, c2 += p[2][s] * v0, c3 += p[3][s] * v0;
+        }
+        memcpy(out[0] + d, &c0, sizeof c0), memcpy(out[1] + d, &c1, sizeof c1);
+        memcpy(out[2] + d, &c2, sizeof c2), memcpy(out[3] + d, &c3, sizeof c3);
+    }
+    for (; d < hd; d++)
+        for (int i = 0; i < 4; i++) {
+            float a = 0.0f;
+            for (int64_t s = 0; s < S; s++) a += p[i][s] * v[s * stride + d];
+            out[i][d] = a;
+        }
+}
+
+/* p[lo, hi) = softmax(p[lo, hi) * scale), the rest of p[0, S) = 0. */
+static void softmax_range(float *p, int64_t S, int64_t lo, int64_t hi, float scale) {
+    float top = -INFINITY;
+    for (int64_t s = lo; s < hi; s++) {
+        p[s] *= scale;
+        top = p[s] > top ? p[s] : top;
+    }
+    float total = 0.0f;
+    int64_t s = lo;
+    const vf tops = (vf){0} + top;
+    for (; s + LANES <= hi; s += LANES) {
+        const vf e = exp_vf(load_vf(p + s) - tops);
+        memcpy(p + s, &e, sizeof e);
+    }
+    for (; s < hi; s++) {
+        const vf e = exp_vf((vf){0} + (p[s] - top));
+        p[s] = e[0];
+    }
+    for (s = lo; s < hi; s++) total += p[s];
+    const float inv = 1.0f / total;
+    for (s = 0; s < lo; s++) p[s] = 0.0f;
+    for (s = lo; s < hi; s++) p[s] *= inv;
+    for (s = hi; s < S; s++) p[s] = 0.0f;
+}
+
 /* Causal attention of T query positions first .. first + T - 1 (a prompt): query t sees keys
  * lo .. first + t, lo = first + t - window + 1 with a window (0: from key 0). q, out (T, nh,
- * hd); k, v (first + T, n_kv, hd). Each (query, head) pair is attend_head over its own keys,
- * so the masked keys cost nothing (a dense product computes the whole square, then hides half
- * of it); the pairs are shared by the threads in small chunks (later queries see more keys).
- * Returns -2 when out of memory. */
+ * hd); k, v (first + T, n_kv, hd). Writes the rows of the tiles u = part, part + parts, ...
+ * (latest positions first). Returns -2 when out of memory. */
 int slm_attend_causal(const float *q, const float *k, const float *v, float *out, int64_t T, int64_t first,
-                      int64_t window, int64_t nh, int64_t n_kv, int64_t hd) {
-    const int64_t S = first + T, threads = slm_threads();
-    float *scratch = malloc(sizeof(float) * (size_t)(S * threads));
-    if (scratch == NULL) return -2;
-    const int64_t group = nh / n_kv;
-#pragma omp parallel for schedule(dynamic, 8)
-    for (int64_t i = 0; i < T * nh; i++) {
-        const int64_t t = i / nh, h = i % nh, last = first + t;
-        const int64_t lo = window && last - window + 1 > 0 ? last - window + 1 : 0;
-        attend_head(q + (t * nh + h) * hd, k + lo * n_kv * hd, v + lo * n_kv * hd, out + (t * nh + h) * hd,
-                    last + 1 - lo, n_kv, hd, h / group, scratch + S * thread_index());
+                      int64_t window, int64_t nh, int64_t n_kv, int64_t hd, int64_t part, int64_t parts) {
+    const int64_t group = nh / n_kv, keys = first + T;
+    const int64_t heads = group < ATT_ROWS ? group : ATT_ROWS;          /* heads per tile */
+    const int64_t chunks = (group + heads - 1) / heads;                  /* tiles per group and positions */
+    const int64_t per = ATT_ROWS / heads < ATT_POSITIONS ? ATT_ROWS / heads : ATT_POSITIONS;
+    const int64_t spans = (T + per - 1) / per, units = n_kv * chunks * spans;
+    const int64_t wide = 3 * LANES, ld = (keys + wide - 1) / wide * wide; /* a key row, padded */
+    const int64_t S_max = (window && window + per - 1 < keys ? window + per - 1 : keys) + 2 * wide;
+    const int64_t rows_max = ATT_ROWS + 3, stride = n_kv * hd; /* (rows padded to a multiple of 4) */
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *kt = malloc(sizeof(float) * (size_t)(n_kv * hd * ld + rows_max * S_max + hd));
+    if (kt == NULL) return -2;
+    float *p = kt + n_kv * hd * ld, *sink = p + rows_max * S_max;
+    /* every kv head's keys transposed: kt[g] (hd, ld), the padding keys 0 */
+    for (int64_t gd = 0; gd < n_kv * hd; gd++) {
+        const int64_t g = gd / hd, d = gd % hd;
+        float *row = kt + gd * ld;
+        for (int64_t s = 0; s < keys; s++) row[s] = k[s * stride + g * hd + d];
+        for (int64_t s = keys; s < ld; s++) row[s] = 0.0f;
     }
-    free(scratch);
+    for (int64_t u = part; u < units; u += parts) {
+        const int64_t span = spans - 1 - u % spans, rest = u / spans; /* latest positions first */
+        const int64_t g = rest / chunks, h0 = g * group + rest % chunks * heads;
+        const int64_t h1 = h0 + heads < (g + 1) * group ? h0 + heads : (g + 1) * group;
+        const int64_t t0 = span * per, t1 = t0 + per < T ? t0 + per : T;
+        const int64_t last = first + t1 - 1;
+        const int64_t lo = window && first + t0 - window + 1 > 0 ? first + t0 - window + 1 : 0;
+        const int64_t S = last + 1 - lo, rows = (t1 - t0) * (h1 - h0), padded = (rows + 3) / 4 * 4;
+        const float *qrow[ATT_ROWS + 3];
+        float *prow[ATT_ROWS + 3], *orow[ATT_ROWS + 3];
+        for (int64_t i = 0; i < padded; i++) {
+            const int64_t r = i < rows ? i : rows - 1, t = t0 + r / (h1 - h0), h = h0 + r % (h1 - h0);
+            qrow[i] = q + (t * nh + h) * hd;
+            prow[i] = p + i * S_max;
+            orow[i] = i < rows ? out + (t * nh + h) * hd : sink;
+        }
+        /* scores from key lo on, in blocks that start at a multiple of 3 LANES: the keys
+         * before lo in the first block are scored too and weigh 0 */
+        const int64_t base = lo / wide * wide, skip = lo - base;
+        const float *ktg = kt + g * hd * ld;
+        for (int64_t i = 0; i < padded; i += 4)
+            for (int64_t s = 0; s < skip + S; s += wide) score_block(qrow + i, ktg + base, ld, hd, prow + i, s);
+        for (int64_t i = 0; i < padded; i++) {
+            const int64_t pos = first + t0 + (i < rows ? i : rows - 1) / (h1 - h0);
+            const int64_t from = window && pos - window + 1 > lo ? pos - window + 1 : lo;
+            softmax_range(prow[i] + skip, S, from - lo, pos + 1 - lo, scale);
+        }
+        const float *vg = v + lo * stride + g * hd;
+        for (int64_t i = 0; i < padded; i += 4) {
+            const float *pr[4] = {prow[i] + skip, prow[i + 1] + skip, prow[i + 2] + skip, prow[i + 3] + skip};
+            weigh_block(pr, vg, stride, S, hd, orow + i);
+        }
+    }
+    free(kt);
     return 0;
 }
 
-/* out = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values. */
-__attribute__((noinline)) void slm_swiglu(const float *gate, const float *up, float *out, int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-}
+/* The gated activations, LANES values at a time with exp_vf. Every value, whatever its place
+ * in a call, goes through gated_vectors' one loop (a short tail is padded to a whole vector),
+ * so the decode step, which splits the values between its threads, gets each value's bits as
+ * a call over all of them does. */
+enum { ACT_SWIGLU, ACT_GEGLU }; /* the decode step's slm_model.activation */
 
-/* out = gelu_tanh(gate) * up, GELU's tanh approximation (slm.model.mathops.gelu_tanh, in the
- * same order of float32 operations), n values. */
-__attribute__((noinline)) void slm_geglu(const float *gate, const float *up, float *out, int64_t n) {
+__attribute__((noinline)) static void gated_vectors(int activation, const float *gate, const float *up, float *out,
+                                                    int64_t vectors) {
     const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    for (int64_t i = 0; i < n; i++) {
-        const float x = gate[i], inner = c * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(inner)) * up[i];
+    for (int64_t i = 0; i < vectors * LANES; i += LANES) {
+        const vf x = load_vf(gate + i), u = load_vf(up + i);
+        vf y;
+        if (activation == ACT_GEGLU) /* x/2 (1 + tanh(z)) = x / (1 + exp(-2z)), z = c (x + 0.044715 x^3) */
+            y = x / (1.0f + exp_vf(-2.0f * (c * (x + 0.044715f * x * x * x)))) * u;
+        else /* silu(x) = x / (1 + exp(-x)) */
+            y = x / (1.0f + exp_vf(-x)) * u;
+        memcpy(out + i, &y, sizeof y);
     }
 }
+
+static void gated(int activation, const float *gate, const float *up, float *out, int64_t n) {
+    const int64_t whole = n / LANES, rest = n - whole * LANES;
+    gated_vectors(activation, gate, up, out, whole);
+    if (rest) {
+        float g[LANES] = {0}, u[LANES] = {0}, o[LANES];
+        memcpy(g, gate + whole * LANES, sizeof(float) * (size_t)rest);
+        memcpy(u, up + whole * LANES, sizeof(float) * (size_t)rest);
+        gated_vectors(activation, g, u, o, 1);
+        memcpy(out + whole * LANES, o, sizeof(float) * (size_t)rest);
+    }
+}
+
+/* out = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values (out may be gate). */
+void slm_swiglu(const float *gate, const float *up, float *out, int64_t n) { gated(ACT_SWIGLU, gate, up, out, n); }
+
+/* out = gelu_tanh(gate) * up, GELU's tanh approximation (slm.model.mathops.gelu_tanh), n values. */
+void slm_geglu(const float *gate, const float *up, float *out, int64_t n) { gated(ACT_GEGLU, gate, up, out, n); }
 
 /* ---- the decode step: every layer of one token per sequence, in one call ------------
  *

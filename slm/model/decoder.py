@@ -306,7 +306,7 @@ class Decoder:
         equal work, run by the kernels' two threads (NumPy releases the GIL); each range only
         needs the keys from its first query's window start to its last position."""
         T = q.shape[0]
-        if T > 1 and self.kernels.attends_causally(q.shape[-1]):
+        if T > 1 and self.kernels.attends_causally():
             return self.kernels.attend_causal(q, k, v, first, window)
 
         def attend(a: int, b: int) -> np.ndarray:

@@ -47,7 +47,7 @@ class Kernels:
         """[fn(i) for i in items]; the fused kernels run these on their two threads."""
         return [fn(i) for i in items]
 
-    def attends_causally(self, head_dim: int) -> bool:
+    def attends_causally(self) -> bool:
         """Whether attend_causal takes a whole prompt's attention (on the set's own threads)."""
         return False
 

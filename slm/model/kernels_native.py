@@ -32,8 +32,10 @@ from slm.model.weights import QuantTensor
 
 OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in the C file)
 FUSED_MAX_TOKENS = 8  # above this, dequantize + BLAS is faster
-CAUSAL_MAX_HEAD_DIM = 128  # above this, a prompt's attention is faster as NumPy's dense product
 MAX_JOBS = 4  # SLM_MAX_JOBS in the C file
+# A norm, RoPE or gated activation over at least this many values (a prompt's) is split
+# between the two threads: a split costs ~30 us of dispatch, ~30k values' work
+SPLIT_MIN_VALUES = 65536
 
 
 class Job(ctypes.Structure):
@@ -75,7 +77,7 @@ def _load() -> ctypes.CDLL | None:
         "slm_rms_norm": (None, [p, p, p, i64, i64, ctypes.c_float]),
         "slm_rope": (None, [p, p, p, p, i64, i64, i64, i32]),
         "slm_attend_one": (i32, [p, p, p, p, i64, i64, i64, i64]),
-        "slm_attend_causal": (i32, [p, p, p, p, i64, i64, i64, i64, i64, i64]),
+        "slm_attend_causal": (i32, [p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64]),
         "slm_swiglu": (None, [p, p, p, i64]),
         "slm_geglu": (None, [p, p, p, i64]),
     }
@@ -134,19 +136,6 @@ def _addr(a: np.ndarray) -> int:
 
 def _f32_c(a: np.ndarray) -> bool:
     return a.dtype == np.float32 and a.flags.c_contiguous
-
-
-def _short_f32(a: np.ndarray) -> bool:
-    return _f32_c(a) and a.shape[0] <= FUSED_MAX_TOKENS
-
-
-def _gated(c_function, fallback, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """act(gate) * up (T, F) by the C function on a short float32 batch, else by `fallback`."""
-    if not (_short_f32(gate) and _f32_c(up)) or gate.shape != up.shape:
-        return fallback(gate, up)
-    out = np.empty_like(gate)  # (T, F)
-    c_function(_addr(gate), _addr(up), _addr(out), gate.size)
-    return out
 
 
 class NativeKernels(ReferenceKernels):
@@ -288,23 +277,40 @@ class NativeKernels(ReferenceKernels):
         futures = [self.pool.submit(fn, i) for i in items[1:]]
         return [fn(items[0])] + [f.result() for f in futures]
 
-    # The rest of a decode step in C: each replaces 5-30 small NumPy operations (1-3 us each).
-    # Short float32 batches only; anything else goes to the NumPy definitions.
+    def _split(self, count: int, values: int, fn) -> None:
+        """fn(start, stop) over [0, count) (rows, or values), in two halves on the two threads
+        when there are `values` >= SPLIT_MIN_VALUES to compute. The prompt's work is parallel
+        on these threads, as its BLAS products are, never in an OpenMP region, whose threads
+        would spin on a core afterwards while the products run."""
+        if self.pool is None or values < SPLIT_MIN_VALUES or count < 2:
+            fn(0, count)
+        else:
+            self.map_parallel(lambda r: fn(*r), [(0, count // 2), (count // 2, count)])
+
+    # The rest of a block in C: in a decode step each replaces 5-30 small NumPy operations (1-3
+    # us each); a prompt's are split between the threads. Float32 only; anything else goes to
+    # the NumPy definitions. Each row's (value's) result is the C function's whatever the
+    # split, so a short batch gets the decode step's bits.
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         # (the C side trusts shapes: anything unexpected takes the checked NumPy path)
-        if not _short_f32(x) or x.ndim != 2 or not _f32_c(weight) or weight.shape != x.shape[1:]:
+        if not _f32_c(x) or x.ndim != 2 or not _f32_c(weight) or weight.shape != x.shape[1:]:
             return super().rms_norm(x, weight, eps)
         out = np.empty_like(x)  # (T, H)
-        LIB.slm_rms_norm(_addr(x), _addr(weight), _addr(out), x.shape[0], x.shape[1], eps)
+        src, dst, width = _addr(x), _addr(out), x.shape[1]
+        self._split(x.shape[0], x.size, lambda a, b: LIB.slm_rms_norm(
+            src + 4 * a * width, _addr(weight), dst + 4 * a * width, b - a, width, eps))
         return out
 
     def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str) -> np.ndarray:
         table = (x.shape[0], x.shape[-1] // 2) if x.ndim == 3 else None
-        if not (_short_f32(x) and _f32_c(cos) and _f32_c(sin)) or not cos.shape == sin.shape == table:
+        if not (_f32_c(x) and _f32_c(cos) and _f32_c(sin)) or not cos.shape == sin.shape == table:
             return super().rope(x, cos, sin, layout)
         out = np.empty_like(x)  # (T, heads, hd)
-        LIB.slm_rope(_addr(x), _addr(out), _addr(cos), _addr(sin), *x.shape,
-                     layout == "gguf")
+        _, heads, hd = x.shape
+        src, dst, c, s = _addr(x), _addr(out), _addr(cos), _addr(sin)
+        self._split(x.shape[0], x.size, lambda a, b: LIB.slm_rope(
+            src + 4 * a * heads * hd, dst + 4 * a * heads * hd, c + 4 * a * (hd // 2), s + 4 * a * (hd // 2),
+            b - a, heads, hd, layout == "gguf"))
         return out
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int) -> np.ndarray:
@@ -317,30 +323,44 @@ class NativeKernels(ReferenceKernels):
                                          k.shape[1], hd), "slm_attend_one", "attention")
         return out
 
-    def attends_causally(self, head_dim: int) -> bool:
-        # (a query reads its keys' rows alone: past 128 values per head they no longer stay in
-        # cache from one query to the next, and NumPy's dense BLAS product wins: measured 1.7x
-        # faster at 64, 0.85x at 256, on 512 tokens)
-        return head_dim <= CAUSAL_MAX_HEAD_DIM
+    def attends_causally(self) -> bool:
+        # (in tiles that share keys: faster than NumPy's dense product at every head size,
+        # measured 5.8x at 64 and 3x at 256 values per head on 512 tokens)
+        return True
 
     def attend_causal(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int, window: int) -> np.ndarray:
         """Causal attention of q (T, nh, hd) at positions first.. over k, v (first + T, n_kv, hd),
-        within the window (0: none), on the kernels' threads: mathops.attend's result, the
-        masked keys never computed."""
+        within the window (0: none), on the two threads: mathops.attend's result (within
+        float32 rounding), in tiles of query rows that share their keys (_qkernels.c)."""
         T, nh, hd = q.shape
         if k.ndim != 3 or k.shape != v.shape or k.shape[0] != first + T or \
                 k.shape[2] != hd or nh % k.shape[1] or not all(_f32_c(a) for a in (q, k, v)):
             return mathops.attend(q, k, v, first, window)
         out = np.empty((T, nh * hd), dtype=np.float32)
-        check_status(LIB.slm_attend_causal(_addr(q), _addr(k), _addr(v), _addr(out), T, first, window, nh,
-                                           k.shape[1], hd), "slm_attend_causal", "attention")
+        parts = 1 if self.pool is None else 2
+
+        def part(i: int) -> int:  # every parts-th tile of the prompt
+            return LIB.slm_attend_causal(_addr(q), _addr(k), _addr(v), _addr(out), T, first, window, nh,
+                                         k.shape[1], hd, i, parts)
+
+        for status in self.map_parallel(part, list(range(parts))):
+            check_status(status, "slm_attend_causal", "attention")
         return out
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return _gated(LIB.slm_swiglu, super().swiglu, gate, up)
+        return self._gated(LIB.slm_swiglu, super().swiglu, gate, up)
 
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return _gated(LIB.slm_geglu, super().geglu, gate, up)
+        return self._gated(LIB.slm_geglu, super().geglu, gate, up)
+
+    def _gated(self, c_function, fallback, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """act(gate) * up (T, F) by the C function on float32, else by `fallback`."""
+        if not (_f32_c(gate) and _f32_c(up)) or gate.shape != up.shape:
+            return fallback(gate, up)
+        out = np.empty_like(gate)  # (T, F)
+        g, u, o = _addr(gate), _addr(up), _addr(out)
+        self._split(gate.size, gate.size, lambda a, b: c_function(g + 4 * a, u + 4 * a, o + 4 * a, b - a))
+        return out
 
     def _long(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         """Dequantize bounded row chunks (C) and multiply them with BLAS, two chunks at a time:
