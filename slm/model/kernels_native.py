@@ -186,11 +186,7 @@ class NativeKernels(ReferenceKernels):
             x = np.ascontiguousarray(x, dtype=np.float32)  # (T, in)
         plan = self._plan(weights, low_rank)
         if plan is None or x.shape[0] > FUSED_MAX_TOKENS:
-            outs = [self._long(x, w) for w in weights]
-            for i, term in enumerate(low_rank or ()):
-                if term is not None:
-                    outs[i] += (x @ term[0].T) @ term[1]  # (T, r) @ (r, out)
-            return outs
+            return [self._long(x, w, term) for w, term in zip(weights, low_rank or [None] * len(weights))]
         jobs, cols, rows = plan
         check_width(x, cols, weights[0].name)
         tokens = x.shape[0]
@@ -362,15 +358,20 @@ class NativeKernels(ReferenceKernels):
         self._split(gate.size, gate.size, lambda a, b: c_function(g + 4 * a, u + 4 * a, o + 4 * a, b - a))
         return out
 
-    def _long(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
-        """Dequantize bounded row chunks (C) and multiply them with BLAS, two chunks at a time:
-        one here, one on the pool's thread (each BLAS call on one thread)."""
+    def _long(self, x: np.ndarray, w: QuantTensor, term: tuple | None) -> np.ndarray:
+        """x @ w.T (+ (x @ A.T) @ B^T for a low-rank term): dequantize bounded row chunks (C) and
+        multiply them with BLAS, two chunks at a time: one here, one on the pool's thread (each
+        BLAS call on one thread); a chunk adds its columns of the low-rank term."""
         code = kernel_type(w)
         if code is None:
-            return super().matmul(x, w)
+            out = super().matmul(x, w)
+            if term is not None:
+                out += (x @ term[0].T) @ term[1]  # (T, r) @ (r, out)
+            return out
         check_width(x, w.cols, w.name)
         tokens, cols = x.shape
         out = np.empty((tokens, w.rows), dtype=np.float32)  # (T, out)
+        u = None if term is None else x @ term[0].T  # (T, r)
         # an even number of chunks, each within a scratch buffer, so both threads work
         step = max(1, min(-(-w.rows // 2), self.scratch.size // cols))
 
@@ -380,6 +381,8 @@ class NativeKernels(ReferenceKernels):
             check_status(LIB.slm_dequantize(code, w.data.ctypes.data, w.data.strides[0], start, stop, cols,
                                              _addr(buf)), "slm_dequantize", w.name)
             np.matmul(x, buf.T, out=out[:, start:stop])  # (T, rows_chunk)
+            if u is not None:
+                out[:, start:stop] += u @ term[1][:, start:stop]  # (T, r) @ (r, rows_chunk)
 
         starts = list(range(0, w.rows, step))
         for i in range(0, len(starts), 2):
