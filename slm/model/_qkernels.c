@@ -1024,13 +1024,14 @@ int slm_attend_one(const float *q, const float *k, const float *v, float *out, i
  * ATT_ROWS query rows that read the same keys and values, namely the heads of one kv group
  * (grouped-query attention) at up to ATT_POSITIONS consecutive positions. Per tile:
  *
- *   scores  S (rows, keys) = Q K^T * scale   4 rows x 3 keys per register block: each key
- *                                            vector loaded once for 4 rows, each query once
- *                                            for 3 keys
+ *   scores  S (rows, keys) = Q K^T * scale   from the keys transposed once per call (keys
+ *                                            in the lanes): 4 rows x 3 vectors of keys per
+ *                                            register block, each key vector loaded once for
+ *                                            4 rows, no sums across lanes
  *   softmax per row over its own keys        (the tile's keys run from its first row's window
  *                                            start to its last row's position: a row's other
- *                                            keys get weight 0), exp 8 lanes at a time
- *   out     (rows, hd) = P V                 4 rows x 2 vectors of hd per register block: each
+ *                                            keys get weight 0), exp a vector at a time
+ *   out     (rows, hd) = P V                 4 rows x 3 vectors of hd per register block: each
  *                                            value vector loaded once for 4 rows
  *
  * The masked keys outside the tile's range are never computed; inside it at most
@@ -1045,9 +1046,8 @@ int slm_attend_one(const float *q, const float *k, const float *v, float *out, i
 /* exp(x) in every lane: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes' degree-6 polynomial
  * (relative error ~1e-7, a float's rounding), times 2^n through the exponent bits. NaN stays
  * NaN. Lanes below -64 ln 2 give 0: every use adds e^x to at least 1 (a softmax to its top
- * key's 1, a gated activation to 1), so 2^-64 is far below a float's rounding there, and the
- * denormal floats that e^x and a softmax's weights would otherwise reach (x < -87.3) cost
- * about twice the time in the products that follow (measured on real attention scores).
+ * key's 1, a gated activation to 1), so 2^-64 is far below a float's rounding there, and no
+ * result, nor a softmax weight made from it, is ever a denormal float (slow on many CPUs).
  * Lanes above 88 give e^88 (a gated activation's denominator is then as good as infinite). */
 typedef int32_t vi __attribute__((vector_size(4 * LANES)));
 
@@ -1069,53 +1069,38 @@ static inline vf exp_vf(vf x) {
     return (vf)((vi)(p * (vf)two_n) & ~under);
 }
 
-/* scores[i][s .. s + 3 LANES) = rows[i] . keys[s ..] for 4 rows, from the keys transposed:
- * kt (hd, ld), key s's value d at kt[d * ld + s]; the keys in the lanes, so no sums across
- * lanes, each row value broadcast once for 3 LANES keys (12 accumulators, 3 key vectors and a
- * broadcast: 16 registers with AVX2). */
-static inline void score_block(const float *const rows[4], const float *kt, int64_t ld, int64_t hd,
-                               float *const scores[4], int64_t s) {
-    vf a00 = {0}, a01 = {0}, a02 = {0}, a10 = {0}, a11 = {0}, a12 = {0};
-    vf a20 = {0}, a21 = {0}, a22 = {0}, a30 = {0}, a31 = {0}, a32 = {0};
-    for (int64_t d = 0; d < hd; d++) {
-        const float *kd = kt + d * ld + s;
-        const vf k0 = load_vf(kd), k1 = load_vf(kd + LANES), k2 = load_vf(kd + 2 * LANES);
-        float r = rows[0][d];
-        a00 += r * k0, a01 += r * k1, a02 += r * k2;
-        r = rows[1][d];
-        a10 += r * k0, a11 += r * k1, a12 += r * k2;
-        r = rows[2][d];
-        a20 += r * k0, a21 += r * k1, a22 += r * k2;
-        r = rows[3][d];
-        a30 += r * k0, a31 += r * k1, a32 += r * k2;
+/* The tiles' one register block, 4 rows x 3 vectors: out[i][at .. at + 3 LANES) =
+ * sum_k a[i][k] b_k, b_k the 3 LANES floats at b + k * b_stride: each b vector loaded once for
+ * the 4 rows, each a value broadcast once for the 3 vectors (12 accumulators, 3 b vectors and
+ * a broadcast: 16 registers with AVX2), no sums across lanes. The scores are this over the
+ * head's values with b the keys transposed (keys in the lanes); P V is this over the keys
+ * with b the values. */
+static inline void block_4x3(const float *const a[4], const float *b, int64_t b_stride, int64_t K,
+                             float *const out[4], int64_t at) {
+    vf c00 = {0}, c01 = {0}, c02 = {0}, c10 = {0}, c11 = {0}, c12 = {0};
+    vf c20 = {0}, c21 = {0}, c22 = {0}, c30 = {0}, c31 = {0}, c32 = {0};
+    for (int64_t k = 0; k < K; k++) {
+        const float *bk = b + k * b_stride;
+        const vf b0 = load_vf(bk), b1 = load_vf(bk + LANES), b2 = load_vf(bk + 2 * LANES);
+        float w = a[0][k];
+        c00 += w * b0, c01 += w * b1, c02 += w * b2;
+        w = a[1][k];
+        c10 += w * b0, c11 += w * b1, c12 += w * b2;
+        w = a[2][k];
+        c20 += w * b0, c21 += w * b1, c22 += w * b2;
+        w = a[3][k];
+        c30 += w * b0, c31 += w * b1, c32 += w * b2;
     }
-    const vf acc[4][3] = {{a00, a01, a02}, {a10, a11, a12}, {a20, a21, a22}, {a30, a31, a32}};
-    for (int i = 0; i < 4; i++) memcpy(scores[i] + s, acc[i], sizeof acc[i]);
+    const vf acc[4][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32}};
+    for (int i = 0; i < 4; i++) memcpy(out[i] + at, acc[i], sizeof acc[i]);
 }
 
 /* out[i] = sum_s p[i][s] v[s] for 4 rows over S values (value s at v + s * stride), 3 vectors
- * of hd at a time (each value vector loaded once for the 4 rows), then one, then lane by lane. */
+ * of hd at a time, then one, then lane by lane. */
 static inline void weigh_block(const float *const p[4], const float *v, int64_t stride, int64_t S, int64_t hd,
                                float *const out[4]) {
     int64_t d = 0;
-    for (; d + 3 * LANES <= hd; d += 3 * LANES) {
-        vf c00 = {0}, c01 = {0}, c02 = {0}, c10 = {0}, c11 = {0}, c12 = {0};
-        vf c20 = {0}, c21 = {0}, c22 = {0}, c30 = {0}, c31 = {0}, c32 = {0};
-        for (int64_t s = 0; s < S; s++) {
-            const float *vs = v + s * stride + d;
-            const vf v0 = load_vf(vs), v1 = load_vf(vs + LANES), v2 = load_vf(vs + 2 * LANES);
-            float w = p[0][s];
-            c00 += w * v0, c01 += w * v1, c02 += w * v2;
-            w = p[1][s];
-            c10 += w * v0, c11 += w * v1, c12 += w * v2;
-            w = p[2][s];
-            c20 += w * v0, c21 += w * v1, c22 += w * v2;
-            w = p[3][s];
-            c30 += w * v0, c31 += w * v1, c32 += w * v2;
-        }
-        const vf acc[4][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32}};
-        for (int i = 0; i < 4; i++) memcpy(out[i] + d, acc[i], sizeof acc[i]);
-    }
+    for (; d + 3 * LANES <= hd; d += 3 * LANES) block_4x3(p, v + d, stride, S, out, d);
     for (; d + LANES <= hd; d += LANES) {
         vf c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
         for (int64_t s = 0; s < S; s++) {
@@ -1204,7 +1189,7 @@ int slm_attend_causal(const float *q, const float *k, const float *v, float *out
         const int64_t base = lo / wide * wide, skip = lo - base;
         const float *ktg = kt + g * hd * ld;
         for (int64_t i = 0; i < padded; i += 4)
-            for (int64_t s = 0; s < skip + S; s += wide) score_block(qrow + i, ktg + base, ld, hd, prow + i, s);
+            for (int64_t s = 0; s < skip + S; s += wide) block_4x3(qrow + i, ktg + base + s, ld, hd, prow + i, s);
         for (int64_t i = 0; i < padded; i++) {
             const int64_t pos = first + t0 + (i < rows ? i : rows - 1) / (h1 - h0);
             const int64_t from = window && pos - window + 1 > lo ? pos - window + 1 : lo;
