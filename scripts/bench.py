@@ -12,8 +12,9 @@ through the server's batched step; `--batching-only` runs just that). slm runs t
 does by default, and as "slm int8" with the opt-in int8 activations (--activations int8),
 whose logits error against the default is measured too (int8_error). Each system runs in a worker process of its own (no thread pool or
 environment setting of one can slow another; slm's sets one OpenBLAS thread, torch's two),
-driven by this process one request at a time, so the systems are interleaved run by run
-and never run at once; medians of --runs. Peers that are not installed are skipped and said
+driven by this process one request at a time (SETTLE_S of quiet before each), so the
+systems are interleaved run by run and never run at once; medians of --runs (every sample
+in throughput_samples). Peers that are not installed are skipped and said
 so. Writes docs/bench.json; prints the Markdown tables that docs/benchmarks.md quotes.
 """
 
@@ -41,6 +42,11 @@ import make_random_lora  # noqa: E402
 import smollm2_path  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village,"
+# Seconds between one worker's answer and the next request: a system's idle threads spin on
+# the cores for a while after its last operation (torch's and llama.cpp's OpenMP-style pools,
+# slm's OpenMP team): measured, the first ~0.3 s of an slm decode right after a torch
+# product burst ran at half speed. Each request starts on quiet cores.
+SETTLE_S = 1.0
 
 
 def med(xs):
@@ -192,6 +198,7 @@ class Worker:
         return json.loads(line)
 
     def ask(self, **req) -> float:
+        time.sleep(SETTLE_S)
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         return self._read()["value"]
@@ -330,6 +337,7 @@ def bench_base(base: str, a) -> dict:
         w.close()
     table = {f"{k[0]}|{k[1]}|{k[2]}": med(v) for k, v in samples.items()}
     results["throughput_tok_s"] = table
+    results["throughput_samples"] = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in samples.items()}  # the spread
     results["skipped"] = skipped
 
     from slm.ops.runtime import Runtime
