@@ -1281,7 +1281,7 @@ typedef struct {             /* mirrored by slm/model/step_native.py's Layer */
 
 typedef struct {             /* the base: its sizes, its family's choices, its layers */
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn;
-    int32_t activation;      /* 0: SwiGLU, 1: GeGLU (tanh) */
+    int32_t activation;      /* ACT_SWIGLU (0) or ACT_GEGLU (1, tanh) */
     int32_t interleaved;     /* RoPE on pairs (2i, 2i+1) (GGUF row order), else (i, i + hd/2) */
     float eps, q_scale;      /* q_scale: queries are multiplied by it (1: not) */
     const slm_layer *layer;  /* (layers) */
@@ -1500,8 +1500,7 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
                     if (L->w[P_GATE].bias) b.g[e] += L->w[P_GATE].bias[e % F];
                     if (L->w[P_UP].bias) b.up[e] += L->w[P_UP].bias[e % F];
                 }
-                if (m->activation == 1) slm_geglu(b.g + e0, b.up + e0, b.g + e0, e1 - e0);
-                else slm_swiglu(b.g + e0, b.up + e0, b.g + e0, e1 - e0);
+                gated(m->activation, b.g + e0, b.up + e0, b.g + e0, e1 - e0);
             }
 #pragma omp barrier
             float *f[1] = {b.f};

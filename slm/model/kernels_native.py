@@ -34,7 +34,8 @@ OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T
 FUSED_MAX_TOKENS = 8  # above this, dequantize + BLAS is faster
 MAX_JOBS = 4  # SLM_MAX_JOBS in the C file
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
-# between the two threads: a split costs ~30 us of dispatch, ~30k values' work
+# between the two threads: a split costs ~30 us of dispatch, about 30k values' work, so each
+# half must be at least that to gain
 SPLIT_MIN_VALUES = 65536
 
 

@@ -27,7 +27,7 @@ from slm.model.mathops import rope_tables
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # P_Q .. P_DOWN
 # slm_layer's norm fields, in order (a family without one leaves it NULL)
 NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # slm_model.activation
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # slm_model.activation (ACT_SWIGLU, ACT_GEGLU in the C file)
 
 _p, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
