@@ -206,7 +206,9 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
  * else a plain loop the compiler vectorises. */
 static inline void codes_to_f32(i8x16 q, vf out[PER16]) {
 #if LANES == 16
-    out[0] = __builtin_convertvector(__builtin_convertvector(__builtin_convertvector(q, i16x16), i32x16), vf);
+    /* (GCC 12 lowers the generic i8 -> i16 -> i32 -> f32 conversions to ~10 instructions of
+     * 128- and 256-bit pieces here: Q4_1 ran at 6.1 G weights/s on one Zen 4 core) */
+    out[0] = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)q));
 #elif defined(__AVX2__)
     out[0] = (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((__m128i)q));
     out[1] = (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64((__m128i)q, (__m128i)q)));
@@ -231,10 +233,16 @@ static inline u8x16 load_u8x16(const uint8_t *p) {
     return v;
 }
 
+/* The lanes' sum in a fixed order: with AVX-512 as a tree (16 dependent scalar adds were ~20% of
+ * a 576-value row's dot product on Zen 4), else lane by lane. */
 static inline float sum_lanes(vf v) {
+#if LANES == 16
+    return _mm512_reduce_add_ps((__m512)v);
+#else
     float s = 0.0f;
     for (int j = 0; j < LANES; j++) s += v[j];
     return s;
+#endif
 }
 
 /* The scale d[u] and min m[u] of every unit u of one block (m only for the types with one). */
