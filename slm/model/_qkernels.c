@@ -529,8 +529,23 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Per 32-bit lane, the sum of its four products of unsigned bytes u by signed bytes s: one
+ * VNNI instruction where the CPU has it, else maddubs + madd (the same integers: no pair of
+ * products here reaches maddubs' int16 saturation, |code| <= 128 and |x| <= 127). */
+static inline __m256i dot_u8_i8(__m256i u, __m256i s, __m256i ones16) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    (void)ones16;
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+    (void)ones16;
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones16);
+#endif
+}
+
 /* x[t] . row for NT <= SLM_TILE rows of int8 x (xq rows n apart, dx and xs rows n / 32 apart):
- * per block, the codes unpacked once; per row, the 32 products summed in integers (maddubs
+ * per block, the codes unpacked once; per row, the 32 products summed in integers (dot_u8_i8
  * takes unsigned x signed bytes: a signed code's sign moves onto x), then scaled. */
 static inline __attribute__((always_inline)) void dot_rows_q8(const int type, const int NT, const uint8_t *restrict row,
                                                               const int n, const int8_t *restrict xq,
@@ -555,7 +570,7 @@ static inline __attribute__((always_inline)) void dot_rows_q8(const int type, co
         for (int t = 0; t < NT; t++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(xq + (int64_t)t * n + 32 * b));
             if (is_signed) x = _mm256_sign_epi8(x, w);
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
+            const __m256i p = dot_u8_i8(aw, x, ones);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * dx[t * blocks + b]), acc[t]);
             /* (an explicit fma: the compiler contracts `+= m * x` in some instantiations only) */
             if (has_min) mins[t] = fmaf(m, xs[t * blocks + b], mins[t]);
