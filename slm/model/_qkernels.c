@@ -980,9 +980,24 @@ __attribute__((noinline)) void slm_rope(const float *x, float *out, const float 
         }
 }
 
+/* out[0 .. NV * LANES) = sum over s of p[s] v[s * stride + ..], key by key in order, in a
+ * register block of NV vectors (blocks of 8, then 4, then 1: SmolLM2's 64-value heads are 4
+ * AVX-512 vectors, and took a scalar loop over strided values when only blocks of 8 ran). */
+static inline __attribute__((always_inline)) void weigh_values(const int NV, const float *restrict p,
+                                                               const float *restrict v, const int64_t stride,
+                                                               const int64_t S, float *restrict out) {
+    vf c[8] = {{0}};
+    for (int64_t s = 0; s < S; s++) {
+        const float ps = p[s];
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) c[j] += ps * load_vf(v + s * stride + j * LANES);
+    }
+    memcpy(out, c, sizeof(vf) * (size_t)NV);
+}
+
 /* One query head qh (hd) attending to the S keys of its kv head: k, v (S, n_kv, hd) read at
  * kv head kv; p: S floats of scratch; out (hd). Scores four keys at a time (dots); the
- * weighted sum of the values in register blocks of 8 vectors, key by key in order. */
+ * weighted sum of the values in register blocks (weigh_values), key by key in order. */
 __attribute__((noinline)) static void attend_head(const float *restrict qh, const float *restrict k,
                                                   const float *restrict v, float *restrict oh, int64_t S,
                                                   int64_t n_kv, int64_t hd, int64_t kv, float *restrict p) {
@@ -1002,27 +1017,11 @@ __attribute__((noinline)) static void attend_head(const float *restrict qh, cons
         total += p[s];
     }
     for (s = 0; s < S; s++) p[s] /= total;
-#define BLOCK (8 * LANES)
     int64_t d0 = 0;
-    for (; d0 + BLOCK <= hd; d0 += BLOCK) {
-        vf c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, c4 = {0}, c5 = {0}, c6 = {0}, c7 = {0};
-        for (s = 0; s < S; s++) {
-            const float *vs = vh + s * stride + d0;
-            const float ps = p[s];
-            c0 += ps * load_vf(vs);
-            c1 += ps * load_vf(vs + LANES);
-            c2 += ps * load_vf(vs + 2 * LANES);
-            c3 += ps * load_vf(vs + 3 * LANES);
-            c4 += ps * load_vf(vs + 4 * LANES);
-            c5 += ps * load_vf(vs + 5 * LANES);
-            c6 += ps * load_vf(vs + 6 * LANES);
-            c7 += ps * load_vf(vs + 7 * LANES);
-        }
-        const vf acc[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
-        memcpy(oh + d0, acc, sizeof acc);
-    }
-#undef BLOCK
-    for (int64_t d = d0; d < hd; d++) { /* a head size that is not a multiple of the block */
+    for (; d0 + 8 * LANES <= hd; d0 += 8 * LANES) weigh_values(8, p, vh + d0, stride, S, oh + d0);
+    for (; d0 + 4 * LANES <= hd; d0 += 4 * LANES) weigh_values(4, p, vh + d0, stride, S, oh + d0);
+    for (; d0 + LANES <= hd; d0 += LANES) weigh_values(1, p, vh + d0, stride, S, oh + d0);
+    for (int64_t d = d0; d < hd; d++) { /* a head size that is not a multiple of the vector */
         float a = 0.0f;
         for (s = 0; s < S; s++) a += p[s] * vh[s * stride + d];
         oh[d] = a;
