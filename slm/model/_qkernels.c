@@ -175,6 +175,21 @@ static inline float half_to_float(const uint8_t *p) {
 }
 #endif
 
+/* The two float16 at p and p + 2 (a block's scale and min), in one conversion where the CPU has
+ * one: four instructions fewer per block than two conversions (Q4_1 +7% on Zen 4). */
+static inline void halves_to_floats(const uint8_t *p, float *a, float *b) {
+#ifdef __F16C__
+    uint32_t both;
+    memcpy(&both, p, 4);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)both));
+    *a = _mm_cvtss_f32(f);
+    *b = _mm_cvtss_f32(_mm_movehdup_ps(f));
+#else
+    *a = half_to_float(p);
+    *b = half_to_float(p + 2);
+#endif
+}
+
 static inline float read_f32(const uint8_t *p) {
     float f;
     memcpy(&f, p, 4);
@@ -256,8 +271,7 @@ static inline void block_scales(const int type, const uint8_t *restrict blk, flo
         break;
     case T_Q4_1:
     case T_Q5_1:
-        d[0] = half_to_float(blk);
-        m[0] = half_to_float(blk + 2);
+        halves_to_floats(blk, d, m);
         break;
     case T_Q2_K: { /* byte u: the unit's scale (low nibble) and min (high), times d and dmin */
         const float dd = half_to_float(blk + 80), dmin = half_to_float(blk + 82);
@@ -493,17 +507,17 @@ static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8
  * unsigned (Q4_1, Q5_1: the min is applied in floats); d and m its scale and min. */
 #if defined(__AVX2__)
 static inline __m256i block_q8(const int type, const uint8_t *restrict blk, float *d, float *m) {
-    *d = half_to_float(blk);
     const __m256i low4 = _mm256_set1_epi8(15);
     __m128i qs;
     uint32_t qh = 0;
+    if (type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0) *d = half_to_float(blk);
     switch (type) {
     case T_Q8_0: return _mm256_loadu_si256((const __m256i *)(blk + 2));
     case T_Q4_0: qs = _mm_loadu_si128((const __m128i *)(blk + 2)); break;
-    case T_Q4_1: *m = half_to_float(blk + 2); qs = _mm_loadu_si128((const __m128i *)(blk + 4)); break;
+    case T_Q4_1: halves_to_floats(blk, d, m); qs = _mm_loadu_si128((const __m128i *)(blk + 4)); break;
     case T_Q5_0: memcpy(&qh, blk + 2, 4); qs = _mm_loadu_si128((const __m128i *)(blk + 6)); break;
     default: /* T_Q5_1 */
-        *m = half_to_float(blk + 2);
+        halves_to_floats(blk, d, m);
         memcpy(&qh, blk + 4, 4);
         qs = _mm_loadu_si128((const __m128i *)(blk + 8));
     }
