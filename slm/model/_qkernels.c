@@ -319,8 +319,13 @@ static inline void block_scales(const int type, const uint8_t *restrict blk, flo
  * as a value, offset included: ((v & mask) == mask) compiles to one compare, shifts of bytes
  * to several instructions). */
 static inline u8x16 if_bits(u8x16 v, u8x16 mask, uint8_t set, uint8_t clear) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__) /* (every mask here has one bit a lane) */
+    return (u8x16)_mm_mask_blend_epi8(_mm_test_epi8_mask((__m128i)v, (__m128i)mask), _mm_set1_epi8((char)clear),
+                                      _mm_set1_epi8((char)set));
+#else
     const u8x16 on = (u8x16)((v & mask) == mask);
     return (on & set) | (~on & clear);
+#endif
 }
 
 /* Lane i: bit 16g + i of the little-endian bits[0 .. 3] (bits: 16 readable bytes), where the
@@ -329,7 +334,19 @@ static inline u8x16 spread_bits(const uint8_t *bits, const int g) {
     const u8x16 byte = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
     return __builtin_shuffle(load_u8x16(bits), byte + (uint8_t)(2 * g));
 }
-static const u8x16 LANE_BIT = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+
+/* if_bits of lane i = bit 16g + i of the little-endian bits[0 .. 3] (g: 0 or 1): with AVX-512
+ * the 16 bits are a mask register as they stand, no shuffle spreading them to the lanes. */
+static inline u8x16 if_lane_bits(const uint8_t *bits, const int g, uint8_t set, uint8_t clear) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    uint32_t all;
+    memcpy(&all, bits, 4);
+    return (u8x16)_mm_mask_blend_epi8((__mmask16)(all >> (16 * g)), _mm_set1_epi8((char)clear), _mm_set1_epi8((char)set));
+#else
+    const u8x16 lane_bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    return if_bits(spread_bits(bits, g), lane_bit, set, clear);
+#endif
+}
 
 /* The bits of v moved k places up (k < 0: down) and kept where `mask` is set: a field of each
  * byte moved into place. Shifted as 16-bit lanes (one instruction; x86 has no byte shifts) so
@@ -357,8 +374,7 @@ static inline i8x16 block_codes(const int type, const uint8_t *restrict blk, con
                     * makes q = nibble - 16, in int8 nibble | 0xf0 */
         const uint8_t *qh = blk + (type == T_Q5_1 ? 4 : 2);
         const u8x16 q = load_u8x16(qh + 4);
-        return (i8x16)(field(q, -4 * g, 15) | if_bits(spread_bits(qh, g), LANE_BIT, type == T_Q5_1 ? 16 : 0,
-                                                      type == T_Q5_1 ? 0 : 0xf0));
+        return (i8x16)(field(q, -4 * g, 15) | if_lane_bits(qh, g, type == T_Q5_1 ? 16 : 0, type == T_Q5_1 ? 0 : 0xf0));
     }
     case T_Q8_0:
         return (i8x16)load_u8x16(blk + 2 + 16 * g);
