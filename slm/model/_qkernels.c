@@ -540,12 +540,16 @@ static inline __m256i block_q8(const int type, const uint8_t *restrict blk, floa
     /* byte j: value j in its low nibble, value j + 16 in its high one */
     __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), low4);
     if (type == T_Q5_0 || type == T_Q5_1) { /* bit j of qh: value j's fifth bit */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        v = _mm256_mask_add_epi8(v, (__mmask32)qh, v, _mm256_set1_epi8(16)); /* qh as a mask, as it stands */
+#else
         const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
                                                    _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
                                                                      0x0101010101010101LL, 0));
         const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
         const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
         v = _mm256_or_si256(v, _mm256_and_si256(on, _mm256_set1_epi8(16)));
+#endif
     }
     if (type == T_Q4_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
     if (type == T_Q5_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
