@@ -24,6 +24,7 @@ _EXPORTS = {
     "Busy": "slm.errors", "BudgetExceeded": "slm.errors", "NeedsRecovery": "slm.errors",
     "NumericsError": "slm.errors", "Switched": "slm.errors", "IOFailure": "slm.errors",
     "CommittedIncomplete": "slm.errors",
+    "keep_freed_memory": "slm.model.allocator",
 }
 __all__ = sorted([*_EXPORTS, "__version__"])
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from slm.api import Runtime, Session, Store  # noqa: F401
     from slm.compose.composition import Composition  # noqa: F401
     from slm.errors import *  # noqa: F401,F403
+    from slm.model.allocator import keep_freed_memory  # noqa: F401
     from slm.ops.importing import ImportResult  # noqa: F401
     from slm.ops.reports import *  # noqa: F401,F403
     from slm.ops.results import *  # noqa: F401,F403

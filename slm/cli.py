@@ -290,7 +290,10 @@ def run_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """Generate text on the active composition (or --base), streaming it."""
+    import slm
     from slm.ops.run import RunOptions, prompt_from_stdin
+
+    slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
 
     store = _store(ctx)
     if prompt == "-":
@@ -326,9 +329,12 @@ def serve(
 
     Follows `slm activate` from other processes (hot swap); never writes to the store.
     Logs one line per request on stderr; with --json, one JSON object per line on stdout."""
+    import slm
     from slm.server.app import json_log, stderr_log
     from slm.server.serve import ServeOptions
     from slm.server.serve import serve as run_server
+
+    slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
 
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                            memory_budget=memory_budget, threads=threads, activations=activations,
