@@ -32,7 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# What the `slm` command sets for its process (slm/entry.py), before NumPy loads: slm's worker,
+# and the in-process figures (batching, LoRA A/B), run as `slm run` does. (llama.cpp and torch
+# do not use NumPy's OpenBLAS.)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -58,9 +63,11 @@ class SlmSystem:
     activations = "float32"
 
     def __init__(self, plan: dict):
+        from slm.model.allocator import keep_freed_memory
         from slm.ops.runtime import Runtime
         from slm.store import Store
 
+        keep_freed_memory()  # as `slm run` does
         self.rt = Runtime(Store(Path(plan["store"])))
         self.comp_ids = plan["comp_ids"]
         self.kernels = plan["kernels"]
@@ -239,6 +246,9 @@ def main() -> int:
     a = p.parse_args()
     if a.worker:
         return worker(a.worker, a.plan)
+    from slm.model.allocator import keep_freed_memory
+
+    keep_freed_memory()  # the in-process figures (batching, LoRA A/B) run as `slm serve` does
 
     results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version()},
                      "settings": {k: v for k, v in vars(a).items() if k not in ("worker", "plan")} | {"out": str(a.out)},
