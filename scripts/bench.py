@@ -250,7 +250,8 @@ def main() -> int:
 
     keep_freed_memory()  # the in-process figures (batching, LoRA A/B) run as `slm serve` does
 
-    results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version()},
+    results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), **cpu_kind(),
+                                 "python": platform.python_version()},
                      "settings": {k: v for k, v in vars(a).items() if k not in ("worker", "plan")} | {"out": str(a.out)},
                      "bases": {}}
     for base in a.bases.split(","):
@@ -270,6 +271,27 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+# The vector extensions that pick the kernels' paths (the hypervisor names every AMD host "AMD
+# EPYC": family and model tell Zen 3 from Zen 4).
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
+             "amx_tile")
+
+
+def cpu_kind() -> dict:
+    fields: dict = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key in ("cpu family", "model") and key.replace(" ", "_") not in fields:
+                fields[key.replace(" ", "_")] = value
+            elif key == "flags":
+                fields["isa"] = [f for f in ISA_FLAGS if f in value.split()]
+                break
+    except OSError:
+        pass
+    return fields
 
 
 # base -> (GGUF locator, make_random_lora shape arguments, GGUF LoRA architecture, heads, kv heads)

@@ -212,8 +212,6 @@ static inline float read_f32(const uint8_t *p) {
 typedef float vf __attribute__((vector_size(4 * LANES)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
-typedef int16_t i16x16 __attribute__((vector_size(32)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 /* 16 int8 codes as floats, in PER16 vectors: one instruction per step where the CPU has one
  * (GCC's generic lowering of __builtin_convertvector takes widening steps to stay vectorised,
