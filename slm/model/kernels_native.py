@@ -31,7 +31,12 @@ from slm.model.kernels import KernelArgumentError, ReferenceKernels, check_width
 from slm.model.weights import QuantTensor
 
 OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in the C file)
-FUSED_MAX_TOKENS = 8  # above this, dequantize + BLAS is faster
+# Inputs of up to this many rows take the fused kernels; longer ones (a prompt's) dequantize
+# bounded chunks for BLAS, whose ~80-100 ms for dequantizing every weight of a model once only
+# pays off past ~40 rows: a whole prompt of 16 / 32 tokens measured 48 / 87 ms fused against
+# 96 / 103 ms through BLAS (SmolLM2 base, 2 threads, AVX-512; an AVX2 build 52 / 114 against
+# 99 / 122; Gemma 3 52 / 87 against 87 / 114), 48 tokens 134-148 against 123-137.
+FUSED_MAX_TOKENS = 32
 MAX_JOBS = 4  # SLM_MAX_JOBS in the C file
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
 # between the two threads: a split costs ~30 us of dispatch, about 30k values' work, so each
