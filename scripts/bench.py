@@ -63,11 +63,11 @@ class SlmSystem:
     activations = "float32"
 
     def __init__(self, plan: dict):
-        from slm.model.allocator import keep_freed_memory
+        import slm
         from slm.ops.runtime import Runtime
         from slm.store import Store
 
-        keep_freed_memory()  # as `slm run` does
+        slm.keep_freed_memory()  # as `slm run` does
         self.rt = Runtime(Store(Path(plan["store"])))
         self.comp_ids = plan["comp_ids"]
         self.kernels = plan["kernels"]
@@ -246,9 +246,9 @@ def main() -> int:
     a = p.parse_args()
     if a.worker:
         return worker(a.worker, a.plan)
-    from slm.model.allocator import keep_freed_memory
+    import slm
 
-    keep_freed_memory()  # the in-process figures (batching, LoRA A/B) run as `slm serve` does
+    slm.keep_freed_memory()  # the in-process figures (batching, LoRA A/B) run as `slm serve` does
 
     results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), **cpu_kind(),
                                  "python": platform.python_version()},
