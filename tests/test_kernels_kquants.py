@@ -103,11 +103,13 @@ def kernels(threads: int, scratch_elems: int | None = None) -> kernels_native.Na
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("tokens", [1, 3, 12])
+@pytest.mark.parametrize("tokens", [1, 3, 12, kernels_native.FUSED_MAX_TOKENS + 1])
 def test_matches_gguf_reference(ggml_type, tokens):
-    """Decode (T <= 8: the fused dequantize-dot) and prefill (T = 12: rows dequantized in C in
-    chunks of 5, multiplied with BLAS), on random and adversarial blocks, 1 and 2 threads: within
-    1e-5 of the float64 reference, and the same bits at either thread count."""
+    """The fused dequantize-dot (T <= FUSED_MAX_TOKENS: tiles of weight rows by rows of x, 37
+    weight rows leaving remainders at both thread counts, 12 rows of x more than one tile) and
+    the prefill path (longer: rows dequantized in C in chunks of 5, multiplied with BLAS), on
+    random and adversarial blocks, 1 and 2 threads: within 1e-5 of the float64 reference, and the
+    same bits at either thread count."""
     raw = blocks(ggml_type, ROWS, COLS, seed=int(ggml_type))
     w = tensor(ggml_type, raw)
     assert kernels_native.kernel_type(w) == int(ggml_type)

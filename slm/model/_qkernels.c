@@ -258,6 +258,32 @@ static inline float sum_lanes(vf v) {
 #endif
 }
 
+/* Q4_K/Q5_K: the 6-bit scales and mins of the 8 units out of their 12 bytes, byte u of sc and
+ * mn for unit u. Units 0-3: the low 6 bits of bytes 0-3 (scale) and 4-7 (min); units 4-7: the
+ * nibbles of bytes 8-11 (scale low, min high) with their top 2 bits in the top 2 bits of bytes
+ * 0-3 (scale) and 4-7 (min). Four bytes at a time in integer words: unit by unit, GCC 12
+ * vectorised the byte fields through stores to the stack that the loads after them could not
+ * forward (Q4_K 1.8x slower). */
+static inline void k_scales_mins(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, low2 = 0x03030303u; /* per byte */
+    *sc = (a & low6) | (uint64_t)((c & low4) | ((a >> 6) & low2) << 4) << 32;
+    *mn = (b & low6) | (uint64_t)(((c >> 4) & low4) | ((b >> 6) & low2) << 4) << 32;
+}
+
+/* out[i] = f * (byte i of v - bias), i < 8 (bytes little-endian) */
+static inline void bytes8_times(uint64_t v, float f, int bias, float *restrict out) {
+#if defined(__AVX2__)
+    const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v)), _mm256_set1_epi32(bias));
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(q)));
+#else
+    for (int i = 0; i < 8; i++) out[i] = f * (float)((int)(uint8_t)(v >> (8 * i)) - bias);
+#endif
+}
+
 /* The scale d[u] and min m[u] of every unit u of one block (m only for the types with one). */
 static inline void block_scales(const int type, const uint8_t *restrict blk, float *restrict d,
                                 float *restrict m) {
@@ -282,27 +308,24 @@ static inline void block_scales(const int type, const uint8_t *restrict blk, flo
     case T_Q3_K: { /* 6-bit scales biased by 32: the low 4 bits of unit u in byte u % 8 (units
                     * 0-7 in the low nibbles, 8-15 in the high), the top 2 in byte 8 + u % 4,
                     * at bit 2 * (u / 4) */
-        const uint8_t *s = blk + 96;
+        uint64_t lo;
+        uint32_t hi;
+        memcpy(&lo, blk + 96, 8);
+        memcpy(&hi, blk + 104, 4);
+        const uint64_t low4 = 0x0f0f0f0f0f0f0f0full;
+        const uint32_t low2 = 0x03030303u;
         const float dd = half_to_float(blk + 108);
-        for (int u = 0; u < 16; u++) {
-            const int lo = (s[u % 8] >> (u / 8 * 4)) & 15, hi = (s[8 + u % 4] >> (u / 4 * 2)) & 3;
-            d[u] = dd * (float)((lo | hi << 4) - 32);
-        }
+        /* (byte fields in integer words, as k_scales_mins and for the same reason) */
+        bytes8_times((lo & low4) | ((hi & low2) | (uint64_t)((hi >> 2) & low2) << 32) << 4, dd, 32, d);
+        bytes8_times(((lo >> 4) & low4) | (((hi >> 4) & low2) | (uint64_t)((hi >> 6) & low2) << 32) << 4, dd, 32, d + 8);
         break;
     }
     case T_Q4_K:
-    case T_Q5_K: { /* 6-bit scales and mins of the 8 units in 12 bytes: units 0-3 in the low 6
-                    * bits of bytes 0-3 (scale) and 4-7 (min); units 4-7 in the nibbles of bytes
-                    * 8-11 (scale low, min high) with their top 2 bits in the top 2 bits of
-                    * bytes 0-3 (scale) and 4-7 (min) */
-        const uint8_t *s = blk + 4;
-        const float dd = half_to_float(blk), dmin = half_to_float(blk + 2);
-        for (int u = 0; u < 8; u++) {
-            const int sc = u < 4 ? s[u] & 63 : (s[u + 4] & 15) | (s[u - 4] >> 6) << 4;
-            const int mn = u < 4 ? s[u + 4] & 63 : (s[u + 4] >> 4) | (s[u] >> 6) << 4;
-            d[u] = dd * (float)sc;
-            m[u] = -(dmin * (float)mn);
-        }
+    case T_Q5_K: {
+        uint64_t sc, mn;
+        k_scales_mins(blk + 4, &sc, &mn);
+        bytes8_times(sc, half_to_float(blk), 0, d);
+        bytes8_times(mn, -half_to_float(blk + 2), 0, m); /* (-dmin) * mn = -(dmin * mn), bit for bit */
         break;
     }
     case T_Q6_K: { /* int8 scales */
@@ -400,65 +423,93 @@ static inline i8x16 block_codes(const int type, const uint8_t *restrict blk, con
     return (i8x16){0};
 }
 
-#define SLM_TILE 4 /* rows of x per dot_rows call (4 measured 0-12% faster at 8 rows than 8, on AVX-512) */
+#define SLM_TILE 4 /* rows of int8 x per dot_rows_q8 call */
+/* A tile of the float path: R weight rows by NT rows of x, one accumulator each, in registers
+ * (AVX-512 has 32 vector registers, AVX 16): NT up to SLM_FTILE, R = rows_per_tile(NT). */
+#define SLM_FTILE (LANES == 16 ? 8 : 4)
+#define SLM_RTILE 4
+static inline int rows_per_tile(const int NT) { return LANES == 16 ? (NT <= 4 ? 4 : 2) : (NT <= 2 ? 2 : 1); }
 
-/* x[t] . row for NT <= SLM_TILE rows of x at once, without materialising the row: per unit, d * (q . x_u)
- * + m * sum(x_u), with the sums of x over each unit (xs) computed once per call. Each unit's
- * codes are unpacked once for all NT rows (a batch of decode steps reads and unpacks each
- * block once), and each row's accumulation is the same sequence of operations whatever NT is,
- * so a row's result does not depend on which other rows share the call (tests/test_kernels.py
- * checks it bit for bit). Called with a constant type and NT, so that each gets its own loop,
- * the switches folded away and the accumulators in registers. x rows are n apart, xs rows
- * xs_n apart, out rows out_n apart. */
-static inline __attribute__((always_inline)) void dot_rows(const int type, const int NT, const uint8_t *restrict row,
+/* x[t] . row r for R weight rows (row_bytes apart) and NT rows of x (n apart) at once, without
+ * materialising the rows: per 16 weights, each row's codes decoded once to floats (d * q + m,
+ * one rounding), then one fused multiply-add per row of x (each x vector loaded once for the R
+ * weight rows). Each output is one accumulator taking the same sequence of operations whatever
+ * tile computes it, so it does not depend on which other rows of x or of the weight share the
+ * call, nor on the thread count (tests/test_kernels.py checks it bit for bit). Called with a
+ * constant type, R and NT, so that each gets its own loop, the switches folded away and the
+ * accumulators in registers. out[t * out_n + r]. */
+static inline __attribute__((always_inline)) void dot_tile(const int type, const int R, const int NT,
+                                                           const uint8_t *restrict rows, const int64_t row_bytes,
                                                            const int n, const float *restrict x,
-                                                           const float *restrict xs, const int64_t xs_n,
                                                            float *restrict out, const int64_t out_n) {
     const block_type bt = type_info(type);
     const int units = bt.values / bt.unit, groups = bt.unit / 16;
-    vf acc[SLM_TILE];
-    float mins[SLM_TILE];
-    for (int t = 0; t < NT; t++) {
-        acc[t] = (vf){0};
-        mins[t] = 0.0f;
-    }
-    for (int b = 0; b < n / bt.values; b++) {
-        const uint8_t *blk = row + (size_t)b * bt.bytes;
+    vf acc[SLM_RTILE][SLM_FTILE];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = (vf){0};
+    /* the next tile's rows fetched while this one runs, a few lines a block: the R rows read
+     * side by side are R short streams the hardware prefetcher does not follow (a 28 MB Q8_0
+     * head ran 3x slower without) */
+    const int blocks = n / bt.values;
+    const char *ahead = (const char *)rows + R * row_bytes;
+    const int lines = (int)((R * row_bytes + 63) / 64 / blocks + 1);
+    for (int b = 0; b < blocks; b++) {
         const float *xb = x + b * bt.values;
-        float d[16], m[16];
-        block_scales(type, blk, d, m);
+        for (int l = 0; l < lines; l++, ahead += 64) __builtin_prefetch(ahead, 0, 3);
+        float d[SLM_RTILE][16], m[SLM_RTILE][16];
+        for (int r = 0; r < R; r++) block_scales(type, rows + r * row_bytes + (size_t)b * bt.bytes, d[r], m[r]);
 #pragma GCC unroll 16
         for (int u = 0; u < units; u++) {
-            vf c[2][PER16]; /* the unit's codes: one or two groups of 16 */
 #pragma GCC unroll 2
-            for (int g = 0; g < groups; g++) codes_to_f32(block_codes(type, blk, u * groups + g), c[g]);
+            for (int g = 0; g < groups; g++) {
+                const int at = 16 * (u * groups + g);
+                vf w[SLM_RTILE][PER16];
+                for (int r = 0; r < R; r++) {
+                    codes_to_f32(block_codes(type, rows + r * row_bytes + (size_t)b * bt.bytes, u * groups + g), w[r]);
+                    for (int k = 0; k < PER16; k++) w[r][k] = bt.has_min ? w[r][k] * d[r][u] + m[r][u] : w[r][k] * d[r][u];
+                }
 #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) {
-                vf p = {0};
-#pragma GCC unroll 2
-                for (int g = 0; g < groups; g++)
-                    for (int k = 0; k < PER16; k++)
-                        p += c[g][k] * load_vf(xb + (int64_t)t * n + 16 * (u * groups + g) + LANES * k);
-                acc[t] += d[u] * p;
-                if (bt.has_min) mins[t] += m[u] * xs[t * xs_n + b * units + u];
+                for (int t = 0; t < NT; t++)
+                    for (int k = 0; k < PER16; k++) {
+                        const vf xv = load_vf(xb + (int64_t)t * n + at + LANES * k);
+                        for (int r = 0; r < R; r++) acc[r][t] += w[r][k] * xv;
+                    }
             }
         }
     }
-    for (int t = 0; t < NT; t++) out[t * out_n] = sum_lanes(acc[t]) + mins[t];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) out[t * out_n + r] = sum_lanes(acc[r][t]);
 }
 
-/* The rows of x in tiles of at most SLM_TILE (the accumulators of a tile stay in registers). */
-static inline __attribute__((always_inline)) void dot_tiles(const int type, const uint8_t *restrict row, const int n,
-                                                            const float *restrict x, const float *restrict xs,
-                                                            const int64_t xs_n, const int64_t tokens,
-                                                            float *restrict out, const int64_t out_n) {
-    int64_t t = 0;
-    for (; t + SLM_TILE <= tokens; t += SLM_TILE)
-        dot_rows(type, SLM_TILE, row, n, x + t * n, xs + t * xs_n, xs_n, out + t * out_n, out_n);
-    switch (tokens - t) {
-#define REST(k) case k: dot_rows(type, k, row, n, x + t * n, xs + t * xs_n, xs_n, out + t * out_n, out_n); break;
-    REST(1) REST(2) REST(3)
-#undef REST
+/* Rows [r0, r1) of one weight against every row of x: tiles of rows_per_tile(NT) weight rows
+ * by NT <= SLM_FTILE rows of x, the rest of the weight rows one at a time. */
+static inline __attribute__((always_inline)) void dot_rows_tokens(const int type, const int NT,
+                                                                  const uint8_t *restrict data, const int64_t row_bytes,
+                                                                  int64_t r0, const int64_t r1, const int n,
+                                                                  const float *restrict x, float *restrict out,
+                                                                  const int64_t out_n) {
+    const int R = rows_per_tile(NT);
+    for (; r0 + R <= r1; r0 += R) dot_tile(type, R, NT, data + r0 * row_bytes, row_bytes, n, x, out + r0, out_n);
+    for (; r0 < r1; r0++) dot_tile(type, 1, NT, data + r0 * row_bytes, row_bytes, n, x, out + r0, out_n);
+}
+
+/* Rows [r0, r1) of one weight against `tokens` rows of x, in tiles of at most SLM_FTILE rows of x. */
+static inline __attribute__((always_inline)) void dot_weight_rows(const int type, const uint8_t *restrict data,
+                                                                  const int64_t row_bytes, const int64_t r0,
+                                                                  const int64_t r1, const int n,
+                                                                  const float *restrict x, const int64_t tokens,
+                                                                  float *restrict out, const int64_t out_n) {
+    for (int64_t t = 0; t < tokens; t += SLM_FTILE) {
+        const float *xt = x + t * n;
+        float *ot = out + t * out_n;
+        switch (tokens - t < SLM_FTILE ? tokens - t : SLM_FTILE) {
+#define TILE(k) case k: dot_rows_tokens(type, k, data, row_bytes, r0, r1, n, xt, ot, out_n); break;
+        TILE(1) TILE(2) TILE(3) TILE(4)
+#if SLM_FTILE > 4
+        TILE(5) TILE(6) TILE(7) TILE(8)
+#endif
+#undef TILE
+        }
     }
 }
 
@@ -472,12 +523,16 @@ static inline __attribute__((always_inline)) void dot_tiles(const int type, cons
  * same sequence of operations whatever rows share the call, as on the float path. */
 #define Q8_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q5_0 || (type) == T_Q5_1 || (type) == T_Q8_0)
 
-/* x (tokens, n), n a multiple of 32 -> q (tokens, n) and dx (tokens, n / 32). A block holding a
- * NaN gets dx NaN, so that it reaches the output as it does on the float path. */
+/* x (tokens, n), n a multiple of 32 -> q (tokens, n), dx (tokens, n / 32) and the float sums of
+ * each 32 values, xs (tokens, n / 32). A block holding a NaN gets dx NaN, so that it reaches the
+ * output as it does on the float path. */
 static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8_t *restrict q,
-                        float *restrict dx) {
+                        float *restrict dx, float *restrict xs) {
     for (int64_t b = 0; b < tokens * (n / 32); b++) {
         const float *xb = x + b * 32;
+        float halves[2] = {0.0f, 0.0f}; /* the block's sum for the min of Q4_1 and Q5_1: its halves in order */
+        for (int i = 0; i < 32; i++) halves[i / 16] += xb[i];
+        xs[b] = halves[0] + halves[1];
 #if defined(__AVX2__)
         __m256 v[4], amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
         const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -782,11 +837,11 @@ typedef struct {
     int64_t first[SLM_MAX_JOBS + 1];
     const int64_t *u_at;       /* (tokens * count + 1) */
     int64_t ranks;             /* the length of u */
-    const float *xs16, *xs32;  /* (tokens, n / 16), (tokens, n / 32): sums of x over each unit */
     float *u;                  /* (ranks), shared by the team */
     float *rows_scratch;       /* n floats per thread (a decoded NF4 row) */
     const int8_t *xq;          /* (tokens, n): x as int8 (int8 activations), else NULL */
     const float *xd;           /* (tokens, n / 32): their scales */
+    const float *xs;           /* (tokens, n / 32): the sums of x over each 32 values (int8) */
 } matmul_plan;
 
 /* Checks the operands and fills p's layout (u_at: tokens * count + 1 slots). -1 when an
@@ -795,8 +850,8 @@ static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm
                        int64_t job_stride, int64_t row_stride, const float *x, int64_t tokens, int64_t n,
                        int64_t *u_at) {
     if (count < 1 || count > SLM_MAX_JOBS || tokens < 1) return -1;
-    *p = (matmul_plan){count, jobs, terms, job_stride, row_stride, x, tokens, n, 0, {0}, u_at, 0, NULL, NULL,
-                       NULL, NULL};
+    *p = (matmul_plan){.count = count, .jobs = jobs, .terms = terms, .job_stride = job_stride,
+                       .row_stride = row_stride, .x = x, .tokens = tokens, .n = n, .u_at = u_at};
     for (int j = 0; j < count; j++) {
         if (!valid_rows(jobs[j].type, n, jobs[j].row_bytes)) return -1;
         p->first[j] = p->total;
@@ -816,24 +871,13 @@ static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm
     return 0;
 }
 
-/* The sums of x (tokens, n) over each 16 and each 32 values (the units of the types with a
- * min): xs16 (tokens, n / 16), xs32 (tokens, n / 32). */
-static void unit_sums(const float *x, int64_t tokens, int64_t n, float *xs16, float *xs32) {
-    for (int64_t t = 0; t < tokens; t++)
-        for (int64_t i = 0; i < n / 16; i++) {
-            float s = 0.0f;
-            for (int j = 0; j < 16; j++) s += x[t * n + i * 16 + j];
-            xs16[t * (n / 16) + i] = s;
-            if (i % 2) xs32[t * (n / 32) + i / 2] = xs16[t * (n / 16) + i - 1] + s;
-        }
-}
-
 /* Byte ranges to bring into the cache ahead of their use, a few lines at a time (prefetch_some),
  * while the block products run. A product's low-rank factors are read right after its rows,
  * cold from memory (a decode step streams ~100 MB of weights past them): SmolLM2's r=16
  * factors, 19.6 MB a token, cost 1.1-1.6 ms of a ~8 ms token read that way, 0.75-0.9 ms
  * fetched during the rows. A hint only: ranges past SLM_PREFETCH_RANGES are left out. */
 #define SLM_PREFETCH_RANGES 128
+#define SLM_CHUNK_ROWS 16 /* rows of a weight between two prefetch_some calls */
 typedef struct {
     const char *at[SLM_PREFETCH_RANGES];
     int64_t bytes[SLM_PREFETCH_RANGES];
@@ -911,32 +955,37 @@ static void team_matmul(const matmul_plan *p) {
     }
     const int64_t per_row = i1 > i0 ? fetch.lines / (i1 - i0) + 1 : 0;
     float *w = p->rows_scratch + (size_t)n * (size_t)tid;
-    for (int64_t i = i0; i < i1; i++) {
-        prefetch_some(&fetch, per_row);
-        int j = 0;
-        while (i >= p->first[j + 1]) j++;
+    for (int j = 0; j < count; j++) {
         const slm_job *job = &p->jobs[j];
-        const int64_t r = i - p->first[j];
-        const uint8_t *row = job->data + r * job->row_bytes;
-        float *o = job->out + r;
-        if (p->xq != NULL && Q8_TYPE(job->type)) {
-            switch (job->type) {
-#define DOT8(T) case T: dot_tiles_q8(T, row, (int)n, p->xq, p->xd, p->xs32, tokens, o, job->rows); break;
-                DOT8(T_Q4_0) DOT8(T_Q4_1) DOT8(T_Q5_0) DOT8(T_Q5_1) DOT8(T_Q8_0)
+        int64_t r0, r1;
+        job_rows_of(p, j, i0, i1, &r0, &r1);
+        for (int64_t c0 = r0; c0 < r1; c0 += SLM_CHUNK_ROWS) { /* chunks: the prefetches spread over the rows */
+            const int64_t c1 = c0 + SLM_CHUNK_ROWS < r1 ? c0 + SLM_CHUNK_ROWS : r1;
+            prefetch_some(&fetch, per_row * (c1 - c0));
+            if (p->xq != NULL && Q8_TYPE(job->type)) {
+                for (int64_t r = c0; r < c1; r++) {
+                    const uint8_t *row = job->data + r * job->row_bytes;
+                    switch (job->type) {
+#define DOT8(T) case T: dot_tiles_q8(T, row, (int)n, p->xq, p->xd, p->xs, tokens, job->out + r, job->rows); break;
+                        DOT8(T_Q4_0) DOT8(T_Q4_1) DOT8(T_Q5_0) DOT8(T_Q5_1) DOT8(T_Q8_0)
 #undef DOT8
+                    }
+                }
+                continue;
             }
-            continue;
-        }
-        switch (job->type) {
-#define DOT(T, V, B, U, M)                                                                          \
-    case T:                                                                                         \
-        dot_tiles(T, row, (int)n, p->x, U == 16 ? p->xs16 : p->xs32, n / U, tokens, o, job->rows);  \
+            switch (job->type) {
+#define DOT(T, V, B, U, M)                                                                                 \
+    case T:                                                                                                \
+        dot_weight_rows(T, job->data, job->row_bytes, c0, c1, (int)n, p->x, tokens, job->out, job->rows); \
         break;
-            BLOCK_TYPES(DOT)
+                BLOCK_TYPES(DOT)
 #undef DOT
-        default: /* NF4 */
-            decode_nf4(row, (int)n, w);
-            for (int64_t t = 0; t < tokens; t++) o[t * job->rows] = dot(w, p->x + t * n, (int)n);
+            default: /* NF4 */
+                for (int64_t r = c0; r < c1; r++) {
+                    decode_nf4(job->data + r * job->row_bytes, (int)n, w);
+                    for (int64_t t = 0; t < tokens; t++) job->out[t * job->rows + r] = dot(w, p->x + t * n, (int)n);
+                }
+            }
         }
     }
     for (int64_t t = 0, g = 0; t < tokens && g < g1; t++) /* g: the first unit of the current term */
@@ -986,25 +1035,23 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
         return -1;
     }
     int8 = int8 && n % 32 == 0;
-    const int64_t threads = slm_threads(), sums = n / 16 + n / 32, scales = int8 ? tokens * (n / 32) : 0;
-    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + tokens * sums + p.ranks + scales) +
+    const int64_t threads = slm_threads(), blocks = int8 ? tokens * (n / 32) : 0;
+    /* rows_scratch (n a thread), u, then with int8 activations xd, xs and xq */
+    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + p.ranks + 2 * blocks) +
                             (size_t)(int8 ? tokens * n : 0));
     if (scratch == NULL) {
         free(u_at);
         return -2;
     }
-    float *xs16 = scratch + n * threads, *xs32 = xs16 + tokens * (n / 16);
     p.rows_scratch = scratch;
-    p.xs16 = xs16;
-    p.xs32 = xs32;
-    p.u = xs16 + tokens * sums;
-    unit_sums(x, tokens, n, xs16, xs32);
+    p.u = scratch + n * threads;
     if (int8) {
-        float *xd = p.u + p.ranks;
-        int8_t *xq = (int8_t *)(xd + scales);
-        quantize_x8(x, tokens, n, xq, xd);
+        float *xd = p.u + p.ranks, *xs = xd + blocks;
+        int8_t *xq = (int8_t *)(xs + blocks);
+        quantize_x8(x, tokens, n, xq, xd, xs);
         p.xq = xq;
         p.xd = xd;
+        p.xs = xs;
     }
 #pragma omp parallel
     team_matmul(&p);
@@ -1421,12 +1468,12 @@ typedef struct {             /* one sequence of the batch */
 } slm_row;
 
 typedef struct {             /* the step's working memory, carved from one caller-owned block */
-    float *h, *q, *k, *v, *qr, *att, *o, *g, *up, *f, *sums, *u, *rows, *p;
+    float *h, *q, *k, *v, *qr, *att, *o, *g, *up, *f, *u, *rows, *p;
     int64_t *u_at;           /* per thread: B * SLM_MAX_JOBS + 1 */
     slm_term *terms;         /* (P_COUNT, B): the current layer's terms, job-major */
     int8_t *xq;              /* per thread: a product's input as int8 (int8 activations) */
-    float *xd;               /* per thread: their scales */
-    int64_t sums_n, u_at_n, xq_n;  /* per-thread lengths of sums, u_at and xq (xd: xq_n / 32) */
+    float *xd, *xs;          /* per thread: their scales, and the sums of each 32 values */
+    int64_t u_at_n, xq_n;    /* per-thread lengths of u_at and xq (xd, xs: xq_n / 32) */
 } step_buffers;
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -1451,7 +1498,6 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
                      step_buffers *b) {
     const int64_t H = m->hidden, Q = m->heads * m->head_dim, KV = m->kv_heads * m->head_dim, F = m->ffn;
     const int64_t N = max64(max64(H, Q), F);
-    b->sums_n = B * (N / 16 + N / 32);
     b->u_at_n = B * SLM_MAX_JOBS + 1;
     b->xq_n = m->int8 ? B * N : 0;
     int64_t at = 0;
@@ -1462,10 +1508,11 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
     } while (0)
     TAKE(h, float, B * H); TAKE(q, float, B * Q); TAKE(k, float, B * KV); TAKE(v, float, B * KV);
     TAKE(qr, float, B * Q); TAKE(att, float, B * Q); TAKE(o, float, B * H); TAKE(g, float, B * F);
-    TAKE(up, float, B * F); TAKE(f, float, B * H); TAKE(sums, float, b->sums_n * threads);
+    TAKE(up, float, B * F); TAKE(f, float, B * H);
     TAKE(u, float, ranks + 1); TAKE(rows, float, N * threads); TAKE(p, float, slots * threads);
     TAKE(u_at, int64_t, b->u_at_n * threads); TAKE(terms, slm_term, P_COUNT * B);
     TAKE(xq, int8_t, b->xq_n * threads); TAKE(xd, float, b->xq_n / 32 * threads);
+    TAKE(xs, float, b->xq_n / 32 * threads);
 #undef TAKE
     return at;
 }
@@ -1516,16 +1563,13 @@ static void step_matmul(const slm_model *m, const step_buffers *b, int64_t layer
     matmul_plan p;
     int64_t *u_at = b->u_at + b->u_at_n * tid;
     plan_matmul(&p, count, jobs, terms, B, 1, x, B, n, u_at); /* (checked by step_checks) */
-    float *xs16 = b->sums + b->sums_n * tid;
-    unit_sums(x, B, n, xs16, xs16 + B * (n / 16));
-    p.xs16 = xs16;
-    p.xs32 = xs16 + B * (n / 16);
     if (m->int8 && n % 32 == 0) { /* each thread quantizes the (small) input itself: no barrier */
         int8_t *xq = b->xq + b->xq_n * tid;
-        float *xd = b->xd + b->xq_n / 32 * tid;
-        quantize_x8(x, B, n, xq, xd);
+        float *xd = b->xd + b->xq_n / 32 * tid, *xs = b->xs + b->xq_n / 32 * tid;
+        quantize_x8(x, B, n, xq, xd, xs);
         p.xq = xq;
         p.xd = xd;
+        p.xs = xs;
     }
     p.u = b->u;
     p.rows_scratch = b->rows;
