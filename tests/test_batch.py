@@ -23,11 +23,16 @@ from test_kernels_kquants import COLS, TYPES, blocks, reference, tensor  # noqa:
 
 
 def _terms(rng, rows: int, out_f: int, in_f: int, tokens: int) -> list:
-    """Per row: None or a random low-rank pair (A (r, in), B^T (r, out)), ranks differing."""
+    """Per row: None, a random low-rank pair (A (r, in), B^T (r, out)), ranks differing, or the
+    very pair of the row three before (rows of one composition: the kernel reads their factors
+    once for the group)."""
     terms = []
     for t in range(tokens):
         if t % 3 == 2:
             terms.append(None)
+            continue
+        if t % 3 == 0 and t >= 3:
+            terms.append(terms[t - 3])
             continue
         r = 2 + t % 4
         terms.append(((rng.standard_normal((r, in_f)) / np.sqrt(in_f)).astype(np.float32),
@@ -81,10 +86,11 @@ def test_matmul_rows_slm_codecs(codec):
 
 
 def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
-    """Six sequences on five compositions of one base (none; a LoRA; two LoRAs; a LoRA then an
-    IA3 output scale; an IA3 input scale on the MLP; a sparse delta), prompts of different
-    lengths, decoded together for 6 greedy steps, rows joining late: every row's logits are
-    bit for bit those of its own model decoding alone."""
+    """Eight sequences on six compositions of one base (none; a LoRA; two LoRAs; a LoRA then an
+    IA3 output scale; an IA3 input scale on the MLP; a sparse delta; the two-LoRA and the LoRA
+    compositions again, sharing their factors with those rows), prompts of different lengths,
+    decoded together for 6 greedy steps, rows joining late: every row's logits are bit for bit
+    those of its own model decoding alone."""
     from slm.model.decoder import Decoder
     from slm.ops.importing import import_base
     from slm.ops.loading import load_base_model
@@ -101,7 +107,8 @@ def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
                 [random_overlay("ia3", base, rng, down, ia3_on="input")],
                 [random_overlay("sparse", base, rng, attn)]]
     models = [Decoder(base.cfg, base.t, overlays=o) for o in overlays]
-    prompts = [rng.integers(0, base.cfg.vocab_size, n) for n in (3, 7, 1, 12, 5, 9)]
+    models += [models[2], models[1]]
+    prompts = [rng.integers(0, base.cfg.vocab_size, n) for n in (3, 7, 1, 12, 5, 9, 4, 2)]
     _check_rows_equal_single_runs(models, prompts, steps=6)
 
 

@@ -826,7 +826,11 @@ typedef struct {
 
 /* One product over a shared input, laid out before a team of threads runs it (team_matmul):
  * the term of job j for row t is terms[j * job_stride + t * row_stride] (row_stride 0: one
- * term for every row); u_at[t * count + j] is where that term's u = A x[t] starts in u. */
+ * term for every row); u_at[t * count + j] is where that term's u = A x[t] starts in u. Rows
+ * whose term for a job is the same one (the same factors: rows of one composition in a batch,
+ * every row of a prompt) form a group, led by its first row: next[t * count + j] is the group's
+ * next row after t, or -1, and lead[t * count + j] says whether t leads. A group's factors are
+ * read once for all its rows. */
 typedef struct {
     int count;
     const slm_job *jobs;
@@ -836,6 +840,7 @@ typedef struct {
     int64_t tokens, n, total;  /* total: the rows of all jobs */
     int64_t first[SLM_MAX_JOBS + 1];
     const int64_t *u_at;       /* (tokens * count + 1) */
+    const int64_t *next, *lead; /* (tokens * count) each */
     int64_t ranks;             /* the length of u */
     float *u;                  /* (ranks), shared by the team */
     float *rows_scratch;       /* n floats per thread (a decoded NF4 row) */
@@ -844,14 +849,23 @@ typedef struct {
     const float *xs;           /* (tokens, n / 32): the sums of x over each 32 values (int8) */
 } matmul_plan;
 
-/* Checks the operands and fills p's layout (u_at: tokens * count + 1 slots). -1 when an
- * argument is out of range. */
+static inline const slm_term *term_of(const matmul_plan *p, int64_t t, int j) {
+    return &p->terms[j * p->job_stride + t * p->row_stride];
+}
+
+/* The slots plan_matmul lays a product out in: u_at, next and lead. */
+#define PLAN_SLOTS(tokens, count) (3 * (tokens) * (count) + 1)
+
+/* Checks the operands and fills p's layout in `layout` (PLAN_SLOTS). -1 when an argument is
+ * out of range. */
 static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm_term *terms,
                        int64_t job_stride, int64_t row_stride, const float *x, int64_t tokens, int64_t n,
-                       int64_t *u_at) {
+                       int64_t *layout) {
     if (count < 1 || count > SLM_MAX_JOBS || tokens < 1) return -1;
+    int64_t *u_at = layout, *next = layout + tokens * count + 1, *lead = next + tokens * count;
     *p = (matmul_plan){.count = count, .jobs = jobs, .terms = terms, .job_stride = job_stride,
-                       .row_stride = row_stride, .x = x, .tokens = tokens, .n = n, .u_at = u_at};
+                       .row_stride = row_stride, .x = x, .tokens = tokens, .n = n, .u_at = u_at,
+                       .next = next, .lead = lead};
     for (int j = 0; j < count; j++) {
         if (!valid_rows(jobs[j].type, n, jobs[j].row_bytes)) return -1;
         p->first[j] = p->total;
@@ -868,6 +882,23 @@ static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm
         }
     u_at[tokens * count] = ranks;
     p->ranks = ranks;
+    for (int64_t i = 0; i < tokens * count; i++) {
+        next[i] = -1;
+        lead[i] = 1;
+    }
+    for (int j = 0; j < count; j++) /* (a batch is a few rows: the pairs are few) */
+        for (int64_t t = 0; t < tokens; t++) {
+            const slm_term *a = term_of(p, t, j);
+            if (!lead[t * count + j] || a->rank == 0) continue;
+            for (int64_t prev = t, s = t + 1; s < tokens; s++) {
+                const slm_term *b = term_of(p, s, j);
+                if (lead[s * count + j] && b->rank == a->rank && b->a == a->a && b->bt == a->bt) {
+                    next[prev * count + j] = s;
+                    lead[s * count + j] = 0;
+                    prev = s;
+                }
+            }
+        }
     return 0;
 }
 
@@ -928,7 +959,7 @@ static void team_matmul(const matmul_plan *p) {
      * same way whichever thread takes it, so u does not depend on the thread count */
     int64_t units = 0;
     for (int64_t t = 0; t < tokens; t++)
-        for (int j = 0; j < count; j++) units += (p->terms[j * p->job_stride + t * p->row_stride].rank + 3) / 4;
+        for (int j = 0; j < count; j++) units += p->lead[t * count + j] ? (term_of(p, t, j)->rank + 3) / 4 : 0;
     const int64_t g0 = units * tid / nth, g1 = units * (tid + 1) / nth;
     /* each thread takes one contiguous range of rows (of all jobs), the same in both loops */
     const int64_t i0 = p->total * tid / nth, i1 = p->total * (tid + 1) / nth;
@@ -937,7 +968,8 @@ static void team_matmul(const matmul_plan *p) {
     prefetch_list fetch = {.count = 0};
     for (int64_t t = 0, g = 0; t < tokens && g < g1; t++)
         for (int j = 0; j < count && g < g1; j++) {
-            const slm_term *term = &p->terms[j * p->job_stride + t * p->row_stride];
+            if (!p->lead[t * count + j]) continue;
+            const slm_term *term = term_of(p, t, j);
             int64_t u0, u1;
             term_units_of(g, term->rank, g0, g1, &u0, &u1);
             const int64_t k1 = 4 * u1 < term->rank ? 4 * u1 : term->rank;
@@ -948,7 +980,8 @@ static void team_matmul(const matmul_plan *p) {
         int64_t r0, r1;
         job_rows_of(p, j, i0, i1, &r0, &r1);
         for (int64_t t = 0; t < tokens && r0 < r1; t++) {
-            const slm_term *term = &p->terms[j * p->job_stride + t * p->row_stride];
+            if (!p->lead[t * count + j]) continue;
+            const slm_term *term = term_of(p, t, j);
             for (int64_t k = 0; k < term->rank; k++)
                 prefetch_add(&fetch, term->bt + k * p->jobs[j].rows + r0, sizeof(float) * (r1 - r0));
         }
@@ -990,13 +1023,15 @@ static void team_matmul(const matmul_plan *p) {
     }
     for (int64_t t = 0, g = 0; t < tokens && g < g1; t++) /* g: the first unit of the current term */
         for (int j = 0; j < count && g < g1; j++) {
-            const slm_term *term = &p->terms[j * p->job_stride + t * p->row_stride];
-            const int64_t at = p->u_at[t * count + j];
+            if (!p->lead[t * count + j]) continue;
+            const slm_term *term = term_of(p, t, j);
             int64_t u0, u1;
             term_units_of(g, term->rank, g0, g1, &u0, &u1);
             for (int64_t unit = u0; unit < u1; unit++) {
                 const int64_t k = 4 * unit, size = term->rank - k < 4 ? term->rank - k : 4;
-                dots(p->x + t * n, term->a + k * n, n, size, n, p->u + at + k);
+                /* for every row of the group while these rows of A are in the cache */
+                for (int64_t s = t; s >= 0; s = p->next[s * count + j])
+                    dots(p->x + s * n, term->a + k * n, n, size, n, p->u + p->u_at[s * count + j] + k);
             }
             g += (term->rank + 3) / 4;
         }
@@ -1011,12 +1046,15 @@ static void team_matmul(const matmul_plan *p) {
         job_rows_of(p, j, i0, i1, &r0, &r1);
         if (r0 >= r1) continue;
         for (int64_t t = 0; t < tokens; t++) {
-            const slm_term *term = &p->terms[j * p->job_stride + t * p->row_stride];
-            const float *ut = p->u + p->u_at[t * count + j];
-            float *restrict o = job->out + t * job->rows;
+            if (!p->lead[t * count + j]) continue;
+            const slm_term *term = term_of(p, t, j);
             for (int64_t k = 0; k < term->rank; k++) {
-                const float uk = ut[k], *b = term->bt + k * job->rows;
-                for (int64_t r = r0; r < r1; r++) o[r] += uk * b[r];
+                const float *b = term->bt + k * job->rows;
+                for (int64_t s = t; s >= 0; s = p->next[s * count + j]) { /* b in the cache for the group */
+                    const float uk = p->u[p->u_at[s * count + j] + k];
+                    float *restrict o = job->out + s * job->rows;
+                    for (int64_t r = r0; r < r1; r++) o[r] += uk * b[r];
+                }
             }
         }
     }
@@ -1027,11 +1065,11 @@ static void team_matmul(const matmul_plan *p) {
 static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, int64_t job_stride,
                        int64_t row_stride, const float *x, int64_t tokens, int64_t n, int int8) {
     if (count < 1 || count > SLM_MAX_JOBS || tokens < 1) return -1;
-    int64_t *u_at = malloc(sizeof(int64_t) * (size_t)(tokens * count + 1));
-    if (u_at == NULL) return -2;
+    int64_t *layout = malloc(sizeof(int64_t) * (size_t)PLAN_SLOTS(tokens, count));
+    if (layout == NULL) return -2;
     matmul_plan p;
-    if (plan_matmul(&p, count, jobs, terms, job_stride, row_stride, x, tokens, n, u_at) != 0) {
-        free(u_at);
+    if (plan_matmul(&p, count, jobs, terms, job_stride, row_stride, x, tokens, n, layout) != 0) {
+        free(layout);
         return -1;
     }
     int8 = int8 && n % 32 == 0;
@@ -1040,7 +1078,7 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
     float *scratch = malloc(sizeof(float) * (size_t)(n * threads + p.ranks + 2 * blocks) +
                             (size_t)(int8 ? tokens * n : 0));
     if (scratch == NULL) {
-        free(u_at);
+        free(layout);
         return -2;
     }
     p.rows_scratch = scratch;
@@ -1056,7 +1094,7 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
 #pragma omp parallel
     team_matmul(&p);
     free(scratch);
-    free(u_at);
+    free(layout);
     return 0;
 }
 
@@ -1469,11 +1507,11 @@ typedef struct {             /* one sequence of the batch */
 
 typedef struct {             /* the step's working memory, carved from one caller-owned block */
     float *h, *q, *k, *v, *qr, *att, *o, *g, *up, *f, *u, *rows, *p;
-    int64_t *u_at;           /* per thread: B * SLM_MAX_JOBS + 1 */
+    int64_t *layout;         /* per thread: a product's plan, PLAN_SLOTS(B, SLM_MAX_JOBS) */
     slm_term *terms;         /* (P_COUNT, B): the current layer's terms, job-major */
     int8_t *xq;              /* per thread: a product's input as int8 (int8 activations) */
     float *xd, *xs;          /* per thread: their scales, and the sums of each 32 values */
-    int64_t u_at_n, xq_n;    /* per-thread lengths of u_at and xq (xd, xs: xq_n / 32) */
+    int64_t layout_n, xq_n;  /* per-thread lengths of layout and xq (xd, xs: xq_n / 32) */
 } step_buffers;
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -1498,7 +1536,7 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
                      step_buffers *b) {
     const int64_t H = m->hidden, Q = m->heads * m->head_dim, KV = m->kv_heads * m->head_dim, F = m->ffn;
     const int64_t N = max64(max64(H, Q), F);
-    b->u_at_n = B * SLM_MAX_JOBS + 1;
+    b->layout_n = PLAN_SLOTS(B, SLM_MAX_JOBS);
     b->xq_n = m->int8 ? B * N : 0;
     int64_t at = 0;
 #define TAKE(field, type, count)                                    \
@@ -1510,7 +1548,7 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
     TAKE(qr, float, B * Q); TAKE(att, float, B * Q); TAKE(o, float, B * H); TAKE(g, float, B * F);
     TAKE(up, float, B * F); TAKE(f, float, B * H);
     TAKE(u, float, ranks + 1); TAKE(rows, float, N * threads); TAKE(p, float, slots * threads);
-    TAKE(u_at, int64_t, b->u_at_n * threads); TAKE(terms, slm_term, P_COUNT * B);
+    TAKE(layout, int64_t, b->layout_n * threads); TAKE(terms, slm_term, P_COUNT * B);
     TAKE(xq, int8_t, b->xq_n * threads); TAKE(xd, float, b->xq_n / 32 * threads);
     TAKE(xs, float, b->xq_n / 32 * threads);
 #undef TAKE
@@ -1561,8 +1599,7 @@ static void step_matmul(const slm_model *m, const step_buffers *b, int64_t layer
         jobs[j] = (slm_job){w->type, 0, w->data, w->rows, w->row_bytes, outs[j], NULL, NULL};
     }
     matmul_plan p;
-    int64_t *u_at = b->u_at + b->u_at_n * tid;
-    plan_matmul(&p, count, jobs, terms, B, 1, x, B, n, u_at); /* (checked by step_checks) */
+    plan_matmul(&p, count, jobs, terms, B, 1, x, B, n, b->layout + b->layout_n * tid); /* (checked by step_checks) */
     if (m->int8 && n % 32 == 0) { /* each thread quantizes the (small) input itself: no barrier */
         int8_t *xq = b->xq + b->xq_n * tid;
         float *xd = b->xd + b->xq_n / 32 * tid, *xs = b->xs + b->xq_n / 32 * tid;
