@@ -222,3 +222,58 @@ def test_ids_and_text_match_llama_cpp(tmp_path, prefix):
             assert ids == ref.tokenize(text, False, parse_special), (text, parse_special)
             for special in (True, False):
                 assert tok.decode(ids, special=special) == ref.detokenize(ids, special), (text, special)
+
+
+def _stream_matches_decode(tok, ids) -> None:
+    """TextStream's text after every token is decode(ids so far), bit for bit."""
+    from slm.model.detokenize import TextStream
+
+    stream = TextStream(tok.decode)
+    for i, token in enumerate(ids):
+        assert stream.push(token) == tok.decode(ids[:i + 1]), (i, ids[max(0, i - 6):i + 1])
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_text_stream_equals_decode_on_the_small_vocabulary(prefix):
+    """Byte tokens splitting characters (the 4-byte emoji across windows), a leading space the
+    vocabulary drops, control, user-defined and unused tokens."""
+    import random
+
+    tok = tokenizer(add_space_prefix=prefix)
+    emoji = [byte(b) for b in "\U0001f600".encode()]
+    rng = random.Random(7)
+    ids = [ID["\u2581ab"], *emoji, ID["\u2581a"], *emoji[:2], ID["cd"], *emoji[2:], ID["<s>"], ID["<b>"]]
+    ids += [rng.randrange(len(VOCAB)) for _ in range(400)] + emoji * 3
+    _stream_matches_decode(tok, ids)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("which", ["gemma3", "smollm2"])
+def test_text_stream_equals_decode_on_real_vocabularies(which, request):
+    """Random ids over the whole vocabulary (Gemma 3's byte tokens and SentencePiece spaces,
+    SmolLM2's byte-level BPE pieces that are parts of characters), and the text of a real
+    sentence, token by token."""
+    import random
+
+    from tokenizer_corpus import corpus, gemma3_gguf, slm_tokenizer
+
+    path = gemma3_gguf() if which == "gemma3" else request.getfixturevalue("smollm2_gguf")
+    tok, _ = slm_tokenizer(path)
+    rng = random.Random(11)
+    _stream_matches_decode(tok, [rng.randrange(tok.vocab_size) for _ in range(1500)])
+    _stream_matches_decode(tok, tok.encode(" ".join(corpus(40, seed=5)), add_special=False))
+
+
+def test_text_stream_decodes_everything_when_a_token_changes_the_text_before_it():
+    """A decoder that tidies " ." into "." (as Hugging Face's clean-up does) changes the settled
+    text when the "." comes: the window's text no longer begins with its head's, and the stream
+    falls back to decoding the whole list."""
+    pieces = ["Hello", " ", "world", " ", ".", " ", "!", " again", " ", " ", "."]
+
+    def tidy(ids):
+        return "".join(pieces[i] for i in ids).replace(" .", ".")
+
+    class Tidy:
+        decode = staticmethod(tidy)
+
+    _stream_matches_decode(Tidy, list(range(len(pieces))))

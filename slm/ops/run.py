@@ -11,6 +11,7 @@ import numpy as np
 
 from slm.errors import InvalidInput, IOFailure, NotFound, SlmError
 from slm.model.chat import render_chat
+from slm.model.detokenize import TextStream
 from slm.model.generate import generate
 from slm.model.sampling import Sampler
 from slm.ops import activation, budget, compositions
@@ -220,19 +221,17 @@ class _Streamer:
     """Turns token ids into text pieces as soon as they decode to whole characters."""
 
     def __init__(self, decode: Callable[[list[int]], str], sink: Callable[[str], None] | None):
-        self.decode, self.sink = decode, sink
-        self.ids: list[int] = []
+        self.stream, self.sink = TextStream(decode), sink
         self.emitted = 0
 
     def push(self, token: int) -> None:
-        self.ids.append(token)
-        text = self.decode(self.ids)
+        text = self.stream.push(token)
         if text.endswith("\ufffd"):
             return  # an incomplete UTF-8 sequence: wait for the next token
         self._emit(text)
 
     def flush(self) -> None:
-        self._emit(self.decode(self.ids))
+        self._emit(self.stream.text)
 
     def _emit(self, text: str) -> None:
         if self.sink and len(text) > self.emitted:

@@ -29,6 +29,7 @@ import numpy as np
 from slm.errors import NumericsError, SlmError
 from slm.model.batch import Row, decode_step
 from slm.model.chat import render_chat
+from slm.model.detokenize import TextStream
 from slm.model.decoder import KVCache
 from slm.model.generate import _check_finite
 from slm.model.kernels import default_kernels
@@ -55,9 +56,13 @@ class Job:
     cache: KVCache | None = None
     sampler: Sampler | None = None
     ids: list[int] = field(default_factory=list)
+    text: TextStream = field(init=False)  # the text of ids (end-of-generation tokens left out), token by token
     next_token: int = -1
     sent: int = 0  # characters of text already sent
     first_token_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.text = TextStream(self.loaded.tokenizer.decode)
 
     def cancel(self) -> None:
         self.cancelled = True  # read by the engine thread before each step
@@ -281,6 +286,7 @@ class Engine:
         tok = job.loaded.tokenizer
         if token in tok.eos_ids:
             return self._finish(job, "eos")
+        job.text.push(token)
         stopped = self._emit(job)
         if stopped:
             return self._finish(job, "stop", flush=False)
@@ -291,13 +297,9 @@ class Engine:
         job.next_token = token
         return True
 
-    def _text(self, job: Job) -> str:
-        tok = job.loaded.tokenizer
-        return tok.decode([t for t in job.ids if t not in tok.eos_ids])
-
     def _emit(self, job: Job) -> bool:
         """Send the new text; True when a stop sequence ended it (the stop text is not sent)."""
-        text = self._text(job)
+        text = job.text.text
         if text.endswith("\ufffd"):
             return False  # an incomplete UTF-8 sequence: wait for the next token
         stops = job.req.stop
@@ -322,7 +324,7 @@ class Engine:
 
     def _finish(self, job: Job, reason: str, flush: bool = True) -> bool:
         if flush:
-            self._send(job, self._text(job))
+            self._send(job, job.text.text)
         self._close(job)
         job.sink(("done", reason, len(job.prompt_ids), len(job.ids)))
         if self.metrics:
