@@ -224,6 +224,35 @@ def test_json_errors_are_machine_readable(cli, store, tiny_model, tmp_path):
     assert r.json() == {"error": r.err.strip().removeprefix("slm: error: "), "exit_code": 3}
 
 
+def test_a_failed_write_on_the_sync_threads_fails_the_import_before_anything_is_named(
+        cli, store, store_dir, tiny_model, monkeypatch):
+    """Staged files are written on the same pool (slm.store.fs.Syncs) while the caller hashes
+    the next tensors; a full disk there is reported at the barrier, one line, exit 12, before
+    any blob is linked or the name is set, and the staging area is gone."""
+    import errno
+    import os
+    import threading
+
+    from slm.store import fs
+
+    real_write = fs.NewFile._write_now
+    failing = []
+
+    def write(self, data):
+        if "stage" in str(self.path) and not failing:  # the first staged tensor's
+            failing.append(threading.current_thread().name)
+            raise fs._io_error("write", self.path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+        real_write(self, data)
+
+    monkeypatch.setattr(fs.NewFile, "_write_now", write)
+    before = snapshot(store_dir)
+    r = cli("import", "base", tiny_model["gguf_q"], "--name", "tq")
+    assert failing and failing[0].startswith("slm-fsync"), failing  # written off the caller's thread
+    assert r.code == 12 and one_line(r.err) and "No space left" in r.err, r.err
+    assert snapshot(store_dir) == before
+    assert list((store_dir / "tmp").iterdir()) == []
+
+
 def test_a_failed_fsync_on_the_sync_threads_fails_the_import_before_anything_is_named(
         cli, store, store_dir, tiny_model, monkeypatch):
     """Staged files are fsynced on a pool (slm.store.fs.Syncs) while the next are written; one
@@ -249,3 +278,36 @@ def test_a_failed_fsync_on_the_sync_threads_fails_the_import_before_anything_is_
     assert r.code == 12 and one_line(r.err) and "fsync" in r.err, r.err
     assert snapshot(store_dir) == before
     assert list((store_dir / "tmp").iterdir()) == []
+
+
+def test_the_sync_threads_hold_a_bounded_part_of_the_bytes(tmp_path, monkeypatch):
+    """Syncs keeps at most IN_FLIGHT_BYTES of unwritten bytes: past them the caller waits for
+    the oldest job (a checkpoint quantized in memory is not held whole when the disk lags)."""
+    import threading
+
+    from slm.store import fs
+
+    monkeypatch.setattr(fs.Syncs, "IN_FLIGHT_BYTES", 3000)
+    gate = threading.Event()
+    real = fs.Syncs._write_sync_and_close_now
+    started = []
+
+    def slow(f, pieces):
+        started.append(f.path.name)
+        gate.wait(10)  # (bounded: the test releases it)
+        real(f, pieces)
+
+    monkeypatch.setattr(fs.Syncs, "_write_sync_and_close_now", staticmethod(slow))
+    syncs = fs.Syncs()
+    for i in range(2):  # 2000 bytes in flight: under the bound, the caller goes on
+        syncs.write_sync_and_close(fs.NewFile(tmp_path / f"f{i}"), [b"x" * 1000])
+    blocked = threading.Thread(target=syncs.write_sync_and_close, args=(fs.NewFile(tmp_path / "f2"), [b"y" * 1500]))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()  # 3500 bytes would be in flight: it waits for the oldest
+    gate.set()
+    blocked.join(10)
+    assert not blocked.is_alive()
+    syncs.wait()
+    syncs.close()
+    assert [(tmp_path / f"f{i}").read_bytes() for i in range(3)] == [b"x" * 1000] * 2 + [b"y" * 1500]

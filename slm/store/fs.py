@@ -148,6 +148,9 @@ class NewFile:
 
     def write(self, data: bytes | memoryview) -> None:
         _fault_point("write", str(self.path))
+        self._write_now(data)
+
+    def _write_now(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
         while view:
             try:
@@ -191,40 +194,67 @@ class NewFile:
 
 
 class Syncs:
-    """New files fsynced on a few threads while the caller writes the next ones.
+    """New files written and fsynced on a few threads while the caller hashes the next ones.
 
     Why: an import stages one file per tensor (272 for SmolLM2), and one fsync after the
     other waited on the disk for each (most of an import's time); fsyncs of different files
-    issued together share the disk's and the journal's work. Each file is still fsynced once,
-    by the same `_fsync`, and `wait()` is the barrier: it returns only when every fsync given
-    to it has returned, and raises the first that failed (never retried, as everywhere). The
-    caller names none of the files (links them into objects/) before `wait()` returned.
+    issued together share the disk's and the journal's work. The writes go with them: copying
+    92 MB into the page cache took as long as hashing it, on the caller's thread. Each file is
+    still written whole and fsynced once, by the same `_fsync`, and `wait()` is the barrier: it
+    returns only when every write and fsync given to it has returned, and raises the first that
+    failed (never retried, as everywhere). The caller names none of the files (links them into
+    objects/) before `wait()` returned. The pool holds the bytes it was given until they are
+    written; past IN_FLIGHT_BYTES of them the caller waits (an import that quantizes a checkpoint
+    in memory keeps a bounded part of it, not all of it, when the disk is slower).
 
-    The fault point of each fsync stays on the caller's thread, in order, so that the fault
-    plans count operations as before. Under the power-cut simulator (`sync_observer` set) each
-    fsync runs at once on the caller's thread: its model of what is durable is kept by one thread."""
+    The fault points of each write and fsync stay on the caller's thread, in order, so that the
+    fault plans count operations as before. Under the power-cut simulator (`sync_observer` set)
+    each runs at once on the caller's thread: its model of what is durable is kept by one thread."""
 
     THREADS = 8
+    IN_FLIGHT_BYTES = 256 << 20
 
     def __init__(self) -> None:
         self._pool = None
-        self._pending: list = []
+        self._pending: list = []  # futures, in order
+        self._unwritten: list = []  # (future, bytes) of the jobs that may still hold their bytes
 
-    def sync_and_close(self, f: NewFile) -> None:
+    def write_sync_and_close(self, f: NewFile, pieces: list) -> None:
+        """Write `pieces` (bytes or memoryviews, in order) to f, then fsync and close it."""
+        for _ in pieces:
+            _fault_point("write", str(f.path))
         _fault_point("fsync", str(f.path))
         if sync_observer is not None:
+            for piece in pieces:
+                f._write_now(piece)
             f._sync_and_close_now()
             return
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(max_workers=self.THREADS, thread_name_prefix="slm-fsync")
+        size = sum(len(piece) for piece in pieces)
+        self._unwritten = [(job, n) for job, n in self._unwritten if not job.done()]
+        while self._unwritten and sum(n for _, n in self._unwritten) + size > self.IN_FLIGHT_BYTES:
+            self._unwritten.pop(0)[0].exception()  # waits for the oldest (its failure: at wait())
         f._handed_off = True
-        self._pending.append(self._pool.submit(f._sync_and_close_now))
+        job = self._pool.submit(self._write_sync_and_close_now, f, pieces)
+        self._pending.append(job)
+        self._unwritten.append((job, size))
+
+    @staticmethod
+    def _write_sync_and_close_now(f: NewFile, pieces: list) -> None:
+        try:
+            for piece in pieces:
+                f._write_now(piece)
+        except BaseException:
+            f._close()
+            raise
+        f._sync_and_close_now()
 
     def wait(self) -> None:
-        """Every fsync handed over so far has returned; the first failure is raised."""
-        pending, self._pending = self._pending, []
+        """Every write and fsync handed over so far has returned; the first failure is raised."""
+        pending, self._pending, self._unwritten = self._pending, [], []
         failures = [job.exception() for job in pending]  # waits for each
         first = next((err for err in failures if err is not None), None)
         if first is not None:
@@ -234,7 +264,7 @@ class Syncs:
         """Wait for what is in flight (its failures no longer matter: the files are discarded)."""
         for job in self._pending:
             job.exception()
-        self._pending = []
+        self._pending, self._unwritten = [], []
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
