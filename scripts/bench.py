@@ -482,11 +482,23 @@ def int8_error(rt, comp_ids: dict, tok, positions: int = 96, greedy: int = 64) -
     return out
 
 
+def interleaved_medians(sample, rounds: int, configs: dict) -> dict:
+    """{name: median of `rounds` sample(config)}, the configurations taking turns in each round:
+    the host's speed drifts within a minute, and a ratio of figures sampled minutes apart
+    measures the drift as much as the batching."""
+    samples: dict = {name: [] for name in configs}
+    for _ in range(rounds):
+        for name, config in configs.items():
+            samples[name].append(sample(config))
+    return {name: med(values) for name, values in samples.items()}
+
+
 def bench_batching(store, base: str, adapters: list[str], a, activations: str = "float32") -> dict:
     """Aggregate decode tok/s of 8 sequences decoded together (slm.model.batch.decode_step, the
     step `slm serve` runs), on one composition and on 4 (the base and three LoRAs r=16), against
     one sequence alone (Decoder.forward token by token, as `slm run`). Each sample: 8 short
-    prompts prefilled, then --batch-steps greedy steps; medians of min(--runs, 3) samples.
+    prompts prefilled, then --batch-steps greedy steps; medians of min(--runs, 3) samples
+    (interleaved_medians).
     activations: the kernels' mode for every product (both sides of each ratio)."""
     from slm.model.batch import Row, decode_step
     from slm.model.kernels import default_kernels
@@ -513,10 +525,9 @@ def bench_batching(store, base: str, adapters: list[str], a, activations: str = 
             last = [int(np.argmax(row)) for row in logits]
         return len(models) * a.batch_steps / (time.perf_counter() - t)
 
-    figures = {}
-    for name, models in (("one_base", [loaded[0]]), ("one_lora", [loaded[1]]), ("eight_base", [loaded[0]] * 8),
-                         ("eight_on_4_compositions", [loaded[i % 4] for i in range(8)])):
-        figures[name] = med([sample(models) for _ in range(min(a.runs, 3))])
+    figures = interleaved_medians(sample, min(a.runs, 3), {
+        "one_base": [loaded[0]], "one_lora": [loaded[1]], "eight_base": [loaded[0]] * 8,
+        "eight_on_4_compositions": [loaded[i % 4] for i in range(8)]})
     figures["ratio_eight_base"] = figures["eight_base"] / figures["one_base"]
     figures["ratio_eight_on_4_compositions"] = figures["eight_on_4_compositions"] / figures["one_base"]
     print(f"{base}: batching ({activations}) {figures}", file=sys.stderr, flush=True)
@@ -527,7 +538,7 @@ def bench_serve_http(store_root: Path, base: str, adapters: list[str], a) -> dic
     """The same through a real `slm serve` (HTTP, JSON, the scheduler): tokens per second of
     one greedy /v1/completions request alone, of 8 at once on the active composition, and of
     8 at once on 4 compositions (named by spec); end to end (short prompts: the prefill is a
-    small part); medians of min(--runs, 3)."""
+    small part); medians of min(--runs, 3), interleaved (interleaved_medians)."""
     import threading
     import urllib.request
 
@@ -560,9 +571,8 @@ def bench_serve_http(store_root: Path, base: str, adapters: list[str], a) -> dic
 
         specs = [base] + [f"{base}+{x}" for x in adapters]
         sample(specs)  # stage the compositions, warm the prompt cache
-        figures = {name: med([sample(models) for _ in range(min(a.runs, 3))]) for name, models in
-                   (("one", ["active"]), ("eight", ["active"] * 8),
-                    ("eight_on_4_compositions", [specs[i % 4] for i in range(8)]))}
+        figures = interleaved_medians(sample, min(a.runs, 3), {
+            "one": ["active"], "eight": ["active"] * 8, "eight_on_4_compositions": [specs[i % 4] for i in range(8)]})
     finally:
         proc.terminate()
         proc.wait(timeout=60)
