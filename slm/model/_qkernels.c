@@ -299,10 +299,20 @@ static inline void block_scales(const int type, const uint8_t *restrict blk, flo
         break;
     case T_Q2_K: { /* byte u: the unit's scale (low nibble) and min (high), times d and dmin */
         const float dd = half_to_float(blk + 80), dmin = half_to_float(blk + 82);
+#if LANES == 16 /* (GCC vectorises this loop well for AVX-512: 14-28% faster here than the words below) */
         for (int u = 0; u < 16; u++) {
             d[u] = dd * (float)(blk[u] & 15);
             m[u] = -(dmin * (float)(blk[u] >> 4));
         }
+#else /* (for AVX2 it did not: byte fields through the stack, as k_scales_mins says; 1.2-1.37x) */
+        const uint64_t low4 = 0x0f0f0f0f0f0f0f0full;
+        for (int h = 0; h < 2; h++) {
+            uint64_t v;
+            memcpy(&v, blk + 8 * h, 8);
+            bytes8_times(v & low4, dd, 0, d + 8 * h);
+            bytes8_times((v >> 4) & low4, -dmin, 0, m + 8 * h); /* (-dmin) * mn = -(dmin * mn) */
+        }
+#endif
         break;
     }
     case T_Q3_K: { /* 6-bit scales biased by 32: the low 4 bits of unit u in byte u % 8 (units
