@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from slm.compose.composition import Composition
-from slm.errors import InvalidInput, NotFound, UsageError
+from slm.errors import InvalidInput, UsageError
 from slm.store import store as _store
 
 # Each method imports the operation it runs: `slm activate` (a new process each time) must not
@@ -283,10 +283,9 @@ class Runtime:
         from slm.ops import compositions
 
         if comp is None:
-            comp = self.store.active()
-            if comp is None:
-                raise NotFound("nothing is active: activate a composition or name one")
-        comp_id = comp.id if isinstance(comp, Composition) else compositions.find_id(self.store._s, comp)
+            comp_id = compositions.active_id(self.store._s, "activate a composition or name one")
+        else:
+            comp_id = comp.id if isinstance(comp, Composition) else compositions.find_id(self.store._s, comp)
         return Session(self, self._rt.stage(comp_id))
 
 

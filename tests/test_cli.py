@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import one_line
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +89,15 @@ def test_show_unknown_name(cli):
     assert r.code == 3 and one_line(r.err)
 
 
-def test_run_with_nothing_active(cli):
+@pytest.mark.parametrize("args,hint", [
+    (("run", "hello"), "slm activate"), (("verify",), "name a composition or a base to verify"),
+    (("export", "-o", "out"), "name a composition or a base"), (("push", "localhost:1/x:y"), "name a composition"),
+])
+def test_commands_on_the_active_composition_with_nothing_active(cli, store_dir, args, hint):
+    """Every command that defaults to the active composition says so in one line (exit 3,
+    compositions.active_id) and what to name instead; nothing is written."""
     cli("init")
-    r = cli("run", "hello")
-    assert r.code == 3 and one_line(r.err) and "slm activate" in r.err
+    before = sorted(p.relative_to(store_dir) for p in store_dir.rglob("*"))
+    r = cli(*args)
+    assert r.code == 3 and one_line(r.err) and "nothing is active: " in r.err and hint in r.err, r.err
+    assert sorted(p.relative_to(store_dir) for p in store_dir.rglob("*")) == before

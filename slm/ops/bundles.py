@@ -55,9 +55,7 @@ def target(store: Store, ref: str | None) -> tuple[Composition, str, dict[str, b
     """(composition, record digest, blobs outside the store) for a composition id or prefix, a
     base name (its base-only composition), or nothing (the active composition)."""
     if ref is None:
-        comp_id = store.active_ref.read()
-        if comp_id is None:
-            raise NotFound("nothing is active: name a composition or a base")
+        comp_id = compositions.active_id(store, "name a composition or a base")
     else:
         try:
             comp_id = compositions.find_id(store, ref)

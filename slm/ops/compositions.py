@@ -78,6 +78,15 @@ def load(store: Store, comp_id: str) -> Composition:
     return comp
 
 
+def active_id(store: Store, hint: str) -> str:
+    """The composition refs/active names, for a command given none; when nothing is active,
+    NotFound "nothing is active: <hint>" (hint: what the user can name instead)."""
+    comp_id = store.active_ref.read()
+    if comp_id is None:
+        raise NotFound(f"nothing is active: {hint}")
+    return comp_id
+
+
 def find_id(store: Store, ref: str) -> str:
     """A composition id from a full id or a unique prefix of one (resolve.by_prefix)."""
     found = by_prefix([dg.PREFIX + hex_id for hex_id, _ in store.names.items("compositions")], ref,

@@ -40,10 +40,7 @@ class AdapterExportResult:
 def _adapter_and_base(store: Store, ref: str | None, base_ref: str | None):
     comp = None
     if ref is None:
-        active = store.active_ref.read()
-        if active is None:
-            raise NotFound("nothing is active: name a composition, or an adapter with --base")
-        comp = compositions.load(store, active)
+        comp = compositions.load(store, compositions.active_id(store, "name a composition, or an adapter with --base"))
     elif store.names.get("adapters", ref) is None:
         try:
             comp = compositions.load(store, compositions.find_id(store, ref))

@@ -9,12 +9,12 @@ from typing import Callable
 
 import numpy as np
 
-from slm.errors import InvalidInput, IOFailure, NotFound, SlmError
+from slm.errors import InvalidInput, IOFailure, SlmError
 from slm.model.chat import render_chat
 from slm.model.detokenize import TextStream
 from slm.model.generate import generate
 from slm.model.sampling import Sampler
-from slm.ops import activation, budget, compositions
+from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.ops.results import CompositionInfo, Generation, Timings
 from slm.ops.prefix_cache import PrefixCache
@@ -142,9 +142,7 @@ def _run(store: Store, o: RunOptions, on_text, out_file: LogitsFile | None) -> G
     if o.base is not None:
         comp = compositions.build(store, o.base, [])
     else:
-        comp = activation.active(store)
-        if comp is None:
-            raise NotFound("nothing is active: run `slm activate BASE [ADAPTER...]` or pass --base")
+        comp = compositions.load(store, compositions.active_id(store, "run `slm activate BASE [ADAPTER...]` or pass --base"))
     loaded = load_composition(store, comp)
     # Generation is pinned to the composition it started on. When running the active one,
     # each token boundary checks refs/active; a switch stops generation unless told to finish.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, IOFailure, NotFound, SlmError
+from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, IOFailure, SlmError
 from slm.ops import compositions
 from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
 from slm.store import Store, fs
@@ -79,10 +79,7 @@ class SignResult:
 
 def _find(store: Store, ref: str | None) -> str:
     if ref is None:
-        active = store.active_ref.read()
-        if active is None:
-            raise NotFound("nothing is active: name a composition to sign")
-        return active
+        return compositions.active_id(store, "name a composition to sign")
     return compositions.find_id(store, ref)
 
 

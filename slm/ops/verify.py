@@ -11,7 +11,7 @@ import numpy as np
 from slm.compose.composition import Composition
 from slm.errors import NotFound
 from slm.model.oracle import Oracle, OracleAdapter
-from slm.ops import activation, compositions
+from slm.ops import compositions
 from slm.ops.loading import load_composition
 from slm.ops.reports import VerifyReport
 from slm.ops.results import CompositionInfo
@@ -32,10 +32,7 @@ MEAN_ABS_TOL = 1e-4
 
 def _composition(store: Store, ref: str | None) -> Composition:
     if ref is None:
-        comp = activation.active(store)
-        if comp is None:
-            raise NotFound("nothing is active; name a composition or a base to verify")
-        return comp
+        return compositions.load(store, compositions.active_id(store, "name a composition or a base to verify"))
     try:
         return compositions.load(store, compositions.find_id(store, ref))
     except NotFound:
