@@ -203,3 +203,22 @@ def test_gemma3_tensors():
                 x = rng.standard_normal((tokens, w.cols)).astype(np.float32)
                 assert_close(kernels(2).matmul(x, w), *reference(x, ggml_type, raw))
             del rows
+
+
+@pytest.mark.parametrize("ggml_type", [GT.Q4_K, GT.Q4_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_the_input_address_does_not_change_the_result(ggml_type, tokens):
+    """x at a cache-line boundary and 4, 16 and 32 bytes past one (the kernels copy a
+    misaligned x to an aligned block first: vector loads across two lines cost twice): the same
+    bits each time."""
+    raw = blocks(ggml_type, ROWS, COLS, seed=3)
+    w = tensor(ggml_type, raw)
+    values = np.random.default_rng(tokens).standard_normal((tokens, COLS)).astype(np.float32)
+    room = np.zeros(tokens * COLS + 64, dtype=np.float32)
+    first = (-room.ctypes.data % 64) // 4  # the first float on a 64-byte boundary
+    outs = []
+    for shift in (0, 1, 4, 8):  # floats past the boundary
+        x = room[first + shift:first + shift + tokens * COLS].reshape(tokens, COLS)
+        x[...] = values
+        outs.append(kernels(2).matmul(x, w).tobytes())
+    assert outs[1:] == outs[:1] * 3

@@ -918,6 +918,7 @@ static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm
  * factors, 19.6 MB a token, cost 1.1-1.6 ms of a ~8 ms token read that way, 0.75-0.9 ms
  * fetched during the rows. A hint only: ranges past SLM_PREFETCH_RANGES are left out. */
 #define SLM_PREFETCH_RANGES 128
+#define SLM_ALIGN 64 /* bytes: a cache line, an AVX-512 vector */
 #define SLM_CHUNK_ROWS 16 /* rows of a weight between two prefetch_some calls */
 typedef struct {
     const char *at[SLM_PREFETCH_RANGES];
@@ -1093,6 +1094,17 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
     }
     p.rows_scratch = scratch;
     p.u = scratch + n * threads;
+    float *aligned = NULL;
+    if ((uintptr_t)x % SLM_ALIGN) { /* (see slm_decode_step: a vector load of x across two cache lines) */
+        aligned = aligned_alloc(SLM_ALIGN, (sizeof(float) * (size_t)(tokens * n) + SLM_ALIGN - 1) / SLM_ALIGN * SLM_ALIGN);
+        if (aligned == NULL) {
+            free(scratch);
+            free(layout);
+            return -2;
+        }
+        memcpy(aligned, x, sizeof(float) * (size_t)(tokens * n));
+        p.x = aligned;
+    }
     if (int8) {
         float *xd = p.u + p.ranks, *xs = xd + blocks;
         int8_t *xq = (int8_t *)(xs + blocks);
@@ -1103,6 +1115,7 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
     }
 #pragma omp parallel
     team_matmul(&p);
+    free(aligned);
     free(scratch);
     free(layout);
     return 0;
@@ -1571,7 +1584,7 @@ int64_t slm_step_work_bytes(const slm_model *m, int64_t B, const slm_row *rows) 
     int64_t slots, ranks;
     step_buffers b;
     step_needs(m, B, rows, &slots, &ranks);
-    return carve(m, B, slots, ranks, slm_threads(), NULL, &b);
+    return carve(m, B, slots, ranks, slm_threads(), NULL, &b) + SLM_ALIGN; /* (room to align the block) */
 }
 
 static int step_checks(const slm_model *m, int64_t B, const slm_row *rows) {
@@ -1649,8 +1662,11 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
     step_needs(m, B, rows, &need_slots, &need_ranks);
     step_buffers b;
     const int64_t threads = slm_threads();
-    if (carve(m, B, need_slots, need_ranks, threads, NULL, &b) > work_bytes) return -1;
-    carve(m, B, need_slots, need_ranks, threads, work, &b);
+    /* the buffers from a 64-byte boundary (carve keeps each on one): NumPy's block starts 16
+     * bytes past one, and the products' inputs then cost two cache lines a vector load */
+    const int64_t skip = (int64_t)((SLM_ALIGN - (uintptr_t)work % SLM_ALIGN) % SLM_ALIGN);
+    if (carve(m, B, need_slots, need_ranks, threads, NULL, &b) + skip > work_bytes) return -1;
+    carve(m, B, need_slots, need_ranks, threads, (uint8_t *)work + skip, &b);
     const int64_t H = m->hidden, hd = m->head_dim, nh = m->heads, nkv = m->kv_heads;
     const int64_t Q = nh * hd, KV = nkv * hd, F = m->ffn, half = hd / 2;
 #pragma omp parallel
