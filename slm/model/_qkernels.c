@@ -1565,7 +1565,7 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
 #define TAKE(field, type, count)                                    \
     do {                                                            \
         if (base) b->field = (type *)(base + at);                   \
-        at += ((int64_t)sizeof(type) * (count) + 63) / 64 * 64;     \
+        at += ((int64_t)sizeof(type) * (count) + SLM_ALIGN - 1) / SLM_ALIGN * SLM_ALIGN; \
     } while (0)
     TAKE(h, float, B * H); TAKE(q, float, B * Q); TAKE(k, float, B * KV); TAKE(v, float, B * KV);
     TAKE(qr, float, B * Q); TAKE(att, float, B * Q); TAKE(o, float, B * H); TAKE(g, float, B * F);

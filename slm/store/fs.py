@@ -216,8 +216,7 @@ class Syncs:
 
     def __init__(self) -> None:
         self._pool = None
-        self._pending: list = []  # futures, in order
-        self._unwritten: list = []  # (future, bytes) of the jobs that may still hold their bytes
+        self._pending: list = []  # (future, bytes it was given), in order
 
     def write_sync_and_close(self, f: NewFile, pieces: list) -> None:
         """Write `pieces` (bytes or memoryviews, in order) to f, then fsync and close it."""
@@ -234,13 +233,11 @@ class Syncs:
 
             self._pool = ThreadPoolExecutor(max_workers=self.THREADS, thread_name_prefix="slm-fsync")
         size = sum(len(piece) for piece in pieces)
-        self._unwritten = [(job, n) for job, n in self._unwritten if not job.done()]
-        while self._unwritten and sum(n for _, n in self._unwritten) + size > self.IN_FLIGHT_BYTES:
-            self._unwritten.pop(0)[0].exception()  # waits for the oldest (its failure: at wait())
+        held = [(job, n) for job, n in self._pending if not job.done()]  # the jobs still holding bytes
+        while held and sum(n for _, n in held) + size > self.IN_FLIGHT_BYTES:
+            held.pop(0)[0].exception()  # waits for the oldest (its failure: at wait())
         f._handed_off = True
-        job = self._pool.submit(self._write_sync_and_close_now, f, pieces)
-        self._pending.append(job)
-        self._unwritten.append((job, size))
+        self._pending.append((self._pool.submit(self._write_sync_and_close_now, f, pieces), size))
 
     @staticmethod
     def _write_sync_and_close_now(f: NewFile, pieces: list) -> None:
@@ -254,17 +251,17 @@ class Syncs:
 
     def wait(self) -> None:
         """Every write and fsync handed over so far has returned; the first failure is raised."""
-        pending, self._pending, self._unwritten = self._pending, [], []
-        failures = [job.exception() for job in pending]  # waits for each
+        pending, self._pending = self._pending, []
+        failures = [job.exception() for job, _ in pending]  # waits for each
         first = next((err for err in failures if err is not None), None)
         if first is not None:
             raise first
 
     def close(self) -> None:
         """Wait for what is in flight (its failures no longer matter: the files are discarded)."""
-        for job in self._pending:
+        for job, _ in self._pending:
             job.exception()
-        self._pending, self._unwritten = [], []
+        self._pending = []
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

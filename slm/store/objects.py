@@ -41,12 +41,16 @@ class ObjectStore:
     def path(self, digest: str) -> Path:
         return self.dir / dg.hex_of(digest)
 
+    def _path_text(self, digest: str) -> str:
+        """`path` as a string, for the checks made once per blob (pathlib costs ~10x the stat)."""
+        return os.path.join(self._dir_text, digest[len(dg.PREFIX):])
+
     def has(self, digest: str) -> bool:
         """Whether a file of that name exists (not whether its bytes are right)."""
         if not dg.is_digest(digest):
             return False
-        try:  # (a string path: an import asks once per tensor, pathlib costs ~10x the stat)
-            return stat.S_ISREG(os.stat(os.path.join(self._dir_text, digest[len(dg.PREFIX):])).st_mode)
+        try:  # (an import asks once per tensor)
+            return stat.S_ISREG(os.stat(self._path_text(digest)).st_mode)
         except (FileNotFoundError, NotADirectoryError):
             return False
 
@@ -73,7 +77,7 @@ class ObjectStore:
         block; the caller checks that it is a regular file."""
         if not dg.is_digest(digest):
             raise NotFound(f"not a blake3 digest: {digest!r}")
-        path = os.path.join(self._dir_text, digest[len(dg.PREFIX):])
+        path = self._path_text(digest)
         try:
             return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
@@ -116,7 +120,7 @@ class ObjectStore:
         if self.verified is None or not dg.is_digest(digest):
             return False
         try:
-            info = os.lstat(os.path.join(self._dir_text, digest[len(dg.PREFIX):]))
+            info = os.lstat(self._path_text(digest))
         except OSError:
             return False
         return stat.S_ISREG(info.st_mode) and self.verified.trusts(digest, info)
