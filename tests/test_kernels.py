@@ -170,13 +170,16 @@ def test_decode_step_helpers_match_numpy(layout):
     cos, sin = mathops.rope_tables(16, 10000.0, np.array([7, 300]))
     close(fused.rope(q, cos, sin, layout), ref.rope(q, cos, sin, layout))
     # head sizes that take every register block of the values' weighted sum on AVX2 and
-    # AVX-512 (8, 4 and 1 vectors) and the scalar tail (20, 80)
+    # AVX-512 (3 and 1 vectors) and the scalar tail (20, 80); key counts under, at and past
+    # the scores' blocks of 16 keys; groups of 3 query heads a kv head, and of 5 (calls of
+    # 4 heads and of 1)
     for head_dim in (16, 20, 64, 80, 256):
-        for seen in (1, 2, 45):  # positions in the cache, the new one included
-            q1 = rng.standard_normal((1, 6, head_dim)).astype(np.float32)
-            k = rng.standard_normal((seen, 2, head_dim)).astype(np.float32) * 3
-            v = rng.standard_normal((seen, 2, head_dim)).astype(np.float32)
-            close(fused.attend(q1, k, v, seen - 1), ref.attend(q1, k, v, seen - 1))
+        for seen in (1, 2, 16, 17, 45):  # positions in the cache, the new one included
+            for heads in (6, 10):
+                q1 = rng.standard_normal((1, heads, head_dim)).astype(np.float32)
+                k = rng.standard_normal((seen, 2, head_dim)).astype(np.float32) * 3
+                v = rng.standard_normal((seen, 2, head_dim)).astype(np.float32)
+                close(fused.attend(q1, k, v, seen - 1), ref.attend(q1, k, v, seen - 1))
     gate, up = (rng.standard_normal((2, 40)).astype(np.float32) * 5 for _ in range(2))
     close(fused.swiglu(gate, up), ref.swiglu(gate, up))
     close(fused.geglu(gate, up), ref.geglu(gate, up))

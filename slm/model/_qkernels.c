@@ -1188,68 +1188,9 @@ __attribute__((noinline)) void slm_rope(const float *x, float *out, const float 
         }
 }
 
-/* out[0 .. NV * LANES) = sum over s of p[s] v[s * stride + ..], key by key in order, in a
- * register block of NV vectors (blocks of 8, then 4, then 1: SmolLM2's 64-value heads are 4
- * AVX-512 vectors, and took a scalar loop over strided values when only blocks of 8 ran). */
-static inline __attribute__((always_inline)) void weigh_values(const int NV, const float *restrict p,
-                                                               const float *restrict v, const int64_t stride,
-                                                               const int64_t S, float *restrict out) {
-    vf c[8] = {{0}};
-    for (int64_t s = 0; s < S; s++) {
-        const float ps = p[s];
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; j++) c[j] += ps * load_vf(v + s * stride + j * LANES);
-    }
-    memcpy(out, c, sizeof(vf) * (size_t)NV);
-}
-
-/* One query head qh (hd) attending to the S keys of its kv head: k, v (S, n_kv, hd) read at
- * kv head kv; p: S floats of scratch; out (hd). Scores four keys at a time (dots); the
- * weighted sum of the values in register blocks (weigh_values), key by key in order. */
-__attribute__((noinline)) static void attend_head(const float *restrict qh, const float *restrict k,
-                                                  const float *restrict v, float *restrict oh, int64_t S,
-                                                  int64_t n_kv, int64_t hd, int64_t kv, float *restrict p) {
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int64_t stride = n_kv * hd;
-    const float *kh = k + kv * hd, *vh = v + kv * hd;
-    float top = -INFINITY;
-    int64_t s;
-    dots(qh, kh, stride, S, hd, p);
-    for (s = 0; s < S; s++) {
-        p[s] *= scale;
-        top = p[s] > top ? p[s] : top;
-    }
-    float total = 0.0f;
-    for (s = 0; s < S; s++) {
-        p[s] = expf(p[s] - top);
-        total += p[s];
-    }
-    for (s = 0; s < S; s++) p[s] /= total;
-    int64_t d0 = 0;
-    for (; d0 + 8 * LANES <= hd; d0 += 8 * LANES) weigh_values(8, p, vh + d0, stride, S, oh + d0);
-    for (; d0 + 4 * LANES <= hd; d0 += 4 * LANES) weigh_values(4, p, vh + d0, stride, S, oh + d0);
-    for (; d0 + LANES <= hd; d0 += LANES) weigh_values(1, p, vh + d0, stride, S, oh + d0);
-    for (int64_t d = d0; d < hd; d++) { /* a head size that is not a multiple of the vector */
-        float a = 0.0f;
-        for (s = 0; s < S; s++) a += p[s] * vh[s * stride + d];
-        oh[d] = a;
-    }
-}
-
-/* One query position attending to keys 0..S-1 (grouped-query: head h reads kv head
- * h / (nh / n_kv)). q, out (nh, hd); k, v (S, n_kv, hd). Returns -2 when out of memory. */
-int slm_attend_one(const float *q, const float *k, const float *v, float *out, int64_t S,
-                   int64_t nh, int64_t n_kv, int64_t hd) {
-    float *p = malloc(sizeof(float) * (size_t)(S > 0 ? S : 1));
-    if (p == NULL) return -2;
-    for (int64_t h = 0; h < nh; h++) attend_head(q + h * hd, k, v, out + h * hd, S, n_kv, hd, h / (nh / n_kv), p);
-    free(p);
-    return 0;
-}
-
 /* ---- a prompt's attention, in tiles ----------------------------------------------------
  *
- * A decode step's single query reads each key once whatever is done (attend_head). A prompt's
+ * A decode step's single query reads each key once whatever is done (attend_heads). A prompt's
  * queries read the same keys many times over, so here the work unit is a TILE: up to
  * ATT_ROWS query rows that read the same keys and values, namely the heads of one kv group
  * (grouped-query attention) at up to ATT_POSITIONS consecutive positions. Per tile:
@@ -1372,6 +1313,113 @@ static void softmax_range(float *p, int64_t S, int64_t lo, int64_t hi, float sca
     for (s = lo; s < hi; s++) p[s] *= inv;
     for (s = hi; s < S; s++) p[s] = 0.0f;
 }
+
+/* ---- a decode step's attention ---------------------------------------------------------
+ *
+ * One query position: each key is read once whatever is done, so the unit is the heads of one
+ * kv group, up to four: their scores sixteen keys at a time (score_keys), their softmaxes a
+ * vector at a time (exp_vf), their weighted values in weigh_block's register blocks (each value
+ * vector loaded once for the four). A head's result is the same operations whichever heads
+ * share its call (the step splits a group between its threads when the batch is small). */
+
+#if LANES == 16
+/* The lane sums of 16 vectors, one per lane, lane j that of v[j]: a tree that adds lane i to
+ * lane i + 8, then i + 4, i + 2, i + 1 of each vector while packing them together (45 shuffles
+ * and adds, against ~8 a vector summed alone). Every vector's lanes meet in the same tree
+ * whatever its place among the 16, so a sum does not depend on the other vectors. */
+static inline vf lane_sums16(const __m512 v[16]) {
+    __m512 w[8], z[4], y[2];
+    for (int j = 0; j < 8; j++) /* lanes 0-7: v[2j]'s i + (i + 8); 8-15: v[2j + 1]'s */
+        w[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xee));
+    for (int j = 0; j < 4; j++) /* 128-bit block b: vector 4j + b's four partial sums */
+        z[j] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], 0xdd));
+    for (int j = 0; j < 2; j++) /* block b: vectors 8j + b (two partials), then 8j + 4 + b */
+        y[j] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * j], z[2 * j + 1], 0x44),
+                             _mm512_shuffle_ps(z[2 * j], z[2 * j + 1], 0xee));
+    /* block b: the sums of vectors b, 4 + b, 8 + b, 12 + b; lane 4b + c holds vector 4c + b */
+    const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
+    return (vf)_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
+}
+#endif
+
+/* p[s] = q . key s for the S keys at k + s * stride, q and each key hd floats: per key one
+ * accumulator over the head's vectors, then its lanes' sum, with AVX-512 sixteen keys at a
+ * time (lane_sums16; the last keys padded with repeats of the last one). */
+static inline void score_keys(const float *restrict q, const float *restrict k, const int64_t stride,
+                              const int64_t S, const int64_t hd, float *restrict p) {
+    int64_t s = 0;
+#if LANES == 16
+    if (hd % LANES == 0)
+        for (; s < S; s += 16) {
+            __m512 a[16];
+            for (int j = 0; j < 16; j++) {
+                const float *key = k + (s + j < S ? s + j : S - 1) * stride;
+                vf acc = load_vf(q) * load_vf(key);
+                for (int64_t d = LANES; d < hd; d += LANES) acc += load_vf(q + d) * load_vf(key + d);
+                a[j] = (__m512)acc;
+            }
+            const vf sums = lane_sums16(a);
+            memcpy(p + s, &sums, sizeof(float) * (size_t)(S - s < 16 ? S - s : 16));
+        }
+#endif
+    for (; s < S; s++) {
+        const float *key = k + s * stride;
+        vf acc = {0};
+        int64_t d = 0;
+        for (; d + LANES <= hd; d += LANES) acc += load_vf(q + d) * load_vf(key + d);
+        float sum = sum_lanes(acc);
+        for (; d < hd; d++) sum += q[d] * key[d];
+        p[s] = sum;
+    }
+}
+
+/* Heads 0 .. count - 1 (1 <= count <= 4) of q (count, hd), all of kv head kv, attending to
+ * the S keys of k, v (S, n_kv, hd); out (count, hd); p: 4 S + hd floats of scratch. */
+__attribute__((noinline)) static void attend_heads(const float *restrict q, const float *restrict k,
+                                                   const float *restrict v, float *restrict out, const int64_t count,
+                                                   const int64_t S, const int64_t n_kv, const int64_t hd,
+                                                   const int64_t kv, float *restrict p) {
+    const int64_t stride = n_kv * hd;
+    const float *qr[4];
+    float *pr[4], *orow[4];
+    for (int64_t i = 0; i < 4; i++) { /* rows past count repeat the last one's scores into a sink */
+        const int64_t r = i < count ? i : count - 1;
+        qr[i] = q + r * hd;
+        pr[i] = p + r * S;
+        orow[i] = i < count ? out + i * hd : p + 4 * S;
+    }
+    for (int64_t i = 0; i < count; i++) score_keys(qr[i], k + kv * hd, stride, S, hd, pr[i]);
+    for (int64_t i = 0; i < count; i++) softmax_range(pr[i], S, 0, S, 1.0f / sqrtf((float)hd));
+    weigh_block((const float *const *)pr, v + kv * hd, stride, S, hd, orow);
+}
+
+/* Query rows [i0, i1) of the (nh) heads of one position attending to keys 0 .. S - 1
+ * (grouped-query: head h reads kv head h / (nh / n_kv)), in calls of up to four heads of one
+ * group. q, out (nh, hd); k, v (S, n_kv, hd); p: 4 S + hd floats of scratch. */
+static void attend_range(const float *q, const float *k, const float *v, float *out, int64_t S, int64_t nh,
+                         int64_t n_kv, int64_t hd, int64_t i0, int64_t i1, float *p) {
+    const int64_t group = nh / n_kv;
+    for (int64_t h = i0; h < i1;) {
+        const int64_t kv = h / group, end = (kv + 1) * group < i1 ? (kv + 1) * group : i1;
+        const int64_t count = end - h < 4 ? end - h : 4;
+        attend_heads(q + h * hd, k, v, out + h * hd, count, S, n_kv, hd, kv, p);
+        h += count;
+    }
+}
+
+/* One query position attending to keys 0..S-1. q, out (nh, hd); k, v (S, n_kv, hd). Returns
+ * -2 when out of memory. */
+int slm_attend_one(const float *q, const float *k, const float *v, float *out, int64_t S,
+                   int64_t nh, int64_t n_kv, int64_t hd) {
+    float *p = malloc(sizeof(float) * (size_t)(4 * S + hd));
+    if (p == NULL) return -2;
+    attend_range(q, k, v, out, S, nh, n_kv, hd, 0, nh, p);
+    free(p);
+    return 0;
+}
+
 
 /* Causal attention of T query positions first .. first + T - 1 (a prompt): query t sees keys
  * lo .. first + t, lo = first + t - window + 1 with a window (0: from key 0). q, out (T, nh,
@@ -1570,7 +1618,7 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
     TAKE(h, float, B * H); TAKE(q, float, B * Q); TAKE(k, float, B * KV); TAKE(v, float, B * KV);
     TAKE(qr, float, B * Q); TAKE(att, float, B * Q); TAKE(o, float, B * H); TAKE(g, float, B * F);
     TAKE(up, float, B * F); TAKE(f, float, B * H);
-    TAKE(u, float, ranks + 1); TAKE(rows, float, N * threads); TAKE(p, float, slots * threads);
+    TAKE(u, float, ranks + 1); TAKE(rows, float, N * threads); TAKE(p, float, (4 * slots + m->head_dim) * threads);
     TAKE(layout, int64_t, b->layout_n * threads); TAKE(terms, slm_term, P_COUNT * B);
     TAKE(xq, int8_t, b->xq_n * threads); TAKE(xd, float, b->xq_n / 32 * threads);
     TAKE(xs, float, b->xq_n / 32 * threads);
@@ -1702,17 +1750,21 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
                         for (int64_t i = 0; i < Q; i++) b.qr[t * Q + i] *= m->q_scale;
                 }
 #pragma omp barrier
-            for (int64_t i = tid; i < B * nh; i += nth) { /* (sequence, head) pairs */
-                const int64_t t = i / nh, h = i % nh, pos = rows[t].position, slots = rows[t].slots[l];
-                /* the keys the query sees, in slot order: a full ring, else the window ending
-                 * at its position */
-                int64_t lo = 0, S = slots;
-                if (pos < slots) {
-                    lo = L->window && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
-                    S = pos + 1 - lo;
+            { /* this thread's share of the (sequence, head) pairs, a contiguous range */
+                const int64_t i0 = B * nh * tid / nth, i1 = B * nh * (tid + 1) / nth;
+                for (int64_t t = i0 / nh; t < B && t * nh < i1; t++) {
+                    const int64_t pos = rows[t].position, slots = rows[t].slots[l];
+                    /* the keys the query sees, in slot order: a full ring, else the window
+                     * ending at its position */
+                    int64_t lo = 0, S = slots;
+                    if (pos < slots) {
+                        lo = L->window && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
+                        S = pos + 1 - lo;
+                    }
+                    const int64_t h0 = i0 > t * nh ? i0 - t * nh : 0, h1 = i1 < (t + 1) * nh ? i1 - t * nh : nh;
+                    attend_range(b.qr + t * Q, rows[t].k[l] + lo * KV, rows[t].v[l] + lo * KV, b.att + t * Q, S, nh,
+                                 nkv, hd, h0, h1, b.p + (4 * need_slots + hd) * tid);
                 }
-                attend_head(b.qr + t * Q + h * hd, rows[t].k[l] + lo * KV, rows[t].v[l] + lo * KV,
-                            b.att + t * Q + h * hd, S, nkv, hd, h / (nh / nkv), b.p + need_slots * tid);
             }
 #pragma omp barrier
             float *o[1] = {b.o};
