@@ -1524,18 +1524,19 @@ void slm_geglu(const float *gate, const float *up, float *out, int64_t n) { gate
 /* ---- the decode step: every layer of one token per sequence, in one call ------------
  *
  * One parallel region for the whole step instead of ~10 calls (each its own thread wake-up)
- * per layer. Per layer, with barriers between the phases:
+ * per layer. Per layer, with barriers between the phases ("rows": each thread its own
+ * sequences of the batch):
  *
- *   thread 0    h = rms_norm(x, attn_norm)
+ *   rows        h = rms_norm(x, attn_norm)
  *   all         q, k, v = h W^T + low-rank terms        (team_matmul: rows split by thread)
- *   thread 0    + biases; q/k norms; RoPE; k, v into the cache slot; q * q_scale
+ *   rows        + biases; q/k norms; RoPE; k, v into the cache slot; q * q_scale
  *   all         attention, (sequence, head) pairs split by thread
  *   all         a = att Wo^T (+ terms)
- *   thread 0    + bias; [post norm]; x += a; h = rms_norm(x, ffn_norm)
+ *   rows        + bias; [post norm]; x += a; h = rms_norm(x, ffn_norm)
  *   all         gate, up = h W^T (+ terms)
  *   all         act(gate + bias) * (up + bias), elements split by thread
  *   all         f = act Wdown^T (+ terms)
- *   thread 0    + bias; [post norm]; x += f
+ *   rows        + bias; [post norm]; x += f
  *
  * Each op is the function the op-by-op path (slm/model/decoder.py over NativeKernels) calls,
  * on the same values, so a sequence's result is bit for bit that path's, whatever the batch
@@ -1720,7 +1721,9 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
 #pragma omp parallel
     {
         const int tid = thread_index(), nth = thread_count();
-        if (tid == 0) slm_rms_norm(x, m->layer[0].attn_norm, b.h, B, H, m->eps);
+        /* the row-wise work between the products: each thread its own rows (of B) */
+        const int64_t t0 = B * tid / nth, t1 = B * (tid + 1) / nth, rows_here = t1 - t0;
+        slm_rms_norm(x + t0 * H, m->layer[0].attn_norm, b.h + t0 * H, rows_here, H, m->eps);
         for (int64_t l = 0; l < m->layers; l++) {
             const slm_layer *L = &m->layer[l];
             if (tid == 0) /* this layer's terms, job-major: terms[j * B + t] */
@@ -1731,24 +1734,23 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
             float *qkv[3] = {b.q, b.k, b.v};
             step_matmul(m, &b, l, P_Q, 3, b.h, H, qkv, B, rows);
 #pragma omp barrier
-            if (tid == 0)
-                for (int64_t t = 0; t < B; t++) {
-                    float *q = b.q + t * Q, *k = b.k + t * KV, *v = b.v + t * KV;
-                    add_bias(q, L->w[P_Q].bias, 1, Q);
-                    add_bias(k, L->w[P_K].bias, 1, KV);
-                    add_bias(v, L->w[P_V].bias, 1, KV);
-                    if (L->q_norm) slm_rms_norm(q, L->q_norm, q, nh, hd, m->eps);
-                    if (L->k_norm) slm_rms_norm(k, L->k_norm, k, nkv, hd, m->eps);
-                    const int64_t pos = rows[t].position, slots = rows[t].slots[l];
-                    const int64_t slot = pos < slots ? pos : pos % slots;
-                    const float *c = rows[t].rope + L->table * 2 * half, *s = c + half;
-                    float *kc = rows[t].k[l] + slot * KV, *vc = rows[t].v[l] + slot * KV;
-                    slm_rope(q, b.qr + t * Q, c, s, 1, nh, hd, m->interleaved);
-                    slm_rope(k, kc, c, s, 1, nkv, hd, m->interleaved);
-                    memcpy(vc, v, sizeof(float) * (size_t)KV);
-                    if (m->q_scale != 1.0f)
-                        for (int64_t i = 0; i < Q; i++) b.qr[t * Q + i] *= m->q_scale;
-                }
+            for (int64_t t = t0; t < t1; t++) {
+                float *q = b.q + t * Q, *k = b.k + t * KV, *v = b.v + t * KV;
+                add_bias(q, L->w[P_Q].bias, 1, Q);
+                add_bias(k, L->w[P_K].bias, 1, KV);
+                add_bias(v, L->w[P_V].bias, 1, KV);
+                if (L->q_norm) slm_rms_norm(q, L->q_norm, q, nh, hd, m->eps);
+                if (L->k_norm) slm_rms_norm(k, L->k_norm, k, nkv, hd, m->eps);
+                const int64_t pos = rows[t].position, slots = rows[t].slots[l];
+                const int64_t slot = pos < slots ? pos : pos % slots;
+                const float *c = rows[t].rope + L->table * 2 * half, *s = c + half;
+                float *kc = rows[t].k[l] + slot * KV, *vc = rows[t].v[l] + slot * KV;
+                slm_rope(q, b.qr + t * Q, c, s, 1, nh, hd, m->interleaved);
+                slm_rope(k, kc, c, s, 1, nkv, hd, m->interleaved);
+                memcpy(vc, v, sizeof(float) * (size_t)KV);
+                if (m->q_scale != 1.0f)
+                    for (int64_t i = 0; i < Q; i++) b.qr[t * Q + i] *= m->q_scale;
+            }
 #pragma omp barrier
             { /* this thread's share of the (sequence, head) pairs, a contiguous range */
                 const int64_t i0 = B * nh * tid / nth, i1 = B * nh * (tid + 1) / nth;
@@ -1770,7 +1772,8 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
             float *o[1] = {b.o};
             step_matmul(m, &b, l, P_O, 1, b.att, Q, o, B, rows);
 #pragma omp barrier
-            if (tid == 0) add_residual(x, b.o, L->w[P_O].bias, L->post_attn_norm, L->ffn_norm, b.h, B, H, m->eps);
+            add_residual(x + t0 * H, b.o + t0 * H, L->w[P_O].bias, L->post_attn_norm, L->ffn_norm, b.h + t0 * H,
+                         rows_here, H, m->eps);
 #pragma omp barrier
             float *gu[2] = {b.g, b.up};
             step_matmul(m, &b, l, P_GATE, 2, b.h, H, gu, B, rows);
@@ -1787,10 +1790,10 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
             float *f[1] = {b.f};
             step_matmul(m, &b, l, P_DOWN, 1, b.g, F, f, B, rows);
 #pragma omp barrier
-            if (tid == 0) /* then the next layer's input norm, or after the last the output norm */
-                add_residual(x, b.f, L->w[P_DOWN].bias, L->post_ffn_norm,
-                             l + 1 < m->layers ? m->layer[l + 1].attn_norm : m->output_norm,
-                             l + 1 < m->layers ? b.h : out, B, H, m->eps);
+            /* then the next layer's input norm, or after the last the output norm */
+            add_residual(x + t0 * H, b.f + t0 * H, L->w[P_DOWN].bias, L->post_ffn_norm,
+                         l + 1 < m->layers ? m->layer[l + 1].attn_norm : m->output_norm,
+                         (l + 1 < m->layers ? b.h : out) + t0 * H, rows_here, H, m->eps);
         }
     }
     return 0;

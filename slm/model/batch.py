@@ -69,10 +69,10 @@ def decode_step(rows: list[Row], kernels) -> np.ndarray:
 
 
 def _embed(rows: list[Row]) -> np.ndarray:
-    """The rows' tokens embedded (B, H), as Decoder.forward embeds one."""
+    """The rows' tokens embedded (B, H), as Decoder.forward embeds one (a table's rows are
+    decoded each alone, so one call for all is each row's own)."""
     first = rows[0].model
-    x = np.concatenate([r.model.kernels.embed(np.asarray([r.token]), first.t["token_embd.weight"])
-                        for r in rows])  # (B, H)
+    x = first.kernels.embed(np.asarray([r.token for r in rows]), first.t["token_embd.weight"])  # (B, H)
     return x if first.embed_scale is None else x * first.embed_scale
 
 
