@@ -149,8 +149,14 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
             req = protocol.parse_request(protocol.parse_body(await read_body(request)), chat)
             loop = asyncio.get_running_loop()
             events: asyncio.Queue = asyncio.Queue()
+            pieces: list[str] = []  # a whole answer's text, gathered on the engine thread
 
             def sink(event: tuple) -> None:  # called on the engine thread
+                if event[0] == "text" and not req.stream:
+                    # kept until the end: no wake-up of the event loop a token (on two cores
+                    # each one takes CPU from the decode step); read after "done" comes
+                    pieces.append(event[1])
+                    return
                 try:
                     loop.call_soon_threadsafe(events.put_nowait, event)
                 except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
@@ -172,7 +178,6 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
         if req.stream:
             return StreamingResponse(stream(request, req, job, events, comp, model), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
-        pieces = []
         try:
             while True:
                 try:
@@ -182,9 +187,7 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
                         job.cancel()
                         return Response(status_code=499, headers=headers)
                     continue
-                if event[0] == "text":
-                    pieces.append(event[1])
-                elif event[0] == "error":
+                if event[0] == "error":
                     return error_response(event[1], event[2], comp=comp)
                 else:
                     _, reason, n_prompt, n_out = event
