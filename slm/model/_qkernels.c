@@ -919,8 +919,10 @@ static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm
  * while the block products run. A product's low-rank factors are read right after its rows,
  * cold from memory (a decode step streams ~100 MB of weights past them): SmolLM2's r=16
  * factors, 19.6 MB a token, cost 1.1-1.6 ms of a ~8 ms token read that way, 0.75-0.9 ms
- * fetched during the rows. A hint only: ranges past SLM_PREFETCH_RANGES are left out. */
-#define SLM_PREFETCH_RANGES 128
+ * fetched during the rows. A hint only: ranges past SLM_PREFETCH_RANGES are left out (a
+ * factor B^T is a range per rank: 8 rows on 3 adapters of r=16 take 144 in the q, k, v
+ * product, and 128 left a third of them out). */
+#define SLM_PREFETCH_RANGES 512
 #define SLM_ALIGN 64 /* bytes: a cache line, an AVX-512 vector */
 #define SLM_CHUNK_ROWS 16 /* rows of a weight between two prefetch_some calls */
 #define SLM_FETCH_ROWS 32 /* sequences whose keys and values the decode step fetches ahead */
