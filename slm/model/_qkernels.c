@@ -857,6 +857,7 @@ typedef struct {
     const int8_t *xq;          /* (tokens, n): x as int8 (int8 activations), else NULL */
     const float *xd;           /* (tokens, n / 32): their scales */
     const float *xs;           /* (tokens, n / 32): the sums of x over each 32 values (int8) */
+    int64_t *claim;            /* shared: rows of the dynamic part taken so far (NULL: static shares) */
     const char *const *after_at; /* this thread's ranges read after the product (the decode step's */
     const int64_t *after_bytes;  /* keys and values), fetched during its rows after its factors */
     int after_count;
@@ -926,6 +927,7 @@ static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm
 #define SLM_ALIGN 64 /* bytes: a cache line, an AVX-512 vector */
 #define SLM_CHUNK_ROWS 16 /* rows of a weight between two prefetch_some calls */
 #define SLM_FETCH_ROWS 32 /* sequences whose keys and values the decode step fetches ahead */
+#define SLM_CLAIM_STRIDE (SLM_ALIGN / (int64_t)sizeof(int64_t)) /* int64s: a claim counter's cache line */
 typedef struct {
     const char *at[SLM_PREFETCH_RANGES];
     int64_t bytes[SLM_PREFETCH_RANGES];
@@ -963,6 +965,49 @@ static inline void term_units_of(int64_t g, int64_t rank, int64_t g0, int64_t g1
 static inline void job_rows_of(const matmul_plan *p, int j, int64_t i0, int64_t i1, int64_t *r0, int64_t *r1) {
     *r0 = (i0 > p->first[j] ? i0 : p->first[j]) - p->first[j];
     *r1 = (i1 < p->first[j + 1] ? i1 : p->first[j + 1]) - p->first[j];
+}
+
+/* Rows [i0, i1) of all of a product's jobs (numbered across jobs) against every row of x, in
+ * chunks of SLM_CHUNK_ROWS with per_row lines of `fetch` fetched a row. A row's outputs are
+ * the same whichever thread takes it, and whichever rows share its call. */
+static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1, prefetch_list *fetch,
+                       const int64_t per_row) {
+    const int64_t n = p->n, tokens = p->tokens;
+    const int count = p->count;
+    float *w = p->rows_scratch + (size_t)n * (size_t)thread_index();
+    for (int j = 0; j < count; j++) {
+        const slm_job *job = &p->jobs[j];
+        int64_t r0, r1;
+        job_rows_of(p, j, i0, i1, &r0, &r1);
+        for (int64_t c0 = r0; c0 < r1; c0 += SLM_CHUNK_ROWS) { /* chunks: the prefetches spread over the rows */
+            const int64_t c1 = c0 + SLM_CHUNK_ROWS < r1 ? c0 + SLM_CHUNK_ROWS : r1;
+            prefetch_some(fetch, per_row * (c1 - c0));
+            if (p->xq != NULL && Q8_TYPE(job->type)) {
+                for (int64_t r = c0; r < c1; r++) {
+                    const uint8_t *row = job->data + r * job->row_bytes;
+                    switch (job->type) {
+#define DOT8(T) case T: dot_tiles_q8(T, row, (int)n, p->xq, p->xd, p->xs, tokens, job->out + r, job->rows); break;
+                        DOT8(T_Q4_0) DOT8(T_Q4_1) DOT8(T_Q5_0) DOT8(T_Q5_1) DOT8(T_Q8_0)
+#undef DOT8
+                    }
+                }
+                continue;
+            }
+            switch (job->type) {
+#define DOT(T, V, B, U, M)                                                                                 \
+    case T:                                                                                                \
+        dot_weight_rows(T, job->data, job->row_bytes, c0, c1, (int)n, p->x, tokens, job->out, job->rows); \
+        break;
+                BLOCK_TYPES(DOT)
+#undef DOT
+            default: /* NF4 */
+                for (int64_t r = c0; r < c1; r++) {
+                    decode_nf4(job->data + r * job->row_bytes, (int)n, w);
+                    for (int64_t t = 0; t < tokens; t++) job->out[t * job->rows + r] = dot(w, p->x + t * n, (int)n);
+                }
+            }
+        }
+    }
 }
 
 /* This thread's share of a planned product, called by every thread of a team (inside a
@@ -1005,38 +1050,21 @@ static void team_matmul(const matmul_plan *p) {
     }
     for (int i = 0; i < p->after_count; i++) prefetch_add(&fetch, p->after_at[i], p->after_bytes[i]);
     const int64_t per_row = i1 > i0 ? fetch.lines / (i1 - i0) + 1 : 0;
-    float *w = p->rows_scratch + (size_t)n * (size_t)tid;
-    for (int j = 0; j < count; j++) {
-        const slm_job *job = &p->jobs[j];
-        int64_t r0, r1;
-        job_rows_of(p, j, i0, i1, &r0, &r1);
-        for (int64_t c0 = r0; c0 < r1; c0 += SLM_CHUNK_ROWS) { /* chunks: the prefetches spread over the rows */
-            const int64_t c1 = c0 + SLM_CHUNK_ROWS < r1 ? c0 + SLM_CHUNK_ROWS : r1;
-            prefetch_some(&fetch, per_row * (c1 - c0));
-            if (p->xq != NULL && Q8_TYPE(job->type)) {
-                for (int64_t r = c0; r < c1; r++) {
-                    const uint8_t *row = job->data + r * job->row_bytes;
-                    switch (job->type) {
-#define DOT8(T) case T: dot_tiles_q8(T, row, (int)n, p->xq, p->xd, p->xs, tokens, job->out + r, job->rows); break;
-                        DOT8(T_Q4_0) DOT8(T_Q4_1) DOT8(T_Q5_0) DOT8(T_Q5_1) DOT8(T_Q8_0)
-#undef DOT8
-                    }
-                }
-                continue;
-            }
-            switch (job->type) {
-#define DOT(T, V, B, U, M)                                                                                 \
-    case T:                                                                                                \
-        dot_weight_rows(T, job->data, job->row_bytes, c0, c1, (int)n, p->x, tokens, job->out, job->rows); \
-        break;
-                BLOCK_TYPES(DOT)
-#undef DOT
-            default: /* NF4 */
-                for (int64_t r = c0; r < c1; r++) {
-                    decode_nf4(job->data + r * job->row_bytes, (int)n, w);
-                    for (int64_t t = 0; t < tokens; t++) job->out[t * job->rows + r] = dot(w, p->x + t * n, (int)n);
-                }
-            }
+    if (p->claim == NULL) {
+        block_rows(p, i0, i1, &fetch, per_row);
+    } else { /* a fixed share each, then the rest taken in shrinking pieces by whichever thread
+              * is free: the two cores of a VM do not run at one speed, and at a barrier the
+              * faster one waited ~5% of an 8-row step (one row of x, memory-bound, gained
+              * nothing and keeps the static shares) */
+        const int64_t fixed = p->total * 3 / (4 * nth) / 4 * 4, rest = fixed * nth;
+        block_rows(p, fixed * tid, fixed * (tid + 1), &fetch, per_row);
+        for (;;) {
+            const int64_t left = p->total - rest - __atomic_load_n(p->claim, __ATOMIC_RELAXED);
+            if (left <= 0) break;
+            const int64_t size = ((left / (2 * nth) > 32 ? left / (2 * nth) : 32) + 3) / 4 * 4;
+            const int64_t a = rest + __atomic_fetch_add(p->claim, size, __ATOMIC_RELAXED);
+            if (a >= p->total) break;
+            block_rows(p, a, a + size < p->total ? a + size : p->total, &fetch, per_row);
         }
     }
     for (int64_t t = 0, g = 0; t < tokens && g < g1; t++) /* g: the first unit of the current term */
@@ -1120,6 +1148,8 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
         p.xd = xd;
         p.xs = xs;
     }
+    int64_t claim = 0;
+    p.claim = tokens > 1 ? &claim : NULL; /* (see team_matmul) */
 #pragma omp parallel
     team_matmul(&p);
     free(aligned);
@@ -1591,6 +1621,7 @@ typedef struct {             /* the step's working memory, carved from one calle
     int8_t *xq;              /* per thread: a product's input as int8 (int8 activations) */
     float *xd, *xs;          /* per thread: their scales, and the sums of each 32 values */
     int64_t layout_n, xq_n;  /* per-thread lengths of layout and xq (xd, xs: xq_n / 32) */
+    int64_t *claims;         /* (layers, 4 products) counters (team_matmul's claim), a cache line each */
 } step_buffers;
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -1630,6 +1661,7 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
     TAKE(layout, int64_t, b->layout_n * threads); TAKE(terms, slm_term, P_COUNT * B);
     TAKE(xq, int8_t, b->xq_n * threads); TAKE(xd, float, b->xq_n / 32 * threads);
     TAKE(xs, float, b->xq_n / 32 * threads);
+    TAKE(claims, int64_t, m->layers * 4 * SLM_CLAIM_STRIDE);
 #undef TAKE
     return at;
 }
@@ -1730,6 +1762,8 @@ static void step_matmul(const slm_model *m, const step_buffers *b, int64_t layer
     p.after_at = after_at;
     p.after_bytes = after_bytes;
     p.after_count = after;
+    const int product = first == P_Q ? 0 : first == P_O ? 1 : first == P_GATE ? 2 : 3;
+    p.claim = B > 1 ? b->claims + (layer * 4 + product) * SLM_CLAIM_STRIDE : NULL; /* (zeroed before the step) */
     team_matmul(&p);
 }
 
@@ -1766,6 +1800,7 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
     carve(m, B, need_slots, need_ranks, threads, (uint8_t *)work + skip, &b);
     const int64_t H = m->hidden, hd = m->head_dim, nh = m->heads, nkv = m->kv_heads;
     const int64_t Q = nh * hd, KV = nkv * hd, F = m->ffn, half = hd / 2;
+    memset(b.claims, 0, sizeof(int64_t) * (size_t)(m->layers * 4 * SLM_CLAIM_STRIDE));
 #pragma omp parallel
     {
         const int tid = thread_index(), nth = thread_count();
