@@ -253,9 +253,11 @@ class Engine:
             rows = [Row(j.loaded.model, j.cache, j.next_token) for j in jobs]
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 logits = decode_step(rows, self.kernels)  # (B, V)
+            finite = bool(np.isfinite(logits).all())  # (one pass for the batch; rows only when it fails)
             for job, row_logits in zip(jobs, logits):
                 try:
-                    _check_finite(row_logits)
+                    if not finite:
+                        _check_finite(row_logits)
                 except NumericsError as err:
                     self._fail(job, 422, str(err))
                     continue
