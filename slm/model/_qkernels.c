@@ -1457,7 +1457,6 @@ int slm_attend_one(const float *q, const float *k, const float *v, float *out, i
     return 0;
 }
 
-
 /* Causal attention of T query positions first .. first + T - 1 (a prompt): query t sees keys
  * lo .. first + t, lo = first + t - window + 1 with a window (0: from key 0). q, out (T, nh,
  * hd); k, v (first + T, n_kv, hd). Writes the rows of the tiles u = part, part + parts, ...
