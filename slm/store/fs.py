@@ -221,7 +221,7 @@ class Syncs:
         # the jobs that may still hold their bytes, oldest first, and those bytes: the front is
         # dropped once done (a job further on that is done early is counted until its turn:
         # the bound holds, a little early); a scan of every job at every file was quadratic,
-        # ~20% of a 272-file import
+        # 7% of a 272-file import (measured)
         self._held: collections.deque = collections.deque()
         self._held_bytes = 0
 
