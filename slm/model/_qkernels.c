@@ -857,7 +857,7 @@ typedef struct {
     const int8_t *xq;          /* (tokens, n): x as int8 (int8 activations), else NULL */
     const float *xd;           /* (tokens, n / 32): their scales */
     const float *xs;           /* (tokens, n / 32): the sums of x over each 32 values (int8) */
-    int64_t *claim;            /* shared: rows of the dynamic part taken so far (NULL: static shares) */
+    int64_t *claim;            /* shared: rows of the dynamic part taken so far (NULL: static shares; see team_matmul) */
     const char *const *after_at; /* this thread's ranges read after the product (the decode step's */
     const int64_t *after_bytes;  /* keys and values), fetched during its rows after its factors */
     int after_count;
@@ -1050,7 +1050,7 @@ static void team_matmul(const matmul_plan *p) {
     }
     for (int i = 0; i < p->after_count; i++) prefetch_add(&fetch, p->after_at[i], p->after_bytes[i]);
     const int64_t per_row = i1 > i0 ? fetch.lines / (i1 - i0) + 1 : 0;
-    if (p->claim == NULL) {
+    if (p->claim == NULL || tokens == 1) {
         block_rows(p, i0, i1, &fetch, per_row);
     } else { /* a fixed share each, then the rest taken in shrinking pieces by whichever thread
               * is free: the two cores of a VM do not run at one speed, and at a barrier the
@@ -1149,7 +1149,7 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
         p.xs = xs;
     }
     int64_t claim = 0;
-    p.claim = tokens > 1 ? &claim : NULL; /* (see team_matmul) */
+    p.claim = &claim;
 #pragma omp parallel
     team_matmul(&p);
     free(aligned);
@@ -1381,9 +1381,9 @@ static inline vf lane_sums16(const __m512 v[16]) {
 }
 #endif
 
-/* p[s] = q . key s for the S keys at k + s * stride, q and each key hd floats: per key one
- * accumulator over the head's vectors, then its lanes' sum, with AVX-512 sixteen keys at a
- * time (lane_sums16; the last keys padded with repeats of the last one). */
+/* p[s] = q . key s for the S keys at k + s * stride, q and each key hd floats: with AVX-512 and
+ * whole vectors per key, sixteen keys at a time (one accumulator a key over the head's vectors,
+ * then lane_sums16; the last keys padded with repeats of the last one), else as dots does. */
 static inline void score_keys(const float *restrict q, const float *restrict k, const int64_t stride,
                               const int64_t S, const int64_t hd, float *restrict p) {
     int64_t s = 0;
@@ -1401,15 +1401,7 @@ static inline void score_keys(const float *restrict q, const float *restrict k, 
             memcpy(p + s, &sums, sizeof(float) * (size_t)(S - s < 16 ? S - s : 16));
         }
 #endif
-    for (; s < S; s++) {
-        const float *key = k + s * stride;
-        vf acc = {0};
-        int64_t d = 0;
-        for (; d + LANES <= hd; d += LANES) acc += load_vf(q + d) * load_vf(key + d);
-        float sum = sum_lanes(acc);
-        for (; d < hd; d++) sum += q[d] * key[d];
-        p[s] = sum;
-    }
+    if (s < S) dots(q, k + s * stride, stride, S - s, hd, p + s);
 }
 
 /* Heads 0 .. count - 1 (1 <= count <= 4) of q (count, hd), all of kv head kv, attending to
@@ -1762,7 +1754,7 @@ static void step_matmul(const slm_model *m, const step_buffers *b, int64_t layer
     p.after_bytes = after_bytes;
     p.after_count = after;
     const int product = first == P_Q ? 0 : first == P_O ? 1 : first == P_GATE ? 2 : 3;
-    p.claim = B > 1 ? b->claims + (layer * 4 + product) * SLM_CLAIM_STRIDE : NULL; /* (zeroed before the step) */
+    p.claim = b->claims + (layer * 4 + product) * SLM_CLAIM_STRIDE; /* (zeroed before the step) */
     team_matmul(&p);
 }
 

@@ -87,6 +87,11 @@ def active_id(store: Store, hint: str) -> str:
     return comp_id
 
 
+def load_active(store: Store, hint: str) -> Composition:
+    """The composition refs/active names, loaded (active_id's NotFound when nothing is)."""
+    return load(store, active_id(store, hint))
+
+
 def find_id(store: Store, ref: str) -> str:
     """A composition id from a full id or a unique prefix of one (resolve.by_prefix)."""
     found = by_prefix([dg.PREFIX + hex_id for hex_id, _ in store.names.items("compositions")], ref,

@@ -40,7 +40,7 @@ class AdapterExportResult:
 def _adapter_and_base(store: Store, ref: str | None, base_ref: str | None):
     comp = None
     if ref is None:
-        comp = compositions.load(store, compositions.active_id(store, "name a composition, or an adapter with --base"))
+        comp = compositions.load_active(store, "name a composition, or an adapter with --base")
     elif store.names.get("adapters", ref) is None:
         try:
             comp = compositions.load(store, compositions.find_id(store, ref))

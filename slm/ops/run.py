@@ -142,7 +142,7 @@ def _run(store: Store, o: RunOptions, on_text, out_file: LogitsFile | None) -> G
     if o.base is not None:
         comp = compositions.build(store, o.base, [])
     else:
-        comp = compositions.load(store, compositions.active_id(store, "run `slm activate BASE [ADAPTER...]` or pass --base"))
+        comp = compositions.load_active(store, "run `slm activate BASE [ADAPTER...]` or pass --base")
     loaded = load_composition(store, comp)
     # Generation is pinned to the composition it started on. When running the active one,
     # each token boundary checks refs/active; a switch stops generation unless told to finish.

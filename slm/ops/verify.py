@@ -32,7 +32,7 @@ MEAN_ABS_TOL = 1e-4
 
 def _composition(store: Store, ref: str | None) -> Composition:
     if ref is None:
-        return compositions.load(store, compositions.active_id(store, "name a composition or a base to verify"))
+        return compositions.load_active(store, "name a composition or a base to verify")
     try:
         return compositions.load(store, compositions.find_id(store, ref))
     except NotFound:
