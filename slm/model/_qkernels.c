@@ -1326,29 +1326,40 @@ static inline void weigh_block(const float *const p[4], const float *v, int64_t 
         }
 }
 
-/* p[lo, hi) = softmax(p[lo, hi) * scale), the rest of p[0, S) = 0. */
+/* p[lo, hi) = softmax(p[lo, hi) * scale), the rest of p[0, S) = 0: a vector at a time, the
+ * top and the total as lane-wise maxima and sums (then across the lanes, in sum_lanes' fixed
+ * order), the last (hi - lo) % LANES scores in one more vector. Scalar loops here (each a
+ * chain of dependent compares or adds, and one exp_vf a score for the tail) were a third of a
+ * decode step's attention. */
 static void softmax_range(float *p, int64_t S, int64_t lo, int64_t hi, float scale) {
-    float top = -INFINITY;
-    for (int64_t s = lo; s < hi; s++) {
-        p[s] *= scale;
-        top = p[s] > top ? p[s] : top;
+    const int64_t whole = lo + (hi - lo) / LANES * LANES, tail = hi - whole;
+    vf last = (vf){0} - INFINITY; /* the tail in the low lanes, -inf above: e^-inf adds 0 */
+    memcpy(&last, p + whole, sizeof(float) * (size_t)tail);
+    last *= scale;
+    vf tops = last;
+    for (int64_t s = lo; s < whole; s += LANES) {
+        const vf x = load_vf(p + s) * scale;
+        memcpy(p + s, &x, sizeof x);
+        const vi above = x > tops;
+        tops = (vf)(((vi)x & above) | ((vi)tops & ~above));
     }
-    float total = 0.0f;
-    int64_t s = lo;
-    const vf tops = (vf){0} + top;
-    for (; s + LANES <= hi; s += LANES) {
-        const vf e = exp_vf(load_vf(p + s) - tops);
+    float top = tops[0];
+    for (int j = 1; j < LANES; j++) top = tops[j] > top ? tops[j] : top;
+    vf totals = exp_vf(last - top);
+    memcpy(p + whole, &totals, sizeof(float) * (size_t)tail);
+    for (int64_t s = lo; s < whole; s += LANES) {
+        const vf e = exp_vf(load_vf(p + s) - top);
         memcpy(p + s, &e, sizeof e);
+        totals += e;
     }
-    for (; s < hi; s++) {
-        const vf e = exp_vf((vf){0} + (p[s] - top));
-        p[s] = e[0];
+    const float inv = 1.0f / sum_lanes(totals);
+    for (int64_t s = lo; s < whole; s += LANES) {
+        const vf x = load_vf(p + s) * inv;
+        memcpy(p + s, &x, sizeof x);
     }
-    for (s = lo; s < hi; s++) total += p[s];
-    const float inv = 1.0f / total;
-    for (s = 0; s < lo; s++) p[s] = 0.0f;
-    for (s = lo; s < hi; s++) p[s] *= inv;
-    for (s = hi; s < S; s++) p[s] = 0.0f;
+    for (int64_t s = whole; s < hi; s++) p[s] *= inv;
+    for (int64_t s = 0; s < lo; s++) p[s] = 0.0f;
+    for (int64_t s = hi; s < S; s++) p[s] = 0.0f;
 }
 
 /* ---- a decode step's attention ---------------------------------------------------------
@@ -1390,18 +1401,50 @@ static inline void score_keys(const float *restrict q, const float *restrict k, 
 #if LANES == 16
     if (hd % LANES == 0)
         for (; s < S; s += 16) {
-            __m512 a[16];
-            for (int j = 0; j < 16; j++) {
-                const float *key = k + (s + j < S ? s + j : S - 1) * stride;
-                vf acc = load_vf(q) * load_vf(key);
-                for (int64_t d = LANES; d < hd; d += LANES) acc += load_vf(q + d) * load_vf(key + d);
-                a[j] = (__m512)acc;
+            const float *key[16];
+            vf acc[16];
+            for (int j = 0; j < 16; j++) key[j] = k + (s + j < S ? s + j : S - 1) * stride;
+            /* the keys side by side over the head's vectors: sixteen independent sums (one key's
+             * four dependent FMAs waited on each other) */
+            const vf q0 = load_vf(q);
+            for (int j = 0; j < 16; j++) acc[j] = q0 * load_vf(key[j]);
+            for (int64_t d = LANES; d < hd; d += LANES) {
+                const vf qd = load_vf(q + d);
+                for (int j = 0; j < 16; j++) acc[j] += qd * load_vf(key[j] + d);
             }
+            __m512 a[16];
+            memcpy(a, acc, sizeof a);
             const vf sums = lane_sums16(a);
             memcpy(p + s, &sums, sizeof(float) * (size_t)(S - s < 16 ? S - s : 16));
         }
 #endif
     if (s < S) dots(q, k + s * stride, stride, S - s, hd, p + s);
+}
+
+/* weigh_block for three rows (a kv group of three heads: SmolLM2's): 3 rows x 4 vectors of hd
+ * a register block, no fourth row computed for nothing; each output the same sum over s in the
+ * same order as weigh_block's, so the same bits. */
+static inline void weigh_three(float *const p[4], const float *v, int64_t stride, int64_t S, int64_t hd,
+                               float *const out[4]) {
+    int64_t d = 0;
+    for (; d + 4 * LANES <= hd; d += 4 * LANES) {
+        vf c[3][4] = {{0}};
+        for (int64_t s = 0; s < S; s++) {
+            const float *vs = v + s * stride + d;
+            const vf v0 = load_vf(vs), v1 = load_vf(vs + LANES), v2 = load_vf(vs + 2 * LANES),
+                     v3 = load_vf(vs + 3 * LANES);
+            for (int i = 0; i < 3; i++) {
+                const float w = p[i][s];
+                c[i][0] += w * v0, c[i][1] += w * v1, c[i][2] += w * v2, c[i][3] += w * v3;
+            }
+        }
+        for (int i = 0; i < 3; i++) memcpy(out[i] + d, c[i], sizeof c[i]);
+    }
+    if (d < hd) { /* the rest of hd as weigh_block does it (its fourth row into the sink) */
+        const float *const pr[4] = {p[0], p[1], p[2], p[2]};
+        float *const rest[4] = {out[0] + d, out[1] + d, out[2] + d, out[3] + d};
+        weigh_block(pr, v + d, stride, S, hd - d, rest);
+    }
 }
 
 /* Heads 0 .. count - 1 (1 <= count <= 4) of q (count, hd), all of kv head kv, attending to
@@ -1421,7 +1464,10 @@ __attribute__((noinline)) static void attend_heads(const float *restrict q, cons
     }
     for (int64_t i = 0; i < count; i++) score_keys(qr[i], k + kv * hd, stride, S, hd, pr[i]);
     for (int64_t i = 0; i < count; i++) softmax_range(pr[i], S, 0, S, 1.0f / sqrtf((float)hd));
-    weigh_block((const float *const *)pr, v + kv * hd, stride, S, hd, orow);
+    if (count == 3)
+        weigh_three(pr, v + kv * hd, stride, S, hd, orow);
+    else
+        weigh_block((const float *const *)pr, v + kv * hd, stride, S, hd, orow);
 }
 
 /* Query rows [i0, i1) of the (nh) heads of one position attending to keys 0 .. S - 1
