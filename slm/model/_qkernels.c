@@ -1329,9 +1329,10 @@ static inline void weigh_block(const float *const p[4], const float *v, int64_t 
 
 /* p[lo, hi) = softmax(p[lo, hi) * scale), the rest of p[0, S) = 0: a vector at a time, the
  * top and the total as lane-wise maxima and sums (then across the lanes, in sum_lanes' fixed
- * order), the last (hi - lo) % LANES scores in one more vector. Scalar loops here (each a
- * chain of dependent compares or adds, and one exp_vf a score for the tail) were a third of a
- * decode step's attention. */
+ * order), the last (hi - lo) % LANES scores in one more vector. Its scalar loops (each a
+ * chain of S dependent compares or adds) and its tail of one exp_vf a score, with a fourth
+ * row weighed for nothing (weigh_three), cost one position's attention 8% at 62 keys and 20%
+ * at 300 (SmolLM2, hot), and a 512-token prompt on SmolLM2 4%. */
 static void softmax_range(float *p, int64_t S, int64_t lo, int64_t hi, float scale) {
     const int64_t whole = lo + (hi - lo) / LANES * LANES, tail = hi - whole;
     vf last = (vf){0} - INFINITY; /* the tail in the low lanes, -inf above: e^-inf adds 0 */
