@@ -1430,7 +1430,8 @@ static inline void weigh_three(float *const p[4], const float *v, int64_t stride
                                float *const out[4]) {
     int64_t d = 0;
     for (; d + 4 * LANES <= hd; d += 4 * LANES) {
-        vf c[3][4] = {{0}};
+        vf c[3][4];
+        memset(c, 0, sizeof c);
         for (int64_t s = 0; s < S; s++) {
             const float *vs = v + s * stride + d;
             const vf v0 = load_vf(vs), v1 = load_vf(vs + LANES), v2 = load_vf(vs + 2 * LANES),
