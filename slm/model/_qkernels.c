@@ -1661,7 +1661,7 @@ typedef struct {             /* the step's working memory, carved from one calle
     int8_t *xq;              /* per thread: a product's input as int8 (int8 activations) */
     float *xd, *xs;          /* per thread: their scales, and the sums of each 32 values */
     int64_t layout_n, xq_n;  /* per-thread lengths of layout and xq (xd, xs: xq_n / 32) */
-    int64_t *claims;         /* (layers, 4 products) counters (team_matmul's claim), a cache line each */
+    int64_t *claims;         /* (layers, P_COUNT) counters (team_matmul's claim, at a product's first job), a cache line each */
 } step_buffers;
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -1701,7 +1701,7 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
     TAKE(layout, int64_t, b->layout_n * threads); TAKE(terms, slm_term, P_COUNT * B);
     TAKE(xq, int8_t, b->xq_n * threads); TAKE(xd, float, b->xq_n / 32 * threads);
     TAKE(xs, float, b->xq_n / 32 * threads);
-    TAKE(claims, int64_t, m->layers * 4 * SLM_CLAIM_STRIDE);
+    TAKE(claims, int64_t, m->layers * P_COUNT * SLM_CLAIM_STRIDE);
 #undef TAKE
     return at;
 }
@@ -1809,8 +1809,7 @@ static void step_matmul(const slm_model *m, const step_buffers *b, int64_t layer
     p.after_at = after_at;
     p.after_bytes = after_bytes;
     p.after_count = after;
-    const int product = first == P_Q ? 0 : first == P_O ? 1 : first == P_GATE ? 2 : 3;
-    p.claim = b->claims + (layer * 4 + product) * SLM_CLAIM_STRIDE; /* (zeroed before the step) */
+    p.claim = b->claims + (layer * P_COUNT + first) * SLM_CLAIM_STRIDE; /* (zeroed before the step) */
     team_matmul(&p);
 }
 
@@ -1847,7 +1846,7 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
     carve(m, B, need_slots, need_ranks, threads, (uint8_t *)work + skip, &b);
     const int64_t H = m->hidden, hd = m->head_dim, nh = m->heads, nkv = m->kv_heads;
     const int64_t Q = nh * hd, KV = nkv * hd, F = m->ffn, half = hd / 2;
-    memset(b.claims, 0, sizeof(int64_t) * (size_t)(m->layers * 4 * SLM_CLAIM_STRIDE));
+    memset(b.claims, 0, sizeof(int64_t) * (size_t)(m->layers * P_COUNT * SLM_CLAIM_STRIDE));
 #pragma omp parallel
     {
         const int tid = thread_index(), nth = thread_count();

@@ -260,23 +260,24 @@ class Syncs:
             raise
         f._sync_and_close_now()
 
-    def wait(self) -> None:
-        """Every write and fsync handed over so far has returned; the first failure is raised."""
+    def _take_pending(self) -> list:
+        """Every job handed over since the last call, in order; none is counted as held after."""
         pending, self._pending = self._pending, []
         self._held.clear()
         self._held_bytes = 0
-        failures = [job.exception() for job in pending]  # waits for each
+        return pending
+
+    def wait(self) -> None:
+        """Every write and fsync handed over so far has returned; the first failure is raised."""
+        failures = [job.exception() for job in self._take_pending()]  # waits for each
         first = next((err for err in failures if err is not None), None)
         if first is not None:
             raise first
 
     def close(self) -> None:
         """Wait for what is in flight (its failures no longer matter: the files are discarded)."""
-        for job in self._pending:
+        for job in self._take_pending():
             job.exception()
-        self._pending = []
-        self._held.clear()
-        self._held_bytes = 0
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
