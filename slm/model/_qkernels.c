@@ -258,6 +258,28 @@ static inline float sum_lanes(vf v) {
 #endif
 }
 
+#if LANES == 16
+/* The lane sums of 16 vectors, one per lane, lane j that of v[j]: a tree that adds lane i to
+ * lane i + 8, then i + 4, i + 2, i + 1 of each vector while packing them together (45 shuffles
+ * and adds, against ~8 a vector summed alone). Every vector's lanes meet in the same tree
+ * whatever its place among the 16, so a sum does not depend on the other vectors. */
+static inline vf lane_sums16(const __m512 v[16]) {
+    __m512 w[8], z[4], y[2];
+    for (int j = 0; j < 8; j++) /* lanes 0-7: v[2j]'s i + (i + 8); 8-15: v[2j + 1]'s */
+        w[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xee));
+    for (int j = 0; j < 4; j++) /* 128-bit block b: vector 4j + b's four partial sums */
+        z[j] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], 0xdd));
+    for (int j = 0; j < 2; j++) /* block b: vectors 8j + b (two partials), then 8j + 4 + b */
+        y[j] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * j], z[2 * j + 1], 0x44),
+                             _mm512_shuffle_ps(z[2 * j], z[2 * j + 1], 0xee));
+    /* block b: the sums of vectors b, 4 + b, 8 + b, 12 + b; lane 4b + c holds vector 4c + b */
+    const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
+    return (vf)_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
+}
+#endif
+
 /* Q4_K/Q5_K: the 6-bit scales and mins of the 8 units out of their 12 bytes, byte u of sc and
  * mn for unit u. Units 0-3: the low 6 bits of bytes 0-3 (scale) and 4-7 (min); units 4-7: the
  * nibbles of bytes 8-11 (scale low, min high) with their top 2 bits in the top 2 bits of bytes
@@ -481,12 +503,33 @@ static inline __attribute__((always_inline)) void dot_tile(const int type, const
 #pragma GCC unroll 8
                 for (int t = 0; t < NT; t++)
                     for (int k = 0; k < PER16; k++) {
-                        const vf xv = load_vf(xb + (int64_t)t * n + at + LANES * k);
+                        vf xv = load_vf(xb + (int64_t)t * n + at + LANES * k);
+#if LANES == 16 /* x in a register for the R rows (an empty asm hides where it came from): GCC
+                 * made the load a memory operand of every FMA, and Zen 4 loads one 64-byte vector
+                 * a cycle (the tile ~3% slower) */
+                        if (R > 1) __asm__("" : "+v"(xv));
+#endif
                         for (int r = 0; r < R; r++) acc[r][t] += w[r][k] * xv;
                     }
             }
         }
     }
+#if LANES == 16
+    if (R * NT >= 12) { /* sixteen sums at a time (the last padded): the same bits as sum_lanes' */
+        for (int i0 = 0; i0 < R * NT; i0 += 16) {
+            __m512 v[16];
+            for (int i = 0; i < 16; i++) {
+                const int r = (i0 + i) / NT, t = (i0 + i) % NT;
+                v[i] = i0 + i < R * NT ? (__m512)acc[r][t] : _mm512_setzero_ps();
+            }
+            float s[16];
+            const vf sums = lane_sums16(v);
+            memcpy(s, &sums, sizeof s);
+            for (int i = 0; i0 + i < R * NT && i < 16; i++) out[(i0 + i) % NT * out_n + (i0 + i) / NT] = s[i];
+        }
+        return;
+    }
+#endif
     for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) out[t * out_n + r] = sum_lanes(acc[r][t]);
 }
@@ -503,24 +546,42 @@ static inline __attribute__((always_inline)) void dot_rows_tokens(const int type
     for (; r0 < r1; r0++) dot_tile(type, 1, NT, data + r0 * row_bytes, row_bytes, n, x, out + r0, out_n);
 }
 
-/* Rows [r0, r1) of one weight against `tokens` rows of x, in tiles of at most SLM_FTILE rows of x. */
-static inline __attribute__((always_inline)) void dot_weight_rows(const int type, const uint8_t *restrict data,
-                                                                  const int64_t row_bytes, const int64_t r0,
-                                                                  const int64_t r1, const int n,
-                                                                  const float *restrict x, const int64_t tokens,
-                                                                  float *restrict out, const int64_t out_n) {
-    for (int64_t t = 0; t < tokens; t += SLM_FTILE) {
-        const float *xt = x + t * n;
-        float *ot = out + t * out_n;
-        switch (tokens - t < SLM_FTILE ? tokens - t : SLM_FTILE) {
-#define TILE(k) case k: dot_rows_tokens(type, k, data, row_bytes, r0, r1, n, xt, ot, out_n); break;
-        TILE(1) TILE(2) TILE(3) TILE(4)
-#if SLM_FTILE > 4
-        TILE(5) TILE(6) TILE(7) TILE(8)
-#endif
-#undef TILE
-        }
+/* Each (type, rows of x) its own function, called a chunk of rows at a time: with all of them
+ * inlined into the one caller, GCC 12 kept the tiles' pointers and loop bounds on the stack and
+ * copied accumulators between registers (8 rows of Q4_1 x 576, both cores, a C loop: 84 -> 92
+ * G weight-rows/s split out). */
+typedef void rows_tokens_fn(const uint8_t *restrict data, int64_t row_bytes, int64_t r0, int64_t r1, int n,
+                            const float *restrict x, float *restrict out, int64_t out_n);
+#define ROWS_TOKENS(T, NT)                                                                                 \
+    static __attribute__((noinline)) void rows_tokens_##T##_##NT(                                          \
+        const uint8_t *restrict data, int64_t row_bytes, int64_t r0, int64_t r1, int n,                    \
+        const float *restrict x, float *restrict out, int64_t out_n) {                                      \
+        dot_rows_tokens(T, NT, data, row_bytes, r0, r1, n, x, out, out_n);                                  \
     }
+#if SLM_FTILE > 4
+#define ROWS_TOKENS_ALL(T, V, B, U, M) ROWS_TOKENS(T, 1) ROWS_TOKENS(T, 2) ROWS_TOKENS(T, 3) ROWS_TOKENS(T, 4) \
+    ROWS_TOKENS(T, 5) ROWS_TOKENS(T, 6) ROWS_TOKENS(T, 7) ROWS_TOKENS(T, 8)
+#define ROWS_TOKENS_LIST(T) {rows_tokens_##T##_1, rows_tokens_##T##_2, rows_tokens_##T##_3, rows_tokens_##T##_4, \
+    rows_tokens_##T##_5, rows_tokens_##T##_6, rows_tokens_##T##_7, rows_tokens_##T##_8}
+#else
+#define ROWS_TOKENS_ALL(T, V, B, U, M) ROWS_TOKENS(T, 1) ROWS_TOKENS(T, 2) ROWS_TOKENS(T, 3) ROWS_TOKENS(T, 4)
+#define ROWS_TOKENS_LIST(T) {rows_tokens_##T##_1, rows_tokens_##T##_2, rows_tokens_##T##_3, rows_tokens_##T##_4}
+#endif
+BLOCK_TYPES(ROWS_TOKENS_ALL)
+
+/* Rows [r0, r1) of one weight against `tokens` rows of x, in tiles of at most SLM_FTILE rows of x. */
+static void dot_weight_rows(const int type, const uint8_t *restrict data, const int64_t row_bytes, const int64_t r0,
+                            const int64_t r1, const int n, const float *restrict x, const int64_t tokens,
+                            float *restrict out, const int64_t out_n) {
+    rows_tokens_fn *const *fns = NULL;
+    switch (type) {
+#define FNS(T, V, B, U, M) case T: { static rows_tokens_fn *const f[SLM_FTILE] = ROWS_TOKENS_LIST(T); fns = f; break; }
+    BLOCK_TYPES(FNS)
+#undef FNS
+    default: return;
+    }
+    for (int64_t t = 0; t < tokens; t += SLM_FTILE)
+        fns[(tokens - t < SLM_FTILE ? tokens - t : SLM_FTILE) - 1](data, row_bytes, r0, r1, n, x + t * n, out + t * out_n, out_n);
 }
 
 /* ---------------------------------------------------------------- int8 activations (opt-in)
@@ -1372,27 +1433,6 @@ static void softmax_range(float *p, int64_t S, int64_t lo, int64_t hi, float sca
  * vector loaded once for the four). A head's result is the same operations whichever heads
  * share its call (the step splits a group between its threads when the batch is small). */
 
-#if LANES == 16
-/* The lane sums of 16 vectors, one per lane, lane j that of v[j]: a tree that adds lane i to
- * lane i + 8, then i + 4, i + 2, i + 1 of each vector while packing them together (45 shuffles
- * and adds, against ~8 a vector summed alone). Every vector's lanes meet in the same tree
- * whatever its place among the 16, so a sum does not depend on the other vectors. */
-static inline vf lane_sums16(const __m512 v[16]) {
-    __m512 w[8], z[4], y[2];
-    for (int j = 0; j < 8; j++) /* lanes 0-7: v[2j]'s i + (i + 8); 8-15: v[2j + 1]'s */
-        w[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xee));
-    for (int j = 0; j < 4; j++) /* 128-bit block b: vector 4j + b's four partial sums */
-        z[j] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], 0x88),
-                             _mm512_shuffle_f32x4(w[2 * j], w[2 * j + 1], 0xdd));
-    for (int j = 0; j < 2; j++) /* block b: vectors 8j + b (two partials), then 8j + 4 + b */
-        y[j] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * j], z[2 * j + 1], 0x44),
-                             _mm512_shuffle_ps(z[2 * j], z[2 * j + 1], 0xee));
-    /* block b: the sums of vectors b, 4 + b, 8 + b, 12 + b; lane 4b + c holds vector 4c + b */
-    const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xdd));
-    return (vf)_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
-}
-#endif
 
 /* p[s] = q . key s for the S keys at k + s * stride, q and each key hd floats: with AVX-512 and
  * whole vectors per key, sixteen keys at a time (one accumulator a key over the head's vectors,
