@@ -1072,6 +1072,48 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
     }
 }
 
+/* Rows [r0, r1) of job j's output, for every row of x in the group that t leads: y[s, r] +=
+ * sum_k u_s[k] B^T[k, r], k ascending. A block of 4 vectors of y stays in registers over all
+ * the ranks, and the group's rows take turns over the same block of B^T (in the L1 by then):
+ * one load a multiply-add, where y loaded and stored at every rank took three (8 rows on 4
+ * compositions: 0.65 ms of a 16.8 ms step). Each y[s, r] gets the same operations in the same
+ * order whatever the block, the group or the thread. */
+static void add_low_rank(const matmul_plan *p, const int j, const int64_t t, const int64_t r0, const int64_t r1) {
+    const int count = p->count;
+    const slm_term *term = term_of(p, t, j);
+    const int64_t rank = term->rank, rows = p->jobs[j].rows;
+    float *const out = p->jobs[j].out;
+    int64_t r = r0;
+    for (; r + 4 * LANES <= r1; r += 4 * LANES)
+        for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
+            const float *u = p->u + p->u_at[s * count + j], *b = term->bt + r;
+            float *o = out + s * rows + r;
+            vf y0 = load_vf(o), y1 = load_vf(o + LANES), y2 = load_vf(o + 2 * LANES), y3 = load_vf(o + 3 * LANES);
+            for (int64_t k = 0; k < rank; k++, b += rows) {
+                const float uk = u[k];
+                y0 += uk * load_vf(b), y1 += uk * load_vf(b + LANES);
+                y2 += uk * load_vf(b + 2 * LANES), y3 += uk * load_vf(b + 3 * LANES);
+            }
+            memcpy(o, &y0, sizeof y0), memcpy(o + LANES, &y1, sizeof y1);
+            memcpy(o + 2 * LANES, &y2, sizeof y2), memcpy(o + 3 * LANES, &y3, sizeof y3);
+        }
+    for (; r + LANES <= r1; r += LANES)
+        for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
+            const float *u = p->u + p->u_at[s * count + j], *b = term->bt + r;
+            float *o = out + s * rows + r;
+            vf y = load_vf(o);
+            for (int64_t k = 0; k < rank; k++, b += rows) y += u[k] * load_vf(b);
+            memcpy(o, &y, sizeof y);
+        }
+    for (; r < r1; r++)
+        for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
+            const float *u = p->u + p->u_at[s * count + j];
+            float y = out[s * rows + r];
+            for (int64_t k = 0; k < rank; k++) y += u[k] * term->bt[k * rows + r];
+            out[s * rows + r] = y;
+        }
+}
+
 /* This thread's share of a planned product, called by every thread of a team (inside a
  * parallel region: slm_matmul's own, or the decode step's). The outputs are complete once
  * every thread has returned (the caller's barrier). */
@@ -1146,25 +1188,12 @@ static void team_matmul(const matmul_plan *p) {
     if (p->ranks > 0) {
 #pragma omp barrier
     }
-    /* (every u is ready) low-rank terms over the same rows: y[r] += sum_k u[k] B^T[k, r],
-     * vectorised across rows (a 16-long dot per row would pay a horizontal sum per row) */
+    /* (every u is ready) low-rank terms over the same rows, y[r] += sum_k u[k] B^T[k, r] */
     for (int j = 0; j < count && p->ranks > 0; j++) {
-        const slm_job *job = &p->jobs[j];
         int64_t r0, r1;
         job_rows_of(p, j, i0, i1, &r0, &r1);
-        if (r0 >= r1) continue;
-        for (int64_t t = 0; t < tokens; t++) {
-            if (!p->lead[t * count + j]) continue;
-            const slm_term *term = term_of(p, t, j);
-            for (int64_t k = 0; k < term->rank; k++) {
-                const float *b = term->bt + k * job->rows;
-                for (int64_t s = t; s >= 0; s = p->next[s * count + j]) { /* b in the cache for the group */
-                    const float uk = p->u[p->u_at[s * count + j] + k];
-                    float *restrict o = job->out + s * job->rows;
-                    for (int64_t r = r0; r < r1; r++) o[r] += uk * b[r];
-                }
-            }
-        }
+        for (int64_t t = 0; t < tokens && r0 < r1; t++)
+            if (p->lead[t * count + j]) add_low_rank(p, j, t, r0, r1);
     }
 }
 
