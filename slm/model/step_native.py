@@ -17,6 +17,7 @@ fields of one descriptor, built once per model: the C side never names a family.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -170,10 +171,8 @@ class NativeStep:
             view = cache.native
             if view is None:
                 view = cache.native = _CacheView(cache)
-            position = np.arange(cache.length, cache.length + 1)
-            for t, base in enumerate(step.bases):  # as the op path computes them, row by row
-                cos, sin = rope_tables(hd, base, position)  # (1, hd/2) each
-                rope[i, t, 0], rope[i, t, 1] = cos[0], sin[0]
+            for t, base in enumerate(step.bases):
+                rope[i, t] = _rope_row(hd, base, cache.length)
             rows[i] = Row(cache.length, ctypes.addressof(view.k), ctypes.addressof(view.v),
                           ctypes.addressof(view.slots), ctypes.addressof(step.terms),
                           rope.ctypes.data + i * rope.strides[0])
@@ -183,6 +182,17 @@ class NativeStep:
                                         work.ctypes.data, work.nbytes)
         kn.check_status(status, "slm_decode_step", f"{B} sequence(s)")
         return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _rope_row(head_dim: int, base: float, position: int) -> np.ndarray:
+    """(cos | sin, hd/2) at one position, as the op path computes them (rope_tables of that
+    position alone). Kept: the rows of a batch pass the same positions (8 rows computing theirs
+    each was ~0.1 ms of a 14 ms step)."""
+    cos, sin = rope_tables(head_dim, base, np.arange(position, position + 1))  # (1, hd/2) each
+    table = np.stack([cos[0], sin[0]])
+    table.flags.writeable = False
+    return table
 
 
 _WORK = threading.local()
