@@ -240,6 +240,16 @@ static inline vf load_vf(const float *p) {
     return v;
 }
 
+/* v, kept in a register: an empty asm hides where it came from, so that GCC loads it once for
+ * all its uses instead of making the load a memory operand of each (Zen 4 loads one 64-byte
+ * vector a cycle: a loop of FMAs that each load their operand runs at the loads' pace). */
+static inline vf in_register(vf v) {
+#if LANES == 16
+    __asm__("" : "+v"(v));
+#endif
+    return v;
+}
+
 static inline u8x16 load_u8x16(const uint8_t *p) {
     u8x16 v;
     memcpy(&v, p, sizeof v);
@@ -504,11 +514,7 @@ static inline __attribute__((always_inline)) void dot_tile(const int type, const
                 for (int t = 0; t < NT; t++)
                     for (int k = 0; k < PER16; k++) {
                         vf xv = load_vf(xb + (int64_t)t * n + at + LANES * k);
-#if LANES == 16 /* x in a register for the R rows (an empty asm hides where it came from): GCC
-                 * made the load a memory operand of every FMA, and Zen 4 loads one 64-byte vector
-                 * a cycle (the tile ~3% slower) */
-                        if (R > 1) __asm__("" : "+v"(xv));
-#endif
+                        if (R > 1) xv = in_register(xv); /* (loaded once for the R rows: the tile ~3% faster) */
                         for (int r = 0; r < R; r++) acc[r][t] += w[r][k] * xv;
                     }
             }
@@ -1503,8 +1509,8 @@ static inline void weigh_three(float *const p[4], const float *v, int64_t stride
         memset(c, 0, sizeof c);
         for (int64_t s = 0; s < S; s++) {
             const float *vs = v + s * stride + d;
-            const vf v0 = load_vf(vs), v1 = load_vf(vs + LANES), v2 = load_vf(vs + 2 * LANES),
-                     v3 = load_vf(vs + 3 * LANES);
+            const vf v0 = in_register(load_vf(vs)), v1 = in_register(load_vf(vs + LANES)),
+                     v2 = in_register(load_vf(vs + 2 * LANES)), v3 = in_register(load_vf(vs + 3 * LANES));
             for (int i = 0; i < 3; i++) {
                 const float w = p[i][s];
                 c[i][0] += w * v0, c[i][1] += w * v1, c[i][2] += w * v2, c[i][3] += w * v3;
