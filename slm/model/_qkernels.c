@@ -1083,7 +1083,20 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
  * the ranks, and the group's rows take turns over the same block of B^T (in the L1 by then):
  * one load a multiply-add, where y loaded and stored at every rank took three (8 rows on 4
  * compositions: 0.65 ms of a 16.8 ms step). Each y[s, r] gets the same operations in the same
- * order whatever the block, the group or the thread. */
+ * order whatever the block, the group or the thread: the fused multiply-adds spelled out and
+ * the last values in a padded vector (GCC contracted the vector loops and not a scalar one in an
+ * AVX2 build, and SSE's scalar and vector adds kept different NaNs: a value's bits then
+ * depended on where the thread's rows began). */
+static inline vf fma_vf(const float a, const vf b, const vf c) { /* a b + c, one rounding where the CPU fuses */
+#if LANES == 16
+    return (vf)_mm512_fmadd_ps(_mm512_set1_ps(a), (__m512)b, (__m512)c);
+#elif LANES == 8 && defined(__FMA__)
+    return (vf)_mm256_fmadd_ps(_mm256_set1_ps(a), (__m256)b, (__m256)c);
+#else
+    return c + a * b;
+#endif
+}
+
 static void add_low_rank(const matmul_plan *p, const int j, const int64_t t, const int64_t r0, const int64_t r1) {
     const int count = p->count;
     const slm_term *term = term_of(p, t, j);
@@ -1096,9 +1109,8 @@ static void add_low_rank(const matmul_plan *p, const int j, const int64_t t, con
             float *o = out + s * rows + r;
             vf y0 = load_vf(o), y1 = load_vf(o + LANES), y2 = load_vf(o + 2 * LANES), y3 = load_vf(o + 3 * LANES);
             for (int64_t k = 0; k < rank; k++, b += rows) {
-                const float uk = u[k];
-                y0 += uk * load_vf(b), y1 += uk * load_vf(b + LANES);
-                y2 += uk * load_vf(b + 2 * LANES), y3 += uk * load_vf(b + 3 * LANES);
+                y0 = fma_vf(u[k], load_vf(b), y0), y1 = fma_vf(u[k], load_vf(b + LANES), y1);
+                y2 = fma_vf(u[k], load_vf(b + 2 * LANES), y2), y3 = fma_vf(u[k], load_vf(b + 3 * LANES), y3);
             }
             memcpy(o, &y0, sizeof y0), memcpy(o + LANES, &y1, sizeof y1);
             memcpy(o + 2 * LANES, &y2, sizeof y2), memcpy(o + 3 * LANES, &y3, sizeof y3);
@@ -1108,15 +1120,22 @@ static void add_low_rank(const matmul_plan *p, const int j, const int64_t t, con
             const float *u = p->u + p->u_at[s * count + j], *b = term->bt + r;
             float *o = out + s * rows + r;
             vf y = load_vf(o);
-            for (int64_t k = 0; k < rank; k++, b += rows) y += u[k] * load_vf(b);
+            for (int64_t k = 0; k < rank; k++, b += rows) y = fma_vf(u[k], load_vf(b), y);
             memcpy(o, &y, sizeof y);
         }
-    for (; r < r1; r++)
+    if (r < r1) /* the last few values in one vector padded with zeros: each through the same instructions */
         for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
             const float *u = p->u + p->u_at[s * count + j];
-            float y = out[s * rows + r];
-            for (int64_t k = 0; k < rank; k++) y += u[k] * term->bt[k * rows + r];
-            out[s * rows + r] = y;
+            const size_t bytes = sizeof(float) * (size_t)(r1 - r);
+            float part[LANES] = {0};
+            memcpy(part, out + s * rows + r, bytes);
+            vf y = load_vf(part);
+            for (int64_t k = 0; k < rank; k++) {
+                memcpy(part, term->bt + k * rows + r, bytes);
+                y = fma_vf(u[k], load_vf(part), y);
+            }
+            memcpy(part, &y, sizeof y);
+            memcpy(out + s * rows + r, part, bytes);
         }
 }
 
