@@ -465,6 +465,28 @@ static inline i8x16 block_codes(const int type, const uint8_t *restrict blk, con
     return (i8x16){0};
 }
 
+#if LANES == 16
+/* The types whose codes are nibbles, 0-15: Q4_0, Q4_1, Q4_K. */
+#define NIBBLE_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q4_K)
+
+/* Values 16g .. 16g + 15 of a block of a NIBBLE_TYPE, d and m its unit's scale and min, looked
+ * up in the unit's 16 possible values (vpermps reads the low 4 bits of each index: the bytes'
+ * low nibbles as they stand, the high ones shifted down), instead of each code converted to a
+ * float and dequantized: the table's d q + m (Q4_0: (q - 8) d) is that same computation, so
+ * the same bits, once a unit. One row of x (tiles of 4 rows of the weight, where the decoding
+ * is most of the work): SmolLM2 decode 1.08x, with a LoRA 1.07x; 8 rows level. */
+static inline vf nibble_weights(const int type, const uint8_t *restrict blk, const int g, const float d, const float m) {
+    const vf iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const vf table = type == T_Q4_0 ? (iota - 8.0f) * d : iota * d + m;
+    /* the bytes holding the codes (as block_codes reads them), and whether in their high nibbles */
+    const uint8_t *at = type == T_Q4_K ? blk + 16 + 32 * (g / 4) + 16 * (g % 2) : blk + (type == T_Q4_1 ? 4 : 2);
+    const int high = type == T_Q4_K ? g / 2 % 2 : g;
+    __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)at));
+    if (high) codes = _mm512_srli_epi32(codes, 4);
+    return (vf)_mm512_permutexvar_ps(codes, (__m512)table);
+}
+#endif
+
 #define SLM_TILE 4 /* rows of int8 x per dot_rows_q8 call */
 /* A tile of the float path: R weight rows by NT rows of x, one accumulator each, in registers
  * (AVX-512 has 32 vector registers, AVX 16): NT up to SLM_FTILE, R = rows_per_tile(NT). */
@@ -507,7 +529,14 @@ static inline __attribute__((always_inline)) void dot_tile(const int type, const
                 const int at = 16 * (u * groups + g);
                 vf w[SLM_RTILE][PER16];
                 for (int r = 0; r < R; r++) {
-                    codes_to_f32(block_codes(type, rows + r * row_bytes + (size_t)b * bt.bytes, u * groups + g), w[r]);
+                    const uint8_t *blk = rows + r * row_bytes + (size_t)b * bt.bytes;
+#if LANES == 16
+                    if (NIBBLE_TYPE(type)) {
+                        w[r][0] = nibble_weights(type, blk, u * groups + g, d[r][u], m[r][u]);
+                        continue;
+                    }
+#endif
+                    codes_to_f32(block_codes(type, blk, u * groups + g), w[r]);
                     for (int k = 0; k < PER16; k++) w[r][k] = bt.has_min ? w[r][k] * d[r][u] + m[r][u] : w[r][k] * d[r][u];
                 }
 #pragma GCC unroll 8
