@@ -1107,15 +1107,6 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
     }
 }
 
-/* Rows [r0, r1) of job j's output, for every row of x in the group that t leads: y[s, r] +=
- * sum_k u_s[k] B^T[k, r], k ascending. A block of 4 vectors of y stays in registers over all
- * the ranks, and the group's rows take turns over the same block of B^T (in the L1 by then):
- * one load a multiply-add, where y loaded and stored at every rank took three (8 rows on 4
- * compositions: 0.65 ms of a 16.8 ms step). Each y[s, r] gets the same operations in the same
- * order whatever the block, the group or the thread: the fused multiply-adds spelled out and
- * the last values in a padded vector (GCC contracted the vector loops and not a scalar one in an
- * AVX2 build, and SSE's scalar and vector adds kept different NaNs: a value's bits then
- * depended on where the thread's rows began). */
 static inline vf fma_vf(const float a, const vf b, const vf c) { /* a b + c, one rounding where the CPU fuses */
 #if LANES == 16
     return (vf)_mm512_fmadd_ps(_mm512_set1_ps(a), (__m512)b, (__m512)c);
@@ -1126,6 +1117,15 @@ static inline vf fma_vf(const float a, const vf b, const vf c) { /* a b + c, one
 #endif
 }
 
+/* Rows [r0, r1) of job j's output, for every row of x in the group that t leads: y[s, r] +=
+ * sum_k u_s[k] B^T[k, r], k ascending. A block of 4 vectors of y stays in registers over all
+ * the ranks, and the group's rows take turns over the same block of B^T (in the L1 by then):
+ * one load a multiply-add, where y loaded and stored at every rank took three (8 rows on 4
+ * compositions: 0.65 ms of a 16.8 ms step). Each y[s, r] gets the same operations in the same
+ * order whatever the block, the group or the thread: the fused multiply-adds spelled out and
+ * the last values in a padded vector (GCC contracted the vector loops and not a scalar one in an
+ * AVX2 build, and SSE's scalar and vector adds kept different NaNs: a value's bits then
+ * depended on where the thread's rows began). */
 static void add_low_rank(const matmul_plan *p, const int j, const int64_t t, const int64_t r0, const int64_t r1) {
     const int count = p->count;
     const slm_term *term = term_of(p, t, j);
@@ -1515,7 +1515,6 @@ static void softmax_range(float *p, int64_t S, int64_t lo, int64_t hi, float sca
  * vector at a time (exp_vf), their weighted values in weigh_block's register blocks (each value
  * vector loaded once for the four). A head's result is the same operations whichever heads
  * share its call (the step splits a group between its threads when the batch is small). */
-
 
 /* p[s] = q . key s for the S keys at k + s * stride, q and each key hd floats: with AVX-512 and
  * whole vectors per key, sixteen keys at a time (one accumulator a key over the head's vectors,
