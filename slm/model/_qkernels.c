@@ -550,18 +550,13 @@ static inline __attribute__((always_inline)) void dot_tile(const int type, const
         }
     }
 #if LANES == 16
-    if (R * NT >= 12) { /* sixteen sums at a time (the last padded): the same bits as sum_lanes' */
-        for (int i0 = 0; i0 < R * NT; i0 += 16) {
-            __m512 v[16];
-            for (int i = 0; i < 16; i++) {
-                const int r = (i0 + i) / NT, t = (i0 + i) % NT;
-                v[i] = i0 + i < R * NT ? (__m512)acc[r][t] : _mm512_setzero_ps();
-            }
-            float s[16];
-            const vf sums = lane_sums16(v);
-            memcpy(s, &sums, sizeof s);
-            for (int i = 0; i0 + i < R * NT && i < 16; i++) out[(i0 + i) % NT * out_n + (i0 + i) / NT] = s[i];
-        }
+    if (R * NT >= 12) { /* (R * NT <= 16: rows_per_tile) the sums in one tree, the last padded: sum_lanes' bits */
+        __m512 v[16];
+        for (int i = 0; i < 16; i++) v[i] = i < R * NT ? (__m512)acc[i / NT][i % NT] : _mm512_setzero_ps();
+        float s[16];
+        const vf sums = lane_sums16(v);
+        memcpy(s, &sums, sizeof s);
+        for (int i = 0; i < R * NT; i++) out[i % NT * out_n + i / NT] = s[i];
         return;
     }
 #endif
