@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -120,10 +121,14 @@ class HFCodec:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        # encode_special_tokens is a setting of the shared Tokenizer: set and used under a lock,
+        # or a thread encoding text could see another's parse_special
+        self._lock = threading.Lock()
 
     def encode(self, text: str, parse_special: bool) -> list[int]:
-        self.tokenizer.encode_special_tokens = not parse_special
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        with self._lock:
+            self.tokenizer.encode_special_tokens = not parse_special
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], special: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=not special)
