@@ -348,7 +348,8 @@ class Session:
         import numpy as np
 
         model = self._loaded.model
-        model.kernels.set_activations(self.runtime.activations)
+        with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
+            model.kernels.set_activations(self.runtime.activations)
         values = list(token_ids)
         if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):
             raise InvalidInput("logits needs token ids (integers)")

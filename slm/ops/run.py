@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from slm.errors import InvalidInput, IOFailure, SlmError
-from slm.model.chat import render_chat
+from slm.model.chat import chat_prompt_ids
 from slm.model.detokenize import TextStream
 from slm.model.generate import generate
 from slm.model.sampling import Sampler, check_sampling
@@ -165,10 +165,10 @@ def generate_on(store: Store, loaded: Loaded, o: RunOptions, on_text=None, keep_
         if o.threads is not None:
             model.kernels.set_threads(o.threads)  # OpenMP threads: this thread's own setting
         model.kernels.set_activations(o.activations)
-    text = o.prompt
     if o.chat:
-        text = render_chat(tok.chat_template, [{"role": "user", "content": o.prompt}], tok.special_tokens)
-    prompt_ids = tok.encode(text)
+        prompt_ids = chat_prompt_ids(tok, [{"role": "user", "content": o.prompt}])
+    else:
+        prompt_ids = tok.encode(o.prompt)
     if not prompt_ids:
         raise InvalidInput("the prompt encodes to no tokens")
     context = model.cfg.context_length
