@@ -265,7 +265,8 @@ class Runtime:
     """Compositions staged in this process, sharing one memory map per base; sessions on them.
 
     Staging validates and re-hashes like an activation; switching between staged
-    compositions is a reference swap. A Runtime never changes refs/active.
+    compositions is a reference swap. A Runtime never changes refs/active. A Runtime and its
+    sessions may be shared by threads: each call gives what it gives alone (docs/api.md, Threads).
     """
 
     def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None,
