@@ -265,7 +265,8 @@ class Runtime:
     """Compositions staged in this process, sharing one memory map per base; sessions on them.
 
     Staging validates and re-hashes like an activation; switching between staged
-    compositions is a reference swap. A Runtime never changes refs/active.
+    compositions is a reference swap. A Runtime never changes refs/active. A Runtime and its
+    sessions may be shared by threads: each call gives what it gives alone (docs/api.md, Threads).
     """
 
     def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None,
@@ -348,7 +349,8 @@ class Session:
         import numpy as np
 
         model = self._loaded.model
-        model.kernels.set_activations(self.runtime.activations)
+        with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
+            model.kernels.set_activations(self.runtime.activations)
         values = list(token_ids)
         if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):
             raise InvalidInput("logits needs token ids (integers)")

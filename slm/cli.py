@@ -269,10 +269,16 @@ def run_cmd(
     base: Optional[str] = typer.Option(
         None, "--base", "-b", help="Run this base alone instead of the active composition."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", help="Stop after this many new tokens."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy (deterministic)."),
+    temperature: float = typer.Option(
+        0.0, "--temperature", "-t",
+        help="0 is greedy (deterministic); any finite value >= 0 (one so small that only the top "
+             "logit keeps weight samples it, as greedy does)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (with --temperature > 0)."),
     seed: int = typer.Option(0, "--seed", help="Seed for sampling; the same seed gives the same text."),
-    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the base's chat template."),
+    chat: bool = typer.Option(
+        False, "--chat",
+        help="Wrap the prompt in the base's chat template (the prompt is text: a control token "
+             "spelled in it stays text)."),
     logits_out: Optional[Path] = typer.Option(
         None, "--logits-out", metavar="FILE.npy",
         help="Save float32 logits (positions x vocab) for every prompt and generated position.",

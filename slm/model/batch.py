@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slm.model.decoder import ACTIVATION_KERNELS, Decoder, KVCache
-from slm.model.kernels import KernelArgumentError
+from slm.model.kernels import KernelArgumentError, holding
 from slm.model.mathops import rope_tables
 
 
@@ -39,7 +39,14 @@ def decode_step(rows: list[Row], kernels) -> np.ndarray:
     must be over the same base tensors; each cache gains one position.
 
     The rows whose composition the native step takes (slm.model.step_native: every layer in
-    one C call) run together that way; the others run op by op, together."""
+    one C call) run together that way; the others run op by op, together. The step holds the
+    lock of `kernels` and of every row's kernel set (their scratch state), so a thread running
+    one of these models alone waits for it."""
+    with holding([kernels, *(r.model.kernels for r in rows)]):
+        return _decode_step(rows, kernels)
+
+
+def _decode_step(rows: list[Row], kernels) -> np.ndarray:
     from slm.model.kernels_native import NativeKernels
 
     if not isinstance(kernels, NativeKernels) or len(rows) == 1:

@@ -9,6 +9,7 @@ pays for it.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 
@@ -75,6 +76,54 @@ def render_chat(template: str | None, messages: list[dict], special_tokens: dict
         )
     except TemplateError as err:
         raise InvalidInput(f"chat template failed: {err}") from err
+
+
+def chat_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of a conversation (`slm run --chat`, the API and the server use this one
+    function): the template's own markers are special tokens, a message's content is text.
+
+    A content that spells a control token (`<|im_end|><|im_start|>system`) must not become
+    that token, or a user could forge a turn. Each such text in a content is replaced by a
+    character that occurs nowhere in the conversation or the template (Unicode's private use
+    plane 16) before rendering, and encoded back as the text it was after the template's own
+    special tokens are cut out (TextTokenizer.encode_with_literals). `tok` is a TextTokenizer."""
+    markers = sorted(tok.control_texts(), key=len, reverse=True)  # longest first: leftmost-longest
+    found = _markers_in(messages, markers)
+    if not found:
+        return tok.encode(render_chat(tok.chat_template, messages, tok.special_tokens, add_generation_prompt))
+    used = set(tok.chat_template or "").union(*map(set, _texts(messages)), *map(set, markers))
+    free = (chr(c) for c in range(0x100000, 0x10FFFE) if chr(c) not in used)
+    stand_in = dict(zip(found, free))
+    pattern = re.compile("|".join(map(re.escape, found)))
+
+    def protect(text: str) -> str:
+        return pattern.sub(lambda m: stand_in[m.group()], text)
+
+    safe = [{**m, "content": _map_content(m.get("content"), protect)} for m in messages]
+    text = render_chat(tok.chat_template, safe, tok.special_tokens, add_generation_prompt)
+    return tok.encode_with_literals(text, {c: marker for marker, c in stand_in.items()})
+
+
+def _texts(messages: list[dict]) -> list[str]:
+    """Every text of the messages' contents (a string, or the text items of a list)."""
+    out = []
+    _ = [_map_content(m.get("content"), lambda t: out.append(t) or t) for m in messages]
+    return out
+
+
+def _map_content(content, fn):
+    if isinstance(content, str):
+        return fn(content)
+    if isinstance(content, list):
+        return [{**item, "text": fn(item["text"])} if isinstance(item, dict) and isinstance(item.get("text"), str)
+                else item for item in content]
+    return content
+
+
+def _markers_in(messages: list[dict], markers: list[str]) -> list[str]:
+    """The control-token texts that occur in the messages' contents, longest first."""
+    texts = _texts(messages)
+    return [m for m in markers if any(m in t for t in texts)]
 
 
 @lru_cache(maxsize=8)

@@ -236,7 +236,12 @@ class Decoder:
 
     def forward(self, tokens: np.ndarray, cache: KVCache, logits_for: str = "last") -> np.ndarray:
         """Run tokens (T,) at positions cache.length.. ; returns logits (T, V) if
-        logits_for == "all", else (1, V) for the last position."""
+        logits_for == "all", else (1, V) for the last position. Safe to call from several
+        threads with caches of their own: the passes take turns on the kernel set (its lock)."""
+        with self.kernels.lock:
+            return self._forward(tokens, cache, logits_for)
+
+    def _forward(self, tokens: np.ndarray, cache: KVCache, logits_for: str) -> np.ndarray:
         cfg = self.cfg
         T = len(tokens)
         start = cache.length

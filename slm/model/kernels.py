@@ -7,6 +7,9 @@ interface; the two are differential-tested.
 
 from __future__ import annotations
 
+import threading
+from contextlib import ExitStack, contextmanager
+
 import numpy as np
 
 from slm.model import mathops
@@ -35,6 +38,12 @@ class Kernels:
 
     name = "abstract"
     fuses_low_rank = False  # whether matmul_many also takes LoRA terms to add (slm.model.decoder)
+
+    def __init__(self):
+        # A kernel set keeps state between calls (scratch buffers, the C job descriptors whose
+        # output pointers each call rewrites, the prefill thread): one forward pass at a time
+        # may use it. Reentrant: a batch step that holds it may run a row's forward pass.
+        self.lock = threading.RLock()
 
     def matmul(self, x: np.ndarray, w: QuantTensor) -> np.ndarray:
         raise NotImplementedError
@@ -75,6 +84,7 @@ class ReferenceKernels(Kernels):
     name = "numpy-reference"
 
     def __init__(self, scratch_elems: int = DEFAULT_SCRATCH_ELEMS):
+        super().__init__()
         self.scratch = np.empty(scratch_elems, dtype=np.float32)
 
     def set_activations(self, mode: str) -> None:
@@ -97,6 +107,16 @@ class ReferenceKernels(Kernels):
 
     def embed(self, ids: np.ndarray, table: QuantTensor) -> np.ndarray:
         return table.take_rows(ids)  # (T, hidden)
+
+
+@contextmanager
+def holding(kernel_sets):
+    """Hold the lock of every distinct kernel set given, taken in one global order (by id) so
+    that two callers holding several never wait on each other in a cycle."""
+    with ExitStack() as stack:
+        for kernels in sorted({id(k): k for k in kernel_sets}.values(), key=id):
+            stack.enter_context(kernels.lock)
+        yield
 
 
 def default_kernels():

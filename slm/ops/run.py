@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -10,10 +11,10 @@ from typing import Callable
 import numpy as np
 
 from slm.errors import InvalidInput, IOFailure, SlmError
-from slm.model.chat import render_chat
+from slm.model.chat import chat_prompt_ids
 from slm.model.detokenize import TextStream
 from slm.model.generate import generate
-from slm.model.sampling import Sampler
+from slm.model.sampling import Sampler, check_sampling
 from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.ops.results import CompositionInfo, Generation, Timings
@@ -40,9 +41,6 @@ class RunOptions:
     activations: str = "float32"  # or "int8" (opt-in, faster, logits move: docs/numerics.md)
 
 
-MAX_SEED = 2**63 - 1
-
-
 def prompt_from_stdin(stream) -> str:
     """`slm run -`: the prompt from standard input, strictly UTF-8."""
     data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
@@ -55,23 +53,22 @@ def prompt_from_stdin(stream) -> str:
 
 
 def _check_options(o: RunOptions) -> None:
+    if not isinstance(o.prompt, str):
+        raise InvalidInput(f"the prompt must be text (str), not {type(o.prompt).__name__}")
     if not o.prompt:
         raise InvalidInput("the prompt is empty")
     try:
         o.prompt.encode("utf-8")
     except UnicodeEncodeError as err:  # undecodable argv bytes arrive as lone surrogates
         raise InvalidInput("the prompt is not UTF-8 text") from err
-    if not 0 <= o.seed <= MAX_SEED:
-        raise InvalidInput(f"--seed must be between 0 and {MAX_SEED}")
-    if o.max_tokens < 0:
-        raise InvalidInput("--max-tokens must be >= 0")
-    if not (o.temperature >= 0 and np.isfinite(o.temperature)):
-        raise InvalidInput("--temperature must be a finite number >= 0")
-    if not 0 < o.top_p <= 1:
-        raise InvalidInput("--top-p must be in (0, 1]")
+    check_sampling(o.temperature, o.top_p, o.seed)  # (before the model loads: a fast refusal)
+    if not (isinstance(o.max_tokens, numbers.Integral) and not isinstance(o.max_tokens, bool)
+            and o.max_tokens >= 0):
+        raise InvalidInput(f"max_tokens must be an integer >= 0, not {o.max_tokens!r}")
     if o.on_switch not in ("stop", "finish"):
         raise InvalidInput("--on-switch must be 'stop' or 'finish'")
-    if o.threads is not None and not 1 <= o.threads <= MAX_THREADS:
+    if o.threads is not None and not (isinstance(o.threads, numbers.Integral) and not isinstance(o.threads, bool)
+                                      and 1 <= o.threads <= MAX_THREADS):
         raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
     check_activations(o.activations)
 
@@ -164,13 +161,14 @@ def generate_on(store: Store, loaded: Loaded, o: RunOptions, on_text=None, keep_
     """
     _check_options(o)
     tok, model = loaded.tokenizer, loaded.model
-    if o.threads is not None:
-        model.kernels.set_threads(o.threads)
-    model.kernels.set_activations(o.activations)
-    text = o.prompt
+    with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
+        if o.threads is not None:
+            model.kernels.set_threads(o.threads)  # OpenMP threads: this thread's own setting
+        model.kernels.set_activations(o.activations)
     if o.chat:
-        text = render_chat(tok.chat_template, [{"role": "user", "content": o.prompt}], tok.special_tokens)
-    prompt_ids = tok.encode(text)
+        prompt_ids = chat_prompt_ids(tok, [{"role": "user", "content": o.prompt}])
+    else:
+        prompt_ids = tok.encode(o.prompt)
     if not prompt_ids:
         raise InvalidInput("the prompt encodes to no tokens")
     context = model.cfg.context_length

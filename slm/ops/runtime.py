@@ -10,6 +10,8 @@ the Loaded it was given. This does not change refs/active: that is `slm activate
 
 from __future__ import annotations
 
+import threading
+
 from slm.compose.composition import Composition
 from slm.ops import compositions
 from slm.ops.loading import Loaded, load_composition
@@ -22,10 +24,17 @@ class Runtime:
         self.max_staged = max_staged
         self.staged: dict[str, Loaded] = {}  # composition id -> loaded, least recently used first
         self.active: Loaded | None = None
+        # staging from several threads (sessions opened concurrently) takes turns: the staged
+        # table is read and trimmed as one step, and a composition is staged once
+        self._lock = threading.RLock()
 
     def stage(self, comp: str | Composition) -> Loaded:
         """A composition by id (stored), or a Composition (stored or not: a server stages a
         spec it was asked for without activating it)."""
+        with self._lock:
+            return self._stage(comp)
+
+    def _stage(self, comp: str | Composition) -> Loaded:
         comp_id = comp if isinstance(comp, str) else comp.id
         if comp_id in self.staged:
             self.staged[comp_id] = self.staged.pop(comp_id)  # now the most recently used
@@ -47,6 +56,7 @@ class Runtime:
         return loaded
 
     def switch(self, comp_id: str) -> Loaded:
-        loaded = self.stage(comp_id)
-        self.active = loaded  # the swap: one reference assignment
-        return loaded
+        with self._lock:
+            loaded = self._stage(comp_id)
+            self.active = loaded  # the swap: one reference assignment
+            return loaded

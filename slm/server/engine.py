@@ -28,7 +28,7 @@ import numpy as np
 
 from slm.errors import NumericsError, SlmError
 from slm.model.batch import Row, decode_step
-from slm.model.chat import render_chat
+from slm.model.chat import chat_prompt_ids
 from slm.model.detokenize import TextStream
 from slm.model.decoder import KVCache
 from slm.model.generate import _check_finite
@@ -119,12 +119,10 @@ class Engine:
     def prepare(self, loaded: Loaded, req: GenerateRequest, sink: Callable[[tuple], None]) -> Job:
         """Tokenize and check a request against its composition's model (400 if it cannot run)."""
         tok, cfg = loaded.tokenizer, loaded.model.cfg
-        if req.chat:
-            text = render_chat(tok.chat_template, [{"role": m.role, "content": m.content} for m in req.messages],
-                               tok.special_tokens)
+        if req.chat:  # (message content is text: a control token's text in it stays text)
+            ids = chat_prompt_ids(tok, [{"role": m.role, "content": m.content} for m in req.messages])
         else:
-            text = req.prompt
-        ids = tok.encode(text)
+            ids = tok.encode(req.prompt)
         if not ids:
             raise BadRequest("the prompt encodes to no tokens")
         context = cfg.context_length

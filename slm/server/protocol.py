@@ -12,13 +12,15 @@ import math
 import time
 from dataclasses import dataclass
 
-from slm.ops.run import MAX_SEED
+from slm.errors import InvalidInput
+from slm.model.sampling import check_sampling
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
 ROLES = ("system", "user", "assistant")
 DEFAULT_MAX_TOKENS = 128  # as `slm run`
+MAX_TEMPERATURE = 2.0  # OpenAI's range (slm run takes any finite temperature >= 0)
 
 
 class BadRequest(Exception):
@@ -148,14 +150,14 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
     if given and max_tokens < 1:
         raise BadRequest(f"{key} must be at least 1, not {max_tokens}")
     temperature = _number(doc, "temperature", 0.0)
-    if not 0.0 <= temperature <= 2.0:
-        raise BadRequest(f"temperature must be between 0 and 2, not {temperature:g}")
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise BadRequest(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, not {temperature:g}")
     top_p = _number(doc, "top_p", 1.0)
-    if not 0.0 < top_p <= 1.0:
-        raise BadRequest(f"top_p must be in (0, 1], not {top_p:g}")
     seed = _integer(doc, "seed", 0)
-    if not 0 <= seed <= MAX_SEED:
-        raise BadRequest(f"seed must be between 0 and {MAX_SEED}")
+    try:
+        check_sampling(temperature, top_p, seed)  # slm run's and the API's check, the sampler's own
+    except InvalidInput as err:
+        raise BadRequest(str(err)) from err
     stream = doc.get("stream", False)
     if stream is None:
         stream = False
