@@ -78,16 +78,21 @@ def blob_paths(seen, scheme=None):
 # ------------------------------------------------------------------ credentials and origins
 
 @pytest.fixture
-def https_registry(monkeypatch, tmp_path, no_docker_config):
-    """TLS for a loopback registry: the client trusts a test certificate (SSL_CERT_FILE) and
-    treats 127.0.0.1 as a remote host (HTTPS), as it would registry.example.com."""
-    from slm.dist.reference import Reference
-
+def trusted_cert(monkeypatch, tmp_path, no_docker_config):
+    """A test certificate for 127.0.0.1 the client trusts (SSL_CERT_FILE), and credentials."""
     cert = self_signed_cert(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert[0]))
-    monkeypatch.setattr(Reference, "is_loopback", property(lambda self: False))
     monkeypatch.setenv("SLM_REGISTRY_AUTH", f"alice:{SECRET}")
     return cert
+
+
+@pytest.fixture
+def https_registry(monkeypatch, trusted_cert):
+    """... and 127.0.0.1 treated as a remote host (HTTPS), as registry.example.com would be."""
+    from slm.dist.reference import Reference
+
+    monkeypatch.setattr(Reference, "is_loopback", property(lambda self: False))
+    return trusted_cert
 
 
 def test_https_registry_with_basic_auth_pulls_over_tls(cli, bundle, empty_store, https_registry):
@@ -118,6 +123,43 @@ def test_https_to_http_redirect_on_the_same_host_gets_no_credentials(cli, bundle
     assert any(s.scheme == "https" and s.authorization for s in reg.seen)  # authenticated over TLS first
     assert blob_paths(reg.seen, "https")  # ... and reached the redirect
     assert [s for s in reg.seen if s.scheme == "http"] == []  # the downgrade was never followed
+
+
+def _bounce(handler):
+    """Blob GETs: plain HTTP -> HTTPS (hop 1) -> plain HTTP again (hop 2), all on the same port;
+    hop 2 is served whatever its credentials (the test looks at what it was sent)."""
+    if "/blobs/" not in handler.path:
+        return False
+    path, _, hop = handler.path.partition("?hop=")
+    if handler.scheme == "http" and not hop:
+        handler.reply(307, headers=[("Location", f"https://{handler.server.host}{path}?hop=1")])
+    elif handler.scheme == "https" and hop == "1":
+        handler.reply(307, headers=[("Location", f"http://{handler.server.host}{path}?hop=2")])
+    else:
+        handler.reply(200, handler.server.blobs[path.rsplit("/", 1)[-1]])
+    return True
+
+
+@pytest.mark.parametrize("insecure", [False, True])
+def test_a_downgrade_is_refused_and_with_insecure_followed_without_credentials(cli, bundle, empty_store,
+                                                                               trusted_cert, insecure):
+    """A plain-HTTP (loopback) registry whose blob redirect goes to HTTPS and back to plain HTTP:
+    the way back is a downgrade, refused even to the registry's own origin; with --insecure it
+    is followed, and nothing after the downgrade carries the credentials."""
+    manifest, blobs, _ = bundle
+    with FakeRegistry(manifest, blobs, misbehave=_bounce, password=basic("alice", SECRET), tls=trusted_cert) as reg:
+        ref = f"{reg.host}/{REPO}:v1"
+        if insecure:
+            r = cli("--store", empty_store, "pull", ref, "--insecure")
+            assert r.code == 0, r.err
+        else:
+            r = pull_refused(cli, empty_store, ref)
+            assert "plain HTTP" in r.err
+    hop1 = [s for s in reg.seen if s.path.endswith("?hop=1")]
+    hop2 = [s for s in reg.seen if s.path.endswith("?hop=2")]
+    assert hop1 and all(s.scheme == "https" for s in hop1)
+    assert [s.authorization for s in hop1 + hop2] == [""] * len(hop1 + hop2)
+    assert bool(hop2) == insecure
 
 
 def test_credentials_never_reach_another_origin(cli, bundle, empty_store, no_docker_config, monkeypatch):

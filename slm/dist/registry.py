@@ -99,8 +99,9 @@ class Registry:
         origin only (scheme, host and port): a redirect elsewhere is followed without them."""
         clock = self.transport.clock()
         headers = dict(headers or {})
+        downgraded = False  # after an HTTPS -> HTTP redirect (--insecure), no credentials at all
         for _ in range(MAX_REDIRECTS + 1):
-            ours = origin_of(url, self.ref.host) == self.origin
+            ours = origin_of(url, self.ref.host) == self.origin and not downgraded
             sent = dict(headers)
             if ours and self._auth_header:
                 sent["Authorization"] = self._auth_header
@@ -109,24 +110,27 @@ class Registry:
                 sent["Authorization"] = self._auth_header
                 resp = self.transport.send(method, url, body, sent, limit, clock)
             if resp.status in (301, 302, 303, 307, 308) and "location" in resp.headers and method in ("GET", "HEAD"):
-                url = self._redirect(url, resp.headers["location"])
+                url, downgrade = self._redirect(url, resp.headers["location"])
+                downgraded |= downgrade
                 continue
             return resp
         raise IOFailure(f"registry {self.ref.host}: too many redirects")
 
-    def _redirect(self, url: str, location: str) -> str:
-        """Where a redirect leads, if slm may go there: plain HTTP only with --insecure or to a
-        loopback host, and never from HTTPS to plain HTTP (a downgrade) without --insecure."""
+    def _redirect(self, url: str, location: str) -> tuple[str, bool]:
+        """Where a redirect leads, if slm may go there, and whether it is a downgrade (HTTPS to
+        plain HTTP): plain HTTP only with --insecure or to a loopback host, and a downgrade only
+        with --insecure."""
         target = join(url, location, self.ref.host)
         there = origin_of(target, self.ref.host)
+        downgrade = origin_of(url, self.ref.host).scheme == "https" and there.scheme == "http"
         if there.scheme == "http" and not self.insecure:
-            if origin_of(url, self.ref.host).scheme == "https":
+            if downgrade:
                 raise IOFailure(f"registry {self.ref.host}: redirected from HTTPS to plain HTTP ({there}); refused "
                                 "(--insecure follows it, without credentials)")
             if not there.is_loopback:
                 raise IOFailure(f"registry {self.ref.host}: redirected to plain HTTP ({there}); refused "
                                 "(--insecure follows it, without credentials)")
-        return target
+        return target, downgrade
 
     def _answer(self, challenge: str, clock: Clock) -> bool:
         """Set the Authorization header for a challenge; False if there is nothing to answer with.
