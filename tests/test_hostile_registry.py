@@ -294,6 +294,35 @@ def test_a_registry_that_trickles_or_stalls_is_cut_off_by_the_deadline(empty_sto
     assert snapshot(store) == before
 
 
+def test_a_steady_transfer_longer_than_the_timeout_is_not_cut(no_docker_config, monkeypatch):
+    """The deadline grows with the bytes moved: a blob that arrives above the minimum rate, but
+    takes several times SLM_REGISTRY_TIMEOUT_S in all, is received whole."""
+    import hashlib
+
+    from slm.dist.reference import parse_reference
+    from slm.dist.registry import Registry
+
+    monkeypatch.setenv("SLM_REGISTRY_TIMEOUT_S", "1")
+    monkeypatch.setenv("SLM_REGISTRY_MIN_RATE", "1000")
+    blob = bytes(range(256)) * 32  # 8 KiB: allowed 1 s + 8 s, sent in 16 pieces 0.25 s apart
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+
+    def steady(handler):
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(blob))
+        for start in range(0, len(blob), 512):
+            handler.server.stopping.wait(0.25)
+            handler.wfile.write(blob[start:start + 512])
+            handler.wfile.flush()
+        return True
+
+    with FakeRegistry(misbehave=steady) as reg:
+        client = Registry(parse_reference(f"{reg.host}/{REPO}:v1"))
+        try:
+            assert client.get_blob(digest, len(blob)) == blob
+        finally:
+            client.close()
+
+
 @pytest.mark.parametrize("name,value", [("SLM_REGISTRY_TIMEOUT_S", "nan"), ("SLM_REGISTRY_TIMEOUT_S", "0"),
                                         ("SLM_REGISTRY_MIN_RATE", "-5"), ("SLM_REGISTRY_MIN_RATE", "fast")])
 def test_bad_deadline_settings_are_exit_4(cli, empty_store, monkeypatch, name, value):

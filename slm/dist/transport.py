@@ -1,4 +1,4 @@
-"""HTTP for the registry client: every request under one clock, origins checked, one error path.
+"""HTTP for the registry client: every request under one clock, URLs read as origins, one error path.
 
 The clock (`Clock`): a network operation (one registry request with its redirects, its auth
 challenge and its token fetch) may take `timeout_s` plus one second per `min_rate` bytes moved
@@ -6,7 +6,8 @@ challenge and its token fetch) may take `timeout_s` plus one second per `min_rat
 that stops answering, or sends a byte now and then, is cut off; a transfer that keeps at least
 `min_rate` after its first `timeout_s` seconds never is. The socket under http.client is
 wrapped so that every connect, read and write is held to it, the status line and headers
-included.
+included (the TLS handshake gets one socket timeout, which CPython applies to the handshake
+as a whole).
 
 The error path (`Transport.send`): whatever the server does (a garbage status line, too many
 or too long headers, bad chunked encoding, a body shorter than its Content-Length, a URL that
@@ -33,7 +34,7 @@ ENV_TIMEOUT = "SLM_REGISTRY_TIMEOUT_S"
 ENV_MIN_RATE = "SLM_REGISTRY_MIN_RATE"
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MIN_RATE = 16384.0  # bytes a second: a slow link passes, a trickle does not
-SEND_PIECE = 1 << 16  # an upload is written in pieces, each under the clock
+SEND_PIECE = 1 << 14  # an upload is written in pieces (one TLS record each), each under the clock
 READ_PIECE = 1 << 20
 
 
