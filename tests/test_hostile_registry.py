@@ -244,12 +244,11 @@ def test_a_password_in_a_reference_is_never_printed(cli, empty_store, reference,
 
 
 def _trickle(where):
-    """A registry that answers GETs and HEADs one byte at a time, slowly, for far longer than
-    the test waits (until the client goes away or the test ends)."""
+    """A registry that answers one byte at a time (of its headers, or of its body), slowly, for
+    far longer than the test waits (until the client goes away or the test ends)."""
 
     def misbehave(handler):
-        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n" \
-               b"Content-Length: 4096\r\n\r\n"
+        head = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 4096 + b"\r\nContent-Length: 4096\r\n\r\n"
         if where == "body":
             handler.wfile.write(head)
             head = b"{" * 4096
