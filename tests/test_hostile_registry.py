@@ -403,3 +403,24 @@ def test_server_text_in_an_error_is_escaped_and_cut_short(cli, bundle, empty_sto
     with FakeRegistry(manifest, blobs, misbehave=denied) as reg:
         r = pull_refused(cli, empty_store, f"{reg.host}/{REPO}:v1")
     assert "HTTP 500" in r.err and "\x07" not in r.err and len(r.err) < 1000, r.err
+
+
+@pytest.mark.parametrize("location", ["http://[::1/x", "/v2/up\x01load", "https://user:pw@127.0.0.1:9/up"])
+def test_a_malformed_upload_location_is_one_line_exit_12(cli, bundle, no_docker_config, location):
+    """The Location of an upload session is a URL the registry chose: held to the same rules as
+    a redirect (it exited 1 on a URL that does not parse)."""
+    store = bundle[2]
+
+    def upload_at(handler):
+        if handler.command == "POST":
+            handler.reply(202, headers=[("Location", location)])
+            return True
+        return False  # HEAD of a blob: 404, so push uploads it
+
+    before = snapshot(store)
+    with FakeRegistry(misbehave=upload_at) as reg:
+        r = cli("--store", store, "push", f"{reg.host}/{REPO}:v1")
+    assert r.code == 12 and one_line(r.err) and "internal error" not in r.err, r.err
+    assert "user:pw" not in r.err
+    assert any(s.method == "POST" for s in reg.seen)
+    assert snapshot(store) == before

@@ -197,7 +197,7 @@ class Registry:
                             headers={"Content-Length": "0"})
         if resp.status != 202 or "location" not in resp.headers:
             raise self._fail(resp, "start an upload")
-        location = urllib.parse.urljoin(self.base + "/", resp.headers["location"])
+        location, _ = self._redirect(self.base + "/", resp.headers["location"])  # held to the same rules
         view = memoryview(data)
         if len(view) > CHUNK:
             for start in range(0, len(view), CHUNK):
@@ -207,7 +207,7 @@ class Registry:
                     "Content-Range": f"{start}-{start + len(part) - 1}", "Content-Length": str(len(part))})
                 if resp.status != 202 or "location" not in resp.headers:
                     raise self._fail(resp, f"upload chunk of {digest[:19]}")
-                location = urllib.parse.urljoin(self.base + "/", resp.headers["location"])
+                location, _ = self._redirect(self.base + "/", resp.headers["location"])
             view = memoryview(b"")
         sep = "&" if "?" in location else "?"
         resp = self.request("PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", body=bytes(view),
