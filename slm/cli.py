@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from slm import render
-from slm.errors import ExitCode, SlmError
+from slm.errors import ExitCode, SlmError, printable
 from slm.store import faults
 
 app = typer.Typer(
@@ -413,6 +413,7 @@ def sign(
 
 
 def _fail(code: int, message: str, as_json: bool) -> int:
+    message = printable(" ".join(message.split()))  # one line, whatever an unexpected error carried
     if as_json:
         render.print_json({"error": message, "exit_code": int(code)})
     print(f"slm: error: {message}", file=sys.stderr)

@@ -39,13 +39,7 @@ class Reference:
 
     @property
     def is_loopback(self) -> bool:
-        name = self.hostname
-        if name == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(name).is_loopback
-        except ValueError:
-            return False
+        return is_loopback_host(self.hostname)
 
     @property
     def ref(self) -> str:
@@ -56,7 +50,28 @@ class Reference:
         return f"{self.host}/{self.repository}" + (f"@{self.digest}" if self.digest else f":{self.ref}")
 
 
+def is_loopback_host(name: str) -> bool:
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def redacted(text: str) -> str:
+    """A reference as a message may show it: whatever precedes an '@' that does not start a
+    digest (a `user:password@` someone typed) is hidden, wherever the '/' fell."""
+    cut = max((i for i, ch in enumerate(text) if ch == "@" and not text.startswith("sha256:", i + 1)),
+              default=-1)
+    return text if cut < 0 else "<hidden>" + text[cut:]
+
+
 def parse_reference(text: str) -> Reference:
+    if redacted(text) != text:
+        raise InvalidInput(f"registry reference {redacted(text)!r}: '@' only introduces a digest "
+                           "(@sha256:<hex>); credentials never go in a reference (SLM_REGISTRY_AUTH or "
+                           "~/.docker/config.json)")
     host, sep, rest = text.partition("/")
     if not sep or not rest or not _HOST.fullmatch(host) or ("." not in host and ":" not in host
                                                              and host != "localhost"):

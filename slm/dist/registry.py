@@ -7,22 +7,22 @@
     PUT   /v2/<repo>/manifests/<tag|digest>     Content-Type: the manifest's media type
     GET   /v2/<repo>/manifests/<ref>            Accept: the OCI manifest type
     GET   /v2/<repo>/blobs/<digest>             may redirect to storage (Authorization is not
-                                                forwarded to another host)
+                                                forwarded to another origin)
 
-Auth: on a 401 the WWW-Authenticate challenge is answered, Basic with the credentials, or
-Bearer by fetching a token from the realm (with the credentials, if any); tokens are held in
-memory only and never appear in a message. Credentials come from SLM_REGISTRY_AUTH
-("user:password") or ~/.docker/config.json ($DOCKER_CONFIG/config.json) "auths".
+Auth: on a 401 from the registry's own origin (scheme, host, port) the WWW-Authenticate
+challenge is answered, Basic with the credentials, or Bearer by fetching a token from the
+realm (with the credentials, if any: over HTTPS, or from the registry's own origin); tokens
+are held in memory only and never appear in a message. Credentials come from
+SLM_REGISTRY_AUTH ("user:password") or ~/.docker/config.json ($DOCKER_CONFIG/config.json)
+"auths". The wire (deadlines, origins, malformed responses) is slm.dist.transport's.
 """
 
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
 import re
-import ssl
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +30,11 @@ from pathlib import Path
 from slm.dist import mediatypes as mt
 from slm.dist.bundle import MAX_MANIFEST_BYTES, sha256_of
 from slm.dist.reference import Reference
+from slm.dist.transport import Clock, Response, Transport, join, origin_of, shown
 from slm.errors import IntegrityError, InvalidInput, IOFailure, NotFound
 
 ENV_AUTH = "SLM_REGISTRY_AUTH"
 CHUNK = 32 << 20  # blobs above this are uploaded in PATCH chunks of this size
-TIMEOUT_S = 120.0
 MAX_REDIRECTS = 5
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 
@@ -78,91 +78,64 @@ def credentials_for(host: str) -> Credentials | None:
     return None
 
 
-@dataclass
-class Response:
-    status: int
-    headers: dict[str, str]  # lower-cased names
-    body: bytes
-
-
 class Registry:
     def __init__(self, ref: Reference, insecure: bool = False, credentials: Credentials | None = None):
+        self.insecure = insecure
         self.scheme = "http" if (ref.is_loopback or insecure) else "https"
         self.ref = ref
         self.base = f"{self.scheme}://{ref.host}"
+        self.origin = origin_of(self.base, ref.host)  # the only origin the credentials go to
         self.credentials = credentials if credentials is not None else credentials_for(ref.host)
         self._auth_header: str | None = None
-        self._conns: dict[tuple[str, str], http.client.HTTPConnection] = {}
-
-    # -- transport ----------------------------------------------------------------------
-    def _conn(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
-        key = (scheme, netloc)
-        if key not in self._conns:
-            if scheme == "https":
-                self._conns[key] = http.client.HTTPSConnection(netloc, timeout=TIMEOUT_S,
-                                                               context=ssl.create_default_context())
-            else:
-                self._conns[key] = http.client.HTTPConnection(netloc, timeout=TIMEOUT_S)
-        return self._conns[key]
+        self.transport = Transport(ref.host)
 
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
-
-    def _send(self, method: str, url: str, body: bytes | None, headers: dict[str, str],
-              limit: int | None) -> Response:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https"):
-            raise IOFailure(f"registry {self.ref.host} redirected to a non-HTTP URL")
-        if parts.scheme == "http" and parts.netloc != self.ref.host and not self.scheme == "http":
-            raise IOFailure(f"registry {self.ref.host} redirected to plain HTTP; refused")
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        for attempt in (1, 2):  # a kept-alive connection the server closed: reconnect once
-            conn = self._conn(parts.scheme, parts.netloc)
-            try:
-                conn.request(method, path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read() if limit is None else resp.read(limit + 1)
-                if limit is not None and len(data) > limit:
-                    conn.close()
-                    raise IntegrityError(f"registry {self.ref.host}: response to {method} is larger than "
-                                         f"expected ({limit} bytes)")
-                return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as err:
-                conn.close()
-                self._conns.pop((parts.scheme, parts.netloc), None)
-                if attempt == 2:
-                    raise IOFailure(f"registry {parts.netloc}: connection lost ({err})") from err
-            except ssl.SSLError as err:
-                raise IOFailure(f"registry {parts.netloc}: TLS failed ({err.reason or err}); "
-                                "plain HTTP is only used for loopback hosts or with --insecure") from err
-            except OSError as err:
-                self._conns.pop((parts.scheme, parts.netloc), None)
-                raise IOFailure(f"cannot reach registry {parts.netloc}: {err.strerror or err}") from err
-        raise AssertionError("unreachable")
+        self.transport.close()
 
     def request(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None,
                 limit: int | None = 1 << 20) -> Response:
-        """One request, answering an auth challenge and following redirects."""
+        """One request, answering an auth challenge and following redirects, all under one clock
+        (slm.dist.transport). Credentials, and the token they bought, go to the registry's own
+        origin only (scheme, host and port): a redirect elsewhere is followed without them."""
+        clock = self.transport.clock()
         headers = dict(headers or {})
+        downgraded = False  # after an HTTPS -> HTTP redirect (--insecure), no credentials at all
         for _ in range(MAX_REDIRECTS + 1):
-            same_host = urllib.parse.urlsplit(url).netloc == self.ref.host
+            ours = origin_of(url, self.ref.host) == self.origin and not downgraded
             sent = dict(headers)
-            if same_host and self._auth_header:
+            if ours and self._auth_header:
                 sent["Authorization"] = self._auth_header
-            resp = self._send(method, url, body, sent, limit)
-            if resp.status == 401 and same_host and self._answer(resp.headers.get("www-authenticate", "")):
+            resp = self.transport.send(method, url, body, sent, limit, clock)
+            if resp.status == 401 and ours and self._answer(resp.headers.get("www-authenticate", ""), clock):
                 sent["Authorization"] = self._auth_header
-                resp = self._send(method, url, body, sent, limit)
+                resp = self.transport.send(method, url, body, sent, limit, clock)
             if resp.status in (301, 302, 303, 307, 308) and "location" in resp.headers and method in ("GET", "HEAD"):
-                url = urllib.parse.urljoin(url, resp.headers["location"])
+                url, downgrade = self._redirect(url, resp.headers["location"])
+                downgraded |= downgrade
                 continue
             return resp
         raise IOFailure(f"registry {self.ref.host}: too many redirects")
 
-    def _answer(self, challenge: str) -> bool:
-        """Set the Authorization header for a challenge; False if there is nothing to answer with."""
+    def _redirect(self, url: str, location: str) -> tuple[str, bool]:
+        """Where a redirect leads, if slm may go there, and whether it is a downgrade (HTTPS to
+        plain HTTP): plain HTTP only with --insecure or to a loopback host, and a downgrade only
+        with --insecure."""
+        target = join(url, location, self.ref.host)
+        there = origin_of(target, self.ref.host)
+        downgrade = origin_of(url, self.ref.host).scheme == "https" and there.scheme == "http"
+        if there.scheme == "http" and not self.insecure:
+            if downgrade:
+                raise IOFailure(f"registry {self.ref.host}: redirected from HTTPS to plain HTTP ({there}); refused "
+                                "(--insecure follows it, without credentials)")
+            if not there.is_loopback:
+                raise IOFailure(f"registry {self.ref.host}: redirected to plain HTTP ({there}); refused "
+                                "(--insecure follows it, without credentials)")
+        return target, downgrade
+
+    def _answer(self, challenge: str, clock: Clock) -> bool:
+        """Set the Authorization header for a challenge; False if there is nothing to answer with.
+        A Bearer realm on another origin receives the Basic credentials (the distribution token
+        flow), over HTTPS only."""
         scheme = challenge.split(" ", 1)[0].lower()
         params = dict(_CHALLENGE.findall(challenge))
         if scheme == "basic":
@@ -174,11 +147,12 @@ class Registry:
             return False
         query = {k: v for k, v in params.items() if k in ("service", "scope")}
         url = params["realm"] + ("?" + urllib.parse.urlencode(query) if query else "")
+        realm = origin_of(url, self.ref.host)
+        if realm != self.origin and realm.scheme != "https":
+            raise IOFailure(f"registry {self.ref.host}: its token realm {realm} is plain HTTP on another "
+                            "origin; refused (credentials go there over HTTPS only)")
         headers = {"Authorization": self.credentials.basic()} if self.credentials else {}
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "https" and not (parts.netloc == self.ref.host and self.scheme == "http"):
-            raise IOFailure(f"registry {self.ref.host}: token realm is not HTTPS; refused")
-        resp = self._send("GET", url, None, headers, 1 << 20)
+        resp = self.transport.send("GET", url, None, headers, 1 << 20, clock)
         if resp.status != 200:
             raise IOFailure(f"registry {self.ref.host}: the token service refused ({resp.status}); "
                             f"check {ENV_AUTH} or ~/.docker/config.json")
@@ -196,7 +170,7 @@ class Registry:
         code = ""
         try:
             errors = json.loads(resp.body).get("errors") or []
-            code = f" ({errors[0].get('code')}: {errors[0].get('message')})" if errors else ""
+            code = f" ({shown(errors[0].get('code'), 60)}: {shown(errors[0].get('message'))})" if errors else ""
         except (ValueError, AttributeError, IndexError, TypeError):
             pass
         if resp.status == 404:
@@ -223,7 +197,7 @@ class Registry:
                             headers={"Content-Length": "0"})
         if resp.status != 202 or "location" not in resp.headers:
             raise self._fail(resp, "start an upload")
-        location = urllib.parse.urljoin(self.base + "/", resp.headers["location"])
+        location, _ = self._redirect(self.base + "/", resp.headers["location"])  # held to the same rules
         view = memoryview(data)
         if len(view) > CHUNK:
             for start in range(0, len(view), CHUNK):
@@ -233,7 +207,7 @@ class Registry:
                     "Content-Range": f"{start}-{start + len(part) - 1}", "Content-Length": str(len(part))})
                 if resp.status != 202 or "location" not in resp.headers:
                     raise self._fail(resp, f"upload chunk of {digest[:19]}")
-                location = urllib.parse.urljoin(self.base + "/", resp.headers["location"])
+                location, _ = self._redirect(self.base + "/", resp.headers["location"])
             view = memoryview(b"")
         sep = "&" if "?" in location else "?"
         resp = self.request("PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", body=bytes(view),
@@ -267,7 +241,8 @@ class Registry:
             raise self._fail(resp, f"manifest {ref}")
         got = resp.headers.get("content-type", "").split(";")[0].strip()
         if got != media_type:
-            raise InvalidInput(f"registry {self.ref.host}: {ref} is a {got or 'untyped'} manifest, not {media_type}")
+            raise InvalidInput(f"registry {self.ref.host}: {ref} is a {shown(got, 80) or 'untyped'} manifest, "
+                               f"not {media_type}")
         if ref.startswith("sha256:") and sha256_of(resp.body) != ref:
             raise IntegrityError(f"registry {self.ref.host}: manifest {ref[:19]} does not hash to its digest")
         return resp.body

@@ -133,7 +133,7 @@ class _Clients:
                 if not self._first_taken:
                     client, self._first_taken = self.first, True
                 else:
-                    client = Registry(self.first.ref, self.first.scheme == "http", self.first.credentials)
+                    client = Registry(self.first.ref, self.first.insecure, self.first.credentials)
                     self.all.append(client)
             self._local.client = client
         return client
