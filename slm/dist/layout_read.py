@@ -19,6 +19,7 @@ pax or long-name header whole, and a header claiming gigabytes must not be alloc
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -129,7 +130,12 @@ class LayoutReader:
         if not stat.S_ISDIR(mode):
             what = "links are refused" if stat.S_ISLNK(mode) else "not a directory"
             raise InvalidInput(f"{self.path}: {shown} is {kind_of(mode)} ({what})")
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a link or a file since
+                raise InvalidInput(f"{self.path}: {shown} is not a directory (links are refused)") from err
+            raise
         self._fds.append(fd)
         return fd
 

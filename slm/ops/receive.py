@@ -94,15 +94,23 @@ def expected_blobs(comp: Composition, record: str, base: BaseManifest,
     return out
 
 
-def _checked(data: bytes, layer: Layer | Descriptor, blake3: str | None, where: str) -> bytes:
-    digest = layer.sha256 if isinstance(layer, Layer) else layer.digest
-    if len(data) != layer.size:
-        raise IntegrityError(f"{where}: blob {digest[:19]} is {len(data)} bytes, its descriptor says {layer.size}")
-    if sha256_of(data) != digest:
+def _check_received(where: str, digest: str, size: int, blake3: str | None, got_size: int,
+                    got_sha256: str, got_blake3: str | None) -> None:
+    """The one verdict on a received blob's bytes (whole or streamed): exit 5 unless its size,
+    sha256 and (for a layer) BLAKE3 are those its descriptor and annotation give."""
+    if got_size != size:
+        raise IntegrityError(f"{where}: blob {digest[:19]} is {got_size} bytes, its descriptor says {size}")
+    if got_sha256 != digest:
         raise IntegrityError(f"{where}: blob {digest[:19]} does not hash to its sha256 digest (tampered or damaged)")
-    if blake3 is not None and dg.of_bytes(data) != blake3:
+    if blake3 is not None and got_blake3 != blake3:
         raise IntegrityError(f"{where}: blob {digest[:19]} does not hash to the BLAKE3 digest its annotation "
                              f"claims ({dg.short(blake3)})")
+
+
+def _checked(data: bytes, layer: Layer | Descriptor, blake3: str | None, where: str) -> bytes:
+    digest = layer.sha256 if isinstance(layer, Layer) else layer.digest
+    _check_received(where, digest, layer.size, blake3, len(data), sha256_of(data),
+                    dg.of_bytes(data) if blake3 is not None else None)
     return data
 
 
@@ -148,14 +156,7 @@ class Receiver:
                 sha.update(chunk)
                 blob.write(chunk)
                 self.progress.advance(len(chunk))
-            if n != layer.size:
-                raise IntegrityError(f"{self.where}: blob {digest[:19]} is {n} bytes, its descriptor says {layer.size}")
-            if SHA256 + sha.hexdigest() != digest:
-                raise IntegrityError(f"{self.where}: blob {digest[:19]} does not hash to its sha256 digest "
-                                     "(tampered or damaged)")
-            if blob.digest != layer.blake3:
-                raise IntegrityError(f"{self.where}: blob {digest[:19]} does not hash to the BLAKE3 digest its "
-                                     f"annotation claims ({dg.short(layer.blake3)})")
+            _check_received(self.where, digest, layer.size, layer.blake3, n, SHA256 + sha.hexdigest(), blob.digest)
             blob.keep()
         self.downloaded += 1
         self.bytes += n
