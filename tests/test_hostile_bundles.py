@@ -256,6 +256,14 @@ def test_a_symlinked_blobs_directory_is_refused(bundle, target, tmp_path, which)
     assert "symlink" in err and which in err
 
 
+@pytest.mark.parametrize("which", ["blobs", "blobs/sha256"])
+def test_a_file_in_place_of_a_blobs_directory_is_refused(bundle, target, which):
+    shutil.rmtree(bundle / which)
+    (bundle / which).write_text("not a directory")
+    err = refused(target, 4, "import", "bundle", bundle)
+    assert "is a regular file (not a directory)" in err and which in err
+
+
 def test_a_symlinked_blob_is_refused(bundle, target):
     _, manifest = _manifest(bundle)
     blob = _blob(bundle, _tensor_layer(manifest))
@@ -296,11 +304,15 @@ def test_a_blob_shorter_or_longer_than_its_descriptor_is_exit_5(bundle, target, 
     assert f"is {len(data) + delta} bytes, its descriptor says {len(data)}" in err and desc["digest"][:19] in err
 
 
-def test_a_directory_in_place_of_a_blob_names_the_blob(bundle, target):
+@pytest.mark.parametrize("form", ["dir", "tar"])
+def test_a_directory_in_place_of_a_blob_names_the_blob(bundle, target, tmp_path, form):
+    """It said "cannot access 7: Is a directory": now which blob (short digest and path) and what
+    is wrong with it."""
     _, manifest = _manifest(bundle)
     desc = _tensor_layer(manifest)
     path = _blob(bundle, desc)
     path.unlink()
     path.mkdir()
-    err = refused(target, 4, "import", "bundle", bundle)
+    source = bundle if form == "dir" else _tar(bundle, tmp_path / "b.tar")
+    err = refused(target, 4, "import", "bundle", source)
     assert desc["digest"][:19] in err and f"blobs/sha256/{path.name}" in err and "is a directory" in err

@@ -188,6 +188,8 @@ class LayoutReader:
                 self._admit(m, total)
         except (tarfile.TarError, EOFError) as err:
             raise InvalidInput(f"{self.path}: not a readable tar ({err})") from err
+        except OSError as err:
+            raise IOFailure(f"cannot read {self.path}: {err.strerror or err}") from err
         self._tar.members = []  # the index is ours (self._members); tarfile need not keep a second
 
     def _admit(self, m: tarfile.TarInfo, total: int) -> None:
@@ -195,7 +197,12 @@ class LayoutReader:
         if m.isdir() and name in ("", "blobs", "blobs/sha256"):
             return
         if not m.isfile():
-            raise InvalidInput(f"{self.path}: member {m.name!r} is not a regular file (links are refused)")
+            kind = ("a directory" if m.isdir() else "a link" if m.issym() or m.islnk() else "a FIFO" if m.isfifo()
+                    else "a device" if m.ischr() or m.isblk() else "of another type")
+            blob = _BLOB.fullmatch(name)
+            which = f"blob sha256:{blob.group(1)[:12]}: " if blob else ""
+            raise InvalidInput(f"{which}{self.path}: member {m.name!r} is {kind}, not a regular file "
+                               "(links are refused)")
         if m.issparse():
             raise InvalidInput(f"{self.path}: member {m.name!r} is a sparse file (refused: its size is not "
                                "bytes the tar holds)")

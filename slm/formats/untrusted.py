@@ -34,7 +34,9 @@ _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def kind_of(mode: int) -> str:
-    """What a file that is not a regular file is, in words."""
+    """What kind of file a mode is, in words (for messages)."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
