@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from slm.errors import InvalidInput, IOFailure, NotFound
 
@@ -128,6 +128,14 @@ def open_untrusted(path: os.PathLike | str, *, follow: bool = False, dir_fd: int
         os.close(fd)
         raise InvalidInput(f"{name} is {kind_of(info.st_mode)}, not a regular file")
     return UntrustedFile(fd, name, info.st_size)
+
+
+def open_binary(path: Path | str) -> BinaryIO:
+    """`open(path, "rb")` for a file the user names (a GGUF, a safetensors file), through the
+    checks of `open_untrusted`: a FIFO or a device is refused at once, never waited on."""
+    f = open_untrusted(path, follow=True)
+    fd, f.fd = f.fd, -1  # the file object owns the descriptor now
+    return os.fdopen(fd, "rb")
 
 
 def read_untrusted(path: Path | str, limit: int, what: str = "file", *, follow: bool = True) -> bytes:
