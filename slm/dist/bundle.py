@@ -134,8 +134,9 @@ def _only(doc: dict, allowed: set[str], what: str) -> None:
 
 
 def _size(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BLOB_BYTES:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInput(f"{what}: size {value!r} is not a byte count")
+    _bounded(value, MAX_BLOB_BYTES, what)
     return value
 
 
