@@ -198,7 +198,8 @@ def test_a_tar_header_claiming_gigabytes_is_refused_under_a_memory_limit(target,
 
 def test_a_layer_claiming_more_than_any_blob_can_be_is_refused(bundle, target):
     _claim(bundle, "tensor", 1 << 50)
-    assert f"{1 << 50} bytes claimed, more than a blob of its kind can be" in refused(target, 4, "import", "bundle", bundle)
+    err = refused(target, 4, "import", "bundle", bundle)
+    assert f"{1 << 50} bytes claimed, more than a blob of its kind can be" in err
 
 
 # -------------------------------------------------------------------------------------- hangs
