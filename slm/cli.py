@@ -485,7 +485,9 @@ def run(argv: list[str] | None = None) -> int:
         where = f" {err.filename}" if err.filename else ""
         return _fail(ExitCode.IO, f"cannot access{where}: {err.strerror or err}", as_json)
     except MemoryError as err:
-        return _fail(ExitCode.BUDGET, f"out of memory: {err}", as_json)
+        detail = f" ({err})" if str(err) else ""  # MemoryError() of a failed allocation says nothing
+        return _fail(ExitCode.BUDGET, f"out of memory{detail}: the machine or this process's memory limit "
+                                      "has no room for what the command needed", as_json)
     except RecursionError:  # a hostile file nested past what a parser can follow
         return _fail(ExitCode.INVALID_INPUT, "input is nested too deeply to read", as_json)
     except Exception as err:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
 from slm.compose.composition import Composition
+from slm.compose.toml_io import MAX_MANIFEST as MAX_TOML_MANIFEST
 from slm.dist import mediatypes as mt
 from slm.errors import InvalidInput
 from slm.formats.jsonfile import parse_json_object
@@ -35,8 +36,15 @@ SCHEMA = "slm.bundle/1"
 SHA256 = "sha256:"
 _SHA_HEX = re.compile(r"[0-9a-f]{64}")
 MAX_MANIFEST_BYTES = 4 << 20  # an OCI manifest of a few thousand layers is well under this
+MAX_CONFIG_BYTES = 1 << 20  # a composition id, a record digest and the identity of <= 64 adapters
+MAX_SIGNATURE_BYTES = 4096
 MAX_LAYERS = 20000
-MAX_BLOB_BYTES = 1 << 40
+# One tensor blob: the embedding table of the largest open models in float32 is under this.
+# Such blobs are streamed into the store, never held whole; the bound refuses absurd claims.
+MAX_BLOB_BYTES = 64 << 30
+# The layers a receiver parses, so holds whole: each refused above its bound before it is read.
+SMALL_LAYER_LIMITS = {mt.COMPOSITION: MAX_TOML_MANIFEST, mt.BASE_MANIFEST: MAX_TOML_MANIFEST,
+                      mt.ADAPTER_MANIFEST: MAX_TOML_MANIFEST, mt.SIGNATURE: MAX_SIGNATURE_BYTES}
 
 
 def sha256_of(data: bytes | memoryview) -> str:
@@ -126,9 +134,16 @@ def _only(doc: dict, allowed: set[str], what: str) -> None:
 
 
 def _size(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BLOB_BYTES:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInput(f"{what}: size {value!r} is not a byte count")
+    _bounded(value, MAX_BLOB_BYTES, what)
     return value
+
+
+def _bounded(size: int, limit: int, what: str) -> None:
+    """Refuse a descriptor claiming more bytes than a blob of its kind can hold: before reading."""
+    if size > limit:
+        raise InvalidInput(f"{what}: {size} bytes claimed, more than a blob of its kind can be ({limit})")
 
 
 def parse_descriptor(doc: object, what: str, annotations: set[str] = frozenset()) -> tuple[Descriptor, dict]:
@@ -161,6 +176,7 @@ def parse_manifest(data: bytes, what: str = "bundle manifest") -> Manifest:
     config, _ = parse_descriptor(doc.get("config"), f"{what} config")
     if config.media_type != mt.CONFIG:
         raise InvalidInput(f"{what}: config mediaType {config.media_type!r}, expected {mt.CONFIG}")
+    _bounded(config.size, MAX_CONFIG_BYTES, f"{what} config")
     raw_layers = doc.get("layers")
     if not isinstance(raw_layers, list) or not raw_layers or len(raw_layers) > MAX_LAYERS:
         raise InvalidInput(f"{what}: layers must be a list of 1 to {MAX_LAYERS} descriptors")
@@ -170,6 +186,7 @@ def parse_manifest(data: bytes, what: str = "bundle manifest") -> Manifest:
         desc, notes = parse_descriptor(raw, where, {mt.BLAKE3_ANNOTATION})
         if desc.media_type not in mt.LAYER_TYPES:
             raise InvalidInput(f"{where}: unknown mediaType {desc.media_type!r}")
+        _bounded(desc.size, SMALL_LAYER_LIMITS.get(desc.media_type, MAX_BLOB_BYTES), f"{where} ({desc.media_type})")
         blake = notes.get(mt.BLAKE3_ANNOTATION)
         if not isinstance(blake, str) or not dg.is_digest(blake):
             raise InvalidInput(f"{where}: annotation {mt.BLAKE3_ANNOTATION} is missing or not a blake3 digest")

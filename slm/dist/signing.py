@@ -27,16 +27,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from slm.dist.bundle import canonical
-from slm.errors import IntegrityError, InvalidInput, NotFound
+from slm.dist.bundle import MAX_SIGNATURE_BYTES, canonical
+from slm.errors import IntegrityError, InvalidInput
 from slm.formats.jsonfile import parse_json_object
+from slm.formats.untrusted import read_untrusted
 from slm.store import digest as dg
 
 SCHEMA = "slm.signature/1"
 CERT_SCHEMA = "slm.certificate/1"
 ALGORITHM = "ed25519"
 KEY_PREFIX = "ed25519:"
-MAX_SIGNATURE_BYTES = 4096
 MAX_CERT_BYTES = 1 << 20
 MAX_KEY_FILE = 64 << 10
 
@@ -67,21 +67,16 @@ def key_fingerprint(public_key: str) -> str:
 
 
 def _read_key_file(path: Path) -> bytes:
-    """At most MAX_KEY_FILE + 1 bytes of a key file (one more than a key can be, so that the
-    parser refuses an oversized file without its whole content being read)."""
-    with open(path, "rb") as f:
-        return f.read(MAX_KEY_FILE + 1)
+    """A key file, through the one reader of untrusted files: a regular file (a FIFO or a device
+    is refused, never waited on), at most MAX_KEY_FILE bytes. Missing: exit 3; not a regular
+    file or too large: 4; the OS failing the read (EIO): 12."""
+    return read_untrusted(path, MAX_KEY_FILE, "key file")
 
 
 def load_private_key(path: Path):
     ed25519, serialization, _ = _crypto()
     path = Path(path)
-    try:
-        data = _read_key_file(path)
-    except FileNotFoundError as err:
-        raise NotFound(f"no such key file: {path}") from err
-    except OSError as err:
-        raise InvalidInput(f"cannot read {path}: {err.strerror}") from err
+    data = _read_key_file(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as err:
@@ -117,10 +112,7 @@ def public_key_from_file_or_text(value: str) -> str:
         return value
     ed25519, serialization, _ = _crypto()
     path = Path(value)
-    try:
-        data = _read_key_file(path)
-    except OSError as err:
-        raise NotFound(f"no such key file: {path}") from err
+    data = _read_key_file(path)
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError):

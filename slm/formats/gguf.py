@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from slm.errors import InvalidInput, NotFound
+from slm.formats.untrusted import open_binary
 from slm.quant.ggml_types import GGMLType
 
 MAGIC = b"GGUF"
@@ -205,7 +206,7 @@ def read_gguf(path: Path, tensor_nbytes=None) -> GGUFFile:
     """
     path = Path(path)
     try:
-        f = open(path, "rb")
+        f = open_binary(path)
     except FileNotFoundError as err:
         raise NotFound(f"no such file: {path}") from err
     except OSError as err:

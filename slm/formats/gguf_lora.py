@@ -37,6 +37,7 @@ from slm.arch.roles import linear_role, requires_from_shapes, target_order
 from slm.errors import InvalidInput, SlmError
 from slm.formats.adapter_source import AdapterSource, AdapterTarget
 from slm.formats.gguf import MAGIC, GGUFFile, read_gguf
+from slm.formats.untrusted import open_binary
 from slm.quant.ggml_types import GGMLType
 
 ADAPTER_TYPE_KEY = "adapter.type"
@@ -49,7 +50,7 @@ SUPPORTED_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0)  # 
 def is_gguf_lora(path) -> bool:
     """A GGUF file whose general.type is "adapter"."""
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             if f.read(4) != MAGIC:
                 return False
     except OSError:

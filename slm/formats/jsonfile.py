@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slm.errors import InvalidInput
+from slm.errors import InvalidInput, NotFound
+from slm.formats.untrusted import read_untrusted
 
 
 def no_duplicate_keys(pairs):
@@ -45,16 +46,11 @@ def parse_json_object(data: bytes, what: str, max_bytes: int) -> dict:
 
 def read_json_object(path: Path, what: str, max_bytes: int, strict_keys: bool = False) -> dict:
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise InvalidInput(f"{path}: {what} is {size} bytes, more than the {max_bytes} allowed")
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError as err:
+        text = read_untrusted(path, max_bytes, what).decode("utf-8")
+    except NotFound as err:
         raise InvalidInput(f"{path.parent.name}: missing {path.name} ({what})") from err
     except UnicodeDecodeError as err:
         raise InvalidInput(f"{path}: {what} is not UTF-8 text") from err
-    except OSError as err:
-        raise InvalidInput(f"cannot read {path}: {err.strerror}") from err
     try:
         data = parse_json(text, strict_keys)
     except ValueError as err:

@@ -20,6 +20,7 @@ import numpy as np
 
 from slm.errors import InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json
+from slm.formats.untrusted import open_binary
 
 MAX_HEADER = 100 << 20  # the format's own limit is 100 MB
 
@@ -44,7 +45,7 @@ class SafetensorsFile:
     def __init__(self, path: Path):
         self.path = Path(path)
         try:
-            with open(self.path, "rb") as f:
+            with open_binary(self.path) as f:
                 self.size = f.seek(0, 2)
                 if self.size < 8:
                     raise InvalidInput(f"{self.path.name}: not a safetensors file (too short)")

@@ -7,6 +7,7 @@ tar (slm.dist.layout); it changes nothing in the store. Import is a receive tran
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ from pathlib import Path
 from slm.compose.composition import Composition, for_base
 from slm.dist import mediatypes as mt
 from slm.dist.bundle import Descriptor, Layer, Manifest, blobs_of, config_bytes, parse_manifest, sha256_of
-from slm.dist.layout import LayoutReader, write_layout
+from slm.dist.layout import write_layout
+from slm.dist.layout_read import LayoutReader
 from slm.errors import IntegrityError, InvalidInput, NotFound
 from slm.ops import compositions, receive
 from slm.ops.progress import NoProgress, Progress
@@ -135,20 +137,27 @@ def _advancing(data: bytes, progress: Progress) -> bytes:
 
 
 class _LayoutSource:
+    """A layout's blobs for the receiver: small ones whole, the rest in chunks (each opened only
+    if it is a regular file of its descriptor's size; slm.dist.layout_read)."""
+
     def __init__(self, reader: LayoutReader):
         self.reader = reader
 
     def blob(self, digest: str, size: int) -> bytes:
         return self.reader.blob(digest, size)
 
+    def chunks(self, digest: str, size: int):
+        with contextlib.closing(self.reader.open_blob(digest, size)) as f:
+            yield from f.chunks(size)
+
 
 def import_bundle(store: Store, path: Path, tag: str | None = None,
                   progress: Progress | None = None) -> receive.ReceiveResult:
     reader = LayoutReader(Path(path))
     try:
-        desc = reader.manifest_descriptor(tag)
+        desc = reader.manifest_descriptor(tag)  # its size bounded before the manifest is read
         data = reader.blob(desc.digest, desc.size)
-        if len(data) != desc.size or sha256_of(data) != desc.digest:
+        if sha256_of(data) != desc.digest:
             raise IntegrityError(f"{path}: the manifest does not hash to the digest index.json gives")
         manifest = parse_manifest(data, f"{Path(path).name} manifest")
         result = receive.receive(store, manifest, _LayoutSource(reader), Path(path).name, progress)

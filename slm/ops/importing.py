@@ -30,6 +30,7 @@ from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
 from slm.formats.gguf_model import open_gguf_base
 from slm.formats.hf_checkpoint import is_hf_checkpoint, open_hf_base
 from slm.formats.peft import is_peft_dir, read_peft_adapter
+from slm.formats.untrusted import open_binary
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.resolve import load_base
 from slm.quant import get_codec
@@ -58,7 +59,7 @@ def open_base_source(path: Path, quant: str | None) -> BaseSource:
     if not path.exists():
         raise NotFound(f"no such file or directory: {path}")
     if path.is_file():
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             magic = f.read(4)
         if magic != MAGIC:
             raise InvalidInput(f"{path.name}: not a GGUF file or a Hugging Face checkpoint directory")

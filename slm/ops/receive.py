@@ -16,6 +16,8 @@ or new, never a mix.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.compose.composition import Composition, architecture_digest, parse_composition
 from slm.dist import mediatypes as mt
 from slm.dist import signing
-from slm.dist.bundle import Descriptor, Layer, Manifest, parse_config, sha256_of
+from slm.dist.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, sha256_of
 from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, NotFound, SlmError
 from slm.ops import compositions
 from slm.ops.progress import NoProgress, Progress
@@ -38,7 +40,12 @@ WINDOW = 16  # blobs fetched ahead of staging
 
 
 class BlobSource(Protocol):
-    """Where a bundle's blobs come from (a layout on disk, a registry)."""
+    """Where a bundle's blobs come from (a layout on disk, a registry).
+
+    `blob` gives a small blob whole (at most `size` bytes: the config, a manifest, a signature,
+    each bounded by its kind before it is asked for). A source that can also give a blob in
+    chunks has `chunks(digest, size)` (an iterator of at most `size` + 1 bytes, closable):
+    the receiver then streams every other layer into the store, hashing on the way."""
 
     def blob(self, digest: str, size: int) -> bytes: ...
 
@@ -87,15 +94,23 @@ def expected_blobs(comp: Composition, record: str, base: BaseManifest,
     return out
 
 
-def _checked(data: bytes, layer: Layer | Descriptor, blake3: str | None, where: str) -> bytes:
-    digest = layer.sha256 if isinstance(layer, Layer) else layer.digest
-    if len(data) != layer.size:
-        raise IntegrityError(f"{where}: blob {digest[:19]} is {len(data)} bytes, its descriptor says {layer.size}")
-    if sha256_of(data) != digest:
+def _check_received(where: str, digest: str, size: int, blake3: str | None, got_size: int,
+                    got_sha256: str, got_blake3: str | None) -> None:
+    """The one verdict on a received blob's bytes (whole or streamed): exit 5 unless its size,
+    sha256 and (for a layer) BLAKE3 are those its descriptor and annotation give."""
+    if got_size != size:
+        raise IntegrityError(f"{where}: blob {digest[:19]} is {got_size} bytes, its descriptor says {size}")
+    if got_sha256 != digest:
         raise IntegrityError(f"{where}: blob {digest[:19]} does not hash to its sha256 digest (tampered or damaged)")
-    if blake3 is not None and dg.of_bytes(data) != blake3:
+    if blake3 is not None and got_blake3 != blake3:
         raise IntegrityError(f"{where}: blob {digest[:19]} does not hash to the BLAKE3 digest its annotation "
                              f"claims ({dg.short(blake3)})")
+
+
+def _checked(data: bytes, layer: Layer | Descriptor, blake3: str | None, where: str) -> bytes:
+    digest = layer.sha256 if isinstance(layer, Layer) else layer.digest
+    _check_received(where, digest, layer.size, blake3, len(data), sha256_of(data),
+                    dg.of_bytes(data) if blake3 is not None else None)
     return data
 
 
@@ -127,13 +142,39 @@ class Receiver:
             self.progress.advance(len(data))
         return data
 
-    def _fetch_ahead(self, layers: list[Layer]):
-        """(layer, verified bytes) in order; a source with `workers` > 1 fetches a bounded
-        window ahead on its threads (at most WINDOW blobs in memory)."""
+    def ingest(self, layer: Layer, chunks) -> None:
+        """Stage one layer from its bytes as they arrive: size, sha256 and BLAKE3 checked on the
+        way (a longer blob is refused at its first extra byte), nothing held whole; a blob that
+        fails any check leaves nothing staged."""
+        digest, n, sha = layer.sha256, 0, hashlib.sha256()
+        with self.staging.incoming() as blob:
+            for chunk in chunks:
+                n += len(chunk)
+                if n > layer.size:
+                    raise IntegrityError(f"{self.where}: blob {digest[:19]} is longer than the {layer.size} "
+                                         "bytes its descriptor says")
+                sha.update(chunk)
+                blob.write(chunk)
+                self.progress.advance(len(chunk))
+            _check_received(self.where, digest, layer.size, layer.blake3, n, SHA256 + sha.hexdigest(), blob.digest)
+            blob.keep()
+        self.downloaded += 1
+        self.bytes += n
+
+    def _chunks_ahead(self, layers: list[Layer]):
+        """(layer, its bytes in chunks) in order. A source that streams is read one blob at a
+        time; one with `workers` > 1 fetches a bounded window ahead on its threads (at most
+        WINDOW blobs in memory), each blob one chunk."""
+        stream = getattr(self.source, "chunks", None)
+        if stream is not None:
+            for layer in layers:
+                with contextlib.closing(stream(layer.sha256, layer.size)) as chunks:
+                    yield layer, chunks
+            return
         workers = getattr(self.source, "workers", 1)
         if workers <= 1:
             for layer in layers:
-                yield layer, self.fetch(layer)
+                yield layer, (self.source.blob(layer.sha256, layer.size),)
             return
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
@@ -141,13 +182,13 @@ class Receiver:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             pending: deque = deque()
             for layer in layers:
-                pending.append((layer, pool.submit(self.fetch, layer)))
+                pending.append((layer, pool.submit(self.source.blob, layer.sha256, layer.size)))
                 if len(pending) >= WINDOW:
                     done = pending.popleft()
-                    yield done[0], done[1].result()
+                    yield done[0], (done[1].result(),)
             while pending:
                 done = pending.popleft()
-                yield done[0], done[1].result()
+                yield done[0], (done[1].result(),)
 
     def content(self, digest: str, media: str, what: str) -> bytes:
         """The verified bytes of a small blob (a manifest), from the store or the source."""
@@ -215,10 +256,12 @@ class Receiver:
                 self.progress.advance(layer.size)
                 continue
             wanted.append(layer)
-        for layer, data in self._fetch_ahead(wanted):
-            if layer.media_type == mt.SIGNATURE:
-                signing.parse_signature(data, comp.id)  # well-formed and valid for this id
-            self.staging.put(data)  # staged in order, on this thread
+        for layer in [l for l in wanted if l.media_type == mt.SIGNATURE]:  # small: checked whole
+            data = self.fetch(layer)
+            signing.parse_signature(data, comp.id)  # well-formed and valid for this id
+            self.staging.put(data)
+        for layer, chunks in self._chunks_ahead([l for l in wanted if l.media_type != mt.SIGNATURE]):
+            self.ingest(layer, chunks)  # staged in order, on this thread
         self.progress.finish()
         record = self._merged_record(comp, record)
         fs.point("bundle.staged")

@@ -170,7 +170,9 @@ def write_certificate(comp_id: str, result: dict, key_path: Path, out: Path) -> 
 def check_certificate(path: Path, keys: list[str] = ()) -> dict:
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
-    data = Path(path).read_bytes()[:signing.MAX_CERT_BYTES + 1]
+    from slm.formats.untrusted import read_untrusted
+
+    data = read_untrusted(Path(path), signing.MAX_CERT_BYTES, "certificate")
     comp_id, key, result = signing.check_certificate(data, Path(path).name)
     trusted = set(keys)
     return {"composition_id": comp_id, "public_key": key, "fingerprint": signing.key_fingerprint(key),

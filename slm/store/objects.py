@@ -273,6 +273,11 @@ class Staging:
         self.staged[digest] = path
         return digest
 
+    def incoming(self) -> "Incoming":
+        """A blob to be staged as its bytes arrive (a received bundle's layer), hashed on the
+        way: nothing is held whole. Use as a context manager; see Incoming."""
+        return Incoming(self)
+
     def _already_stored(self, digest: str) -> bool:
         if not self.objects.has(digest):
             return False
@@ -322,3 +327,50 @@ class Staging:
             self._lock_fd = None
         self.dir = None
         self.staged = {}
+
+
+class Incoming:
+    """One blob written into a staging area chunk by chunk while BLAKE3 hashes it.
+
+    The caller checks what it knows of the bytes (their size, another digest, `digest`) and
+    then calls `keep()`: only then is the file staged under its digest (fsynced with the rest,
+    committed by `Staging.commit`). Leaving the `with` block without `keep()` (an error, bytes
+    that do not match) removes the file: a refused blob leaves nothing in tmp/."""
+
+    def __init__(self, staging: Staging):
+        self.staging = staging
+        self.path = fs.temp_name(staging._dir(), "incoming")
+        self.file = fs.NewFile(self.path, 0o644)
+        self._hasher = dg.hasher()
+        self._kept = False
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        self._hasher.update(chunk)
+        self.file.write(chunk)
+
+    @property
+    def digest(self) -> str:
+        return dg.PREFIX + self._hasher.hexdigest()
+
+    def keep(self) -> str:
+        """Stage the bytes written under their digest (returned)."""
+        digest = self.digest
+        if digest in self.staging.staged or self.staging._already_stored(digest):
+            if digest not in self.staging.staged:
+                self.staging.reused.add(digest)
+            return digest  # not kept: __exit__ removes the copy
+        self.staging._syncs.write_sync_and_close(self.file, [])  # fsynced before commit links it
+        self.staging.staged[digest] = self.path
+        self._kept = True
+        return digest
+
+    def __enter__(self) -> "Incoming":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._kept:
+            self.file._close()
+            try:
+                fs.unlink(self.path)
+            except SlmError:
+                pass  # the staging directory goes as a whole at discard()

@@ -31,6 +31,7 @@ from slm.formats.jsonfile import parse_json
 from slm.formats.llama import hf_to_gguf_name
 from slm.formats.peft.config import ia3_on_input, pattern_value, select_module
 from slm.formats.safetensors_io import SafetensorsFile
+from slm.formats.untrusted import open_binary
 
 KEY_PREFIX = "base_model.model."
 # Stored parameter suffix -> its role, per PEFT type.
@@ -85,7 +86,7 @@ def read_modules(weights: Path, config: dict, peft_type: str) -> list[Pending]:
 def _check_unique_header_keys(st: SafetensorsFile) -> None:
     """json.loads keeps the last of two equal keys; a tensor named twice is an error here."""
     try:
-        with open(st.path, "rb") as f:
+        with open_binary(st.path) as f:
             (n,) = struct.unpack("<Q", f.read(8))  # SafetensorsFile checked n against the file
             header = f.read(n)
     except OSError as err:
