@@ -45,11 +45,11 @@ def _global(
     ctx.obj = {"store": store}
 
 
-def _store(ctx: typer.Context):
+def _store(ctx: typer.Context, check_config: bool = True):
     """The public API's Store (imported when a command runs: `slm --help` stays fast)."""
     from slm.api import Store
 
-    return Store.open(ctx.obj["store"])
+    return Store.open(ctx.obj["store"], check_config)
 
 
 class _Reported(Exception):
@@ -198,7 +198,7 @@ def fsck(
     json_out: bool = JsonOpt,
 ) -> None:
     """Check every blob, manifest, name, ref and reflog line (re-hashing everything)."""
-    _show(_store(ctx).fsck(repair, _progress(json_out)), json_out, render.fsck_report)
+    _show(_store(ctx, check_config=False).fsck(repair, _progress(json_out)), json_out, render.fsck_report)
 
 
 @app.command()

@@ -15,6 +15,7 @@ names, creation time and provenance sit beside the identity in the TOML manifest
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -131,6 +132,22 @@ def stamped(c: Composition, created_by: str) -> Composition:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Composition(c.base, c.tokenizer, c.architecture, c.quant_profile, c.runtime,
                        c.adapters, c.base_name, now, created_by)
+
+
+# The one spelling of an adapter's weight (`NAME@WEIGHT` on the command line, `BASE+NAME@WEIGHT`
+# in a server request), ASCII only:
+#     WEIGHT = [+|-] DIGITS [. DIGITS] [(e|E) [+|-] DIGITS]      DIGITS = one or more of 0-9
+# Python's float() is not the grammar: it also takes "1_0" (as 10), Arabic-Indic and other
+# Unicode digits, surrounding spaces, "inf" and "nan".
+WEIGHT_GRAMMAR = "[+|-]DIGITS[.DIGITS][e[+|-]DIGITS] with ASCII digits 0-9, e.g. 0.8, -0.5, 1e-3"
+_WEIGHT = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
+def parse_weight(text: str, where: str) -> float:
+    """An adapter weight as written by a user, strictly (WEIGHT_GRAMMAR), then check_weight."""
+    if not _WEIGHT.fullmatch(text):
+        raise InvalidInput(f"{where}: weight {text!r} is not a number ({WEIGHT_GRAMMAR})")
+    return check_weight(float(text), where)
 
 
 def check_weight(weight, where: str) -> float:
