@@ -142,7 +142,9 @@ def activate(
     base: Optional[str] = typer.Argument(
         None, help="The base (name or digest), or alone a stored composition id or 6+ hex prefix (a pulled one)."),
     adapters: Optional[list[str]] = typer.Argument(
-        None, metavar="[ADAPTER[@WEIGHT]]...", help="Adapters in load order, each with an optional weight."),
+        None, metavar="[ADAPTER[@WEIGHT]]...",
+        help="Adapters in load order, each with an optional weight: a decimal number in ASCII digits "
+             "(0.8, -0.5, .5, 1e-3; default 1)."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Activate a composition manifest (TOML)."),
     upgrade: bool = typer.Option(
         False, "--upgrade",

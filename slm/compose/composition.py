@@ -135,12 +135,12 @@ def stamped(c: Composition, created_by: str) -> Composition:
 
 
 # The one spelling of an adapter's weight (`NAME@WEIGHT` on the command line, `BASE+NAME@WEIGHT`
-# in a server request), ASCII only:
-#     WEIGHT = [+|-] DIGITS [. DIGITS] [(e|E) [+|-] DIGITS]      DIGITS = one or more of 0-9
+# in a server request; docs/concepts.md), a decimal number in ASCII:
+#     WEIGHT = [+|-] (DIGITS [. [DIGITS]] | . DIGITS) [(e|E) [+|-] DIGITS]    DIGITS = 0-9, one or more
 # Python's float() is not the grammar: it also takes "1_0" (as 10), Arabic-Indic and other
 # Unicode digits, surrounding spaces, "inf" and "nan".
-WEIGHT_GRAMMAR = "[+|-]DIGITS[.DIGITS][e[+|-]DIGITS] with ASCII digits 0-9, e.g. 0.8, -0.5, 1e-3"
-_WEIGHT = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", re.ASCII)
+WEIGHT_GRAMMAR = "a decimal number in ASCII digits 0-9, e.g. 0.8, -0.5, .5, 1e-3"
+_WEIGHT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
 def parse_weight(text: str, where: str) -> float:
