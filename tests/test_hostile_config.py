@@ -8,6 +8,7 @@ every file's mode and bytes)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -303,3 +304,29 @@ def test_fsck_ref_mismatch_names_a_lookalike_ref_distinctly(cli, store_dir):
     ref_short, committed_short = dg.short_pair(lookalike, committed)
     assert ref_short != committed_short
     assert f"refs/active is {ref_short}; the last committed transition made {committed_short} active" == what
+
+
+def test_slm_serve_refuses_unsigned_models_and_lenient_weights_over_http(store_dir, ci_key):
+    """The real server process: what refs/active names is not served, a request naming an
+    unsigned spec is 400 with the same one line, and a weight outside the grammar is 400."""
+    from serve_helpers import Server
+
+    _policy_on(store_dir, ci_key[1])
+    server = Server(store_dir)
+    try:
+        assert "not signed" in server.status()["active_error"]
+        for model, says in (("tq+a1@0.5", "not signed"), ("tq", "not signed"), ("tq+a1@1_0", "not a number"),
+                            ("tq+a1@\u0661", "not a number")):
+            status, body = server.json("POST", "/v1/chat/completions", {
+                "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+            assert status == 400 and says in json.dumps(body), (model, status, body)
+    finally:
+        assert server.stop() == 0
+
+
+def test_slm_serve_refuses_to_start_on_a_misplaced_policy(store_dir):
+    with open(store_dir / "config.toml", "a") as f:
+        f.write("require_signed = true\n")
+    r = slm_proc(store_dir, "serve", "--port", "0")
+    err = r.stderr.decode()
+    assert r.returncode == 4 and one_line(err) and "require_signed" in err, (r.returncode, err)
