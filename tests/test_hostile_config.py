@@ -330,3 +330,19 @@ def test_slm_serve_refuses_to_start_on_a_misplaced_policy(store_dir):
     r = slm_proc(store_dir, "serve", "--port", "0")
     err = r.stderr.decode()
     assert r.returncode == 4 and one_line(err) and "require_signed" in err, (r.returncode, err)
+
+
+@pytest.mark.parametrize("args", [["run", "--max-tokens", "1_0", "hi"], ["run", "-n", "\u0661", "hi"],
+                                  ["run", "--temperature", "0_5", "hi"], ["run", "--seed", "\uff17", "hi"],
+                                  ["run", "--top-p", " 1", "hi"], ["rollback", "-n", "\u0662"],
+                                  ["serve", "--port", "8_080"], ["serve", "--grace", "1_0"]])
+def test_lenient_numbers_in_options_are_usage_errors(cli, store_dir, args):
+    """click's int / float took "1_0" as 10 and any Unicode digit: options share the grammar."""
+    err = refused(cli, store_dir, 2, *args).err
+    assert "Invalid value" in err, err
+
+
+def test_ascii_numbers_in_options_are_read(cli, store_dir):
+    r = cli("--store", store_dir, "run", "--max-tokens", "+2", "--temperature", ".5", "--seed", "7", "hi", "--json")
+    assert r.code == 0, r.err
+    assert len(r.json()["tokens"]) <= 2

@@ -15,11 +15,11 @@ names, creation time and provenance sit beside the identity in the TOML manifest
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import slm
+from slm import numbers
 from slm.compose.base_manifest import BaseManifest
 from slm.compose.toml_io import dumps, field as req, loads
 from slm.errors import Incompatible, InvalidInput
@@ -134,19 +134,11 @@ def stamped(c: Composition, created_by: str) -> Composition:
                        c.adapters, c.base_name, now, created_by)
 
 
-# The one spelling of an adapter's weight (`NAME@WEIGHT` on the command line, `BASE+NAME@WEIGHT`
-# in a server request; docs/concepts.md), a decimal number in ASCII:
-#     WEIGHT = [+|-] (DIGITS [. [DIGITS]] | . DIGITS) [(e|E) [+|-] DIGITS]    DIGITS = 0-9, one or more
-# Python's float() is not the grammar: it also takes "1_0" (as 10), Arabic-Indic and other
-# Unicode digits, surrounding spaces, "inf" and "nan".
-WEIGHT_GRAMMAR = "a decimal number in ASCII digits 0-9, e.g. 0.8, -0.5, .5, 1e-3"
-_WEIGHT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
-
-
 def parse_weight(text: str, where: str) -> float:
-    """An adapter weight as written by a user, strictly (WEIGHT_GRAMMAR), then check_weight."""
-    if not _WEIGHT.fullmatch(text):
-        raise InvalidInput(f"{where}: weight {text!r} is not a number ({WEIGHT_GRAMMAR})")
+    """An adapter's weight as a user writes it (`NAME@WEIGHT` on the command line,
+    `BASE+NAME@WEIGHT` in a server request): slm.numbers' DECIMAL, then check_weight."""
+    if not numbers.is_decimal(text):
+        raise InvalidInput(f"{where}: weight {text!r} is not a number ({numbers.DECIMAL_GRAMMAR})")
     return check_weight(float(text), where)
 
 
