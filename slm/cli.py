@@ -28,18 +28,9 @@ app.add_typer(import_app, name="import")
 
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")
 
-
-# Numeric options are read with slm.numbers' grammar (ASCII decimal), not int() / float(),
-# which take "1_0" as 10 and Arabic-Indic digits; text outside it is a usage error (exit 2).
-def _integer(text):
-    return numbers.integer(text)
-
-
-def _decimal(text):
-    return numbers.decimal(text, non_finite_words=True)  # inf / nan: refused by each option's check
-
-
-_integer.__name__, _decimal.__name__ = "int", "float"  # the type --help shows
+# Numeric options are read with slm.numbers' grammar (ASCII decimal), not click's int() /
+# float(), which take "1_0" as 10 and Arabic-Indic digits: text outside it is a usage error.
+_integer, _decimal = numbers.option_integer, numbers.option_decimal
 MemoryBudgetOpt = typer.Option(
     None, "--memory-budget", metavar="SIZE",
     help="Refuse if the estimated peak memory exceeds SIZE (e.g. 512M, 2G); "

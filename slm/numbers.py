@@ -42,3 +42,16 @@ def decimal(text, non_finite_words: bool = False) -> float:
     if isinstance(text, str) and (_DECIMAL.fullmatch(text) or (non_finite_words and _NON_FINITE.fullmatch(text))):
         return float(text)
     raise ValueError(f"{text!r} is not {DECIMAL_GRAMMAR}")
+
+
+# The command line's parsers (typer's `parser=`): a ValueError becomes a usage error (exit 2),
+# and --help shows each function's name as the option's type.
+def option_integer(text) -> int:
+    return integer(text)
+
+
+def option_decimal(text) -> float:
+    return decimal(text, non_finite_words=True)  # inf / nan: refused by each option's own check
+
+
+option_integer.__name__, option_decimal.__name__ = "int", "float"
