@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def parse_adapter_spec(spec: str) -> tuple[str, float]:
     """'name' or 'name@0.7' -> (name, weight): the one parser of the CLI's and the server's
-    adapter specs; the weight's grammar is slm.compose.composition.WEIGHT_GRAMMAR."""
+    adapter specs; the weight's grammar is slm.numbers' DECIMAL."""
     name, sep, weight_text = spec.partition("@")
     if not sep:
         return name, 1.0
