@@ -346,3 +346,14 @@ def test_ascii_numbers_in_options_are_read(cli, store_dir):
     r = cli("--store", store_dir, "run", "--max-tokens", "+2", "--temperature", ".5", "--seed", "7", "hi", "--json")
     assert r.code == 0, r.err
     assert len(r.json()["tokens"]) <= 2
+
+
+def test_fsck_refuses_a_store_of_another_format(cli, store_dir):
+    """Opening a store with a damaged config.toml for fsck must not open one of a newer format:
+    --repair would rewrite what it does not understand."""
+    path = store_dir / "config.toml"
+    path.write_text(path.read_text().replace("format = 1", "format = 2"))
+    (store_dir / "tmp" / "left-over").write_text("what fsck --repair removes from a format-1 store")
+    for args in (["fsck"], ["fsck", "--repair"], ["status"]):
+        err = refused(cli, store_dir, 5, *args).err
+        assert "format 2 is not supported" in err, err

@@ -124,21 +124,31 @@ def _check_value(key: str, value, table: str) -> None:
 def read_config(root: Path) -> dict:
     """The store's settings: valid TOML of a supported format (IntegrityError otherwise: the
     file is damaged) whose every key is known and in its place (InvalidInput otherwise)."""
+    data = parse_config(root)
+    check_format(data, root)
+    check_config(data)
+    return data
+
+
+def parse_config(root: Path) -> dict:
+    """config.toml as TOML, unchecked: IntegrityError if it is not a readable TOML file."""
     path = root / FILE_NAME
     raw = fs.read_store_file(path, MAX_CONFIG_BYTES, remedy=REMEDY)
     if raw is None:
         raise NotFound(f"{root} is not an slm store (no config.toml)")
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        return tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise IntegrityError(f"{path} is not valid TOML ({err}): correct it, or {REMEDY}") from err
+
+
+def check_format(data: dict, root: Path) -> None:
+    """A store of another format is refused by every command, fsck included: repairing what
+    it does not understand could destroy a newer slm's store."""
     version = data.get("format")
     if version != FORMAT_VERSION:
-        raise IntegrityError(
-            f"{path}: store format {version!r} is not supported (this slm reads format {FORMAT_VERSION})"
-        )
-    check_config(data)
-    return data
+        raise IntegrityError(f"{root / FILE_NAME}: store format {version!r} is not supported "
+                             f"(this slm reads format {FORMAT_VERSION})")
 
 
 def lock_timeout(config: dict) -> float:

@@ -21,9 +21,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
-from slm.errors import InvalidInput, NotFound
+from slm.errors import InvalidInput, NotFound, SlmError
 from slm.store import fs
-from slm.store.config import default_config, lock_timeout, read_config
+from slm.store.config import check_format, default_config, lock_timeout, parse_config, read_config
 from slm.store.journal import Journal
 from slm.store.lock import store_lock
 from slm.store.names import Names
@@ -92,6 +92,12 @@ class Store:
             raise InvalidInput(f"{root} is a symlink; the store refuses links")
         if check_config:
             read_config(root)  # fail early on an unsupported format, an unknown or misplaced key
+            return cls(root)
+        try:
+            data = parse_config(root)
+        except SlmError:
+            return cls(root)  # damaged: fsck reports it as a finding
+        check_format(data, root)  # readable, of another format: even fsck must not touch it
         return cls(root)
 
 
