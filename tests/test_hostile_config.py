@@ -357,3 +357,38 @@ def test_fsck_refuses_a_store_of_another_format(cli, store_dir):
     for args in (["fsck"], ["fsck", "--repair"], ["status"]):
         err = refused(cli, store_dir, 5, *args).err
         assert "format 2 is not supported" in err, err
+
+
+def test_a_bundle_config_naming_a_lookalike_id_says_where_they_differ(cli, store_dir, tmp_path):
+    """"config names 5febcd005c42 but the record is 5febcd005c42": the ids differed past the
+    twelfth digit. Exported, the config blob's composition_id changed to such a lookalike."""
+    import hashlib
+
+    bundle = tmp_path / "bundle"
+    assert cli("--store", store_dir, "export", "-o", bundle).code == 0
+    blobs = bundle / "blobs" / "sha256"
+    index = json.loads((bundle / "index.json").read_text())
+    manifest_path = blobs / index["manifests"][0]["digest"][7:]
+    manifest = json.loads(manifest_path.read_text())
+    config_path = blobs / manifest["config"]["digest"][7:]
+    config = json.loads(config_path.read_text())
+    real = config["composition_id"]
+    lookalike = real[:len(dg.PREFIX) + 12] + ("0" if real[-52] != "0" else "1") + real[-51:]
+    config["composition_id"] = lookalike
+
+    def put(doc: dict) -> tuple[str, int]:
+        data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return f"sha256:{digest}", len(data)
+
+    manifest["config"]["digest"], manifest["config"]["size"] = put(config)
+    digest, size = put(manifest)
+    index["manifests"][0].update(digest=digest, size=size)
+    (bundle / "index.json").write_text(json.dumps(index))
+    target = tmp_path / "target"
+    assert cli("--store", target, "init").code == 0
+    err = refused(cli, target, 5, "import", "bundle", bundle).err
+    named, record = dg.short_pair(lookalike, real)
+    assert f"the config names composition {named} but the record is composition {record}" in err, err
+    assert named != record
