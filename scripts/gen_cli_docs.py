@@ -38,7 +38,10 @@ def render() -> str:
     from slm.cli import app, run
 
     parts = ["# CLI reference\n", "Generated from `--help` by `scripts/gen_cli_docs.py`; "
-             "do not edit by hand. Exit codes: [exit-codes.md](exit-codes.md).\n"]
+             "do not edit by hand. Exit codes: [exit-codes.md](exit-codes.md).\n",
+             "Numbers (`<int>`, `<float>` options, an adapter's `@WEIGHT`) are written in ASCII decimal "
+             "digits (`12`, `-0.5`, `.5`, `1e-3`); `1_0` and non-ASCII digits are refused "
+             "([concepts.md](concepts.md#compositions-and-their-identity)).\n"]
     for path, _ in _commands(typer.main.get_command(app), ["slm"]):
         buf = io.StringIO()
         with redirect_stdout(buf):

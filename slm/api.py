@@ -53,9 +53,11 @@ class Store:
         return store
 
     @classmethod
-    def open(cls, path: str | os.PathLike | None = None) -> "Store":
-        """The store at `path`, else $SLM_STORE, else .slm found upward from the working directory."""
-        return cls(_store.Store.open(_store.find_store(path)))
+    def open(cls, path: str | os.PathLike | None = None, check_config: bool = True) -> "Store":
+        """The store at `path`, else $SLM_STORE, else .slm found upward from the working directory.
+        Its config.toml is checked (an unknown or misplaced key is InvalidInput); check_config=False
+        opens a store whose config.toml is damaged, for `fsck()` to report it."""
+        return cls(_store.Store.open(_store.find_store(path), check_config))
 
     @property
     def root(self) -> Path:

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from slm import render
+from slm import numbers, render
 from slm.errors import ExitCode, SlmError, printable
 from slm.store import faults
 
@@ -27,6 +27,10 @@ import_app = typer.Typer(help="Import a base model or an adapter into the store.
 app.add_typer(import_app, name="import")
 
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")
+
+# Numeric options are read with slm.numbers' grammar (ASCII decimal), not click's int() /
+# float(), which take "1_0" as 10 and Arabic-Indic digits: text outside it is a usage error.
+_integer, _decimal = numbers.option_integer, numbers.option_decimal
 MemoryBudgetOpt = typer.Option(
     None, "--memory-budget", metavar="SIZE",
     help="Refuse if the estimated peak memory exceeds SIZE (e.g. 512M, 2G); "
@@ -45,11 +49,11 @@ def _global(
     ctx.obj = {"store": store}
 
 
-def _store(ctx: typer.Context):
+def _store(ctx: typer.Context, check_config: bool = True):
     """The public API's Store (imported when a command runs: `slm --help` stays fast)."""
     from slm.api import Store
 
-    return Store.open(ctx.obj["store"])
+    return Store.open(ctx.obj["store"], check_config)
 
 
 class _Reported(Exception):
@@ -142,7 +146,9 @@ def activate(
     base: Optional[str] = typer.Argument(
         None, help="The base (name or digest), or alone a stored composition id or 6+ hex prefix (a pulled one)."),
     adapters: Optional[list[str]] = typer.Argument(
-        None, metavar="[ADAPTER[@WEIGHT]]...", help="Adapters in load order, each with an optional weight."),
+        None, metavar="[ADAPTER[@WEIGHT]]...",
+        help="Adapters in load order, each with an optional weight: a decimal number in ASCII digits "
+             "(0.8, -0.5, .5, 1e-3; default 1)."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Activate a composition manifest (TOML)."),
     upgrade: bool = typer.Option(
         False, "--upgrade",
@@ -170,7 +176,7 @@ def deactivate(
 @app.command()
 def rollback(
     ctx: typer.Context,
-    steps: Optional[int] = typer.Option(None, "-n", help="Go back N transitions (default 1)."),
+    steps: Optional[int] = typer.Option(None, "-n", parser=_integer, help="Go back N transitions (default 1)."),
     to: Optional[str] = typer.Option(None, "--to", metavar="ID", help="Go back to this composition id."),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -198,7 +204,7 @@ def fsck(
     json_out: bool = JsonOpt,
 ) -> None:
     """Check every blob, manifest, name, ref and reflog line (re-hashing everything)."""
-    _show(_store(ctx).fsck(repair, _progress(json_out)), json_out, render.fsck_report)
+    _show(_store(ctx, check_config=False).fsck(repair, _progress(json_out)), json_out, render.fsck_report)
 
 
 @app.command()
@@ -268,13 +274,13 @@ def run_cmd(
     prompt: str = typer.Argument(..., help="The prompt; '-' reads it from standard input."),
     base: Optional[str] = typer.Option(
         None, "--base", "-b", help="Run this base alone instead of the active composition."),
-    max_tokens: int = typer.Option(128, "--max-tokens", "-n", help="Stop after this many new tokens."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", parser=_integer, help="Stop after this many new tokens."),
     temperature: float = typer.Option(
-        0.0, "--temperature", "-t",
+        0.0, "--temperature", "-t", parser=_decimal,
         help="0 is greedy (deterministic); any finite value >= 0 (one so small that only the top "
              "logit keeps weight samples it, as greedy does)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (with --temperature > 0)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for sampling; the same seed gives the same text."),
+    top_p: float = typer.Option(1.0, "--top-p", parser=_decimal, help="Nucleus sampling mass (with --temperature > 0)."),
+    seed: int = typer.Option(0, "--seed", parser=_integer, help="Seed for sampling; the same seed gives the same text."),
     chat: bool = typer.Option(
         False, "--chat",
         help="Wrap the prompt in the base's chat template (the prompt is text: a control token "
@@ -290,7 +296,7 @@ def run_cmd(
              "(exit code 11) or finish on the composition generation started with."),
     threads: Optional[int] = typer.Option(
         None, "--threads", metavar="N",
-        help="Threads for the kernels (default: every core; 1 is faster when another program "
+        parser=_integer, help="Threads for the kernels (default: every core; 1 is faster when another program "
              "keeps a core busy). The text does not depend on it."),
     activations: str = ActivationsOpt,
     json_out: bool = JsonOpt,
@@ -316,19 +322,19 @@ def run_cmd(
 def serve(
     ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless told otherwise)."),
-    port: int = typer.Option(8080, "--port", help="TCP port (0: any free port, printed at start)."),
+    port: int = typer.Option(8080, "--port", parser=_integer, help="TCP port (0: any free port, printed at start)."),
     api_key: Optional[str] = typer.Option(
         None, "--api-key", envvar="SLM_API_KEY", metavar="KEY", show_envvar=True,
         help="Require Authorization: Bearer KEY on every endpoint but /health."),
-    max_batch: int = typer.Option(8, "--max-batch", metavar="N", help="Requests decoded together in one step."),
+    max_batch: int = typer.Option(8, "--max-batch", metavar="N", parser=_integer, help="Requests decoded together in one step."),
     max_queue: Optional[int] = typer.Option(
-        None, "--max-queue", metavar="N", help="Requests waiting beyond the batch before HTTP 429 (default 4 x N)."),
+        None, "--max-queue", metavar="N", parser=_integer, help="Requests waiting beyond the batch before HTTP 429 (default 4 x N)."),
     memory_budget: Optional[str] = MemoryBudgetOpt,
-    threads: Optional[int] = typer.Option(None, "--threads", metavar="N", help="Threads for the kernels (default: every core)."),
+    threads: Optional[int] = typer.Option(None, "--threads", metavar="N", parser=_integer, help="Threads for the kernels (default: every core)."),
     activations: str = ActivationsOpt,
-    body_limit: int = typer.Option(1 << 20, "--body-limit", metavar="BYTES", help="Largest request body accepted."),
+    body_limit: int = typer.Option(1 << 20, "--body-limit", metavar="BYTES", parser=_integer, help="Largest request body accepted."),
     grace: float = typer.Option(10.0, "--grace", metavar="SECONDS",
-                                help="On SIGTERM/SIGINT, how long running requests get to finish."),
+                                parser=_decimal, help="On SIGTERM/SIGINT, how long running requests get to finish."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Serve the store's compositions over an OpenAI-compatible HTTP API (docs/serve.md).

@@ -203,7 +203,7 @@ def reflog(entries: list[dict]) -> None:
         table.add_column(col)
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(str(e["seq"]), when, e["op"], dg.short(e["old"] or "-"), dg.short(e["new"]))
+        table.add_row(str(e["seq"]), when, e["op"], *dg.short_pair(e["old"] or "-", e["new"]))
     out().print(table)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import slm
+from slm import numbers
 from slm.compose.base_manifest import BaseManifest
 from slm.compose.toml_io import dumps, field as req, loads
 from slm.errors import Incompatible, InvalidInput
@@ -131,6 +132,14 @@ def stamped(c: Composition, created_by: str) -> Composition:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return Composition(c.base, c.tokenizer, c.architecture, c.quant_profile, c.runtime,
                        c.adapters, c.base_name, now, created_by)
+
+
+def parse_weight(text: str, where: str) -> float:
+    """An adapter's weight as a user writes it (`NAME@WEIGHT` on the command line,
+    `BASE+NAME@WEIGHT` in a server request): slm.numbers' DECIMAL, then check_weight."""
+    if not numbers.is_decimal(text):
+        raise InvalidInput(f"{where}: weight {text!r} is not a number ({numbers.DECIMAL_GRAMMAR})")
+    return check_weight(float(text), where)
 
 
 def check_weight(weight, where: str) -> float:

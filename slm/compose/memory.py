@@ -80,7 +80,8 @@ def estimate(arch: dict, base_bytes: int, adapter_float_bytes: int, positions: i
     )
 
 
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*", re.IGNORECASE)
+# ASCII only: without re.ASCII, \d matches any Unicode digit and float() reads it
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*", re.IGNORECASE | re.ASCII)
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 

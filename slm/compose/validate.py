@@ -16,12 +16,11 @@ from slm.store import digest as dg
 def validate(comp: Composition, base_digest: str, base: BaseManifest,
              adapters: list[tuple[AdapterRef, AdapterManifest]]) -> None:
     if comp.base != base_digest:
-        raise Incompatible(f"composition names base {dg.short(comp.base)}, not {dg.short(base_digest)}")
+        named, given = dg.short_pair(comp.base, base_digest)
+        raise Incompatible(f"composition names base {named}, not {given}")
     if comp.tokenizer != base.tokenizer_digest:
-        raise Incompatible(
-            f"tokenizer mismatch: the composition expects {dg.short(comp.tokenizer)}, "
-            f"the base has {dg.short(base.tokenizer_digest)}"
-        )
+        expected, found = dg.short_pair(comp.tokenizer, base.tokenizer_digest)
+        raise Incompatible(f"tokenizer mismatch: the composition expects {expected}, the base has {found}")
     if comp.architecture != architecture_digest(base):
         raise Incompatible("architecture mismatch: the composition was made for another architecture")
     if comp.quant_profile != base.quant_profile:

@@ -160,8 +160,8 @@ def parse_signature(data: bytes, comp_id: str, what: str = "signature") -> Signa
     if set(doc) != {"schema", "composition", "algorithm", "public_key", "signature"}:
         raise InvalidInput(f"{what}: fields are not those of {SCHEMA}")
     if doc["composition"] != comp_id:
-        raise IntegrityError(f"{what}: signs composition {dg.short(str(doc['composition']))}, "
-                             f"not {dg.short(comp_id)}")
+        signed, wanted = dg.short_pair(str(doc["composition"]), comp_id)
+        raise IntegrityError(f"{what}: signs composition {signed}, not {wanted}")
     return Signature(comp_id, _verify_doc(doc, SCHEMA, what))
 
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from slm.compose.adapter_manifest import AdapterManifest, check_tensor_bytes, parse_adapter_manifest, tensor_from_bytes
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
-from slm.compose.composition import (MAX_ADAPTERS, AdapterRef, Composition, check_adapter_list, check_weight,
-                                     for_base, parse_composition)
+from slm.compose.composition import (MAX_ADAPTERS, AdapterRef, Composition, check_adapter_list, for_base,
+                                     parse_composition, parse_weight)
 from slm.compose.validate import validate
 from slm.errors import Incompatible, IntegrityError, InvalidInput, NotFound
 from slm.arch.roles import qk_heads
@@ -25,15 +25,12 @@ if TYPE_CHECKING:
 
 
 def parse_adapter_spec(spec: str) -> tuple[str, float]:
-    """'name' or 'name@0.7' -> (name, weight)."""
+    """'name' or 'name@0.7' -> (name, weight): the one parser of the CLI's and the server's
+    adapter specs; the weight's grammar is slm.numbers' DECIMAL."""
     name, sep, weight_text = spec.partition("@")
     if not sep:
         return name, 1.0
-    try:
-        weight = float(weight_text)
-    except ValueError as err:
-        raise InvalidInput(f"adapter {name}: weight {weight_text!r} is not a number") from err
-    return name, check_weight(weight, f"adapter {name}")
+    return name, parse_weight(weight_text, f"adapter {name}")
 
 
 def build(store: Store, base_ref: str, adapter_specs: list[str]) -> Composition:

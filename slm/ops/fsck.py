@@ -32,6 +32,8 @@ from slm.ops.reports import Finding, FsckReport
 from slm.store import Store
 from slm.store import digest as dg
 from slm.store import fs
+from slm.store.config import lock_timeout, read_config
+from slm.store.lock import DEFAULT_TIMEOUT_S
 from slm.store.objects import BLOB_MODE, staging_in_use
 
 
@@ -52,6 +54,15 @@ class Fsck:
         self.findings.append(Finding(problem, what, action, repaired, repairable and fix is not None))
 
     # -- files ---------------------------------------------------------------------------
+    def check_config(self) -> None:
+        """A config.toml that cannot be read, or holds an unknown or misplaced key, is reported
+        with what to do about it. Not repaired: the settings it held (the signing policy among
+        them) are recorded nowhere else, and a default config.toml would turn the policy off."""
+        try:
+            read_config(self.store.root)
+        except SlmError as err:
+            self.add("bad-config", str(err), repairable=False)
+
     def check_junk(self) -> None:
         root = self.store.root
         for entry in sorted((root / "tmp").iterdir()):
@@ -211,7 +222,8 @@ class Fsck:
         except SlmError:
             ref, ref_damaged = None, True
         if ref_damaged or ref != committed:
-            state = "damaged" if ref_damaged else (dg.short(ref) if ref else "absent")
+            ref_short, committed_short = dg.short_pair(ref or "", committed or "")
+            state = "damaged" if ref_damaged else (ref_short if ref else "absent")
             path = store.active_ref.path
             if committed is None:
                 self.add("ref-mismatch", f"refs/active is {state} but the reflog is empty",
@@ -221,7 +233,7 @@ class Fsck:
                     self._set_aside_damaged(path)
                     store.active_ref.write(committed)
                 self.add("ref-mismatch", f"refs/active is {state}; the last committed transition "
-                         f"made {dg.short(committed)} active", f"set refs/active to {dg.short(committed)}",
+                         f"made {committed_short} active", f"set refs/active to {committed_short}",
                          set_ref)
         for intent in store.journal.pending():
             self.check_intent(intent, entries)
@@ -233,6 +245,7 @@ class Fsck:
                      "(refs/active follows the reflog)", lambda: self._clear(intent))
             return
         path = store.journal.root / f"{intent.name}.intent"
+        old, new = dg.short_pair(intent.old or "-", intent.new)
         if intent.op == "import":
             self._check_import(intent, path)
         elif intent.op == receive.OP:
@@ -241,8 +254,7 @@ class Fsck:
             self.add("interrupted", "an interrupted gc (it removed only unreachable data)",
                      "clear it; run `slm gc` again to finish", lambda: self._clear(path))
         elif entries and (entries[-1].old, entries[-1].new) == (intent.old, intent.new):
-            self.add("interrupted", f"interrupted {intent.op} from {dg.short(intent.old or '-')} to "
-                     f"{dg.short(intent.new)}, committed in the reflog",
+            self.add("interrupted", f"interrupted {intent.op} from {old} to {new}, committed in the reflog",
                      "finish it (refs/active follows the reflog)", lambda: self._clear(path))
         else:
             named = {c for e in entries for c in (e.old, e.new) if c}
@@ -252,8 +264,7 @@ class Fsck:
                 if drop_record:
                     store.names.remove("compositions", dg.hex_of(intent.new))
                 self._clear(path)
-            self.add("interrupted", f"interrupted {intent.op} from {dg.short(intent.old or '-')} to "
-                     f"{dg.short(intent.new)}, not committed",
+            self.add("interrupted", f"interrupted {intent.op} from {old} to {new}, not committed",
                      "undo it" + (" (remove the composition record it created)" if drop_record else ""),
                      undo)
 
@@ -298,6 +309,7 @@ class Fsck:
         fs.remove_any(path)
 
     def run(self) -> FsckReport:
+        self.check_config()
         self.check_junk()
         self.check_blobs()
         self.check_names()
@@ -311,5 +323,12 @@ def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -
     checker = Fsck(store, repair, progress or NoProgress())
     if not repair:
         return checker.run()
-    with store.locked():
+    with store.locked(_lock_timeout(store)):
         return checker.run()
+
+
+def _lock_timeout(store: Store) -> float:
+    try:
+        return lock_timeout(store.config)
+    except SlmError:  # a damaged config.toml is one of the findings, not a reason not to repair the rest
+        return DEFAULT_TIMEOUT_S

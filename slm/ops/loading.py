@@ -8,7 +8,7 @@ from slm.compose.composition import Composition
 from slm.model.decoder import Config, Decoder
 from slm.model.tokenizer import TextTokenizer, load_tokenizer
 from slm.model.weights import load_tensors
-from slm.ops import compositions
+from slm.ops import compositions, policy
 from slm.ops.compositions import Staged
 from slm.store import Store
 
@@ -26,7 +26,12 @@ class Loaded:
 
 
 def load_composition(store: Store, comp: Composition, verify: bool = True) -> Loaded:
-    """Stage (validate, re-hash every blob) and build the executor over memory-mapped blobs."""
+    """Stage (validate, re-hash every blob) and build the executor over memory-mapped blobs.
+
+    The one place weights are loaded to run (slm run, with or without --base; the API's
+    Runtime and sessions; the server; verify's numerics), so the store's signing policy is
+    enforced here, before a blob is read: no path to inference can skip it."""
+    policy.enforce(store, comp)
     staged = compositions.stage(store, comp, verify_base=verify)
     base = staged.base
     tokenizer = load_tokenizer(store.objects.read_verified(base.tokenizer_digest))

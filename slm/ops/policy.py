@@ -2,7 +2,8 @@
 signs and verifies; it loads only where a signature is touched: an activation of a store that
 does not require signatures never imports it).
 
-Policy, in the store's config.toml (top level):
+Policy, in the store's config.toml (top level, above the first [table] line; slm.store.config
+refuses the keys anywhere else, so a misplaced one cannot leave the policy off):
 
     require_signed = true
     trusted_keys = ["ed25519:<base64>", ...]
@@ -42,7 +43,8 @@ def policy(store: Store) -> Policy:
 
 def enforce(store: Store, comp: Composition) -> None:
     """Refuse `comp` if the store requires signatures and none from a trusted key verifies.
-    Called by every switch before anything is written."""
+    Called by every switch before anything is written, and by slm.ops.loading before any
+    weights are loaded to run (slm run, verify's numerics, the API's sessions, the server)."""
     rules = policy(store)
     if not rules.require_signed:
         return

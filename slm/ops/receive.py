@@ -229,9 +229,13 @@ class Receiver:
         record = config.composition_manifest
         comp = parse_composition(self.content(record, mt.COMPOSITION, "the composition record"),
                                  f"{self.where} composition record")
-        if comp.id != config.composition_id or comp.identity() != config.identity:
-            raise IntegrityError(f"{self.where}: the config names composition {dg.short(config.composition_id)} "
-                                 f"but the record is composition {dg.short(comp.id)}")
+        if comp.id != config.composition_id:
+            named, record_id = dg.short_pair(config.composition_id, comp.id)
+            raise IntegrityError(f"{self.where}: the config names composition {named} "
+                                 f"but the record is composition {record_id}")
+        if comp.identity() != config.identity:
+            raise IntegrityError(f"{self.where}: the config's identity of composition {dg.short(comp.id)} "
+                                 "is not the one its record hashes to")
         base = parse_base_manifest(self.content(comp.base, mt.BASE_MANIFEST, "the base manifest"),
                                    f"{self.where} base manifest")
         _check_base(comp, base, self.where)

@@ -41,9 +41,7 @@ class Runtime:
             return self.staged[comp_id]
         if isinstance(comp, str):
             comp = compositions.load(self.store, comp_id)
-        from slm.ops import policy  # (cryptography is imported only where a signature is checked)
-
-        policy.enforce(self.store, comp)  # require_signed holds for what a server runs unactivated
+        # require_signed holds for what a server runs unactivated: load_composition enforces it
         shared = next((l for l in self.staged.values() if l.composition.base == comp.base), None)
         # a base already staged in this process had its blobs re-hashed then
         loaded = load_composition(self.store, comp, verify=shared is None)

@@ -159,12 +159,13 @@ class Catalog:
 
     def _refuse(self, new_id: str | None, error: str, noticed: float, mtime: float) -> Switch:
         current = None if self.active is None else self.active.id
-        self.active_error = f"refs/active names {dg.short(new_id) if new_id else 'something'} which is not " \
+        new_short, current_short = dg.short_pair(new_id or "", current or "")
+        self.active_error = f"refs/active names {new_short if new_id else 'something'} which is not " \
                             f"served: {error}"
         sw = Switch(current, new_id or "", False, error, round(max(0.0, noticed - mtime) * 1e3, 2),
                     round((time.time() - noticed) * 1e3, 2), time.time())
         self._record(sw)
-        still = f"still serving {dg.short(current)}" if current else "nothing is served on 'active'"
+        still = f"still serving {current_short}" if current else "nothing is served on 'active'"
         self.log(f"not switching: {self.active_error}; {still}")
         return sw
 

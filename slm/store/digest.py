@@ -46,3 +46,14 @@ def hex_of(digest: str) -> str:
 
 def short(digest: str, n: int = 12) -> str:
     return digest[len(PREFIX):len(PREFIX) + n] if is_digest(digest) else digest
+
+
+def short_pair(a: str, b: str, n: int = 12) -> tuple[str, str]:
+    """Two digests for a message that sets them side by side ("names X, not Y"): as short as
+    `short`, but when they share their first n digits, long enough to show where they differ
+    (four digits past the common prefix), so the two never print as the same text."""
+    if not (is_digest(a) and is_digest(b)) or a == b:
+        return short(a, n), short(b, n)
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) - len(PREFIX)
+    width = max(n, min(common + 4, len(a) - len(PREFIX)))
+    return short(a, width), short(b, width)

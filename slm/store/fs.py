@@ -55,9 +55,10 @@ def _io_error(what: str, path: os.PathLike | str, err: OSError) -> IOFailure:
     return IOFailure(f"cannot {what} {path}: {reason}")
 
 
-def read_store_file(path: Path, limit: int) -> bytes | None:
+def read_store_file(path: Path, limit: int, remedy: str = "run `slm fsck`") -> bytes | None:
     """The bytes of a small store file (a ref, a name, an intent, the reflog, config.toml), or
-    None if it does not exist.
+    None if it does not exist. `remedy` ends the message of a damaged file: what to do about
+    it (fsck itself reads config.toml, so config.toml's remedy cannot be to run fsck).
 
     The recovery tool must never hang and never follow a link planted in the store: the file
     is opened with O_NOFOLLOW | O_NONBLOCK (a FIFO in its place opens at once instead of
@@ -70,18 +71,19 @@ def read_store_file(path: Path, limit: int) -> bytes | None:
         return None
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise IntegrityError(f"{path} is a symlink; the store refuses links (run `slm fsck`)") from err
+            raise IntegrityError(f"{path} is a symlink; the store refuses links ({remedy})") from err
         if err.errno == errno.ENOTDIR:
             return None  # a parent is not a directory: fsck reports the parent
         raise _io_error("open", path, err) from err
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            raise IntegrityError(f"{path} is {kind} (run `slm fsck`)")
+            kind = ("a directory" if stat.S_ISDIR(info.st_mode) else
+                    "a FIFO, not a regular file" if stat.S_ISFIFO(info.st_mode) else "not a regular file")
+            raise IntegrityError(f"{path} is {kind} ({remedy})")
         if info.st_size > limit:
             raise IntegrityError(f"{path} is {info.st_size} bytes, more than a store file of its "
-                                 f"kind can be ({limit}) (run `slm fsck`)")
+                                 f"kind can be ({limit}) ({remedy})")
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - size))

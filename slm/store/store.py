@@ -21,12 +21,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
-import tomllib
-
-from slm.errors import IntegrityError, InvalidInput, NotFound
+from slm.errors import InvalidInput, NotFound, SlmError
 from slm.store import fs
+from slm.store.config import check_format, default_config, lock_timeout, parse_config, read_config
 from slm.store.journal import Journal
-from slm.store.lock import DEFAULT_TIMEOUT_S, store_lock
+from slm.store.lock import store_lock
 from slm.store.names import Names
 from slm.store.objects import ObjectStore
 from slm.store.reflog import Reflog
@@ -35,14 +34,8 @@ from slm.store.verified import FILE_NAME as VERIFIED_FILE
 from slm.store.verified import VerifiedCache
 
 STORE_DIRNAME = ".slm"
-FORMAT_VERSION = 1
 ENV_STORE = "SLM_STORE"
-MAX_CONFIG_BYTES = 1 << 20
 SUBDIRS = ("objects", "names", "refs", "logs", "journal", "cache", "tmp")
-
-
-def default_config() -> dict:
-    return {"format": FORMAT_VERSION, "defaults": {"lock_timeout_s": DEFAULT_TIMEOUT_S}}
 
 
 @dataclass
@@ -74,6 +67,7 @@ class Store:
 
     @property
     def config(self) -> dict:
+        """config.toml, read and checked afresh (slm.store.config: unknown keys are refused)."""
         return read_config(self.root)
 
     def path(self, *parts: str) -> Path:
@@ -87,42 +81,24 @@ class Store:
             yield self
 
     @classmethod
-    def open(cls, root: Path) -> "Store":
+    def open(cls, root: Path, check_config: bool = True) -> "Store":
+        """The store at `root`. check_config=False only for fsck, which reports a damaged or
+        invalid config.toml as a finding instead of refusing to look at the rest."""
         root = Path(root)
         config = root / "config.toml"
         if not (config.exists() or config.is_symlink()):
             raise NotFound(f"{root} is not an slm store (no config.toml); run `slm init`")
         if root.is_symlink():
             raise InvalidInput(f"{root} is a symlink; the store refuses links")
-        read_config(root)  # fail early on an unsupported format
+        if check_config:
+            read_config(root)  # fail early on an unsupported format, an unknown or misplaced key
+            return cls(root)
+        try:
+            data = parse_config(root)
+        except SlmError:
+            return cls(root)  # damaged: fsck reports it as a finding
+        check_format(data, root)  # readable, of another format: even fsck must not touch it
         return cls(root)
-
-
-def read_config(root: Path) -> dict:
-    path = root / "config.toml"
-    raw = fs.read_store_file(path, MAX_CONFIG_BYTES)
-    if raw is None:
-        raise NotFound(f"{root} is not an slm store (no config.toml)")
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
-        raise IntegrityError(f"{path} is not valid TOML: {err}") from err
-    version = data.get("format")
-    if version != FORMAT_VERSION:
-        raise IntegrityError(
-            f"{path}: store format {version!r} is not supported (this slm reads format {FORMAT_VERSION})"
-        )
-    return data
-
-
-def lock_timeout(config: dict) -> float:
-    """defaults.lock_timeout_s from config.toml: a finite number of seconds, 0 to a day."""
-    defaults = config.get("defaults", {})
-    value = defaults.get("lock_timeout_s", DEFAULT_TIMEOUT_S) if isinstance(defaults, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86400:
-        raise InvalidInput(f"config.toml: defaults.lock_timeout_s must be a number of seconds "
-                           f"from 0 to 86400, not {value!r}")
-    return float(value)
 
 
 def init_store(root: Path) -> tuple[Store, bool]:

@@ -1,0 +1,161 @@
+"""config.toml, the store's settings, read strictly.
+
+    format = 1                         the store format (top level)
+    require_signed = true              the signing policy (top level; slm.ops.policy)
+    trusted_keys = ["ed25519:<b64>"]   (top level)
+
+    [defaults]
+    lock_timeout_s = 30.0              how long a writer waits for the store lock
+    memory_budget = "2G"               the default of --memory-budget
+
+Every key slm does not know, and every known key in the wrong place, is refused (InvalidInput,
+exit 4) naming the key, the table it is in and where it belongs. Nothing is ignored: TOML puts
+every `key = value` written after a `[defaults]` line into that table, so `require_signed = true`
+appended to a fresh config.toml (which ends with `[defaults]`) lands in [defaults], and a reader
+that ignored it there would run unsigned compositions while the operator believes the policy is
+on. Each setting's own range (a lock timeout of 0 to a day, a parseable size, a well-formed key)
+is checked by the code that uses it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomllib
+
+from slm.errors import IntegrityError, InvalidInput, NotFound
+from slm.store import fs
+from slm.store.lock import DEFAULT_TIMEOUT_S
+
+FILE_NAME = "config.toml"
+FORMAT_VERSION = 1
+MAX_CONFIG_BYTES = 1 << 20
+# What to do about a config.toml that cannot be read at all: fsck cannot rebuild it (the
+# settings it held, such as the signing policy, are not recorded anywhere else).
+REMEDY = ("remove it and run `slm init` to write a default config.toml, then add back the "
+          "settings it held")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_key_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# key -> (check of its value, what the value must be), per table; "" is the top level
+SCHEMA: dict[str, dict[str, tuple]] = {
+    "": {
+        "format": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        "require_signed": (lambda v: isinstance(v, bool), "true or false"),
+        "trusted_keys": (_is_key_list, 'a list of "ed25519:<base64>" strings'),
+    },
+    "defaults": {
+        "lock_timeout_s": (_is_number, "a number of seconds"),
+        "memory_budget": (lambda v: isinstance(v, str) or _is_number(v), 'a size such as "512M" or "2G"'),
+    },
+}
+TABLES = tuple(t for t in SCHEMA if t)
+
+
+def default_config() -> dict:
+    return {"format": FORMAT_VERSION, "defaults": {"lock_timeout_s": DEFAULT_TIMEOUT_S}}
+
+
+def _where(table: str) -> str:
+    return f"the [{table}] table" if table else "the top level"
+
+
+def _home(key: str) -> str | None:
+    """The table a known key belongs in ("" for the top level), None for an unknown key."""
+    return next((table for table, keys in SCHEMA.items() if key in keys), None)
+
+
+def _belongs(key: str, table: str) -> str:
+    home = _home(key)
+    if home == "":
+        return (f"config.toml: {key} is in the [{table}] table, but it belongs at the top level: "
+                f"write it above the first [table] line (every key after a [{table}] line is "
+                f"part of [{table}])")
+    return f"config.toml: {key} is at the top level, but it belongs in the [{home}] table"
+
+
+def check_config(doc: dict) -> None:
+    """Refuse a key or table that is unknown or misplaced, and a value of the wrong kind."""
+    for key, value in doc.items():
+        if key in TABLES:
+            if not isinstance(value, dict):
+                raise InvalidInput(f"config.toml: {key} must be a table ([{key}]), not "
+                                   f"{type(value).__name__}")
+            _check_table(value, key)
+        elif key in SCHEMA[""]:
+            _check_value(key, value, "")
+        elif _home(key) is not None:
+            raise InvalidInput(_belongs(key, ""))
+        elif isinstance(value, dict):
+            raise InvalidInput(f"config.toml: unknown table [{key}] (the tables slm knows: "
+                               f"{', '.join(f'[{t}]' for t in TABLES)})")
+        else:
+            raise InvalidInput(f"config.toml: unknown key {key!r} at the top level (known there: "
+                               f"{', '.join(SCHEMA[''])})")
+
+
+def _check_table(table: dict, name: str) -> None:
+    for key, value in table.items():
+        if key in SCHEMA[name]:
+            _check_value(key, value, name)
+        elif _home(key) is not None or key in TABLES:
+            raise InvalidInput(_belongs(key, name) if key not in TABLES else
+                               f"config.toml: [{name}.{key}]: [{key}] is a table of its own, "
+                               f"not part of [{name}]")
+        else:
+            raise InvalidInput(f"config.toml: unknown key {key!r} in {_where(name)} (known there: "
+                               f"{', '.join(SCHEMA[name])})")
+
+
+def _check_value(key: str, value, table: str) -> None:
+    accepts, kind = SCHEMA[table][key]
+    if not accepts(value):
+        name = f"{table}.{key}" if table else key
+        raise InvalidInput(f"config.toml: {name} must be {kind}, not {value!r}")
+
+
+def read_config(root: Path) -> dict:
+    """The store's settings: valid TOML of a supported format (IntegrityError otherwise: the
+    file is damaged) whose every key is known and in its place (InvalidInput otherwise)."""
+    data = parse_config(root)
+    check_format(data, root)
+    check_config(data)
+    return data
+
+
+def parse_config(root: Path) -> dict:
+    """config.toml as TOML, unchecked: IntegrityError if it is not a readable TOML file."""
+    path = root / FILE_NAME
+    raw = fs.read_store_file(path, MAX_CONFIG_BYTES, remedy=REMEDY)
+    if raw is None:
+        raise NotFound(f"{root} is not an slm store (no config.toml)")
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise IntegrityError(f"{path} is not valid TOML ({err}): correct it, or {REMEDY}") from err
+
+
+def check_format(data: dict, root: Path) -> None:
+    """A store of another format is refused by every command, fsck included: repairing what
+    it does not understand could destroy a newer slm's store."""
+    version = data.get("format")
+    if version != FORMAT_VERSION:
+        raise IntegrityError(f"{root / FILE_NAME}: store format {version!r} is not supported "
+                             f"(this slm reads format {FORMAT_VERSION})")
+
+
+def lock_timeout(config: dict) -> float:
+    """defaults.lock_timeout_s from config.toml: a finite number of seconds, 0 to a day."""
+    defaults = config.get("defaults", {})
+    value = defaults.get("lock_timeout_s", DEFAULT_TIMEOUT_S) if isinstance(defaults, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 86400:
+        raise InvalidInput(f"config.toml: defaults.lock_timeout_s must be a number of seconds "
+                           f"from 0 to 86400, not {value!r}")
+    return float(value)
