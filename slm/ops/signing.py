@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, IOFailure, SlmError
+from slm.errors import CommittedIncomplete, IntegrityError, SlmError
 from slm.ops import compositions
 from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
-from slm.store import Store, fs
+from slm.store import Store, fs, outputs
 from slm.store import digest as dg
 
 
@@ -150,20 +150,16 @@ def verify_signatures(store: Store, ref: str | None, keys: list[str] = ()) -> Si
     return SignatureReport(comp_id, tuple(check_signatures(store, comp_id, trusted)), len(set(trusted)))
 
 
-def write_certificate(comp_id: str, result: dict, key_path: Path, out: Path) -> str:
-    """Sign a verify result, bound to its composition id, into `out` (a new file)."""
+def write_certificate(comp_id: str, result: dict, key_path: Path, out: Path, store_root: Path) -> str:
+    """Sign a verify result, bound to its composition id, into `out` (a new file, through the
+    guarded output path: slm.store.outputs)."""
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     key = signing.load_private_key(Path(key_path))
     data = signing.certificate(comp_id, result, key)
-    out = Path(out)
-    try:
-        with open(out, "xb") as f:
-            f.write(data)
-    except FileExistsError as err:
-        raise InvalidInput(f"{out} already exists; choose a new path") from err
-    except OSError as err:
-        raise IOFailure(f"cannot write {out}: {err.strerror}") from err
+    with outputs.OutputFile(Path(out), store_root, "--certificate") as target:
+        target.write(data)
+        target.commit()
     return str(out)
 
 
@@ -199,5 +195,5 @@ def certify(store: Store, ref: str | None, key_path: Path, out: Path, numerics: 
 
     signing.load_private_key(Path(key_path))  # a bad key fails before minutes of verification
     report = verify.verify(store, ref, numerics, progress)
-    path = write_certificate(report.composition, report.to_json(), Path(key_path), Path(out))
+    path = write_certificate(report.composition, report.to_json(), Path(key_path), Path(out), store.root)
     return Certified(report, path)
