@@ -150,17 +150,15 @@ def verify_signatures(store: Store, ref: str | None, keys: list[str] = ()) -> Si
     return SignatureReport(comp_id, tuple(check_signatures(store, comp_id, trusted)), len(set(trusted)))
 
 
-def write_certificate(comp_id: str, result: dict, key_path: Path, out: Path, store_root: Path) -> str:
-    """Sign a verify result, bound to its composition id, into `out` (a new file, through the
-    guarded output path: slm.store.outputs)."""
+def write_certificate(comp_id: str, result: dict, key_path: Path, target: outputs.OutputFile) -> str:
+    """Sign a verify result, bound to its composition id, into `target` (a new file on the
+    guarded output path, slm.store.outputs) and commit it."""
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     key = signing.load_private_key(Path(key_path))
-    data = signing.certificate(comp_id, result, key)
-    with outputs.OutputFile(Path(out), store_root, "--certificate") as target:
-        target.write(data)
-        target.commit()
-    return str(out)
+    target.write(signing.certificate(comp_id, result, key))
+    target.commit()
+    return str(target.shown)
 
 
 def check_certificate(path: Path, keys: list[str] = ()) -> dict:
@@ -194,6 +192,8 @@ def certify(store: Store, ref: str | None, key_path: Path, out: Path, numerics: 
     from slm.ops import verify
 
     signing.load_private_key(Path(key_path))  # a bad key fails before minutes of verification
-    report = verify.verify(store, ref, numerics, progress)
-    path = write_certificate(report.composition, report.to_json(), Path(key_path), Path(out), store.root)
+    # ... and so does a bad output (inside the store, already there, unwritable)
+    with outputs.OutputFile(Path(out), store.root, "--certificate") as target:
+        report = verify.verify(store, ref, numerics, progress)
+        path = write_certificate(report.composition, report.to_json(), Path(key_path), target)
     return Certified(report, path)
