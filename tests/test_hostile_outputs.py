@@ -200,9 +200,16 @@ def test_an_existing_target_is_refused_and_kept(cli, store_dir, tmp_path, fmt):
     assert not (tmp_path / "nowhere").exists()
 
 
-def test_the_final_rename_never_replaces_a_name_that_appeared(store_dir, tmp_path):
+@pytest.mark.parametrize("syscall", ["renameat2", "no-renameat2"])
+def test_the_final_rename_never_replaces_a_name_that_appeared(store_dir, tmp_path, monkeypatch, syscall):
     """Checked at the start, the target may appear while the export runs: the rename into place
-    refuses to replace it (renameat2 RENAME_NOREPLACE), the newcomer is kept, the temporary goes."""
+    refuses to replace it (renameat2 RENAME_NOREPLACE; without it, a check just before the
+    rename), the newcomer is kept, the temporary goes."""
+    if syscall == "no-renameat2":
+        import ctypes
+        import types
+
+        monkeypatch.setattr(ctypes, "CDLL", lambda *args, **kw: types.SimpleNamespace())
     target = tmp_path / "out.gguf"
     with pytest.raises(InvalidInput, match="already exists"):
         with outputs.OutputFile(target, store_dir, "export -o") as out:

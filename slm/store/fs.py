@@ -304,14 +304,11 @@ def rename(src: Path, dst: Path, *, replace: bool = True) -> None:
 
 
 def _rename_noreplace(src: Path, dst: Path) -> None:
-    """Linux renameat2(RENAME_NOREPLACE); where the kernel or filesystem lacks it, a check
-    then rename (a narrow window remains there)."""
+    """Linux renameat2(RENAME_NOREPLACE); where the libc, kernel or filesystem lacks it, a check
+    then rename (a narrow window remains there). OSError(EEXIST) is a FileExistsError."""
     import ctypes
 
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except AttributeError:
-        renameat2 = None
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if renameat2 is not None:
         at_fdcwd, noreplace = -100, 1
         if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) == 0:
@@ -320,7 +317,7 @@ def _rename_noreplace(src: Path, dst: Path) -> None:
         if code not in (errno.ENOSYS, errno.EINVAL):
             raise OSError(code, os.strerror(code), str(dst))
     if os.path.lexists(dst):
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+        raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
     os.rename(src, dst)
 
 
