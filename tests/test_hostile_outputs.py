@@ -234,3 +234,17 @@ def test_logits_out_still_replaces_an_existing_file(cli, store_dir, tmp_path):
     assert cli("--store", store_dir, "run", "-n", "2", "--logits-out", target, "hello").code == 0
     assert np.load(target).dtype == np.float32
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store", "x.npy"]
+
+
+def test_certificate_into_the_store_is_refused_before_verifying(cli, store_dir, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = tmp_path / "ci.pem"
+    key.write_bytes(ed25519.Ed25519PrivateKey.from_private_bytes(bytes([1]) * 32).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (tmp_path / "innocent").symlink_to(store_dir / "names")
+    for target in (store_dir / "refs" / "cert.json", tmp_path / "innocent" / "cert.json"):
+        r = refused(cli, store_dir, 4, "verify", "--certificate", target, "--key", key)
+        assert "inside the store" in r.err
+        assert not os.path.lexists(target)
