@@ -94,7 +94,10 @@ class _Output:
             fs.fsync_dir(self.target.parent)
         except IOFailure as err:
             if not self.replace:  # the name is ours alone: taken back, not left half durable
-                fs.remove_any(self.target)
+                try:
+                    fs.remove_any(self.target)
+                except IOFailure:
+                    pass  # the disk refuses even that: the first error is the one to report
             raise _cannot_write(self.shown, err) from err
         self.committed = True
 
