@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Mutation test of the durability protocol: is every fsync needed by some test?
 
-Finds every call site of the store's fsyncs in slm/ by AST (calls of `fsync_dir`,
-`sync_and_close` and `_fsync`, the one raw fsync in slm/store/fs.py), then for each one:
+Finds every fsync call site in slm/ by AST (calls of `fsync_dir`, `sync_and_close` and
+`_fsync`, and every raw `os.fsync` / `os.fdatasync`: the one in slm/store/fs.py's `_fsync`,
+and any other, which would be a write outside the fs layer), then for each one:
 copies the project to a scratch directory, replaces that one call by `pass`, and runs the
 power-cut tests (tests/test_durability.py, marker `durability`) against the copy. A mutant
 is killed when some test fails. Prints killed/total; exits 1 if a mutant survives (an fsync
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FSYNC_CALLS = {"fsync_dir", "sync_and_close", "_fsync"}
+FSYNC_CALLS = {"fsync_dir", "sync_and_close", "_fsync", "fsync", "fdatasync"}
 COPIED = ("slm", "tests", "scripts", "pyproject.toml")
 
 

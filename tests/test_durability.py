@@ -15,6 +15,7 @@ import os
 import pytest
 
 import durability_matrix as dm
+import durability_outputs as do
 
 pytestmark = [pytest.mark.durability, pytest.mark.slow]
 
@@ -42,6 +43,32 @@ def _scenario(t, name):
 
 def test_every_scenario_is_listed(matrix_template):
     assert sorted(s.name for s in dm.scenarios(matrix_template)) == sorted(NAMES)
+
+
+def test_every_fsync_the_simulator_hears_of_really_ran(matrix_template, tmp_path):
+    """The simulator learns of each fsync from fs._fsync, whether or not the syscall ran: here
+    the real os.fsync / os.fdatasync calls of a whole activation are counted. Each notification
+    follows a real fsync of the same file, and there is no fsync it was not told of (every one
+    goes through the fs layer)."""
+    events = do.fsyncs_of_an_activation(matrix_template, tmp_path / "case")
+    synced = [f for kind, f in events if kind == "synced"]
+    heard = [f for kind, f in events if kind == "heard"]
+    assert heard, "the activation made nothing durable"
+    assert len(synced) == len(heard), f"{len(synced)} real fsyncs, {len(heard)} told to the simulator"
+    unsynced = [i for i, (kind, f) in enumerate(events) if kind == "heard" and events[i - 1] != ("synced", f)]
+    assert unsynced == [], "the simulator was told of an fsync that did not run"
+
+
+@pytest.mark.parametrize("name", [c.name for c in do.output_cases()])
+def test_power_cut_keeps_a_reported_output(matrix_template, tmp_path, name):
+    """Files slm writes where a user asks (slm/store/outputs.py): once the command returned, the
+    output survives a cut; before, its name shows the old state or the whole output."""
+    case = next(c for c in do.output_cases() if c.name == name)
+    cuts = [c for c in dm.cuts_for(SEEDS) if MODES == "all" or c[0] in MODES.split(",")]
+    checked, failures = do.run_output_case(case, matrix_template, tmp_path, cuts, stop_at_first=FAIL_FAST)
+    print(f"\n{name}: {checked} cut cases")
+    assert not failures, "\n".join(failures[:10])
+    assert checked > len(cuts), f"{name} did no fs operation"
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -71,13 +71,11 @@ def test_no_assert_stands_in_for_a_check():
 _WRITES = re.compile(r"\bos\.(unlink|remove|rename|replace|makedirs|mkdir|rmdir|link|chmod|truncate|ftruncate)\("
                      r"|(?<!\bfs)\.(mkdir|write_bytes|write_text|unlink|rmdir|touch)\("
                      r"|\bshutil\.\w+\(|\bnp\.savez?\((?!buf\b)|\bopen\([^)]*[\"'][wax]b?\+?[\"']")
-# Files slm writes outside the store, where the user asks: slm run --logits-out, slm verify
-# --certificate, and slm export's bundles and adapters (slm/dist writes no store: a bundle or a
-# pull enters one through ops/receive.py's transaction). And the power-cut simulator (test-only),
-# which plays the kernel rewriting the disk after a cut. None: the whole module.
-_OUTSIDE_THE_STORE = {"slm/ops/run.py": "class LogitsFile", "slm/ops/signing.py": "def write_certificate",
-                      "slm/dist/exporters.py": None, "slm/dist/gguf_writer.py": None, "slm/dist/layout.py": None,
-                      "slm/store/powercut.py": None}
+# Files slm writes outside the store, where the user asks, go through slm/store/outputs.py (and so
+# through the fs layer too): only --logits-out's np.save into that guarded output is a writing
+# call here. And the power-cut simulator (test-only), which plays the kernel rewriting the disk
+# after a cut. None: the whole module.
+_OUTSIDE_THE_STORE = {"slm/ops/run.py": "class LogitsFile", "slm/store/powercut.py": None}
 
 
 def test_every_store_write_goes_through_the_fs_layer():

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -28,7 +27,7 @@ from slm.arch.roles import qk_heads
 from slm.compose.adapter_manifest import AdapterManifest, tensor_from_bytes
 from slm.compose.base_manifest import BaseManifest
 from slm.dist.gguf_writer import write_gguf
-from slm.errors import Incompatible, InvalidInput, IOFailure
+from slm.errors import Incompatible
 from slm.formats.llama import gguf_to_hf_module, permute_gguf_to_hf, permute_hf_to_gguf
 from slm.store.objects import ObjectStore
 
@@ -71,11 +70,9 @@ def _common_alpha(targets: list[LoraTarget]) -> float | None:
     return float(alphas.pop()) if len(alphas) == 1 else None
 
 
-def write_gguf_lora(path: Path, manifest: AdapterManifest, targets: list[LoraTarget], base: BaseManifest) -> dict:
+def write_gguf_lora(out, manifest: AdapterManifest, targets: list[LoraTarget], base: BaseManifest) -> dict:
+    """Into `out`, a file output (slm.store.outputs.OutputFile: its caller commits it)."""
     desc = archs.get(base.architecture["family"])
-    path = Path(path)
-    if path.exists():
-        raise InvalidInput(f"{path} already exists; choose a new path")
     alpha = _common_alpha(targets)
     tensors = []
     for t in targets:
@@ -83,21 +80,18 @@ def write_gguf_lora(path: Path, manifest: AdapterManifest, targets: list[LoraTar
         tensors += [(f"{t.module}.lora_a", t.A), (f"{t.module}.lora_b", B)]
     meta = {"general.architecture": desc.gguf_arch, "general.type": "adapter", "general.name": "slm export",
             "adapter.type": "lora", "adapter.lora.alpha": float(alpha if alpha is not None else 0.0)}
-    try:
-        size = write_gguf(path, meta, tensors)
-    except OSError as err:
-        raise IOFailure(f"cannot write {path}: {err.strerror or err}") from err
+    size = write_gguf(out, meta, tensors)
     return {"tensors": len(tensors), "bytes": size, "alpha": meta["adapter.lora.alpha"],
             "scales_folded": alpha is None}
 
 
-def write_peft(out: Path, targets: list[LoraTarget], base: BaseManifest) -> dict:
-    from safetensors.numpy import save_file
+def write_peft(out, targets: list[LoraTarget], base: BaseManifest) -> dict:
+    """Into `out`, a directory output (slm.store.outputs.OutputDirectory: its caller commits
+    it). The safetensors bytes are made in memory and written by the output, so a failing write
+    is the output's one-line I/O error (exit 12), never a SafetensorError."""
+    from safetensors.numpy import save
 
     desc = archs.get(base.architecture["family"])
-    out = Path(out)
-    if out.exists():
-        raise InvalidInput(f"{out} already exists; choose a new path")
     modules = {}
     for t in targets:
         hf = gguf_to_hf_module(t.module, desc)
@@ -121,10 +115,8 @@ def write_peft(out: Path, targets: list[LoraTarget], base: BaseManifest) -> dict
     for m, t in modules.items():
         tensors[f"base_model.model.{m}.lora_A.weight"] = np.ascontiguousarray(t.A)
         tensors[f"base_model.model.{m}.lora_B.weight"] = np.ascontiguousarray(t.B)
-    try:
-        out.mkdir()
-        save_file(tensors, str(out / "adapter_model.safetensors"))
-        (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    except OSError as err:
-        raise IOFailure(f"cannot write {out}: {err.strerror or err}") from err
+    weights = save(tensors)
+    out.write_file("adapter_model.safetensors", lambda f: f.write(weights))
+    text = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+    out.write_file("adapter_config.json", lambda f: f.write(text))
     return {"tensors": len(tensors), "r": r, "lora_alpha": alpha, "modules": len(modules)}

@@ -8,8 +8,6 @@ adapter file needs). The layout is the one slm.formats.gguf reads:
 from __future__ import annotations
 
 import struct
-from pathlib import Path
-
 import numpy as np
 
 from slm.formats.gguf import DEFAULT_ALIGNMENT, MAGIC
@@ -37,8 +35,9 @@ def _pad(n: int) -> int:
     return -n % DEFAULT_ALIGNMENT
 
 
-def write_gguf(path: Path, metadata: dict, tensors: list[tuple[str, np.ndarray]]) -> int:
-    """Write `tensors` (name, float32 array in NumPy order) with `metadata`; returns the size."""
+def write_gguf(out, metadata: dict, tensors: list[tuple[str, np.ndarray]]) -> int:
+    """Write `tensors` (name, float32 array in NumPy order) with `metadata` to `out` (anything
+    with write(bytes): slm.store.outputs.OutputFile); returns the size."""
     head = bytearray(MAGIC + struct.pack("<IQQ", 3, len(tensors), len(metadata)))
     for key, value in metadata.items():
         head += _string(key) + _value(value)
@@ -52,9 +51,7 @@ def write_gguf(path: Path, metadata: dict, tensors: list[tuple[str, np.ndarray]]
         blobs.append(data)
         offset += len(data) + _pad(len(data))
     head += b"\0" * _pad(len(head))
-    with open(path, "xb") as f:
-        f.write(head)
-        for data in blobs:
-            f.write(data)
-            f.write(b"\0" * _pad(len(data)))
-        return f.tell()
+    size = out.write(bytes(head))
+    for data in blobs:
+        size += out.write(data) + out.write(b"\0" * _pad(len(data)))
+    return size

@@ -4,24 +4,20 @@
     index.json            {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [<descriptor>]}
     blobs/sha256/<hex>    every blob, named by the sha256 of its bytes
 
-A layout is written into a temporary sibling and renamed into place, so an interrupted export
-leaves no half bundle under the requested name. A tar is written with fixed metadata (mtime 0,
-uid 0, sorted members): the same composition gives the same bytes. Reading one someone
-else wrote is slm.dist.layout_read.
+A layout is written into an output of slm.store.outputs (a temporary sibling renamed into
+place), so an interrupted export leaves no half bundle under the requested name. A tar is
+written with fixed metadata (mtime 0, uid 0, sorted members): the same composition gives the
+same bytes. Reading one someone else wrote is slm.dist.layout_read.
 """
 
 from __future__ import annotations
 
 import io
-import os
-import shutil
 import tarfile
-from pathlib import Path
 from typing import Callable, Iterable
 
 from slm.dist import mediatypes as mt
 from slm.dist.bundle import canonical
-from slm.errors import InvalidInput, IOFailure, NotFound
 
 # (sha256 digest, size, a function writing the bytes to a binary file)
 BlobWriter = tuple[str, int, Callable[[io.RawIOBase], None]]
@@ -37,37 +33,24 @@ def _layout_doc() -> bytes:
     return canonical({"imageLayoutVersion": mt.OCI_LAYOUT_VERSION})
 
 
-def write_layout(dest: Path, blobs: Iterable[BlobWriter], manifest_digest: str, manifest_size: int,
+def write_layout(out, tar: bool, blobs: Iterable[BlobWriter], manifest_digest: str, manifest_size: int,
                  tag: str) -> None:
-    """A directory, or a tar when dest ends in .tar. `blobs` includes the manifest itself."""
-    dest = Path(dest)
-    if dest.exists() or dest.is_symlink():
-        raise InvalidInput(f"{dest} already exists; choose a new path")
-    if not dest.parent.is_dir():
-        raise NotFound(f"no such directory: {dest.parent}")
-    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-    try:
-        if dest.suffix == ".tar":
-            _write_tar(tmp, blobs, _index(manifest_digest, manifest_size, tag))
-        else:
-            _write_dir(tmp, blobs, _index(manifest_digest, manifest_size, tag))
-        os.rename(tmp, dest)
-    except OSError as err:
-        raise IOFailure(f"cannot write {dest}: {err.strerror or err}") from err
-    finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif tmp.exists():
-            tmp.unlink()
+    """Into `out`: a file output when `tar` (slm.store.outputs.OutputFile), else a directory
+    output (OutputDirectory); its caller commits it. `blobs` includes the manifest itself."""
+    index = _index(manifest_digest, manifest_size, tag)
+    if tar:
+        _write_tar(out, blobs, index)
+    else:
+        _write_dir(out, blobs, index)
 
 
-def _write_dir(root: Path, blobs: Iterable[BlobWriter], index: bytes) -> None:
-    (root / "blobs" / "sha256").mkdir(parents=True)
-    (root / "oci-layout").write_bytes(_layout_doc())
+def _write_dir(out, blobs: Iterable[BlobWriter], index: bytes) -> None:
+    out.subdirectory("blobs")
+    out.subdirectory("blobs/sha256")
+    out.write_file("oci-layout", lambda f: f.write(_layout_doc()))
     for digest, _, write in blobs:
-        with open(root / "blobs" / "sha256" / digest[7:], "wb") as f:
-            write(f)
-    (root / "index.json").write_bytes(index)
+        out.write_file(f"blobs/sha256/{digest[7:]}", write)
+    out.write_file("index.json", lambda f: f.write(index))
 
 
 def _member(name: str, size: int, directory: bool = False) -> tarfile.TarInfo:
@@ -79,8 +62,8 @@ def _member(name: str, size: int, directory: bool = False) -> tarfile.TarInfo:
     return info
 
 
-def _write_tar(path: Path, blobs: Iterable[BlobWriter], index: bytes) -> None:
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+def _write_tar(out, blobs: Iterable[BlobWriter], index: bytes) -> None:
+    with tarfile.TarFile(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         tar.addfile(_member("oci-layout", len(_layout_doc())), io.BytesIO(_layout_doc()))
         tar.addfile(_member("blobs", 0, True))
         tar.addfile(_member("blobs/sha256", 0, True))

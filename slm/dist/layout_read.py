@@ -214,7 +214,7 @@ class LayoutReader:
             raise InvalidInput(f"{self.path}: member {m.name!r} claims {m.size} bytes, past the end of the tar")
         self._members[name] = m
 
-    def _tar_member(self, name: str) -> _Blob:
+    def _tar_member(self, name: str) -> _TarMember:
         m = self._members.get(name)
         if m is None:
             raise NotFound(f"no such file: {self.path}:{name}")

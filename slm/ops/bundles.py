@@ -22,7 +22,7 @@ from slm.errors import IntegrityError, InvalidInput, NotFound
 from slm.ops import compositions, receive
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.resolve import load_base
-from slm.store import Store
+from slm.store import Store, outputs
 from slm.store import digest as dg
 
 
@@ -114,6 +114,17 @@ def export_bundle(store: Store, ref: str | None, out: Path, tag: str | None = No
                   progress: Progress | None = None) -> ExportResult:
     progress = progress or NoProgress()
     started = time.perf_counter()
+    out = Path(out)
+    tar = out.suffix == ".tar"
+    # the target is checked and its temporary made before minutes of hashing (slm.store.outputs)
+    target = (outputs.OutputFile(out, store.root, "export -o") if tar
+              else outputs.OutputDirectory(out, store.root, "export -o"))
+    with target:
+        return _export_into(store, ref, out, target, tar, tag, progress, started)
+
+
+def _export_into(store: Store, ref: str | None, out: Path, target, tar: bool, tag: str | None,
+                 progress: Progress, started: float) -> ExportResult:
     p = plan(store, ref, progress)
     tag = tag or default_tag(p.composition)
 
@@ -125,7 +136,8 @@ def export_bundle(store: Store, ref: str | None, out: Path, tag: str | None = No
     blobs.append((p.manifest_digest, len(p.manifest_bytes), writer(lambda: p.manifest_bytes)))
     unique = list({b[0]: b for b in blobs}.values())  # two layers may share bytes (same sha256)
     progress.start("writing bundle", p.total_bytes)
-    write_layout(Path(out), unique, p.manifest_digest, len(p.manifest_bytes), tag)
+    write_layout(target, tar, unique, p.manifest_digest, len(p.manifest_bytes), tag)
+    target.commit()
     progress.finish()
     return ExportResult("slm", str(out), p.composition.id, p.manifest_digest, len(unique),
                         sum(b[1] for b in unique), round(time.perf_counter() - started, 3))

@@ -19,7 +19,7 @@ from slm.errors import Incompatible, InvalidInput, NotFound
 from slm.ops import bundles, compositions
 from slm.ops.progress import Progress
 from slm.ops.resolve import load_base, resolve
-from slm.store import Store
+from slm.store import Store, outputs
 from slm.store import digest as dg
 
 
@@ -78,12 +78,17 @@ def export(store: Store, ref: str | None, out: Path, fmt: str = "slm", base: str
     manifest = parse_adapter_manifest(store.objects.read_verified(digest), f"adapter {name}")
     from slm import arch as archs
 
+    # the guarded output path (slm.store.outputs): outside the store, temp + fsync + rename
     if fmt == "gguf-lora":
-        layout = archs.get(base_manifest.architecture["family"]).gguf_qk_row_layout
-        targets = exporters.lora_targets(store.objects, manifest, base_manifest, layout, f"adapter {name}")
-        details = exporters.write_gguf_lora(Path(out), manifest, targets, base_manifest)
+        with outputs.OutputFile(Path(out), store.root, "export -o") as target:
+            layout = archs.get(base_manifest.architecture["family"]).gguf_qk_row_layout
+            targets = exporters.lora_targets(store.objects, manifest, base_manifest, layout, f"adapter {name}")
+            details = exporters.write_gguf_lora(target, manifest, targets, base_manifest)
+            target.commit()
     else:
-        targets = exporters.lora_targets(store.objects, manifest, base_manifest, "hf", f"adapter {name}")
-        details = exporters.write_peft(Path(out), targets, base_manifest)
+        with outputs.OutputDirectory(Path(out), store.root, "export -o") as target:
+            targets = exporters.lora_targets(store.objects, manifest, base_manifest, "hf", f"adapter {name}")
+            details = exporters.write_peft(target, targets, base_manifest)
+            target.commit()
     return AdapterExportResult(fmt, str(out), name, base_digest, weight, details,
                                round(time.perf_counter() - started, 3))

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import numbers
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from slm.errors import InvalidInput, IOFailure, SlmError
+from slm.errors import InvalidInput, SlmError
 from slm.model.chat import chat_prompt_ids
 from slm.model.detokenize import TextStream
 from slm.model.generate import generate
@@ -19,7 +18,7 @@ from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.ops.results import CompositionInfo, Generation, Timings
 from slm.ops.prefix_cache import PrefixCache
-from slm.store import Store
+from slm.store import Store, outputs
 
 
 MAX_THREADS = 256
@@ -83,43 +82,23 @@ def check_activations(mode: str) -> None:
 
 
 class LogitsFile:
-    """--logits-out: written to a temporary file beside the target and renamed over it only
-    when the run succeeds, so a failing run leaves the target as it was (a user's file is never
-    truncated or deleted). A target inside the store is refused: it could be a blob. The temp
-    file is created before the long part, so an unwritable place fails fast."""
+    """--logits-out: the guarded output path (slm.store.outputs): refused inside the store,
+    written to a temporary beside the target, fsynced and renamed over it only when the run
+    succeeds, so a failing run leaves the target as it was (a user's file is never truncated or
+    deleted). The temporary is created before the long part, so an unwritable place fails fast.
+    An existing regular file is replaced (the file a symlink there names)."""
 
     def __init__(self, target: Path, store_root: Path):
-        target = Path(target)
-        real = target.resolve()  # follows a link: the file it names is what gets replaced
-        store_real = Path(store_root).resolve()
-        if real == store_real or store_real in real.parents:
-            raise InvalidInput(f"--logits-out {target}: refusing to write inside the store")
-        if real.exists() and not real.is_file():
-            raise IOFailure(f"cannot write {target}: not a regular file")
-        self.target = real
-        self.tmp = real.parent / f".{real.name}.{os.getpid()}.tmp"
-        try:
-            self.file = open(self.tmp, "xb")
-        except OSError as err:
-            raise IOFailure(f"cannot write {target}: {err.strerror}") from err
+        self.out = outputs.OutputFile(Path(target), store_root, "--logits-out", replace=True)
 
     def commit(self, logits: np.ndarray) -> None:
-        try:
-            np.save(self.file, logits)
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            self.file.close()
-            os.replace(self.tmp, self.target)
-        except OSError as err:
-            self.discard()
-            raise IOFailure(f"cannot write {self.target}: {err.strerror}") from err
+        with self.out:
+            np.save(self.out, logits)
+            self.out.commit()
 
     def discard(self) -> None:
-        self.file.close()
-        try:
-            os.unlink(self.tmp)
-        except OSError:
-            pass
+        if not self.out.committed:
+            self.out.discard()
 
 
 def run_prompt(store: Store, o: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, IOFailure, SlmError
+from slm.errors import CommittedIncomplete, IntegrityError, SlmError
 from slm.ops import compositions
 from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
-from slm.store import Store, fs
+from slm.store import Store, fs, outputs
 from slm.store import digest as dg
 
 
@@ -150,21 +150,15 @@ def verify_signatures(store: Store, ref: str | None, keys: list[str] = ()) -> Si
     return SignatureReport(comp_id, tuple(check_signatures(store, comp_id, trusted)), len(set(trusted)))
 
 
-def write_certificate(comp_id: str, result: dict, key_path: Path, out: Path) -> str:
-    """Sign a verify result, bound to its composition id, into `out` (a new file)."""
+def write_certificate(comp_id: str, result: dict, key_path: Path, target: outputs.OutputFile) -> str:
+    """Sign a verify result, bound to its composition id, into `target` (a new file on the
+    guarded output path, slm.store.outputs) and commit it."""
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     key = signing.load_private_key(Path(key_path))
-    data = signing.certificate(comp_id, result, key)
-    out = Path(out)
-    try:
-        with open(out, "xb") as f:
-            f.write(data)
-    except FileExistsError as err:
-        raise InvalidInput(f"{out} already exists; choose a new path") from err
-    except OSError as err:
-        raise IOFailure(f"cannot write {out}: {err.strerror}") from err
-    return str(out)
+    target.write(signing.certificate(comp_id, result, key))
+    target.commit()
+    return str(target.shown)
 
 
 def check_certificate(path: Path, keys: list[str] = ()) -> dict:
@@ -200,6 +194,8 @@ def certify(store: Store, ref: str | None, key_path: Path, out: Path, numerics: 
     from slm.ops import verify
 
     signing.load_private_key(Path(key_path))  # a bad key fails before minutes of verification
-    report = verify.verify(store, ref, numerics, progress)
-    path = write_certificate(report.composition, report.to_json(), Path(key_path), Path(out))
+    # ... and so does a bad output (inside the store, already there, unwritable)
+    with outputs.OutputFile(Path(out), store.root, "--certificate") as target:
+        report = verify.verify(store, ref, numerics, progress)
+        path = write_certificate(report.composition, report.to_json(), Path(key_path), target)
     return Certified(report, path)

@@ -1,7 +1,8 @@
 """The one door through which every store write passes (objects, names, refs, reflog, journal,
 config, and the derived cache/; tests/test_structure.py checks no other module writes files).
-Files outside the store that a user names, such as `slm run --logits-out`, are not store
-writes and are written where they are asked for.
+Files outside the store that a user names (`slm export -o`, `slm run --logits-out`, `slm
+verify --certificate`) are written through this layer too, by slm.store.outputs: the same
+temp + fsync + rename protocol, the same fault points and power-cut matrix.
 
 Why a layer: durability is a protocol (write, fsync, rename, fsync the directory) and it is
 only as good as its weakest call site. Routing every mutation through these functions keeps
@@ -142,7 +143,7 @@ class NewFile:
     def __init__(self, path: Path, mode: int = 0o644):
         _fault_point("create", str(path))
         try:
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         except OSError as err:
             raise _io_error("create", path, err) from err
         self.path = path
@@ -292,12 +293,34 @@ def temp_name(directory: Path, stem: str) -> Path:
     return directory / f".{stem}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
 
 
-def rename(src: Path, dst: Path) -> None:
+def rename(src: Path, dst: Path, *, replace: bool = True) -> None:
+    """rename(2); with replace=False a name that exists at dst (even one that appeared a moment
+    ago) is never replaced: FileExistsError."""
     _fault_point("rename", f"{src} -> {dst}")
     try:
-        os.rename(src, dst)
+        os.rename(src, dst) if replace else _rename_noreplace(src, dst)
     except OSError as err:
+        if not replace and isinstance(err, FileExistsError):
+            raise
         raise _io_error("rename", f"{src} to", err) from err
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """Linux renameat2(RENAME_NOREPLACE); where the libc, kernel or filesystem lacks it, a check
+    then rename (a narrow window remains there). OSError(EEXIST) is a FileExistsError."""
+    import ctypes
+
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd, noreplace = -100, 1
+        if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.ENOSYS, errno.EINVAL):
+            raise OSError(code, os.strerror(code), str(dst))
+    if os.path.lexists(dst):
+        raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+    os.rename(src, dst)
 
 
 def link_new(src: Path, dst: Path) -> bool:
