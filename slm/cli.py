@@ -5,6 +5,7 @@ string annotations cost it a compile and an eval each at every start-up."""
 
 import copy
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -49,10 +50,19 @@ def _global(
     ctx.obj = {"store": store}
 
 
+def hand_ctrl_c_to_the_command() -> None:
+    """The command is about to open the store: from here Ctrl-C raises KeyboardInterrupt, so that
+    what it begins unwinds (slm/entry.py). Another program's handler is left alone."""
+    entry = sys.modules.get("slm.entry")
+    if entry is not None and signal.getsignal(signal.SIGINT) is entry.exit_at_once:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _store(ctx: typer.Context, check_config: bool = True):
     """The public API's Store (imported when a command runs: `slm --help` stays fast)."""
     from slm.api import Store
 
+    hand_ctrl_c_to_the_command()
     return Store.open(ctx.obj["store"], check_config)
 
 
@@ -92,6 +102,7 @@ def init(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """Create an empty store (./.slm, or --store / $SLM_STORE)."""
     from slm.api import Store
 
+    hand_ctrl_c_to_the_command()
     store = Store.init(ctx.obj["store"])
     _show({"store": str(store.root), "created": store.created}, json_out, render.init_done)
 
@@ -307,9 +318,9 @@ def run_cmd(
 
     slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
 
-    store = _store(ctx)
-    if prompt == "-":
+    if prompt == "-":  # read during start-up: Ctrl-C while it waits exits at once (slm/entry.py)
         prompt = prompt_from_stdin(sys.stdin)
+    store = _store(ctx)
     options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
                          memory_budget=memory_budget, on_switch=on_switch, threads=threads,

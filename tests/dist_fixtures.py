@@ -57,7 +57,7 @@ def local_registry(root: Path, htpasswd: str | None = None):
     log = open(root / "registry.log", "wb")
     proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 120  # a hang guard: a loaded machine starts it late
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1):

@@ -75,3 +75,46 @@ def random_overlay(kind, model, rng, names, weight=0.7, ia3_on=None):
             tensors = {"indices": idx, "values": rng.standard_normal(20).astype(np.float32) * 0.1}
         targets.append(TargetData(name, out_f, in_f, tensors, scale=2.0, ia3_on=ia3_on))
     return build_overlay(kind, weight, targets, src_layout="gguf", dst_layout="gguf", heads={})
+
+
+# Waiting: for a state, never for a duration (docs/testing.md, "Under load"). The limit only
+# turns a hang into a failure; a loaded machine reaches the state late, never not at all.
+HANG_S = 120
+
+
+def wait_until(condition, what: str, timeout: float = HANG_S, proc=None):
+    """Poll `condition` until it returns something true, and return that. A process `proc`
+    that ends first, or `timeout` seconds (a hang), fails the test."""
+    import time
+
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while True:
+        found = condition()
+        if found:
+            return found
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else b""
+            pytest.fail(f"the process ended (exit {proc.returncode}) before {what}: {err!r}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {timeout} s: a hang")
+        time.sleep(0.001)
+
+
+READ_SYSCALL = {"x86_64": 0, "aarch64": 63}  # read(2)'s number in /proc/PID/syscall
+
+
+def blocked_reading_stdin(pid: int) -> bool:
+    """Whether the process's main thread waits in read(0, ...): /proc/PID/syscall gives the
+    system call it is in, then its arguments."""
+    import platform
+
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+        number = READ_SYSCALL.get(platform.machine())
+        if number is None:  # another architecture: the kernel function it sleeps in says it
+            return Path(f"/proc/{pid}/wchan").read_text().endswith("pipe_read")
+    except OSError:  # not started, or gone
+        return False
+    return len(fields) > 1 and fields[0] == str(number) and int(fields[1], 16) == 0

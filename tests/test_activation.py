@@ -237,10 +237,12 @@ def test_a_held_lock_gives_a_clear_busy_error(cli, two_bases, store_dir):
     config = store_dir / "config.toml"
     config.write_text(config.read_text().replace("lock_timeout_s = 30.0", "lock_timeout_s = 0.3"))
 
-    # another process holds the lock (an flock on it, as slm's writers take it)
-    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX);"
-            "print('held', flush=True); time.sleep(30)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(store_dir / "lock")], stdout=subprocess.PIPE, text=True)
+    # another process holds the lock (an flock on it, as slm's writers take it) until its stdin
+    # closes: however slow the activation, the lock is still held when it asks
+    code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX);"
+            "print('held', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(store_dir / "lock")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
         r = cli("activate", "tq")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -31,9 +32,11 @@ READER = textwrap.dedent("""
     store = Store.open(sys.argv[1])
     reads = 0
     deadline = time.time() + 600
-    while time.time() < deadline:
+    while time.time() < deadline:  # a hang guard: the test creates stop-reading
         store.active_ref.read()  # raises on a torn or damaged ref
         reads += 1
+        if reads == 1:
+            print("reading", flush=True)  # the writers start now: the reads overlap them
         if (store.root / "stop-reading").exists():
             break
     print(reads)
@@ -49,6 +52,7 @@ def test_eight_writers_fifty_activations_each(cli, store, store_dir, tiny_model,
     assert cli("import", "adapter", lora, "--name", "a1").code == 0
     reader = subprocess.Popen([sys.executable, "-c", READER, str(store_dir)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert reader.stdout.readline() == "reading\n", reader.stderr.read()
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(store_dir), str(w), str(EACH)],
                                 stderr=subprocess.PIPE, text=True) for w in range(WORKERS)]
     for w in writers:
@@ -70,11 +74,13 @@ def test_eight_writers_fifty_activations_each(cli, store, store_dir, tiny_model,
 
 def test_an_activation_does_not_wait_for_a_long_import(tmp_path, tiny_model):
     """An import stages (reads, quantizes, hashes, writes tmp/) without the store lock and takes
-    it only to commit: held at its end of staging for 20 s, it lets an activation through at
-    once; fsck meanwhile leaves its live staging area alone; then it commits."""
+    it only to commit: paused at its end of staging, then stopped there (SIGSTOP: it cannot
+    move on however long the rest takes), it lets an activation through while the lock
+    timeout is 2 s; fsck meanwhile leaves its live staging area alone; once resumed it commits.
+    The order is what is checked: the activation and fsck both finish before the import does."""
+    import signal
     import subprocess
     import sys
-    import time
 
     store = tmp_path / "store"
     slm = [sys.executable, "-m", "slm", "--store", str(store)]
@@ -87,15 +93,18 @@ def test_an_activation_does_not_wait_for_a_long_import(tmp_path, tiny_model):
                                  "q4_0"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
         assert "slm-fault paused" in importer.stderr.readline()
-        started = time.monotonic()
-        r = subprocess.run([*slm, "activate", "tq"], capture_output=True, text=True, timeout=30)
-        assert r.returncode == 0, r.stderr
-        assert time.monotonic() - started < 15, "the activation waited for the import"
-        r = subprocess.run([*slm, "fsck"], capture_output=True, text=True, timeout=30)
+        importer.send_signal(signal.SIGSTOP)  # within the pause: it has staged, not committed
+        r = subprocess.run([*slm, "activate", "tq"], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr  # had the import held the lock: exit 7 after 2 s
+        r = subprocess.run([*slm, "fsck"], capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stdout  # the live staging area is not junk
-        assert importer.wait(timeout=60) == 0
+        r = subprocess.run([*slm, "ls", "--json"], capture_output=True, text=True, check=True, timeout=600)
+        assert "th" not in {e["name"] for e in json.loads(r.stdout)}, "the import committed while stopped"
+        importer.send_signal(signal.SIGCONT)
+        assert importer.wait(timeout=600) == 0
     finally:
         importer.kill()
+        importer.wait()
     r = subprocess.run([*slm, "ls", "--json"], capture_output=True, text=True, check=True)
-    assert "th" in r.stdout
+    assert "th" in {e["name"] for e in json.loads(r.stdout)}
     assert subprocess.run([*slm, "fsck"], capture_output=True).returncode == 0

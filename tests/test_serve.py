@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import snapshot
+from helpers import HANG_S, snapshot, wait_until
 from serve_helpers import Server
 
 pytest.importorskip("openai")
@@ -85,18 +85,20 @@ def test_hot_swap_under_load(cli, tiny_store, capsys):
             target = lora_id if i % 2 == 0 else base_id
             spec = ["tq", "a1@0.8"] if i % 2 == 0 else ["tq"]
             subprocess.run([sys.executable, "-m", "slm", "--store", str(tiny_store), "activate", *spec],
-                           check=True, capture_output=True, timeout=60)
+                           check=True, capture_output=True, timeout=HANG_S)
             done = time.monotonic()
-            for _ in range(2000):  # up to ~20 s
+
+            def switched():
                 status = server.status()
-                if status["active"] and status["active"]["id"] == target:
-                    break
-                time.sleep(0.01)
-            else:
-                raise AssertionError(f"the server did not switch to {target}: {status}")
+                return status if status["active"] and status["active"]["id"] == target else None
+
+            status = wait_until(switched, f"switch to {target}")
             seen_after.append((time.monotonic() - done) * 1e3)
             noticed.append(status["last_switch"]["noticed_ms"])
-            time.sleep(0.2)  # let requests run on this composition
+            # requests run on this composition: one answered on it before the next switch
+            answered = len(results)
+            wait_until(lambda: failures or any(target in f for _, f, _ in results[answered:]),
+                       f"a response on {target}")
     finally:
         stop.set()
         for t in threads:
@@ -104,11 +106,10 @@ def test_hot_swap_under_load(cli, tiny_store, capsys):
         code = server.stop()
     assert code == 0, "\n".join(server.lines)
     assert not failures, failures
-    with capsys.disabled():  # the measured figures, reported (not asserted as timings)
+    with capsys.disabled():  # the measured figures, reported: timings are not asserted (docs/testing.md)
         print(f"\nswitch noticed after refs/active changed (server side): median {statistics.median(noticed):.1f} ms, "
               f"max {max(noticed):.1f} ms; seen in /v1/slm/status after `slm activate` exited: median "
               f"{statistics.median(seen_after):.0f} ms, max {max(seen_after):.0f} ms; {len(results)} responses")
-    assert max(noticed) < 1000  # the poll is every 10 ms; generous for a loaded machine
     assert all(len(f) == 1 for _, f, _ in results), "a response mixed compositions"
     used = {next(iter(f)) for _, f, _ in results}
     assert used == {base_id, lora_id}, used
@@ -240,11 +241,8 @@ def test_a_composition_that_fails_is_not_switched_to(cli, tiny_store):
     server = Server(tiny_store, "--threads", "1", "--memory-budget", str(base_est))
     try:
         lora_id = _activate(cli, "tq", "a1")
-        for _ in range(1000):
-            status = server.status()
-            if status["active_error"]:
-                break
-            time.sleep(0.01)
+        status = wait_until(lambda: (lambda st: st if st["active_error"] else None)(server.status()),
+                            "the refusal to switch")
         assert status["active"]["id"] == base_id and status["refs_active"] == lora_id
         assert "memory budget" in status["active_error"]
         status_code, data = server.json("POST", "/v1/completions", {"prompt": "hello", "max_tokens": 3})

@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from helpers import HANG_S, wait_until
 from serve_helpers import Server
 
 pytest.importorskip("openai")
@@ -63,10 +64,20 @@ def _stream_lines(url: str, body: dict, timeout: float = 120):
     return conn, conn.getresponse()
 
 
+def _finish_reason(lines: list[bytes]) -> str | None:
+    """The finish_reason of a stream's last chunk that has one."""
+    reasons = [choice.get("finish_reason") for line in lines if line.startswith(b"data: {")
+               for choice in json.loads(line[len(b"data: "):]).get("choices", [])]
+    return next((r for r in reversed(reasons) if r), None)
+
+
 def test_disconnect_full_server_and_sigterm_during_streams(cli, smol_store, capsys):
     """A client that closes its stream is cancelled at the next step; with 4 requests running
     and no queue a fifth gets 429 with Retry-After; SIGTERM while 4 streams run makes the
-    process exit 0 within its grace period, every stream ended."""
+    process stop admitting, cancel the 4 when the grace period runs out, end every stream and
+    exit 0. The greedy story never stops by itself before its 1000 tokens (`slm run` says
+    "length"): only the cancellation can end the streams. The events are asserted, not the
+    time they took (printed; the wait has a limit that only catches a hang)."""
     assert cli("activate", "smol").code == 0
     grace = 3.0
     server = Server(smol_store, "--threads", "1", "--max-batch", "4", "--max-queue", "0", "--grace", str(grace))
@@ -76,13 +87,11 @@ def test_disconnect_full_server_and_sigterm_during_streams(cli, smol_store, caps
         conn, resp = _stream_lines(server.url, long)
         assert resp.status == 200 and resp.readline().startswith(b"data: ")
         conn.close()  # the client goes away mid-stream
-        for _ in range(3000):
-            if server.status()["running"] == 0:
-                break
-            time.sleep(0.01)
-        assert server.status()["running"] == 0
-        _, _, metrics = server.http("GET", "/metrics")
-        assert b"slm_cancelled_requests_total 1.0" in metrics
+        # the cancellation counted, then nothing running: "running 0" alone is no proof, the
+        # first token reaches the client before its request joins the running batch
+        wait_until(lambda: b"slm_cancelled_requests_total 1.0" in server.http("GET", "/metrics")[2],
+                   "the abandoned stream's cancellation")
+        wait_until(lambda: server.status()["running"] == 0, "an empty batch after the cancellation")
 
         ended, started = [], threading.Barrier(5, timeout=120)
 
@@ -97,7 +106,7 @@ def test_disconnect_full_server_and_sigterm_during_streams(cli, smol_store, caps
                 if not line:
                     break
                 lines.append(line)
-            ended.append(b"data: [DONE]" in b"".join(lines))
+            ended.append((b"data: [DONE]" in b"".join(lines), _finish_reason(lines)))
             conn.close()
 
         threads = [threading.Thread(target=stream) for _ in range(4)]
@@ -108,16 +117,18 @@ def test_disconnect_full_server_and_sigterm_during_streams(cli, smol_store, caps
         assert status == 429 and headers.get("retry-after") == "1", body
         sent = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
-        code = server.proc.wait(timeout=grace + 30)
+        code = server.proc.wait(timeout=HANG_S)  # only a hang takes this long
         elapsed = time.monotonic() - sent
         for t in threads:
-            t.join(timeout=30)
+            t.join(timeout=HANG_S)
     finally:
         if server.proc.poll() is None:
             server.stop(signal.SIGKILL)
     assert code == 0, "\n".join(server.lines)
     assert not any("Traceback" in line for line in server.lines), "\n".join(server.lines)
-    assert elapsed < grace + 2, elapsed  # generous on a busy machine; the figure is printed
-    assert ended == [True] * 4, ended
+    wait_until(lambda: server.lines and server.lines[-1].endswith("stopped"), "the server's last log line")
+    # SIGTERM came while the 4 ran (the drain began), and "stopped" is the server's last word
+    assert any("SIGTERM: no new requests; 4 running" in line for line in server.lines), "\n".join(server.lines)
+    assert ended == [(True, "cancelled")] * 4, ended  # cut by the grace period, each stream ended
     with capsys.disabled():
         print(f"\nSIGTERM with 4 streams running: exit 0 after {elapsed:.2f} s (grace {grace:g} s)")

@@ -7,19 +7,36 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 
 import pytest
 
 import slm
+from helpers import wait_until
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
 from slm.store import digest as dg
 from slm.store import objects as objects_module
 from slm.store import verified
 
-# A blob is recorded only once its ctime is verified.RACY_NS old (the racily-clean guard).
-SETTLE_S = verified.RACY_NS / 1e9 + 0.05
+
+def _file_clock_past(ns: int, probe_dir) -> None:
+    """Wait until a file changed now gets a ctime later than `ns`. The kernel stamps file times
+    from a coarse clock: what is waited for is that state, seen on a probe file outside the
+    store, not a duration guessed from the clock's tick (docs/testing.md, "Under load")."""
+    probe = probe_dir / ".clock-probe"
+
+    def passed() -> bool:
+        probe.touch()  # sets the times to now: the ctime is the kernel's clock as files see it
+        return probe.stat().st_ctime_ns > ns
+
+    wait_until(passed, f"a file time past {ns}")
+
+
+def _settle(store_dir) -> None:
+    """A blob is recorded only once its ctime is verified.RACY_NS old (the racily-clean guard):
+    wait until every file of the store is that old."""
+    newest = max(p.lstat().st_ctime_ns for p in store_dir.rglob("*"))
+    _file_clock_past(newest + verified.RACY_NS, store_dir.parent)
 
 
 @pytest.fixture
@@ -30,7 +47,7 @@ def tiny(cli, store, store_dir, tiny_model, tmp_path):
                                              layers=2, kv_dim=32)
     assert cli("import", "base", tiny_model["gguf_q"], "--name", "tq").code == 0
     assert cli("import", "adapter", lora, "--name", "a1").code == 0
-    time.sleep(SETTLE_S)
+    _settle(store_dir)
     return store_dir
 
 
@@ -80,10 +97,10 @@ def _largest(store_dir, digests: set[str]) -> str:
     return max(sorted(digests), key=lambda d: _blob_path(store_dir, d).stat().st_size)
 
 
-def _change_in_place(path) -> None:
+def _change_in_place(path, probe_dir) -> None:
     """Same size, other bytes, mtime put back: only the ctime (which the kernel sets) moves."""
     before = path.stat()
-    time.sleep(0.02)  # past one tick of the kernel's coarse clock
+    _file_clock_past(before.st_ctime_ns, probe_dir)  # so the change below moves the ctime
     os.chmod(path, 0o644)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -147,7 +164,7 @@ def test_a_blob_changed_in_place_is_caught_by_activate_and_verify(cli, tiny, whi
     comp_id = r.json()["active"]["id"]
     assert cli("activate", "tq").code == 0
     victim = _largest(tiny, base_blobs if which == "base" else adapter_blobs)
-    _change_in_place(_blob_path(tiny, victim))
+    _change_in_place(_blob_path(tiny, victim), tiny.parent)
     r = cli("activate", "tq", "a1")
     assert r.code == 5 and "corrupt" in r.err, r.err
     r = cli("verify", comp_id, "--json", "--no-numerics")
@@ -163,7 +180,7 @@ def test_verify_and_fsck_re_hash_what_the_cache_vouches_for(cli, tiny):
     assert cli("activate", "tq", "a1").code == 0
     victim = _largest(tiny, base_blobs)
     path = _blob_path(tiny, victim)
-    _change_in_place(path)
+    _change_in_place(path, tiny.parent)
     cache = tiny / "cache" / verified.FILE_NAME
     records = verified._parse(cache.read_bytes())
     records[dg.hex_of(victim)] = verified.spell(verified.key_of(path.stat()))  # as if the bytes had rotted in place
@@ -229,7 +246,7 @@ def test_a_hard_link_in_place_of_the_cache_is_left_alone(cli, tiny):
 
 def test_fsck_keeps_exactly_the_blobs_it_verified(cli, tiny):
     assert cli("activate", "tq", "a1").code == 0
-    time.sleep(SETTLE_S)  # the composition record it just stored is old enough to be recorded
+    _settle(tiny)  # the composition record it just stored is old enough to be recorded
     s = slm.Store.open(tiny)._s
     stored = {d for d in s.objects.digests()}
     cache = tiny / "cache" / verified.FILE_NAME
@@ -252,7 +269,7 @@ def test_a_blob_changed_while_it_is_hashed_is_not_recorded(tiny, monkeypatch):
         result = real_fstat(fd)
         calls.append(fd)
         if len(calls) == 1:  # between the "before" and the "after" look at the file
-            time.sleep(0.02)
+            _file_clock_past(result.st_ctime_ns, tiny.parent)
             os.chmod(_blob_path(tiny, victim), 0o444)  # a metadata change: the ctime moves
         return result
 
