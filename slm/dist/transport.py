@@ -347,8 +347,8 @@ class Transport:
     def send(self, method: str, url: str, body: bytes | None, headers: dict[str, str],
              limit: int | None, clock: Clock, stream: bool = False) -> Response:
         """One request and its response, the body read whole (at most `limit` bytes), or with
-        `stream` a 200 response's body left to read (`Response.stream`, at most `limit` + 1
-        bytes; any other response's body is read whole, at most ERROR_BODY_LIMIT)."""
+        `stream` (and a `limit`) a 200 response's body left to read (`Response.stream`, at most
+        `limit` + 1 bytes; any other response's body is read whole, at most ERROR_BODY_LIMIT)."""
         origin = origin_of(url, self.who)
         parts = urllib.parse.urlsplit(url)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -361,8 +361,7 @@ class Transport:
                     conn.request(method, path, body=body, headers=headers)
                     resp = conn.getresponse()
                     headers_got = {k.lower(): v for k, v in resp.getheaders()}
-                    if stream and resp.status == 200:
-                        assert limit is not None, "a streamed body needs its limit"
+                    if stream and resp.status == 200 and limit is not None:
                         return Response(resp.status, headers_got, b"", Body(self, origin, method, resp, clock, limit))
                     data = _read_body(resp, min(limit, ERROR_BODY_LIMIT) if stream and limit is not None else limit)
                 except _LOST:
