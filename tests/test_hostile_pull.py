@@ -179,6 +179,34 @@ def test_a_streamed_body_shorter_than_its_descriptor_is_exit_5(bundle, empty_sto
     assert f"is {len(blobs[digest])} bytes, its descriptor says 2097152" in r.stderr
 
 
+def test_a_streamed_body_that_trickles_is_cut_off_by_the_deadline(bundle, empty_store, tmp_path):
+    """A streamed layer's body is under its request's clock like any response: a registry that
+    sends one byte of it every quarter second is cut off (exit 12, "too slow"), not waited on
+    while it would keep trickling for minutes."""
+    manifest, blobs = bundle
+    index, digest = first_tensor(manifest)
+
+    def trickle(handler):
+        if not handler.path.endswith(f"/blobs/{digest}"):
+            return False
+        handler.close_connection = True
+        try:
+            handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (2 << 20))
+            while not handler.server.stopping.wait(0.25):
+                handler.wfile.write(b"\0")
+                handler.wfile.flush()
+        except OSError:
+            pass
+        return True
+
+    env = child_env(tmp_path, SLM_REGISTRY_TIMEOUT_S="1", SLM_REGISTRY_MIN_RATE="1000")
+    with FakeRegistry(with_size(manifest, index, 2 << 20), blobs, misbehave=trickle) as reg:
+        before = snapshot(empty_store)
+        r = pull_in_child(empty_store, f"{reg.host}/{REPO}:v1", env)
+    assert_refused(r, empty_store, before, 12)
+    assert "GET too slow" in r.stderr and "SLM_REGISTRY_MIN_RATE" in r.stderr
+
+
 def test_streamed_blobs_follow_auth_and_redirects_and_keep_the_connection(cli, bundle, empty_store, monkeypatch,
                                                                           tmp_path):
     """Every layer streamed (receive.AHEAD_MAX = 0) through a registry that asks for Basic auth
