@@ -14,28 +14,33 @@ challenge is answered, Basic with the credentials, or Bearer by fetching a token
 realm (with the credentials, if any: over HTTPS, or from the registry's own origin); tokens
 are held in memory only and never appear in a message. Credentials come from
 SLM_REGISTRY_AUTH ("user:password") or ~/.docker/config.json ($DOCKER_CONFIG/config.json)
-"auths". The wire (deadlines, origins, malformed responses) is slm.dist.transport's.
+"auths", read as any file someone else wrote (slm.formats.untrusted: a regular file of at most
+1 MiB, else exit 4). The wire (deadlines, origins, malformed responses) is slm.dist.transport's.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from slm.dist import mediatypes as mt
 from slm.dist.bundle import MAX_MANIFEST_BYTES, sha256_of
 from slm.dist.reference import Reference
 from slm.dist.transport import Clock, Response, Transport, join, origin_of, shown
 from slm.errors import IntegrityError, InvalidInput, IOFailure, NotFound
+from slm.formats.untrusted import read_untrusted
 
 ENV_AUTH = "SLM_REGISTRY_AUTH"
 CHUNK = 32 << 20  # blobs above this are uploaded in PATCH chunks of this size
 MAX_REDIRECTS = 5
+MAX_DOCKER_CONFIG_BYTES = 1 << 20
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -58,9 +63,9 @@ def credentials_for(host: str) -> Credentials | None:
         return Credentials(user, password)
     folder = os.environ.get("DOCKER_CONFIG") or str(Path.home() / ".docker")
     path = Path(folder) / "config.json"
-    try:
-        doc = json.loads(path.read_bytes()[:1 << 20])
-    except (OSError, ValueError):
+    try:  # a FIFO, a device or an oversize file there: exit 4, never a hang
+        doc = json.loads(read_untrusted(path, MAX_DOCKER_CONFIG_BYTES, "Docker config file"))
+    except (NotFound, IOFailure, ValueError):  # none, unreadable or not JSON: no credentials, as docker
         return None
     auths = doc.get("auths") if isinstance(doc, dict) else None
     entry = (auths.get(host) or auths.get(f"https://{host}")) if isinstance(auths, dict) else None
@@ -93,10 +98,11 @@ class Registry:
         self.transport.close()
 
     def request(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None,
-                limit: int | None = 1 << 20) -> Response:
+                limit: int | None = 1 << 20, stream: bool = False) -> Response:
         """One request, answering an auth challenge and following redirects, all under one clock
         (slm.dist.transport). Credentials, and the token they bought, go to the registry's own
-        origin only (scheme, host and port): a redirect elsewhere is followed without them."""
+        origin only (scheme, host and port): a redirect elsewhere is followed without them. With
+        `stream`, the final 200 response's body is left to read (`Response.stream`)."""
         clock = self.transport.clock()
         headers = dict(headers or {})
         downgraded = False  # after an HTTPS -> HTTP redirect (--insecure), no credentials at all
@@ -105,10 +111,10 @@ class Registry:
             sent = dict(headers)
             if ours and self._auth_header:
                 sent["Authorization"] = self._auth_header
-            resp = self.transport.send(method, url, body, sent, limit, clock)
+            resp = self.transport.send(method, url, body, sent, limit, clock, stream)
             if resp.status == 401 and ours and self._answer(resp.headers.get("www-authenticate", ""), clock):
                 sent["Authorization"] = self._auth_header
-                resp = self.transport.send(method, url, body, sent, limit, clock)
+                resp = self.transport.send(method, url, body, sent, limit, clock, stream)
             if resp.status in (301, 302, 303, 307, 308) and "location" in resp.headers and method in ("GET", "HEAD"):
                 url, downgrade = self._redirect(url, resp.headers["location"])
                 downgraded |= downgrade
@@ -221,6 +227,16 @@ class Registry:
         if resp.status != 200:
             raise self._fail(resp, f"blob {digest[:19]}")
         return resp.body
+
+    def blob_chunks(self, digest: str, size: int) -> Iterator[bytes]:
+        """A blob's bytes as they arrive, in pieces, at most `size` + 1 of them in all (the caller
+        refuses a longer blob at its first extra byte, and verifies the digests); nothing is held
+        whole. The request is made at the first `next`; close the iterator when done with it."""
+        resp = self.request("GET", self._url("blobs", digest), limit=size, stream=True)
+        if resp.stream is None:
+            raise self._fail(resp, f"blob {digest[:19]}")
+        with contextlib.closing(resp.stream) as body:
+            yield from body.chunks()
 
     # -- manifests -----------------------------------------------------------------------------
     def put_manifest(self, ref: str, data: bytes, media_type: str = mt.OCI_MANIFEST) -> Response:

@@ -13,10 +13,15 @@ The error path (`Transport.send`): whatever the server does (a garbage status li
 or too long headers, bad chunked encoding, a body shorter than its Content-Length, a URL that
 does not parse), the request fails with one IOFailure whose message quotes the server's text
 escaped and cut short, and the connection is dropped: nothing is read from it again.
+
+A body too big to hold (a blob) is read as it arrives (`send(..., stream=True)` gives a 200
+response's body as a `Body`): the same clock and the same error path for every piece, at most
+`limit` + 1 bytes read, the connection the body's until it is closed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import math
@@ -26,6 +31,7 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
+from typing import Iterator
 
 from slm.dist.reference import is_loopback_host
 from slm.errors import IntegrityError, InvalidInput, IOFailure, printable
@@ -36,6 +42,7 @@ DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MIN_RATE = 16384.0  # bytes a second: a slow link passes, a trickle does not
 SEND_PIECE = 1 << 14  # an upload is written in pieces (one TLS record each), each under the clock
 READ_PIECE = 1 << 20
+ERROR_BODY_LIMIT = 1 << 20  # the body of a response that is not the streamed blob (an error, a redirect)
 
 
 def shown(text: object, limit: int = 120) -> str:
@@ -210,6 +217,41 @@ class Response:
     status: int
     headers: dict[str, str]  # lower-cased names
     body: bytes
+    stream: Body | None = None  # a 200 response's body not yet read (send(..., stream=True))
+
+
+class Body:
+    """A response body read piece by piece as it arrives, under its request's clock and error
+    path. The connection is the body's until `close`: kept for the next request if the body
+    was read to its end, dropped otherwise (the rest of it would be read as the next response)."""
+
+    def __init__(self, transport: Transport, origin: Origin, method: str, resp: http.client.HTTPResponse,
+                 clock: Clock, limit: int):
+        self.transport, self.origin, self.method = transport, origin, method
+        self.resp, self.clock, self.limit = resp, clock, limit
+        self._ended = False
+
+    def chunks(self) -> Iterator[bytes]:
+        """The bytes, at most READ_PIECE at a time and `limit` + 1 in all (one more than the caller
+        accepts, so that a longer body is seen, not read to its end). A body that stops short of
+        its Content-Length fails as a broken response (IOFailure), as a whole one does."""
+        left = self.limit + 1
+        while left > 0 and not self._ended:
+            with self.transport.failures(self.origin, self.method, self.clock):
+                piece = self.resp.read(min(READ_PIECE, left))
+                if not piece and self.resp.length:
+                    raise http.client.IncompleteRead(b"", self.resp.length)
+            if not piece:
+                self._ended = True
+                return
+            left -= len(piece)
+            yield piece
+
+    def close(self) -> None:
+        if self._ended and self.resp.isclosed():
+            self.transport._used.add(self.origin)
+        else:
+            self.transport._drop(self.origin)
 
 
 def _read_body(resp: http.client.HTTPResponse, limit: int | None) -> bytes:
@@ -269,8 +311,44 @@ class Transport:
                 self._conns[origin] = _PacedHTTP(origin.host, origin.port)
         return self._conns[origin]
 
+    @contextlib.contextmanager
+    def failures(self, origin: Origin, method: str, clock: Clock):
+        """The one error path: whatever goes wrong on the wire (or the clock running out) drops the
+        connection and becomes one IOFailure (IntegrityError for a body over its limit)."""
+        try:
+            yield
+        except _LOST as err:
+            self._drop(origin)
+            raise IOFailure(f"registry {origin.netloc}: connection lost ({shown(err)})") from err
+        except Overdue:
+            self._drop(origin)
+            raise IOFailure(
+                f"registry {origin.netloc}: {method} too slow: {clock.moved} bytes moved in "
+                f"{time.monotonic() - clock.start:.0f} s (allowed: {self.limits.timeout_s:g} s plus one "
+                f"second per {self.limits.min_rate:g} bytes; {ENV_TIMEOUT}, {ENV_MIN_RATE})") from None
+        except IntegrityError as err:
+            self._drop(origin)
+            raise IntegrityError(f"registry {origin.netloc}: {method} {err.message}") from None
+        except ssl.SSLError as err:  # before _PROTOCOL: a certificate error is also a ValueError
+            self._drop(origin)
+            raise IOFailure(f"registry {origin.netloc}: TLS failed ({shown(err.reason or err)}); "
+                            "plain HTTP is only used for loopback hosts or with --insecure") from None
+        except _PROTOCOL as err:
+            self._drop(origin)
+            raise IOFailure(f"registry {origin.netloc}: broken HTTP response to {method} "
+                            f"({type(err).__name__}: {shown(err)})") from None
+        except OSError as err:
+            self._drop(origin)
+            raise IOFailure(f"cannot reach registry {origin.netloc}: {shown(err.strerror or err)}") from None
+        except BaseException:  # anything else (Ctrl-C included): the connection's state is unknown
+            self._drop(origin)
+            raise
+
     def send(self, method: str, url: str, body: bytes | None, headers: dict[str, str],
-             limit: int | None, clock: Clock) -> Response:
+             limit: int | None, clock: Clock, stream: bool = False) -> Response:
+        """One request and its response, the body read whole (at most `limit` bytes), or with
+        `stream` (and a `limit`) a 200 response's body left to read (`Response.stream`, at most
+        `limit` + 1 bytes; any other response's body is read whole, at most ERROR_BODY_LIMIT)."""
         origin = origin_of(url, self.who)
         parts = urllib.parse.urlsplit(url)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -278,37 +356,19 @@ class Transport:
             reused = origin in self._used
             conn = self._conn(origin)
             conn.clock = clock
-            try:
-                conn.request(method, path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = _read_body(resp, limit)
+            with self.failures(origin, method, clock):
+                try:
+                    conn.request(method, path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    headers_got = {k.lower(): v for k, v in resp.getheaders()}
+                    if stream and resp.status == 200 and limit is not None:
+                        return Response(resp.status, headers_got, b"", Body(self, origin, method, resp, clock, limit))
+                    data = _read_body(resp, min(limit, ERROR_BODY_LIMIT) if stream and limit is not None else limit)
+                except _LOST:
+                    if attempt == 1 and reused:
+                        self._drop(origin)
+                        continue
+                    raise
                 self._used.add(origin)
-                return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
-            except _LOST as err:
-                self._drop(origin)
-                if attempt == 2 or not reused:
-                    raise IOFailure(f"registry {origin.netloc}: connection lost ({shown(err)})") from err
-            except Overdue:
-                self._drop(origin)
-                raise IOFailure(
-                    f"registry {origin.netloc}: {method} too slow: {clock.moved} bytes moved in "
-                    f"{time.monotonic() - clock.start:.0f} s (allowed: {self.limits.timeout_s:g} s plus one "
-                    f"second per {self.limits.min_rate:g} bytes; {ENV_TIMEOUT}, {ENV_MIN_RATE})") from None
-            except IntegrityError as err:
-                self._drop(origin)
-                raise IntegrityError(f"registry {origin.netloc}: {method} {err.message}") from None
-            except ssl.SSLError as err:  # before _PROTOCOL: a certificate error is also a ValueError
-                self._drop(origin)
-                raise IOFailure(f"registry {origin.netloc}: TLS failed ({shown(err.reason or err)}); "
-                                "plain HTTP is only used for loopback hosts or with --insecure") from None
-            except _PROTOCOL as err:
-                self._drop(origin)
-                raise IOFailure(f"registry {origin.netloc}: broken HTTP response to {method} "
-                                f"({type(err).__name__}: {shown(err)})") from None
-            except OSError as err:
-                self._drop(origin)
-                raise IOFailure(f"cannot reach registry {origin.netloc}: {shown(err.strerror or err)}") from None
-            except BaseException:  # anything else (Ctrl-C included): the connection's state is unknown
-                self._drop(origin)
-                raise
+                return Response(resp.status, headers_got, data)
         raise IOFailure(f"registry {origin.netloc}: connection lost")

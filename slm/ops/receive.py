@@ -20,8 +20,10 @@ import contextlib
 import hashlib
 import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from slm.compose.adapter_manifest import AdapterManifest, parse_adapter_manifest
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
@@ -36,18 +38,22 @@ from slm.store import Store, fs
 from slm.store import digest as dg
 
 OP = "bundle"
-WINDOW = 16  # blobs fetched ahead of staging
+WINDOW = 16  # small blobs fetched ahead of staging
+AHEAD_MAX = 1 << 20  # the largest blob fetched ahead whole; a larger one is streamed when its turn comes
 
 
 class BlobSource(Protocol):
     """Where a bundle's blobs come from (a layout on disk, a registry).
 
     `blob` gives a small blob whole (at most `size` bytes: the config, a manifest, a signature,
-    each bounded by its kind before it is asked for). A source that can also give a blob in
-    chunks has `chunks(digest, size)` (an iterator of at most `size` + 1 bytes, closable):
-    the receiver then streams every other layer into the store, hashing on the way."""
+    each bounded by its kind before it is asked for, or a layer of at most AHEAD_MAX bytes).
+    `chunks` gives any blob in pieces (an iterator of at most `size` + 1 bytes in all,
+    closable): the receiver streams the layers into the store with it, hashing on the way.
+    A source with `workers` > 1 is asked for small layers whole on that many threads."""
 
     def blob(self, digest: str, size: int) -> bytes: ...
+
+    def chunks(self, digest: str, size: int) -> Iterator[bytes]: ...
 
 
 @dataclass(frozen=True)
@@ -162,33 +168,30 @@ class Receiver:
         self.bytes += n
 
     def _chunks_ahead(self, layers: list[Layer]):
-        """(layer, its bytes in chunks) in order. A source that streams is read one blob at a
-        time; one with `workers` > 1 fetches a bounded window ahead on its threads (at most
-        WINDOW blobs in memory), each blob one chunk."""
-        stream = getattr(self.source, "chunks", None)
-        if stream is not None:
-            for layer in layers:
-                with contextlib.closing(stream(layer.sha256, layer.size)) as chunks:
-                    yield layer, chunks
-            return
+        """(layer, its bytes in chunks), in order. A source with `workers` > 1 (a registry, where
+        each blob costs a round trip) is asked for the small layers (at most AHEAD_MAX bytes)
+        whole, up to WINDOW ahead, on its threads; every other layer is streamed from the
+        source on this thread when its turn comes. So at most WINDOW x AHEAD_MAX bytes of
+        layers are held, whatever their sizes, and every write to the store stays on this thread."""
         workers = getattr(self.source, "workers", 1)
-        if workers <= 1:
-            for layer in layers:
-                yield layer, (self.source.blob(layer.sha256, layer.size),)
-            return
-        from collections import deque
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            pending: deque = deque()
-            for layer in layers:
-                pending.append((layer, pool.submit(self.source.blob, layer.sha256, layer.size)))
-                if len(pending) >= WINDOW:
-                    done = pending.popleft()
-                    yield done[0], (done[1].result(),)
-            while pending:
-                done = pending.popleft()
-                yield done[0], (done[1].result(),)
+        pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+        todo, pending = iter(layers), deque()
+        try:
+            while True:
+                while len(pending) < WINDOW and (layer := next(todo, None)) is not None:
+                    ahead = pool is not None and layer.size <= AHEAD_MAX
+                    pending.append((layer, pool.submit(self.source.blob, layer.sha256, layer.size) if ahead else None))
+                if not pending:
+                    return
+                layer, fetched = pending.popleft()
+                if fetched is not None:
+                    yield layer, (fetched.result(),)
+                else:
+                    with contextlib.closing(self.source.chunks(layer.sha256, layer.size)) as chunks:
+                        yield layer, chunks
+        finally:
+            if pool is not None:  # a failure: what is not yet asked for never will be
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def content(self, digest: str, media: str, what: str) -> bytes:
         """The verified bytes of a small blob (a manifest), from the store or the source."""
@@ -264,8 +267,9 @@ class Receiver:
             data = self.fetch(layer)
             signing.parse_signature(data, comp.id)  # well-formed and valid for this id
             self.staging.put(data)
-        for layer, chunks in self._chunks_ahead([l for l in wanted if l.media_type != mt.SIGNATURE]):
-            self.ingest(layer, chunks)  # staged in order, on this thread
+        with contextlib.closing(self._chunks_ahead([l for l in wanted if l.media_type != mt.SIGNATURE])) as blobs:
+            for layer, chunks in blobs:
+                self.ingest(layer, chunks)  # staged in order, on this thread
         self.progress.finish()
         record = self._merged_record(comp, record)
         fs.point("bundle.staged")

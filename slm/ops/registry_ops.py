@@ -4,7 +4,8 @@ Push uploads only the blobs the registry lacks (HEAD first), then the manifest u
 then one referrer manifest per signature (`subject` = the composition's manifest; where the
 registry does not index referrers itself, the OCI 1.1 fallback tag `sha256-<hex>` lists them).
 Pull is a receive transaction (slm.ops.receive): only blobs the store lacks are downloaded,
-every byte is verified before anything becomes visible, kill -9 at any instant leaves old or new.
+each streamed into the store's tmp/ and hashed on the way (never held whole), every byte is
+verified before anything becomes visible, kill -9 at any instant leaves old or new.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ class _Clients:
 
 
 class _RegistrySource:
-    """Blobs from a registry, fetched ahead on WORKERS connections (receive.BlobSource)."""
+    """Blobs from a registry (receive.BlobSource): small ones whole, fetched ahead on WORKERS
+    connections; the rest streamed, each GET's body read in pieces as it arrives."""
 
     workers = WORKERS
 
@@ -153,6 +155,9 @@ class _RegistrySource:
 
     def blob(self, digest: str, size: int) -> bytes:
         return self.clients().get_blob(digest, size)
+
+    def chunks(self, digest: str, size: int):
+        return self.clients().blob_chunks(digest, size)
 
 
 def pull(store: Store, reference: str, insecure: bool = False,
