@@ -162,11 +162,11 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
                 except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
                     pass
 
-            def admit():
-                return engine.prepare(catalog.resolve(req.model), req, sink)
-
             try:
-                job = await run_in_threadpool(admit)
+                loaded = await run_in_threadpool(catalog.resolve, req.model)
+                # tokenized on the engine's tokenizing thread (engine.prepare checks the length
+                # first: a prompt too long for the context by its bytes alone is not tokenized)
+                job = await loop.run_in_executor(engine.tokenizing, engine.prepare, loaded, req, sink)
             except SlmError as err:
                 raise from_slm_error(err) from err
             engine.submit(job)
@@ -187,6 +187,12 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
                         job.cancel()
                         return Response(status_code=499, headers=headers)
                     continue
+                except asyncio.CancelledError:
+                    # the server's shutdown cancelled this handler before the engine closed the
+                    # request (it should not: the engine stops first): still the 503 of a
+                    # request cut by the shutdown, not uvicorn's plain-text 500
+                    return error_response(503, "the server is shutting down; the request was cancelled",
+                                          "unavailable", comp=comp)
                 if event[0] == "error":
                     return error_response(event[1], event[2], comp=comp)
                 else:
@@ -244,8 +250,8 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
 
     async def slm_status(request: Request) -> Response:
         status = await run_in_threadpool(catalog.status)
-        status.update(queue_depth=engine.pending.qsize(), running=len(engine.running), max_batch=engine.max_batch,
-                      draining=engine.draining)
+        status.update(queue_depth=engine.pending.qsize(), running=len(engine.running),
+                      prefilling=len(engine.prefilling), max_batch=engine.max_batch, draining=engine.draining)
         return JSONResponse(status)
 
     async def metrics_endpoint(request: Request) -> Response:
