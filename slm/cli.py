@@ -324,7 +324,7 @@ def serve(
     grace: float = typer.Option(10.0, "--grace", metavar="SECONDS",
                                 help="On SIGTERM/SIGINT, how long running requests get to finish."),
     prefill_chunk: int = typer.Option(
-        256, "--prefill-chunk", metavar="TOKENS",
+        512, "--prefill-chunk", metavar="TOKENS",  # slm.model.generate.PREFILL_CHUNK (not imported: start-up)
         help="Prompt tokens prefilled between two decode steps of the running requests."),
     json_out: bool = JsonOpt,
 ) -> None:

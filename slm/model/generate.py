@@ -18,7 +18,7 @@ from slm.errors import NumericsError
 from slm.model.decoder import Decoder
 from slm.model.sampling import Sampler
 
-PREFILL_CHUNK = 256  # positions a prefill pass takes at most (`slm serve --prefill-chunk`)
+PREFILL_CHUNK = 512  # positions a prefill pass takes at most (`slm serve --prefill-chunk`)
 
 
 def prefill_chunk(model: Decoder, prompt_ids: list[int], cache, logits_for: str = "last",
@@ -30,9 +30,10 @@ def prefill_chunk(model: Decoder, prompt_ids: list[int], cache, logits_for: str 
 
 
 def prefill(model: Decoder, prompt_ids: list[int], cache, logits_for: str = "last",
-            chunk: int = PREFILL_CHUNK) -> np.ndarray:
-    """The whole prompt, chunk by chunk from position 0: the logits of its last position (1, V),
-    or of every position (T, V) with "all"."""
+            chunk: int | None = None) -> np.ndarray:
+    """The whole prompt, chunk by chunk from position 0 (chunk None: PREFILL_CHUNK): the logits
+    of its last position (1, V), or of every position (T, V) with "all"."""
+    chunk = chunk or PREFILL_CHUNK
     parts = []
     while cache.length < len(prompt_ids):
         parts.append(prefill_chunk(model, prompt_ids, cache, logits_for, chunk))

@@ -83,10 +83,11 @@ class Engine:
         self.pending: queue.Queue[Job] = queue.Queue()
         self.running: list[Job] = []
         self.prefilling: collections.deque[Job] = collections.deque()  # admitted, prompt not yet all in the cache
-        # Prompts are tokenized on this one thread: off the event loop and the engine thread,
-        # and one thread's allocator arena holds at most one tokenization's peak (each thread
-        # that tokenized a long prompt kept its own, slm.model.allocator)
-        self.tokenizing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="slm-tokenize")
+        # Prompts are tokenized (and large bodies parsed) on this one thread: off the event loop
+        # and the engine thread; one thread's allocator arena holds at most one prompt's peak
+        # (each thread that tokenized a long prompt kept its own, slm.model.allocator); and the
+        # event loop competes for the GIL with this thread alone
+        self.preparing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="slm-prepare")
         self.prompts = PromptCache()
         self.draining = False
         self.inflight = 0  # submitted and not yet closed: queued, being prefilled or running
@@ -162,7 +163,7 @@ class Engine:
         self.request_stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        self.tokenizing.shutdown(wait=False, cancel_futures=True)
+        self.preparing.shutdown(wait=False, cancel_futures=True)
 
     def busy(self) -> int:
         return self.inflight
