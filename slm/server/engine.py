@@ -241,13 +241,13 @@ class Engine:
 
     def _prefill_next(self) -> None:
         """One chunk of the first waiting prompt, which then goes to the back of the line (the
-        prompts take turns), or, its prompt complete, samples its first token and runs."""
+        prompts take turns), or, its prompt complete, samples its first token and runs. It stays
+        in self.prefilling meanwhile (what /v1/slm/status counts)."""
         while self.prefilling and self._dropped(self.prefilling[0]):
-            self.prefilling.popleft()  # cancelled (the client went away)
+            self.prefilling.popleft()  # cancelled, or failed in its last chunk
         if not self.prefilling:
             return
-        job = self.prefilling.popleft()
-        self._guarded(job, self._advance, job)
+        self._guarded(self.prefilling[0], self._advance, self.prefilling[0])
         self._gauge()
 
     def _advance(self, job: Job) -> None:
@@ -258,8 +258,9 @@ class Engine:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             logits = prefill_chunk(model, job.prompt_ids, job.cache, "last", self.prefill_chunk)[-1]
         if job.cache.length < len(job.prompt_ids):
-            self.prefilling.append(job)
+            self.prefilling.rotate(-1)  # to the back: the next prompt's turn
             return
+        self.prefilling.popleft()
         self.prompts.put(job.loaded.id, job.prompt_ids, job.cache, logits)
         self._first_token(job, logits)
 
