@@ -275,14 +275,14 @@ def test_long_prompt_prefills_between_the_decode_steps_of_other_streams(smol_sto
     unfixed server froze every other stream for the whole prefill, 27.8 s). The gap between
     the other stream's tokens is reported next to the time of one chunk."""
     long_prompt = _long_prompt(smol_store, 4000)
-    server = Server(smol_store, "--threads", "2")
+    server = Server(smol_store, "--threads", "2", "--grace", "1")
     try:
         arrivals, prefilling = [], []
         conn, resp = _stream(server.url, {"prompt": "Once upon a time", "max_tokens": 2000})
         assert resp.status == 200
 
         def read_other() -> None:
-            for _ in range(100_000):  # bounded: the stream ends or the main thread closes it
+            for _ in range(100_000):  # bounded: the stream ends (at the latest when the server stops)
                 line = resp.readline()
                 if not line or line.startswith(b"data: [DONE]"):
                     return
@@ -320,9 +320,10 @@ def test_long_prompt_prefills_between_the_decode_steps_of_other_streams(smol_sto
         stop.set()
         poller.join(timeout=30)
         long_conn.close()
-        conn.close()
     finally:
-        assert server.stop() == 0
+        assert server.stop() == 0  # (it ends the other stream)
+    reader.join(timeout=60)
+    conn.close()
     assert first_long is not None
     seen = [t for t, n in prefilling if n >= 1]
     assert seen, "the long prompt was never seen prefilling"

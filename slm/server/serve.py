@@ -4,7 +4,8 @@ Shutdown (SIGTERM or SIGINT): uvicorn stops accepting connections and the engine
 nothing new (503); running requests go on until `grace` seconds less min(1 s, grace / 4),
 then whatever is left is cancelled (its stream ends, a whole answer gets a 503 JSON error)
 and the process exits 0, within about the grace period plus one prefill chunk (the engine
-stops between two chunks; measured in tests/test_serve_real.py, tests/test_hostile_serve.py).
+stops between two chunks; measured in tests/test_serve_real.py, tests/test_hostile_serve.py);
+a client that stops reading its stream can hold the exit up to STRAGGLER_S longer.
 A second signal cancels at once; the handlers still answer, and the process exits 0.
 """
 
@@ -28,6 +29,12 @@ from slm.server.metrics import Metrics
 
 MAX_BATCH = 64
 MAX_PREFILL_CHUNK = 8192
+# After the grace period, uvicorn waits this long for the responses still open before it
+# cancels their handlers (a plain-text 500 and a traceback each). The engine has cancelled
+# every request by then, and the handlers answer as soon as it ends its current prefill chunk
+# or decode step (seconds on a loaded machine); only a client that stopped reading its
+# stream can take longer.
+STRAGGLER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,7 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
                         f"max batch {o.max_batch}{', API key required' if o.api_key else ''})")
 
     config = uvicorn.Config(app, host=o.host, port=o.port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=o.grace + 1, lifespan="off")
+                            timeout_graceful_shutdown=o.grace + STRAGGLER_S, lifespan="off")
     # uvicorn re-raises the signal after its shutdown: with Python handlers in place that is a
     # no-op, and the process exits 0 instead of dying by the signal
     for sig in (signal.SIGTERM, signal.SIGINT):
