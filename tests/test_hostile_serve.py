@@ -342,9 +342,9 @@ def test_long_prompt_prefills_between_the_decode_steps_of_other_streams(smol_sto
               f"(before: median {statistics.median(before):.3f} s)")
 
 
-def _shutdown_during_prefill(smol_store, signals: list[signal.Signals]) -> tuple[int, int, dict, list[str]]:
+def _shutdown_during_prefill(smol_store, signals: list[signal.Signals]) -> tuple[int, int, dict, list[str], float]:
     """A ~3,000-token whole-answer request; `signals` sent once its prefill runs: (exit code,
-    HTTP status, body, server log)."""
+    HTTP status, body, server log, seconds from the first signal to the exit)."""
     prompt = _long_prompt(smol_store, 3000)
     server = Server(smol_store, "--threads", "2", "--grace", "2")
     answer: dict = {}
@@ -361,27 +361,32 @@ def _shutdown_during_prefill(smol_store, signals: list[signal.Signals]) -> tuple
                 break
             time.sleep(0.02)
         assert server.status()["prefilling"] >= 1
+        signalled = time.monotonic()
         for sig in signals:
             server.proc.send_signal(sig)
             time.sleep(0.2)
         code = server.proc.wait(timeout=120)  # a hang fails; the grace is 2 s
+        answer["exit_s"] = time.monotonic() - signalled
         client.join(timeout=60)
     finally:
         if server.proc.poll() is None:
             server.stop(signal.SIGKILL)
-    return code, answer.get("status"), answer.get("body"), server.lines
+    return code, answer.get("status"), answer.get("body"), server.lines, answer["exit_s"]
 
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT, signal.SIGTERM]],
                          ids=["sigterm", "double-sigint-then-sigterm"])
-def test_shutdown_during_a_long_prefill_answers_503_json_and_exits_0(smol_store, signals):
+def test_shutdown_during_a_long_prefill_answers_503_json_and_exits_0(smol_store, signals, capsys):
     """SIGTERM (or SIGINT twice, then SIGTERM) while a long prompt is being prefilled: the engine
     stops between two chunks, the client gets a 503 JSON error in OpenAI's shape (the unfixed
     server: a plain-text 500 after the grace period, a uvicorn traceback on stderr), and the
     process exits 0 with no traceback."""
-    code, status, body, lines = _shutdown_during_prefill(smol_store, signals)
+    code, status, body, lines, exit_s = _shutdown_during_prefill(smol_store, signals)
     log = "\n".join(lines)
+    with capsys.disabled():
+        print(f"\n{'+'.join(s.name for s in signals)} during a 3,000-token prefill (--grace 2): exit {code} "
+              f"after {exit_s:.1f} s, HTTP {status}")
     assert code == 0, log
     assert status == 503, (status, body)
     assert body["error"]["type"] == "unavailable" and "shutting down" in body["error"]["message"], body
