@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 from slm.errors import NumericsError, SlmError
+from slm.model.allocator import release_freed_memory
 from slm.model.batch import Row, decode_step
 from slm.model.chat import render_chat
 from slm.model.detokenize import TextStream
@@ -43,6 +44,10 @@ from slm.server.prompt_cache import PromptCache
 from slm.server.protocol import BadRequest, GenerateRequest
 
 __all__ = ["Engine", "Job", "PromptCache"]
+
+# A prompt of this many characters or more peaks at tens of megabytes while it is tokenized:
+# that memory goes back to the kernel right after
+RELEASE_AFTER_CHARS = 64 << 10
 
 
 @dataclass
@@ -113,7 +118,11 @@ class Engine:
             raise BadRequest(f"the prompt is {len(text.encode('utf-8', 'surrogatepass'))} bytes: at least "
                              f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
                              f"the context holds {context}")
-        ids = tok.encode(text)
+        try:
+            ids = tok.encode(text)
+        finally:
+            if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
+                release_freed_memory()
         if not ids:
             raise BadRequest("the prompt encodes to no tokens")
         if len(ids) >= context:
