@@ -152,19 +152,23 @@ def test_long_prompts_tokenized_then_refused_give_their_memory_back(smol_store, 
     assert p90 < 0.1, p90
 
 
-def _bound_texts(tok) -> list[str]:
-    """Texts that make tokens as long as possible, or drop bytes, or hit special tokens."""
-    codec_tokens = getattr(getattr(tok.codec, "tokenizer", None), "get_vocab", lambda: {})()
-    decoded = sorted((tok.decode([i]) for i in codec_tokens.values()), key=len)[-20:]
-    base = ROOT_TEXT.read_text()
+def _bound_texts(hf_tokenizer) -> list[str]:
+    """Texts that make tokens as long as possible (the 20 longest tokens' texts, repeated), or
+    drop bytes, or hit special tokens, and the tokenizer corpus."""
     import tokenizer_corpus
 
-    return [*tokenizer_corpus.corpus(300), *(piece * 40 for piece in decoded if piece), base, " " * 3000, "\n" * 500, "1234567890" * 50,
+    texts = (hf_tokenizer.decode([i], skip_special_tokens=False) for i in hf_tokenizer.get_vocab().values())
+    decoded = sorted(texts, key=len)[-20:]
+    base = ROOT_TEXT.read_text()
+
+    return [*tokenizer_corpus.corpus(300), *(piece * 40 for piece in decoded if piece), base, " " * 3000,
+            "\n" * 500, "1234567890" * 50,
             "é€😀" * 100, "<|im_start|>user\nhi<|im_end|>" * 20, "\x04\x06\x13" * 200 + "hi", "a" * 5000,
             "".join(chr(c) for c in range(32, 0x3000, 7))]
 
 
-def test_byte_bound_never_exceeds_the_token_count(tiny_model, smollm2_gguf):
+@pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2", marks=pytest.mark.real_model)])
+def test_byte_bound_never_exceeds_the_token_count(request, model):
     """The bound that refuses a prompt by its bytes (a token is at most max_token_bytes bytes of
     text) is never more than the real token count: a prompt that fits the context is never
     refused by it (the tiny model's and SmolLM2's byte-level vocabularies; the tokenizer corpus
@@ -175,11 +179,37 @@ def test_byte_bound_never_exceeds_the_token_count(tiny_model, smollm2_gguf):
     from slm.formats.gguf_model import tokenizer_doc_from_gguf
     from slm.model.tokenizer import load_tokenizer
 
-    for gguf in (tiny_model["gguf_q"], smollm2_gguf):
-        tok = load_tokenizer(tokenizer_doc_from_gguf(read_gguf(Path(gguf))))
-        assert tok.max_token_bytes is not None
-        for text in _bound_texts(tok):
-            assert tok.min_tokens(text) <= len(tok.encode(text)), (gguf, text[:40])
+    gguf = request.getfixturevalue("tiny_model")["gguf_q"] if model == "tiny" else \
+        request.getfixturevalue("smollm2_gguf")
+    tok = load_tokenizer(tokenizer_doc_from_gguf(read_gguf(Path(gguf))))
+    assert tok.max_token_bytes is not None
+    for text in _bound_texts(tok.codec.tokenizer):
+        assert tok.min_tokens(text) <= len(tok.encode(text)), text[:40]
+
+
+def test_byte_bound_of_a_tokenizer_json_only_where_it_holds(tiny_model):
+    """A Hugging Face tokenizer.json (the tiny model's hf/ dir, byte-level BPE) gets a bound that
+    holds on the corpus; one with a normalizer (which can shrink text: NFKC, Strip) or an added
+    token that swallows whitespace gets none: its prompts are tokenized, not refused by bytes."""
+    import copy
+
+    from tokenizers import Tokenizer
+
+    from slm.model import token_bytes
+    from slm.model.tokenizer import HFCodec
+
+    doc = json.loads((tiny_model["hf"] / "tokenizer.json").read_text())
+    bound = token_bytes.tokenizer_json(doc)
+    assert bound is not None
+    codec = HFCodec(Tokenizer.from_str(json.dumps(doc)), bound)
+    for text in _bound_texts(codec.tokenizer):
+        assert bound.min_tokens(text) <= len(codec.encode(text, True)), text[:40]
+    normalized = copy.deepcopy(doc)
+    normalized["normalizer"] = {"type": "NFKC"}
+    assert token_bytes.tokenizer_json(normalized) is None
+    stripping = copy.deepcopy(doc)
+    stripping["added_tokens"] = [{**t, "lstrip": True} for t in stripping["added_tokens"]]
+    assert stripping["added_tokens"] and token_bytes.tokenizer_json(stripping) is None
 
 
 def test_a_prompt_that_fits_is_tokenized_and_answered(tiny_store):
@@ -219,7 +249,8 @@ def test_stream_options_must_be_an_object_or_null(tiny_store, options):
                                                               "stream_options": {"include_usage": "yes"}})
         assert status == 400 and "include_usage must be true or false" in doc["error"]["message"], doc
         for fine in (None, {}, {"include_usage": True}):
-            status, _ = server.json("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream_options": fine})
+            status, _ = server.json("POST", "/v1/completions",
+                                    {"prompt": "hi", "max_tokens": 2, "stream_options": fine})
             assert status == 200, fine
     finally:
         assert server.stop() == 0

@@ -5,10 +5,10 @@ chunk of one admitted prompt's prefill (the same chunks `slm run` prefills,
 slm.model.generate.prefill: prompts take turns, a chunk each, so a long prompt delays the
 running requests by one chunk per step, never by its whole prefill) and drops finished or
 cancelled ones; each step runs the next token of every running request together
-(slm.model.batch.decode_step: one kernel call per layer reads each quantized block once for
-all rows, each row adding its own composition's overlays), rows grouped by base. A request keeps the Loaded it was admitted
-with to its end, so it never sees a token of another composition; its KV cache is its own,
-and the prompt cache is keyed by composition id.
+(slm.model.batch.decode_step: one kernel call per layer reads each quantized block once for all
+rows, each row adding its own composition's overlays), rows grouped by base. A request keeps the
+Loaded it was admitted with to its end, so it never sees a token of another composition; its KV
+cache is its own, and the prompt cache is keyed by composition id.
 
 Per request the arithmetic, the sampler and the stop rules are those of slm.model.generate,
 so a greedy answer here is token for token the answer of `slm run` on the same composition.
