@@ -152,13 +152,12 @@ def test_long_prompts_tokenized_then_refused_give_their_memory_back(smol_store, 
     assert p90 < 0.1, p90
 
 
-def _bound_texts(hf_tokenizer) -> list[str]:
+def _bound_texts(decode, vocab_size: int) -> list[str]:
     """Texts that make tokens as long as possible (the 20 longest tokens' texts, repeated), or
     drop bytes, or hit special tokens, and the tokenizer corpus."""
     import tokenizer_corpus
 
-    texts = (hf_tokenizer.decode([i], skip_special_tokens=False) for i in hf_tokenizer.get_vocab().values())
-    decoded = sorted(texts, key=len)[-20:]
+    decoded = sorted((decode([i]) for i in range(vocab_size)), key=len)[-20:]
     base = ROOT_TEXT.read_text()
 
     return [*tokenizer_corpus.corpus(300), *(piece * 40 for piece in decoded if piece), base, " " * 3000,
@@ -167,11 +166,13 @@ def _bound_texts(hf_tokenizer) -> list[str]:
             "".join(chr(c) for c in range(32, 0x3000, 7))]
 
 
-@pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2", marks=pytest.mark.real_model)])
+@pytest.mark.parametrize("model", ["tiny", pytest.param("smollm2", marks=pytest.mark.real_model),
+                                   pytest.param("gemma", marks=pytest.mark.real_model)])
 def test_byte_bound_never_exceeds_the_token_count(request, model):
     """The bound that refuses a prompt by its bytes (a token is at most max_token_bytes bytes of
     text) is never more than the real token count: a prompt that fits the context is never
-    refused by it (the tiny model's and SmolLM2's byte-level vocabularies; the tokenizer corpus
+    refused by it (the tiny model's and SmolLM2's byte-level vocabularies, Gemma 3's SentencePiece
+    one; the tokenizer corpus
     and the texts that make the longest tokens)."""
     from pathlib import Path
 
@@ -180,10 +181,10 @@ def test_byte_bound_never_exceeds_the_token_count(request, model):
     from slm.model.tokenizer import load_tokenizer
 
     gguf = request.getfixturevalue("tiny_model")["gguf_q"] if model == "tiny" else \
-        request.getfixturevalue("smollm2_gguf")
+        request.getfixturevalue(f"{model}_gguf")  # gemma: a SentencePiece vocabulary
     tok = load_tokenizer(tokenizer_doc_from_gguf(read_gguf(Path(gguf))))
     assert tok.max_token_bytes is not None
-    for text in _bound_texts(tok.codec.tokenizer):
+    for text in _bound_texts(lambda ids: tok.decode(ids, special=True), tok.vocab_size):
         assert tok.min_tokens(text) <= len(tok.encode(text)), text[:40]
 
 
@@ -202,7 +203,7 @@ def test_byte_bound_of_a_tokenizer_json_only_where_it_holds(tiny_model):
     bound = token_bytes.tokenizer_json(doc)
     assert bound is not None
     codec = HFCodec(Tokenizer.from_str(json.dumps(doc)), bound)
-    for text in _bound_texts(codec.tokenizer):
+    for text in _bound_texts(lambda ids: codec.decode(ids, True), codec.vocab_size):
         assert bound.min_tokens(text) <= len(codec.encode(text, True)), text[:40]
     normalized = copy.deepcopy(doc)
     normalized["normalizer"] = {"type": "NFKC"}
