@@ -346,6 +346,9 @@ def serve(
     body_limit: int = typer.Option(1 << 20, "--body-limit", metavar="BYTES", parser=_integer, help="Largest request body accepted."),
     grace: float = typer.Option(10.0, "--grace", metavar="SECONDS",
                                 parser=_decimal, help="On SIGTERM/SIGINT, how long running requests get to finish."),
+    prefill_chunk: int = typer.Option(
+        512, "--prefill-chunk", metavar="TOKENS", parser=_integer,  # slm.model.generate.PREFILL_CHUNK (not imported: start-up)
+        help="Prompt tokens prefilled between two decode steps of the running requests."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Serve the store's compositions over an OpenAI-compatible HTTP API (docs/serve.md).
@@ -361,7 +364,7 @@ def serve(
 
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                            memory_budget=memory_budget, threads=threads, activations=activations,
-                           body_limit=body_limit, grace=grace)
+                           body_limit=body_limit, grace=grace, prefill_chunk=prefill_chunk)
     run_server(_store(ctx), options, log=json_log if json_out else stderr_log)
 
 

@@ -32,3 +32,19 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+
+
+def release_freed_memory() -> bool:
+    """Give the C library's free memory back to the kernel now (glibc's malloc_trim: every
+    arena's free pages). After keep_freed_memory the heap keeps what it held at its peak, which
+    suits a prompt's arrays, reused by the next prompt; but tokenizing a long text peaks at
+    hundreds of megabytes (the tokenizer's per-byte alignments) that nothing reuses soon. True
+    if memory was released; False where there is no malloc_trim."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim(0) == 1

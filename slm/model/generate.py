@@ -1,4 +1,10 @@
-"""Prefill the prompt in one batch, then decode token by token."""
+"""Prefill the prompt in chunks of PREFILL_CHUNK positions, then decode token by token.
+
+Why chunks: `slm serve` interleaves a long prompt's prefill with the decode steps of the
+requests already running (one chunk between two steps), and a prompt prefilled in chunks
+does not give bit for bit the logits of one whole pass (the kernels' float sums run in
+another order: the last bits differ). Prefilling the same chunks here keeps `slm run` and the
+server's answers identical token for token."""
 
 from __future__ import annotations
 
@@ -11,6 +17,27 @@ import numpy as np
 from slm.errors import NumericsError
 from slm.model.decoder import Decoder
 from slm.model.sampling import Sampler
+
+PREFILL_CHUNK = 512  # positions a prefill pass takes at most (`slm serve --prefill-chunk`)
+
+
+def prefill_chunk(model: Decoder, prompt_ids: list[int], cache, logits_for: str = "last",
+                  chunk: int = PREFILL_CHUNK) -> np.ndarray:
+    """Run the next chunk of the prompt (positions cache.length..) and return its logits
+    (forward's: (1, V) for "last", (T, V) for "all")."""
+    start = cache.length
+    return model.forward(np.asarray(prompt_ids[start:start + chunk]), cache, logits_for)
+
+
+def prefill(model: Decoder, prompt_ids: list[int], cache, logits_for: str = "last",
+            chunk: int | None = None) -> np.ndarray:
+    """The whole prompt, chunk by chunk from position 0 (chunk None: PREFILL_CHUNK): the logits
+    of its last position (1, V), or of every position (T, V) with "all"."""
+    chunk = chunk or PREFILL_CHUNK
+    parts = []
+    while cache.length < len(prompt_ids):
+        parts.append(prefill_chunk(model, prompt_ids, cache, logits_for, chunk))
+    return parts[-1] if logits_for != "all" else np.concatenate(parts)
 
 
 @dataclass
@@ -50,7 +77,7 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
     if cached is not None:
         logits, gen.prefix_hit = cached[None, :], True  # (1, V)
     else:
-        logits = model.forward(np.asarray(prompt_ids), cache, "all" if keep_logits else "last")
+        logits = prefill(model, prompt_ids, cache, "all" if keep_logits else "last")
         if use_cache:
             prefix_cache.put(prompt_ids, cache, logits[-1])
     gen.prefill_s = time.perf_counter() - started

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slm.errors import InvalidInput
+from slm.model import token_bytes
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -97,6 +98,7 @@ class SentencePieceBPE:
         self.special = sorted(((self.pieces[i], i) for i in vocab.control | vocab.user_defined),
                               key=lambda p: (-len(p[0]), p[1]))
         self.byte_ids = [self._byte_token(b, unk_id) for b in range(256)]
+        self.bound = token_bytes.sentencepiece(self.pieces)
         self._decoded: dict[tuple[int, bool], bytes] = {}
 
     def _byte_token(self, b: int, unk_id: int | None) -> int | None:

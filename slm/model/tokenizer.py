@@ -28,6 +28,7 @@ from typing import Protocol
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from slm.errors import InvalidInput
+from slm.model import token_bytes
 from slm.model.chat import fallback_template
 from slm.model.gguf_vocab import (  # noqa: F401 (the token types: this module's vocabulary too)
     BYTE, CONTROL, EOG_TEXTS, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, GGUFVocab, SentencePieceBPE,
@@ -55,6 +56,7 @@ PRE_TOKENIZERS = {
 
 class Codec(Protocol):
     vocab_size: int
+    bound: token_bytes.TokenBound | None  # the token count's lower bound from bytes; None: none
 
     def encode(self, text: str, parse_special: bool) -> list[int]: ...
 
@@ -69,9 +71,10 @@ class HFCodec:
     """A Hugging Face `tokenizers` Tokenizer: special added tokens are llama.cpp's control tokens,
     the other added tokens its user-defined ones (always matched whole)."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, bound: token_bytes.TokenBound | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.bound = bound
         # encode_special_tokens is a setting of the shared Tokenizer: set and used under a lock,
         # or a thread encoding text could see another's parse_special
         self._lock = threading.Lock()
@@ -79,7 +82,9 @@ class HFCodec:
     def encode(self, text: str, parse_special: bool) -> list[int]:
         with self._lock:
             self.tokenizer.encode_special_tokens = not parse_special
-            return self.tokenizer.encode(text, add_special_tokens=False).ids
+            # encode_batch, not encode: the same ids, but it lets go of the GIL while it works,
+            # so a long text does not stall the process's other threads (the server's event loop)
+            return self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: list[int], special: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=not special)
@@ -134,6 +139,16 @@ class TextTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.codec.vocab_size
+
+    def min_tokens(self, text: str) -> int:
+        """At most what encode(text) gives, from the text's bytes alone (slm.model.token_bytes):
+        a prompt too long for a context is known without tokenizing it. 0 with no bound."""
+        bound = self.codec.bound
+        return 0 if bound is None else bound.min_tokens(text)
+
+    @property
+    def max_token_bytes(self) -> int | None:
+        return None if self.codec.bound is None else self.codec.bound.max_token_bytes
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """llama.cpp's llama_tokenize(text, add_special, parse_special), except that a text that
@@ -203,7 +218,8 @@ def _from_gguf(f: dict, architecture: str | None) -> TextTokenizer:
         )
         add_bos = bool(f.get("ggml.add_bos_token", True))
     elif model == "gpt2":
-        codec = HFCodec(_byte_level_bpe(f, vocab))
+        codec = HFCodec(_byte_level_bpe(f, vocab),
+                        token_bytes.byte_level(vocab.tokens, vocab.control | vocab.user_defined))
         add_bos = bool(f.get("ggml.add_bos_token", False))
     else:
         raise InvalidInput(f"tokenizer model {model!r} is not supported (gpt2, llama)")
@@ -266,7 +282,7 @@ def _from_hf(tokenizer_json: dict, config: dict) -> TextTokenizer:
     # As llama.cpp does for the same model's GGUF: also stop at the added tokens it knows as EOG.
     eog = {i for i, t in tok.get_added_tokens_decoder().items() if t.content in EOG_TEXTS}
     return TextTokenizer(
-        codec=HFCodec(tok),
+        codec=HFCodec(tok, token_bytes.tokenizer_json(tokenizer_json)),
         bos_id=bos,
         eos_id=eos,
         eos_ids=frozenset(eog | ({eos} if eos is not None else set())),

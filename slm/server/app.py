@@ -35,6 +35,7 @@ from slm.server.protocol import BadRequest
 DEFAULT_BODY_LIMIT = 1 << 20  # 1 MiB: a long prompt fits many times over
 DISCARD_LIMIT = 64 << 20  # an oversized body up to this is read and dropped before the 413
 HEADER = "slm-composition"
+PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (well under a millisecond)
 
 # SlmError exit codes -> HTTP: the client named or sent something wrong (4xx) vs. the store or
 # the machine failing under a good request (5xx)
@@ -146,8 +147,13 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
 
     async def generate(request: Request, chat: bool) -> Response:
         try:
-            req = protocol.parse_request(protocol.parse_body(await read_body(request)), chat)
+            body = await read_body(request)
             loop = asyncio.get_running_loop()
+            # a large body is parsed on the engine's one preparing thread: the event loop keeps
+            # answering meanwhile, and it competes for the GIL with one such thread, not many
+            doc = protocol.parse_body(body) if len(body) < PARSE_INLINE_BYTES else \
+                await loop.run_in_executor(engine.preparing, protocol.parse_body, body)
+            req = protocol.parse_request(doc, chat)
             events: asyncio.Queue = asyncio.Queue()
             pieces: list[str] = []  # a whole answer's text, gathered on the engine thread
 
@@ -162,11 +168,11 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
                 except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
                     pass
 
-            def admit():
-                return engine.prepare(catalog.resolve(req.model), req, sink)
-
             try:
-                job = await run_in_threadpool(admit)
+                loaded = await run_in_threadpool(catalog.resolve, req.model)
+                # tokenized on the engine's preparing thread (engine.prepare checks the length
+                # first: a prompt too long for the context by its bytes alone is not tokenized)
+                job = await loop.run_in_executor(engine.preparing, engine.prepare, loaded, req, sink)
             except SlmError as err:
                 raise from_slm_error(err) from err
             engine.submit(job)
@@ -187,6 +193,12 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
                         job.cancel()
                         return Response(status_code=499, headers=headers)
                     continue
+                except asyncio.CancelledError:
+                    # the server's shutdown cancelled this handler before the engine closed the
+                    # request (it should not: the engine stops first): still the 503 of a
+                    # request cut by the shutdown, not uvicorn's plain-text 500
+                    return error_response(503, "the server is shutting down; the request was cancelled",
+                                          "unavailable", comp=comp)
                 if event[0] == "error":
                     return error_response(event[1], event[2], comp=comp)
                 else:
@@ -244,8 +256,8 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
 
     async def slm_status(request: Request) -> Response:
         status = await run_in_threadpool(catalog.status)
-        status.update(queue_depth=engine.pending.qsize(), running=len(engine.running), max_batch=engine.max_batch,
-                      draining=engine.draining)
+        status.update(queue_depth=engine.pending.qsize(), running=len(engine.running),
+                      prefilling=len(engine.prefilling), max_batch=engine.max_batch, draining=engine.draining)
         return JSONResponse(status)
 
     async def metrics_endpoint(request: Request) -> Response:

@@ -1,12 +1,14 @@
 """The scheduler: continuous batching of every admitted request, one decode step for all.
 
-One engine thread owns the models. Between two steps it admits queued requests (each prompt
-prefilled alone, exactly as `slm run` does it) and drops finished or cancelled ones; each step
-runs the next token of every running request together (slm.model.batch.decode_step: one
-kernel call per layer reads each quantized block once for all rows, each row adding its own
-composition's overlays), rows grouped by base. A request keeps the Loaded it was admitted
-with to its end, so it never sees a token of another composition; its KV cache is its own,
-and the prompt cache is keyed by composition id.
+One engine thread owns the models. Between two steps it admits queued requests, runs one
+chunk of one admitted prompt's prefill (the same chunks `slm run` prefills,
+slm.model.generate.prefill: prompts take turns, a chunk each, so a long prompt delays the
+running requests by one chunk per step, never by its whole prefill) and drops finished or
+cancelled ones; each step runs the next token of every running request together
+(slm.model.batch.decode_step: one kernel call per layer reads each quantized block once for all
+rows, each row adding its own composition's overlays), rows grouped by base. A request keeps the
+Loaded it was admitted with to its end, so it never sees a token of another composition; its KV
+cache is its own, and the prompt cache is keyed by composition id.
 
 Per request the arithmetic, the sampler and the stop rules are those of slm.model.generate,
 so a greedy answer here is token for token the answer of `slm run` on the same composition.
@@ -17,6 +19,7 @@ prompt_tokens, completion_tokens) or ("error", status, message).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import itertools
 import queue
 import threading
@@ -27,19 +30,24 @@ from typing import Callable
 import numpy as np
 
 from slm.errors import NumericsError, SlmError
+from slm.model.allocator import release_freed_memory
 from slm.model.batch import Row, decode_step
 from slm.model.chat import chat_prompt_ids
 from slm.model.detokenize import TextStream
 from slm.model.decoder import KVCache
-from slm.model.generate import _check_finite
+from slm.model.generate import PREFILL_CHUNK, _check_finite, prefill_chunk
 from slm.model.kernels import default_kernels
 from slm.model.sampling import Sampler
 from slm.ops import budget
 from slm.ops.loading import Loaded
+from slm.server.prompt_cache import PromptCache
 from slm.server.protocol import BadRequest, GenerateRequest
 
-PROMPT_CACHE_ENTRIES = 32
-PROMPT_CACHE_BYTES = 128 << 20  # all entries together; a prompt whose keys/values alone are more is not kept
+__all__ = ["Engine", "Job", "PromptCache"]
+
+# A prompt of this many characters or more peaks at tens of megabytes while it is tokenized:
+# that memory goes back to the kernel right after
+RELEASE_AFTER_CHARS = 64 << 10
 
 
 @dataclass
@@ -68,43 +76,23 @@ class Job:
         self.cancelled = True  # read by the engine thread before each step
 
 
-class PromptCache:
-    """Prompt keys/values and last logits, in memory, keyed by (composition id, prompt tokens):
-    an entry is never used under another composition (a switch cannot serve stale KV)."""
-
-    def __init__(self, entries: int = PROMPT_CACHE_ENTRIES, max_bytes: int = PROMPT_CACHE_BYTES):
-        self.entries, self.max_bytes, self.bytes = entries, max_bytes, 0
-        self._d: collections.OrderedDict = collections.OrderedDict()
-
-    def get(self, comp_id: str, tokens: list[int], cache: KVCache) -> np.ndarray | None:
-        hit = self._d.get((comp_id, tuple(tokens)))
-        if hit is None or not cache.restore(hit[0], len(tokens)):  # (state, logits, bytes)
-            return None
-        self._d.move_to_end((comp_id, tuple(tokens)))
-        return hit[1]
-
-    def put(self, comp_id: str, tokens: list[int], cache: KVCache, logits: np.ndarray) -> None:
-        state = cache.state()
-        size = sum(a.nbytes for a in state.values()) + logits.nbytes
-        key = (comp_id, tuple(tokens))
-        if size > self.max_bytes or key in self._d:
-            return
-        self._d[key] = (state, logits.copy(), size)
-        self.bytes += size
-        while len(self._d) > self.entries or self.bytes > self.max_bytes:
-            self.bytes -= self._d.popitem(last=False)[1][2]
-
-
 class Engine:
     def __init__(self, max_batch: int = 8, max_queue: int = 32, threads: int | None = None,
                  memory_budget: int | None = None, metrics=None, log: Callable[[str], None] = print,
-                 activations: str = "float32"):
+                 activations: str = "float32", prefill_chunk: int = PREFILL_CHUNK):
         self.max_batch, self.max_queue, self.threads = max_batch, max_queue, threads
+        self.prefill_chunk = prefill_chunk
         self.activations = activations  # the batch step's and every request's model's (alike, so
         # that a batched answer is its request's answer alone)
         self.budget, self.metrics, self.log = memory_budget, metrics, log
         self.pending: queue.Queue[Job] = queue.Queue()
         self.running: list[Job] = []
+        self.prefilling: collections.deque[Job] = collections.deque()  # admitted, prompt not yet all in the cache
+        # Prompts are tokenized (and large bodies parsed) on this one thread: off the event loop
+        # and the engine thread; one thread's allocator arena holds at most one prompt's peak
+        # (each thread that tokenized a long prompt kept its own, slm.model.allocator); and the
+        # event loop competes for the GIL with this thread alone
+        self.preparing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="slm-prepare")
         self.prompts = PromptCache()
         self.draining = False
         self.inflight = 0  # submitted and not yet closed: queued, being prefilled or running
@@ -119,13 +107,22 @@ class Engine:
     def prepare(self, loaded: Loaded, req: GenerateRequest, sink: Callable[[tuple], None]) -> Job:
         """Tokenize and check a request against its composition's model (400 if it cannot run)."""
         tok, cfg = loaded.tokenizer, loaded.model.cfg
-        if req.chat:  # (message content is text: a control token's text in it stays text)
-            ids = chat_prompt_ids(tok, [{"role": m.role, "content": m.content} for m in req.messages])
-        else:
-            ids = tok.encode(req.prompt)
+        messages = [{"role": m.role, "content": m.content} for m in req.messages] if req.chat else None
+        # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
+        text = "".join(m["content"] for m in messages) if req.chat else req.prompt
+        context = cfg.context_length
+        at_least = tok.min_tokens(text)  # from its bytes: a prompt that cannot fit is not tokenized
+        if at_least >= context:
+            raise BadRequest(f"the prompt is {len(text.encode('utf-8', 'surrogatepass'))} bytes: at least "
+                             f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
+                             f"the context holds {context}")
+        try:  # (message content is text: a control token's text in it stays text)
+            ids = chat_prompt_ids(tok, messages) if req.chat else tok.encode(text)
+        finally:
+            if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
+                release_freed_memory()
         if not ids:
             raise BadRequest("the prompt encodes to no tokens")
-        context = cfg.context_length
         if len(ids) >= context:
             raise BadRequest(f"the prompt has {len(ids)} tokens; the context holds {context}")
         max_tokens = req.max_tokens if req.max_tokens_given else min(req.max_tokens, context - len(ids))
@@ -161,12 +158,19 @@ class Engine:
         """Admit nothing new; what is queued or running goes on."""
         self.draining = True
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Cancel everything and end the thread."""
+    def request_stop(self) -> None:
+        """Cancel everything: the engine thread ends what it runs (a decode step or one prefill
+        chunk), then closes every request as cancelled and ends. Returns at once."""
         self.draining = True
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel everything and end the thread."""
+        self.request_stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.preparing.shutdown(wait=False, cancel_futures=True)
 
     def busy(self) -> int:
         return self.inflight
@@ -179,9 +183,12 @@ class Engine:
         self.kernels.set_activations(self.activations)
         while not self._stop.is_set():
             self._admit()
-            if not self.running:
+            if not self.running and not self.prefilling:
                 self._wake.wait(0.05)
                 self._wake.clear()
+                continue
+            self._prefill_next()  # one chunk of one prompt, between two decode steps
+            if not self.running or self._stop.is_set():
                 continue
             try:
                 self._step()
@@ -190,10 +197,11 @@ class Engine:
                 for job in self.running:
                     self._fail(job, 500, f"internal error: {type(err).__name__}: {err}")
                 self.running = []
-        for job in [*self.running, *self._drain_pending()]:
+        for job in [*self.running, *self.prefilling, *self._drain_pending()]:
             if self._close(job):
                 job.sink(("done", "cancelled", len(job.prompt_ids), len(job.ids)))
         self.running = []
+        self.prefilling.clear()
 
     def _drain_pending(self) -> list[Job]:
         out = []
@@ -204,7 +212,7 @@ class Engine:
                 return out
 
     def _admit(self) -> None:
-        while len(self.running) < self.max_batch:
+        while len(self.running) + len(self.prefilling) < self.max_batch:
             try:
                 job = self.pending.get_nowait()
             except queue.Empty:
@@ -212,31 +220,58 @@ class Engine:
             if job.cancelled:
                 self._dropped(job)
                 continue
-            try:
-                self._prefill(job)
-            except SlmError as err:
-                self._fail(job, 422 if isinstance(err, NumericsError) else 400, str(err))
-            except Exception as err:  # a bug: fail this request, keep the engine thread alive
-                self.log(f"engine prefill failed: {type(err).__name__}: {err}")
-                self._fail(job, 500, f"internal error: {type(err).__name__}: {err}")
+            self._guarded(job, self._start, job)
         self.running = [j for j in self.running if not self._dropped(j)]
         self._gauge()
 
-    def _prefill(self, job: Job) -> None:
-        """As slm.model.generate.generate: the whole prompt in one forward pass (or its cached
-        keys and values), then the first token."""
+    def _guarded(self, job: Job, work: Callable, *args) -> None:
+        """Run one job's prefill work; its failure fails that job only."""
+        try:
+            work(*args)
+        except SlmError as err:
+            self._fail(job, 422 if isinstance(err, NumericsError) else 400, str(err))
+        except Exception as err:  # a bug: fail this request, keep the engine thread alive
+            self.log(f"engine prefill failed: {type(err).__name__}: {err}")
+            self._fail(job, 500, f"internal error: {type(err).__name__}: {err}")
+
+    def _start(self, job: Job) -> None:
+        """A job's sampler and cache; a prompt in the prompt cache runs at once, any other
+        waits its turns in self.prefilling."""
+        model = job.loaded.model
+        job.sampler = Sampler(job.req.temperature, job.req.top_p, job.req.seed)
+        job.cache = model.new_cache(job.capacity)
+        logits = self.prompts.get(job.loaded.id, job.prompt_ids, job.cache)
+        if logits is None:
+            self.prefilling.append(job)
+        else:
+            self._first_token(job, logits)
+
+    def _prefill_next(self) -> None:
+        """One chunk of the first waiting prompt, which then goes to the back of the line (the
+        prompts take turns), or, its prompt complete, samples its first token and runs. It stays
+        in self.prefilling meanwhile (what /v1/slm/status counts)."""
+        while self.prefilling and self._dropped(self.prefilling[0]):
+            self.prefilling.popleft()  # cancelled, or failed in its last chunk
+        if not self.prefilling:
+            return
+        self._guarded(self.prefilling[0], self._advance, self.prefilling[0])
+        self._gauge()
+
+    def _advance(self, job: Job) -> None:
         model = job.loaded.model
         if self.threads is not None:
             model.kernels.set_threads(self.threads)
         model.kernels.set_activations(self.activations)
-        req = job.req
-        job.sampler = Sampler(req.temperature, req.top_p, req.seed)
-        job.cache = model.new_cache(job.capacity)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            logits = self.prompts.get(job.loaded.id, job.prompt_ids, job.cache)
-            if logits is None:
-                logits = model.forward(np.asarray(job.prompt_ids), job.cache, "last")[-1]
-                self.prompts.put(job.loaded.id, job.prompt_ids, job.cache, logits)
+            logits = prefill_chunk(model, job.prompt_ids, job.cache, "last", self.prefill_chunk)[-1]
+        if job.cache.length < len(job.prompt_ids):
+            self.prefilling.rotate(-1)  # to the back: the next prompt's turn
+            return
+        self.prefilling.popleft()
+        self.prompts.put(job.loaded.id, job.prompt_ids, job.cache, logits)
+        self._first_token(job, logits)
+
+    def _first_token(self, job: Job, logits: np.ndarray) -> None:
         _check_finite(logits)
         if self._take(job, job.sampler(logits)):
             self.running.append(job)
@@ -343,4 +378,4 @@ class Engine:
     def _gauge(self) -> None:
         if self.metrics:
             self.metrics.queue_depth.set(self.pending.qsize())
-            self.metrics.running.set(len(self.running))
+            self.metrics.running.set(len(self.running) + len(self.prefilling))

@@ -163,15 +163,20 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         stream = False
     if not isinstance(stream, bool):
         raise BadRequest("stream must be true or false")
-    options = doc.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise BadRequest("stream_options must be an object")
+    options = doc.get("stream_options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):  # [] or "" too: only an object or null (not just any falsy value)
+        raise BadRequest("stream_options must be an object or null")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise BadRequest("stream_options.include_usage must be true or false")
     return GenerateRequest(
         chat=chat, prompt="" if chat else _prompt(doc), messages=_messages(doc) if chat else (),
         model=None if model in (None, "active") else model.strip(),
         max_tokens=max_tokens if given else DEFAULT_MAX_TOKENS, max_tokens_given=given,
         temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc), stream=stream,
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=bool(include_usage),
     )
 
 

@@ -2,8 +2,11 @@
 
 Shutdown (SIGTERM or SIGINT): uvicorn stops accepting connections and the engine admits
 nothing new (503); running requests go on until `grace` seconds less min(1 s, grace / 4),
-then whatever is left is cancelled (its stream ends) and the process exits 0, within about
-the grace period (measured in tests/test_serve_real.py).
+then whatever is left is cancelled (its stream ends, a whole answer gets a 503 JSON error)
+and the process exits 0, within about the grace period plus one prefill chunk (the engine
+stops between two chunks; measured in tests/test_serve_real.py, tests/test_hostile_serve.py);
+a client that stops reading its stream can hold the exit up to STRAGGLER_S longer.
+A second signal cancels at once; the handlers still answer, and the process exits 0.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from slm.api import Store
 from slm.compose.memory import parse_size
 from slm.errors import InvalidInput, IOFailure
 from slm.ops import budget
+from slm.model.generate import PREFILL_CHUNK
 from slm.ops.run import MAX_THREADS, check_activations
 from slm.server.app import DEFAULT_BODY_LIMIT, build_app, stderr_log
 from slm.server.catalog import Catalog
@@ -24,6 +28,13 @@ from slm.server.engine import Engine
 from slm.server.metrics import Metrics
 
 MAX_BATCH = 64
+MAX_PREFILL_CHUNK = 8192
+# After the grace period, uvicorn waits this long for the responses still open before it
+# cancels their handlers (a plain-text 500 and a traceback each). The engine has cancelled
+# every request by then, and the handlers answer as soon as it ends its current prefill chunk
+# or decode step (seconds on a loaded machine); only a client that stopped reading its
+# stream can take longer.
+STRAGGLER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,7 @@ class ServeOptions:
     activations: str = "float32"  # or "int8": opt-in (docs/numerics.md)
     body_limit: int = DEFAULT_BODY_LIMIT
     grace: float = 10.0  # seconds running requests get to finish after SIGTERM
+    prefill_chunk: int = PREFILL_CHUNK  # prompt positions a prefill pass takes between two decode steps
 
 
 def check(o: ServeOptions) -> None:
@@ -50,8 +62,12 @@ def check(o: ServeOptions) -> None:
     if o.threads is not None and not 1 <= o.threads <= MAX_THREADS:
         raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
     check_activations(o.activations)
-    if o.api_key is not None and (not o.api_key or any(c.isspace() for c in o.api_key)):
-        raise InvalidInput("the API key must be non-empty and without spaces")
+    if o.api_key is not None and (not o.api_key or not all("!" <= c <= "~" for c in o.api_key)):
+        # HTTP carries header values as bytes, and clients send a non-ASCII key in one encoding
+        # or another (UTF-8, Latin-1): refused here rather than never matching
+        raise InvalidInput("the API key must be non-empty printable ASCII without spaces")
+    if not 1 <= o.prefill_chunk <= MAX_PREFILL_CHUNK:
+        raise InvalidInput(f"--prefill-chunk must be between 1 and {MAX_PREFILL_CHUNK} tokens")
     if o.body_limit < 1024:
         raise InvalidInput("--body-limit must be at least 1024 bytes")
     if not 0 <= o.grace <= 3600:
@@ -82,22 +98,27 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
     catalog.on_switch = metrics.record_switch
     catalog.start()  # stages what is active now (a failure is logged; the server still starts)
     engine = Engine(o.max_batch, 4 * o.max_batch if o.max_queue is None else o.max_queue, o.threads,
-                    memory_budget, metrics, log, o.activations)
+                    memory_budget, metrics, log, o.activations, o.prefill_chunk)
     engine.start()
     app = build_app(catalog, engine, metrics, api_key=o.api_key, body_limit=o.body_limit, log=log)
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):  # the first signal starts the drain
-            if not engine.draining:
+        def handle_exit(self, sig, frame):
+            if not engine.draining:  # the first signal starts the drain
                 log(f"{signal.Signals(sig).name}: no new requests; {engine.busy()} running get up to "
                     f"{o.grace:g} s")
                 engine.drain()
                 # then cancel what is left, leaving the last part of the grace period (up to 1 s)
                 # for the streams to end and the process to exit
-                timer = threading.Timer(o.grace - min(1.0, o.grace / 4), engine.stop)
+                timer = threading.Timer(o.grace - min(1.0, o.grace / 4), engine.request_stop)
                 timer.daemon = True
                 timer.start()
-            super().handle_exit(sig, frame)
+                super().handle_exit(sig, frame)
+            else:
+                # a second signal cancels at once. Not passed on to uvicorn: its forced exit
+                # cancels the handlers mid-request (a plain-text 500 and a traceback each)
+                # where the engine's cancel lets each of them answer
+                engine.request_stop()
 
         async def startup(self, sockets=None):
             await super().startup(sockets)
@@ -109,7 +130,7 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
                         f"max batch {o.max_batch}{', API key required' if o.api_key else ''})")
 
     config = uvicorn.Config(app, host=o.host, port=o.port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=o.grace + 1, lifespan="off")
+                            timeout_graceful_shutdown=o.grace + STRAGGLER_S, lifespan="off")
     # uvicorn re-raises the signal after its shutdown: with Python handlers in place that is a
     # no-op, and the process exits 0 instead of dying by the signal
     for sig in (signal.SIGTERM, signal.SIGINT):
