@@ -1,10 +1,13 @@
 """Write a random LoRA adapter in PEFT's on-disk format, with NumPy only (no torch).
 
     python scripts/make_random_lora.py OUTDIR [--rank 8] [--alpha 16] [--std 0.05] [--seed 0]
+        [--hidden 576] [--intermediate 1536] [--layers 30] [--kv-dim 192] [--q-dim N] [--gemma3-270m]
 
 For the demo and for trying slm without a training set-up: the adapter has no purpose but a
-visible, deterministic effect on SmolLM2's output. The shapes are SmolLM2-135M's unless
---hidden/--intermediate/--layers/--kv-dim say otherwise.
+visible, deterministic effect on the base's output. It adapts q, k, v, o, gate, up and down of
+every layer. The shapes are SmolLM2-135M's unless --hidden/--intermediate/--layers/--kv-dim/
+--q-dim say otherwise; --gemma3-270m gives Gemma 3 270M's (the shape flags then refine it).
+Prints the adapter's directory.
 """
 
 from __future__ import annotations
@@ -56,9 +59,20 @@ def make_random_lora(outdir: Path, rank: int = 8, alpha: float = 16.0, std: floa
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("outdir", type=Path)
-    for flag, kind, default in [("--rank", int, 8), ("--alpha", float, 16.0), ("--std", float, 0.05),
-                                ("--seed", int, 0)]:
-        p.add_argument(flag, type=kind, default=default)
+    p.add_argument("outdir", type=Path, help="the adapter's directory (created if missing)")
+    p.add_argument("--rank", type=int, default=8, help="LoRA rank r (default 8)")
+    p.add_argument("--alpha", type=float, default=16.0, help="lora_alpha (default 16)")
+    p.add_argument("--std", type=float, default=0.05, help="standard deviation of B's values (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed, the same adapter (default 0)")
+    p.add_argument("--gemma3-270m", action="store_true", help="Gemma 3 270M's shapes instead of SmolLM2-135M's")
+    # None: the preset's value (SmolLM2-135M's, or Gemma 3 270M's with --gemma3-270m)
+    p.add_argument("--hidden", type=int, help="hidden size (SmolLM2-135M: 576)")
+    p.add_argument("--intermediate", type=int, help="MLP intermediate size (SmolLM2-135M: 1536)")
+    p.add_argument("--layers", type=int, help="number of layers (SmolLM2-135M: 30)")
+    p.add_argument("--kv-dim", type=int, help="key/value projection width, kv heads x head dim (SmolLM2-135M: 192)")
+    p.add_argument("--q-dim", type=int, help="query projection width, heads x head dim (default: the hidden size)")
     a = p.parse_args()
-    print(make_random_lora(a.outdir, a.rank, a.alpha, a.std, a.seed))
+    shape = dict(GEMMA3_270M) if a.gemma3_270m else {}
+    shape.update({k: v for k, v in (("hidden", a.hidden), ("intermediate", a.intermediate), ("layers", a.layers),
+                                    ("kv_dim", a.kv_dim), ("q_dim", a.q_dim)) if v is not None})
+    print(make_random_lora(a.outdir, a.rank, a.alpha, a.std, a.seed, **shape))

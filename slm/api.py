@@ -23,7 +23,7 @@ from slm.errors import InvalidInput, UsageError
 from slm.store import store as _store
 
 # Each method imports the operation it runs: `slm activate` (a new process each time) must not
-# pay for the importer, the executor, the tokenizer or the distribution code (docs/benchmarks.md).
+# pay for the importer, the executor, the tokenizer or the distribution code (docs/perf-notes.md).
 if TYPE_CHECKING:
     import numpy as np
 

@@ -6,7 +6,7 @@ per layer. glibc's malloc serves such blocks with mmap and gives them back to th
 they are freed (or trims the heap's top), so new ones are page-faulted in and zeroed again:
 on a 512-token SmolLM2 prompt ~8% of the samples were the kernel's page faults and page
 clearing, and keeping freed blocks in the heap for reuse made the prompt 10-25% faster
-(Gemma 3: 3%; docs/benchmarks.md). Peak RSS measured the same within 2% (a freed block is
+(Gemma 3: 3%; docs/perf-notes.md). Peak RSS measured the same within 2% (a freed block is
 reused, not added to); the heap keeps what it held at its peak until the process ends.
 Changes nothing but glibc's two settings, and nothing on a C library without mallopt."""
 
