@@ -12,6 +12,7 @@ import tomlkit
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
 from helpers import one_line, snapshot
+from slm.errors import IntegrityError
 
 TINY_LORA = dict(rank=4, alpha=8.0, hidden=64, intermediate=128, layers=2, kv_dim=32, q_dim=64)
 
@@ -126,12 +127,12 @@ def test_a_signature_over_another_id_or_edited_does_not_verify(cli, tmp_path, si
     a, comp_id = signed_setup
     other = "blake3:" + "ab" * 32
     key = signing.load_private_key(keys["ci"][0])
-    with pytest.raises(Exception) as err:
+    with pytest.raises(IntegrityError) as err:
         signing.parse_signature(signing.sign(other, key), comp_id)
     assert "signs composition" in str(err.value)
     tampered = json.loads(signing.sign(comp_id, key))
     tampered["composition"] = other
-    with pytest.raises(Exception):
+    with pytest.raises(IntegrityError, match="the signature does not verify"):
         signing.parse_signature(json.dumps(tampered).encode(), other)
 
 

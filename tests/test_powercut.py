@@ -13,6 +13,7 @@ import pytest
 
 import durability_matrix as dm
 from helpers import ADVISORY
+from slm.errors import UsageError
 from slm.store import faults, fs
 from slm.store.journal import Journal
 from slm.store.powercut import CUT_EXIT_CODE, PowerCut, PowerCutHappened
@@ -186,10 +187,10 @@ def test_a_failing_case_prints_a_replay_that_reproduces_it(matrix_template, tmp_
 
 
 def test_power_cut_spec_errors_are_one_line(tmp_path):
-    with pytest.raises(Exception) as e:
+    with pytest.raises(UsageError) as e:
         PowerCut.from_spec("powercut@op=x:seed=1:mode=random:root=/tmp")
     assert "powercut@op=N" in str(e.value)
-    with pytest.raises(Exception) as e:
+    with pytest.raises(UsageError) as e:
         PowerCut(tmp_path, 1, 1, "half")
     assert "unknown power-cut mode" in str(e.value)
 
