@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 class Store:
     """A store of bases, adapters and compositions, and the one active composition."""
 
-    def __init__(self, inner: _store.Store):
+    def __init__(self, inner: _store.StoreDir):
         self._s = inner
 
     created: bool = False  # set by init: whether this call created the store
@@ -57,7 +57,7 @@ class Store:
         """The store at `path`, else $SLM_STORE, else .slm found upward from the working directory.
         Its config.toml is checked (an unknown or misplaced key is InvalidInput); check_config=False
         opens a store whose config.toml is damaged, for `fsck()` to report it."""
-        return cls(_store.Store.open(_store.find_store(path), check_config))
+        return cls(_store.StoreDir.open(_store.find_store(path), check_config))
 
     @property
     def root(self) -> Path:
@@ -274,11 +274,11 @@ class Runtime:
     def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None,
                  activations: str = "float32"):
         from slm.ops.run import check_activations
-        from slm.ops.runtime import Runtime as _StagedRuntime
+        from slm.ops.staging import StagedCompositions
 
         check_activations(activations)  # "int8": opt-in, faster, less exact (docs/numerics.md)
         self.store = store
-        self._rt = _StagedRuntime(store._s, max_staged)
+        self._rt = StagedCompositions(store._s, max_staged)
         self.threads, self.activations = threads, activations
 
     def session(self, comp: Composition | str | None = None) -> "Session":

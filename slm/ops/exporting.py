@@ -19,7 +19,7 @@ from slm.errors import Incompatible, InvalidInput, NotFound
 from slm.ops import bundles, compositions
 from slm.ops.progress import Progress
 from slm.ops.resolve import load_base, resolve
-from slm.store import Store, outputs
+from slm.store import StoreDir, outputs
 from slm.store import digest as dg
 
 
@@ -37,7 +37,7 @@ class AdapterExportResult:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def _adapter_and_base(store: Store, ref: str | None, base_ref: str | None):
+def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
     comp = None
     if ref is None:
         comp = compositions.load_active(store, "name a composition, or an adapter with --base")
@@ -63,7 +63,7 @@ def _adapter_and_base(store: Store, ref: str | None, base_ref: str | None):
     return digest, name or ref, base_digest, base, 1.0
 
 
-def export(store: Store, ref: str | None, out: Path, fmt: str = "slm", base: str | None = None,
+def export(store: StoreDir, ref: str | None, out: Path, fmt: str = "slm", base: str | None = None,
            tag: str | None = None, progress: Progress | None = None):
     if fmt not in exporters.FORMATS:
         raise InvalidInput(f"--format {fmt!r}: choose one of {', '.join(exporters.FORMATS)}")

@@ -24,7 +24,7 @@ from slm.errors import InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
 from slm.ops import bundles, receive
 from slm.ops.progress import NoProgress, Progress
-from slm.store import Store
+from slm.store import StoreDir
 
 # Parallel HTTP connections: a registry answers each small blob in a few milliseconds, so one
 # connection at a time is latency-bound (a 700-blob push: 35 s on one, measured).
@@ -47,7 +47,7 @@ class PushResult:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def push(store: Store, reference: str, comp_ref: str | None = None, insecure: bool = False,
+def push(store: StoreDir, reference: str, comp_ref: str | None = None, insecure: bool = False,
          progress: Progress | None = None) -> PushResult:
     progress = progress or NoProgress()
     started = time.perf_counter()
@@ -160,7 +160,7 @@ class _RegistrySource:
         return self.clients().blob_chunks(digest, size)
 
 
-def pull(store: Store, reference: str, insecure: bool = False,
+def pull(store: StoreDir, reference: str, insecure: bool = False,
          progress: Progress | None = None) -> receive.ReceiveResult:
     ref = parse_reference(reference)
     registry = Registry(ref, insecure)

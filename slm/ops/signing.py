@@ -24,11 +24,11 @@ from slm.compose.composition import Composition
 from slm.errors import CommittedIncomplete, IntegrityError, SlmError
 from slm.ops import compositions
 from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
-from slm.store import Store, fs, outputs
+from slm.store import StoreDir, fs, outputs
 from slm.store import digest as dg
 
 
-def _record(store: Store, comp_id: str) -> Composition | None:
+def _record(store: StoreDir, comp_id: str) -> Composition | None:
     """The stored record of a composition (where its signatures are listed), if any."""
     if store.names.get("compositions", dg.hex_of(comp_id)) is None:
         return None
@@ -48,7 +48,7 @@ class SignatureCheck:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def check_signatures(store: Store, comp_id: str, trusted: tuple[str, ...]) -> list[SignatureCheck]:
+def check_signatures(store: StoreDir, comp_id: str, trusted: tuple[str, ...]) -> list[SignatureCheck]:
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     record = _record(store, comp_id)
@@ -77,13 +77,13 @@ class SignResult:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def _find(store: Store, ref: str | None) -> str:
+def _find(store: StoreDir, ref: str | None) -> str:
     if ref is None:
         return compositions.active_id(store, "name a composition to sign")
     return compositions.find_id(store, ref)
 
 
-def sign(store: Store, ref: str | None, key_path: Path) -> SignResult:
+def sign(store: StoreDir, ref: str | None, key_path: Path) -> SignResult:
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     key = signing.load_private_key(Path(key_path))
@@ -140,7 +140,7 @@ class SignatureReport:
             raise IntegrityError(f"composition {dg.short(self.composition_id)}: {what}")
 
 
-def verify_signatures(store: Store, ref: str | None, keys: list[str] = ()) -> SignatureReport:
+def verify_signatures(store: StoreDir, ref: str | None, keys: list[str] = ()) -> SignatureReport:
     """The signatures of a composition, each checked; trusted = config.toml trusted_keys plus
     the keys given (key texts or PEM files)."""
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
@@ -186,7 +186,7 @@ class Certified:
         self.report.check()
 
 
-def certify(store: Store, ref: str | None, key_path: Path, out: Path, numerics: bool = True,
+def certify(store: StoreDir, ref: str | None, key_path: Path, out: Path, numerics: bool = True,
             progress=None) -> Certified:
     """`slm verify --certificate OUT --key KEY`: verify, then write the report signed and bound to
     the composition id (written whatever the result: the result says whether it passed)."""
