@@ -21,7 +21,7 @@ from slm.compose.composition import Composition, stamped
 from slm.errors import (CommittedIncomplete, IntegrityError, InvalidInput, NeedsRecovery, NotFound, SlmError,
                         UsageError)
 from slm.ops import budget, compositions, policy
-from slm.ops.transition import CompositionInfo, Transition
+from slm.ops.results import CompositionInfo, Transition
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
 from slm.store.journal import Intent

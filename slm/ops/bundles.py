@@ -22,6 +22,7 @@ from slm.errors import IntegrityError, InvalidInput, NotFound
 from slm.ops import compositions, receive
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.resolve import load_base
+from slm.ops.results import ExportResult, ReceiveResult
 from slm.store import StoreDir, outputs
 from slm.store import digest as dg
 
@@ -92,20 +93,6 @@ def plan(store: StoreDir, ref: str | None, progress: Progress | None = None) -> 
     return BundlePlan(comp, record, manifest, manifest.to_bytes(), config, store, extra)
 
 
-@dataclass(frozen=True)
-class ExportResult:
-    format: str
-    path: str
-    composition_id: str
-    manifest_digest: str
-    blobs: int
-    bytes: int
-    seconds: float
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
 def default_tag(comp: Composition) -> str:
     return dg.short(comp.id, 12)
 
@@ -164,7 +151,7 @@ class _LayoutSource:
 
 
 def import_bundle(store: StoreDir, path: Path, tag: str | None = None,
-                  progress: Progress | None = None) -> receive.ReceiveResult:
+                  progress: Progress | None = None) -> ReceiveResult:
     reader = LayoutReader(Path(path))
     try:
         desc = reader.manifest_descriptor(tag)  # its size bounded before the manifest is read

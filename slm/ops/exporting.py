@@ -10,7 +10,6 @@ is never changed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
@@ -19,22 +18,9 @@ from slm.errors import Incompatible, InvalidInput, NotFound
 from slm.ops import bundles, compositions
 from slm.ops.progress import Progress
 from slm.ops.resolve import load_base, resolve
+from slm.ops.results import AdapterExportResult, ExportResult
 from slm.store import StoreDir, outputs
 from slm.store import digest as dg
-
-
-@dataclass(frozen=True)
-class AdapterExportResult:
-    format: str
-    path: str
-    adapter: str
-    base: str
-    weight: float  # the composition's weight for it: give it to the consumer (llama.cpp's lora scale)
-    details: dict
-    seconds: float
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
@@ -64,7 +50,7 @@ def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
 
 
 def export(store: StoreDir, ref: str | None, out: Path, fmt: str = "slm", base: str | None = None,
-           tag: str | None = None, progress: Progress | None = None):
+           tag: str | None = None, progress: Progress | None = None) -> ExportResult | AdapterExportResult:
     if fmt not in exporters.FORMATS:
         raise InvalidInput(f"--format {fmt!r}: choose one of {', '.join(exporters.FORMATS)}")
     if fmt == "slm":

@@ -28,7 +28,7 @@ from slm.compose.base_manifest import parse_base_manifest
 from slm.errors import SlmError
 from slm.ops import compositions, receive
 from slm.ops.progress import NoProgress, Progress
-from slm.ops.reports import Finding, FsckReport
+from slm.ops.results import Finding, FsckReport
 from slm.store import StoreDir
 from slm.store import digest as dg
 from slm.store import fs

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from slm.errors import NeedsRecovery
 from slm.ops import compositions
-from slm.ops.reports import GcPlan
+from slm.ops.results import GcPlan
 from slm.store import StoreDir
 from slm.store import digest as dg
 from slm.store import fs

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,25 +33,8 @@ from slm.formats.untrusted import open_binary
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.resolve import load_base
 from slm.quant import get_codec
+from slm.ops.results import ImportResult
 from slm.store import StoreDir, fs
-
-
-@dataclass(frozen=True)
-class ImportResult:
-    kind: str
-    name: str
-    digest: str
-    source_format: str
-    tensors: int
-    dtype_counts: dict[str, int]
-    total_bytes: int
-    new_blobs: int
-    new_bytes: int
-    seconds: float
-    warnings: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def open_base_source(path: Path, quant: str | None) -> BaseSource:

@@ -22,7 +22,6 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 from slm.compose.adapter_manifest import AdapterManifest, parse_adapter_manifest
@@ -34,6 +33,7 @@ from slm.dist.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, s
 from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, NotFound, SlmError
 from slm.ops import compositions
 from slm.ops.progress import NoProgress, Progress
+from slm.ops.results import ReceiveResult
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
 
@@ -54,28 +54,6 @@ class BlobSource(Protocol):
     def blob(self, digest: str, size: int) -> bytes: ...
 
     def chunks(self, digest: str, size: int) -> Iterator[bytes]: ...
-
-
-@dataclass(frozen=True)
-class ReceiveResult:
-    composition_id: str
-    composition_manifest: str
-    base_name: str
-    adapter_names: tuple[str, ...]
-    signatures: int
-    layers: int
-    blobs_downloaded: int
-    bytes_downloaded: int
-    blobs_reused: int
-    new_blobs: int
-    seconds: float
-    source: str = ""
-    manifest_digest: str = ""  # sha256 of the OCI manifest received
-
-    def to_json(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["adapter_names"] = list(self.adapter_names)
-        return out
 
 
 def intent_name(comp_id: str) -> str:

@@ -17,13 +17,13 @@ crash before it leaves only unreferenced blobs for `slm gc`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.errors import CommittedIncomplete, IntegrityError, SlmError
+from slm.errors import CommittedIncomplete, SlmError
 from slm.ops import compositions
 from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
+from slm.ops.results import Certified, SignResult, SignatureCheck, SignatureReport
 from slm.store import StoreDir, fs, outputs
 from slm.store import digest as dg
 
@@ -33,19 +33,6 @@ def _record(store: StoreDir, comp_id: str) -> Composition | None:
     if store.names.get("compositions", dg.hex_of(comp_id)) is None:
         return None
     return compositions.load(store, comp_id)
-
-
-@dataclass(frozen=True)
-class SignatureCheck:
-    digest: str
-    public_key: str | None
-    fingerprint: str | None
-    valid: bool
-    trusted: bool
-    problem: str = ""
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def check_signatures(store: StoreDir, comp_id: str, trusted: tuple[str, ...]) -> list[SignatureCheck]:
@@ -62,19 +49,6 @@ def check_signatures(store: StoreDir, comp_id: str, trusted: tuple[str, ...]) ->
             continue
         out.append(SignatureCheck(digest, sig.public_key, sig.fingerprint, True, sig.public_key in trusted))
     return out
-
-
-@dataclass(frozen=True)
-class SignResult:
-    composition_id: str
-    signature: str
-    public_key: str
-    fingerprint: str
-    signatures: int
-    added: bool
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def _find(store: StoreDir, ref: str | None) -> str:
@@ -120,26 +94,6 @@ def sign(store: StoreDir, ref: str | None, key_path: Path) -> SignResult:
     return SignResult(comp_id, digest, public, signing.key_fingerprint(public), len(record.signatures), added)
 
 
-@dataclass(frozen=True)
-class SignatureReport:
-    composition_id: str
-    signatures: tuple[SignatureCheck, ...]
-    trusted_keys: int
-
-    @property
-    def ok(self) -> bool:
-        return any(c.valid and c.trusted for c in self.signatures)
-
-    def to_json(self) -> dict:
-        return {"composition_id": self.composition_id, "ok": self.ok, "trusted_keys": self.trusted_keys,
-                "signatures": [c.to_json() for c in self.signatures]}
-
-    def check(self) -> None:
-        if not self.ok:
-            what = "no signatures" if not self.signatures else "no signature from a trusted key verifies"
-            raise IntegrityError(f"composition {dg.short(self.composition_id)}: {what}")
-
-
 def verify_signatures(store: StoreDir, ref: str | None, keys: list[str] = ()) -> SignatureReport:
     """The signatures of a composition, each checked; trusted = config.toml trusted_keys plus
     the keys given (key texts or PEM files)."""
@@ -171,19 +125,6 @@ def check_certificate(path: Path, keys: list[str] = ()) -> dict:
     trusted = set(keys)
     return {"composition_id": comp_id, "public_key": key, "fingerprint": signing.key_fingerprint(key),
             "trusted": key in trusted, "result": result}
-
-
-@dataclass(frozen=True)
-class Certified:
-    """A verify report and the signed certificate written from it; its verdict is the report's."""
-    report: object  # VerifyReport
-    certificate: str
-
-    def to_json(self) -> dict:
-        return {**self.report.to_json(), "certificate": self.certificate}
-
-    def check(self) -> None:
-        self.report.check()
 
 
 def certify(store: StoreDir, ref: str | None, key_path: Path, out: Path, numerics: bool = True,

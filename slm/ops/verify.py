@@ -13,7 +13,7 @@ from slm.errors import NotFound
 from slm.model.oracle import Oracle, OracleAdapter
 from slm.ops import compositions
 from slm.ops.loading import load_composition
-from slm.ops.reports import VerifyReport
+from slm.ops.results import VerifyReport
 from slm.ops.results import CompositionInfo
 from slm.ops.progress import NoProgress, Progress
 from slm.store import StoreDir
