@@ -8,8 +8,8 @@
     s.generate("Once upon a time", max_tokens=32)  # -> Generation
 
 Every method is one operation of slm.ops; the CLI is a printer over these same calls. Results
-are frozen dataclasses derived from slm.ops.results.Result, all in that module; errors are slm.errors.SlmError subclasses, each
-with the exit code the CLI would use.
+are frozen dataclasses derived from slm.Result, all defined in slm.ops.results; errors are
+slm.errors.SlmError subclasses, each with the exit code the CLI would use.
 """
 
 from __future__ import annotations
