@@ -64,11 +64,11 @@ class SlmSystem:
 
     def __init__(self, plan: dict):
         import slm
-        from slm.ops.runtime import Runtime
-        from slm.store import Store
+        from slm.ops.staging import StagedCompositions
+        from slm.store import StoreDir
 
         slm.keep_freed_memory()  # as `slm run` does
-        self.rt = Runtime(Store(Path(plan["store"])))
+        self.rt = StagedCompositions(StoreDir(Path(plan["store"])))
         self.comp_ids = plan["comp_ids"]
         self.kernels = plan["kernels"]
 
@@ -372,9 +372,9 @@ def bench_base(base: str, a) -> dict:
     results["throughput_samples"] = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in samples.items()}  # the spread
     results["skipped"] = skipped
 
-    from slm.ops.runtime import Runtime
+    from slm.ops.staging import StagedCompositions
 
-    rt = Runtime(store)
+    rt = StagedCompositions(store)
     results["lora_overhead_ab"] = lora_overhead_ab(rt, comp_ids, short)
     if a.kernels == "default":
         results["lora_overhead_ab_int8"] = lora_overhead_ab(rt, comp_ids, short, activations="int8")
@@ -386,7 +386,7 @@ def bench_base(base: str, a) -> dict:
         warm.append(time.perf_counter() - t)
     cold = []
     for _ in range(a.runs):
-        fresh = Runtime(store)
+        fresh = StagedCompositions(store)
         fresh.switch(comp_ids["base"])
         t = time.perf_counter()
         fresh.switch(comp_ids["lora"])
@@ -503,9 +503,9 @@ def bench_batching(store, base: str, adapters: list[str], a, activations: str = 
     from slm.model.batch import Row, decode_step
     from slm.model.kernels import default_kernels
     from slm.ops import compositions
-    from slm.ops.runtime import Runtime
+    from slm.ops.staging import StagedCompositions
 
-    rt = Runtime(store)
+    rt = StagedCompositions(store)
     loaded = [rt.stage(compositions.build(store, base, spec)) for spec in ([], *([x] for x in adapters))]
     kernels = default_kernels()
     for k in (kernels, *(x.model.kernels for x in loaded)):

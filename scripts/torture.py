@@ -40,9 +40,9 @@ def slm(store: Path, *args, faults: str | None = None) -> subprocess.CompletedPr
 
 
 def state(store: Path):
-    from slm.store import Store
+    from slm.store import StoreDir
 
-    s = Store.open(store)
+    s = StoreDir.open(store)
     return s.active_ref.read(), [(e.seq, e.old, e.new, e.op) for e in s.reflog.entries()]
 
 
@@ -114,10 +114,10 @@ def torture(rounds: int, seed: int, work: Path) -> Counter:
 
 def concurrency(work: Path, writers: int, each: int) -> dict:
     store = work / "store"
-    writer = ("import sys\nfrom slm.ops.activation import activate\nfrom slm.store import Store\n"
-              "s = Store.open(sys.argv[1]); w = int(sys.argv[2])\n"
+    writer = ("import sys\nfrom slm.ops.activation import activate\nfrom slm.store import StoreDir\n"
+              "s = StoreDir.open(sys.argv[1]); w = int(sys.argv[2])\n"
               "for i in range(int(sys.argv[3])): activate(s, 'tq', [f'a1@{1000000 + w * 10000 + i}'])\n")
-    reader = ("import sys, time\nfrom slm.store import Store\ns = Store.open(sys.argv[1]); n = 0\n"
+    reader = ("import sys, time\nfrom slm.store import StoreDir\ns = StoreDir.open(sys.argv[1]); n = 0\n"
               "while not (s.root / 'tmp' / 'stop').exists(): s.active_ref.read(); n += 1\nprint(n)\n")
     start = len(state(store)[1])
     t0 = time.perf_counter()

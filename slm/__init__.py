@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+_RESULTS = ("AdapterEntry", "AdapterExportResult", "Certified", "CompositionInfo", "ExportResult", "Finding",
+            "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "PushResult", "ReceiveResult",
+            "Result", "SignResult", "SignatureCheck", "SignatureReport", "Status", "Timings", "Transition",
+            "VerifyReport")
 _EXPORTS = {
     "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api",
-    "Composition": "slm.compose.composition", "ImportResult": "slm.ops.importing",
-    "AdapterEntry": "slm.ops.transition", "CompositionInfo": "slm.ops.transition", "Transition": "slm.ops.transition",
-    "Status": "slm.ops.results", "LogEntry": "slm.ops.results", "Finding": "slm.ops.reports",
-    "FsckReport": "slm.ops.reports", "GcPlan": "slm.ops.reports", "Generation": "slm.ops.results",
-    "Timings": "slm.ops.results", "VerifyReport": "slm.ops.reports",
+    "Composition": "slm.compose.composition",
+    **{name: "slm.ops.results" for name in _RESULTS},  # every typed result (docs/api.md)
     "ExitCode": "slm.errors", "SlmError": "slm.errors", "UsageError": "slm.errors", "NotFound": "slm.errors",
     "InvalidInput": "slm.errors", "IntegrityError": "slm.errors", "Incompatible": "slm.errors",
     "Busy": "slm.errors", "BudgetExceeded": "slm.errors", "NeedsRecovery": "slm.errors",
@@ -47,6 +48,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from slm.compose.composition import Composition  # noqa: F401
     from slm.errors import *  # noqa: F401,F403
     from slm.model.allocator import keep_freed_memory  # noqa: F401
-    from slm.ops.importing import ImportResult  # noqa: F401
-    from slm.ops.reports import *  # noqa: F401,F403
     from slm.ops.results import *  # noqa: F401,F403

@@ -8,8 +8,8 @@
     s.generate("Once upon a time", max_tokens=32)  # -> Generation
 
 Every method is one operation of slm.ops; the CLI is a printer over these same calls. Results
-are frozen dataclasses (slm.ops.results); errors are slm.errors.SlmError subclasses, each
-with the exit code the CLI would use.
+are frozen dataclasses derived from slm.Result, all defined in slm.ops.results; errors are
+slm.errors.SlmError subclasses, each with the exit code the CLI would use.
 """
 
 from __future__ import annotations
@@ -27,18 +27,19 @@ from slm.store import store as _store
 if TYPE_CHECKING:
     import numpy as np
 
-    from slm.ops.importing import ImportResult
+    from slm.model.tokenizer import TextTokenizer
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.reports import FsckReport, GcPlan, VerifyReport
-    from slm.ops.results import Generation, LogEntry, Status, Transition
+    from slm.ops.results import (AdapterExportResult, Certified, ExportResult, FsckReport, GcPlan, Generation,
+                                 ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport, SignResult,
+                                 Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
 
 
 class Store:
     """A store of bases, adapters and compositions, and the one active composition."""
 
-    def __init__(self, inner: _store.Store):
+    def __init__(self, inner: _store.StoreDir) -> None:
         self._s = inner
 
     created: bool = False  # set by init: whether this call created the store
@@ -57,7 +58,7 @@ class Store:
         """The store at `path`, else $SLM_STORE, else .slm found upward from the working directory.
         Its config.toml is checked (an unknown or misplaced key is InvalidInput); check_config=False
         opens a store whose config.toml is damaged, for `fsck()` to report it."""
-        return cls(_store.Store.open(_store.find_store(path), check_config))
+        return cls(_store.StoreDir.open(_store.find_store(path), check_config))
 
     @property
     def root(self) -> Path:
@@ -148,7 +149,7 @@ class Store:
         return activation.active(self._s)
 
     # -- inspection --------------------------------------------------------------------------
-    def tokenizer(self, base: str):
+    def tokenizer(self, base: str) -> TextTokenizer:
         """The tokenizer of a base (query_tokenizer_info): encode, decode, special tokens."""
         from slm.model.tokenizer import load_tokenizer
         from slm.ops.resolve import load_base
@@ -186,41 +187,42 @@ class Store:
 
     # -- distribution (docs/distribution.md) ---------------------------------------------------
     def export(self, ref: str | None, out: str | os.PathLike, format: str = "slm", base: str | None = None,
-               tag: str | None = None, progress: Progress | None = None):
+               tag: str | None = None, progress: Progress | None = None) -> ExportResult | AdapterExportResult:
         """A composition as an OCI image layout (format "slm"), or one LoRA adapter as a
         llama.cpp GGUF LoRA ("gguf-lora") or a PEFT directory ("peft"). Writes files only."""
         from slm.ops import exporting
 
         return exporting.export(self._s, ref, Path(out), format, base, tag, progress)
 
-    def import_bundle(self, path: str | os.PathLike, tag: str | None = None, progress: Progress | None = None):
+    def import_bundle(self, path: str | os.PathLike, tag: str | None = None,
+                      progress: Progress | None = None) -> ReceiveResult:
         """Receive an OCI image layout (directory or tar): every byte re-hashed, one transaction."""
         from slm.ops import bundles
 
         return bundles.import_bundle(self._s, Path(path), tag, progress)
 
     def push(self, reference: str, comp: Composition | str | None = None, insecure: bool = False,
-             progress: Progress | None = None):
+             progress: Progress | None = None) -> PushResult:
         """Upload a composition (default: the active one) to host[:port]/repo[:tag]."""
         from slm.ops import registry_ops
 
         ref = comp.id if isinstance(comp, Composition) else comp
         return registry_ops.push(self._s, reference, ref, insecure, progress)
 
-    def pull(self, reference: str, insecure: bool = False, progress: Progress | None = None):
+    def pull(self, reference: str, insecure: bool = False, progress: Progress | None = None) -> ReceiveResult:
         """Receive a composition from host[:port]/repo[:tag|@sha256:..]; only missing blobs move."""
         from slm.ops import registry_ops
 
         return registry_ops.pull(self._s, reference, insecure, progress)
 
-    def sign(self, comp: Composition | str | None, key: str | os.PathLike):
+    def sign(self, comp: Composition | str | None, key: str | os.PathLike) -> SignResult:
         """Sign a stored composition (default: the active one) with an Ed25519 PEM key."""
         from slm.ops import signing
 
         ref = comp.id if isinstance(comp, Composition) else comp
         return signing.sign(self._s, ref, Path(key))
 
-    def verify_signatures(self, comp: Composition | str | None = None, keys: Sequence[str] = ()):
+    def verify_signatures(self, comp: Composition | str | None = None, keys: Sequence[str] = ()) -> SignatureReport:
         """Each signature of a composition checked; trusted = config.toml trusted_keys + `keys`."""
         from slm.ops import signing
 
@@ -228,7 +230,7 @@ class Store:
         return signing.verify_signatures(self._s, ref, list(keys))
 
     def certify(self, comp: Composition | str | None, key: str | os.PathLike, out: str | os.PathLike,
-                numerics: bool = True, progress: Progress | None = None):
+                numerics: bool = True, progress: Progress | None = None) -> Certified:
         """verify, then write the report as a certificate signed with `key`, bound to the
         composition id; returns a Certified (the report and the path)."""
         from slm.ops import signing
@@ -238,7 +240,8 @@ class Store:
 
     def verify_as_asked(self, comp: Composition | str | None = None, numerics: bool = True,
                         signature: bool = False, keys: Sequence[str] = (),
-                        certificate: str | os.PathLike | None = None, progress: Progress | None = None):
+                        certificate: str | os.PathLike | None = None,
+                        progress: Progress | None = None) -> SignatureReport | Certified | VerifyReport:
         """`slm verify`'s three forms and the rules of their arguments: the signatures alone
         (keys: extra trusted public keys), a certificate written with the one signing key in
         keys, or the plain verification (no keys)."""
@@ -272,13 +275,13 @@ class Runtime:
     """
 
     def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None,
-                 activations: str = "float32"):
+                 activations: str = "float32") -> None:
         from slm.ops.run import check_activations
-        from slm.ops.runtime import Runtime as _StagedRuntime
+        from slm.ops.staging import StagedCompositions
 
         check_activations(activations)  # "int8": opt-in, faster, less exact (docs/numerics.md)
         self.store = store
-        self._rt = _StagedRuntime(store._s, max_staged)
+        self._rt = StagedCompositions(store._s, max_staged)
         self.threads, self.activations = threads, activations
 
     def session(self, comp: Composition | str | None = None) -> "Session":
@@ -295,7 +298,7 @@ class Runtime:
 class Session:
     """Generation on one composition, start to finish (it never changes under a session)."""
 
-    def __init__(self, runtime: Runtime, loaded: Loaded):
+    def __init__(self, runtime: Runtime, loaded: Loaded) -> None:
         self.runtime = runtime
         self._loaded = loaded
 

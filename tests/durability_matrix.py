@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slm.cli import run as slm_run
-from slm.store import Store, faults
+from slm.store import StoreDir, faults
 from slm.store import digest as dg
 from slm.store.powercut import Image, PowerCut, PowerCutHappened, write_image
 
@@ -90,14 +90,14 @@ def build_template(root: Path, tiny: dict) -> dict:
                  ["import", "adapter", root / "lora3", "--name", "a3"],
                  ["activate", "tf"], ["activate", "tq"], ["activate", "tq", "a1"]):
         assert cli(store, *map(str, args)) == 0, args
-    orphan = Store.open(store).names.resolve("adapters", "a3")
-    Store.open(store).names.remove("adapters", "a3")  # its blobs: only gc reaches them
+    orphan = StoreDir.open(store).names.resolve("adapters", "a3")
+    StoreDir.open(store).names.remove("adapters", "a3")  # its blobs: only gc reaches them
     assert cli(store, "fsck") == 0
     out = {"root": root, "tiny": tiny, "template": store}
     # a corrupt blob that nothing references: fsck --repair moves it to lost+found/
     corrupt = root / "corrupt-orphan" / "store"
     shutil.copytree(store, corrupt, symlinks=True)
-    blob = Store.open(corrupt).objects.path(orphan)
+    blob = StoreDir.open(corrupt).objects.path(orphan)
     blob.chmod(0o644)
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 1
@@ -198,7 +198,7 @@ def state(store: Path):
     """(refs/active, the reflog as (seq, old, new, op), names by kind), or None: no store."""
     if not (store / "config.toml").is_file():
         return None
-    s = Store.open(store)
+    s = StoreDir.open(store)
     names = {kind: dict(s.names.items(kind)) for kind in ("bases", "adapters", "compositions")}
     return s.active_ref.read(), [(e.seq, e.old, e.new, e.op) for e in s.reflog.entries()], names
 

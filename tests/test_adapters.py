@@ -43,10 +43,10 @@ def _logits(cli, *composition):
     """Activate, then return the prompt logits the executor computes for IDS."""
     from slm.ops.activation import active
     from slm.ops.loading import load_composition
-    from slm.store import Store, find_store
+    from slm.store import StoreDir, find_store
 
     assert cli("activate", *composition).code == 0
-    store = Store.open(find_store())
+    store = StoreDir.open(find_store())
     model = load_composition(store, active(store)).model
     return model.forward(np.asarray(IDS), model.new_cache(len(IDS)), "all")
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from slm.store import Store
+from slm.store import StoreDir
 
 pytestmark = pytest.mark.slow
 
@@ -19,8 +19,8 @@ WORKERS, EACH = 8, 50
 WRITER = textwrap.dedent("""
     import sys
     from slm.ops.activation import activate
-    from slm.store import Store
-    store, worker, each = Store.open(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    from slm.store import StoreDir
+    store, worker, each = StoreDir.open(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     for i in range(each):
         # a distinct weight per activation: every one is a real transition
         activate(store, "tq", [f"a1@{1 + worker * 1000 + i}"])
@@ -28,8 +28,8 @@ WRITER = textwrap.dedent("""
 
 READER = textwrap.dedent("""
     import sys, time
-    from slm.store import Store
-    store = Store.open(sys.argv[1])
+    from slm.store import StoreDir
+    store = StoreDir.open(sys.argv[1])
     reads = 0
     deadline = time.time() + 600
     while time.time() < deadline:  # a hang guard: the test creates stop-reading
@@ -62,7 +62,7 @@ def test_eight_writers_fifty_activations_each(cli, store, store_dir, tiny_model,
     reads, err = reader.communicate(timeout=60)
     assert reader.returncode == 0, err
     assert int(reads) > 0
-    s = Store.open(store_dir)
+    s = StoreDir.open(store_dir)
     entries = s.reflog.entries()
     assert len(entries) == WORKERS * EACH
     assert [e.seq for e in entries] == list(range(1, WORKERS * EACH + 1))

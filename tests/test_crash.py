@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from slm.cli import run as slm_run
-from slm.store import Store
+from slm.store import StoreDir
 from slm.store.faults import CRASH_EXIT_CODE
 
 from helpers import ADVISORY
@@ -50,7 +50,7 @@ def template(tmp_path_factory, tiny_model):
     make_random_lora.make_random_lora(root / "lora3", rank=4, seed=3, hidden=64,
                                       intermediate=128, layers=2, kv_dim=32)
     _slm(store, "import", "adapter", root / "lora3", "--name", "a3", check=True)
-    Store.open(store).names.remove("adapters", "a3")
+    StoreDir.open(store).names.remove("adapters", "a3")
     _slm(store, "fsck", check=True)
     return {"store": store, "root": root, "tiny": tiny_model}
 
@@ -82,7 +82,7 @@ def _trace(store_dir, args) -> tuple[list[str], int]:
 
 def _state(store_dir):
     """(refs/active, the reflog as (seq, old, new, op)); times differ from run to run."""
-    s = Store.open(store_dir)
+    s = StoreDir.open(store_dir)
     return s.active_ref.read(), [(e.seq, e.old, e.new, e.op) for e in s.reflog.entries()]
 
 

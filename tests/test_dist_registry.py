@@ -69,14 +69,14 @@ def test_push_pull_round_trip_same_id_bit_identical_logits(cli, tmp_path, regist
 
 def test_pull_into_a_store_with_the_base_downloads_only_the_adapter(cli, tmp_path, registry, pushed, smollm2_gguf):  # noqa: F811
     from slm.compose.adapter_manifest import parse_adapter_manifest
-    from slm.store import Store
+    from slm.store import StoreDir
 
     _json(cli, "--store", pushed["store"], "push", pushed["ref"])
     c = tmp_path / "c"
     assert cli("--store", c, "init").code == 0
     assert cli("--store", c, "import", "base", smollm2_gguf, "--name", "smollm2").code == 0
     got = _json(cli, "--store", c, "pull", pushed["ref"])
-    a = Store.open(pushed["store"])
+    a = StoreDir.open(pushed["store"])
     adapter = a.names.get("adapters", "demo")
     record = a.names.get("compositions", got["composition_id"][7:])
     expected = {adapter, record, *parse_adapter_manifest(a.objects.read_verified(adapter)).blob_digests()}

@@ -85,9 +85,9 @@ def test_torn_reflog_and_stale_ref_are_repaired(cli, active_store, store_dir):
 
 def test_crash_between_reflog_and_ref_rolls_forward(cli, active_store, store_dir):
     """Simulate: intent written, reflog line appended, then a crash before refs/active moved."""
-    from slm.store import Store
+    from slm.store import StoreDir
 
-    store = Store.open(store_dir)
+    store = StoreDir.open(store_dir)
     old = store.active_ref.read()
     target = [e for e in store.reflog.entries()][0].new  # the tq composition
     store.journal.begin("active", "activate", old, target)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from helpers import snapshot
-from slm.store import Store
+from slm.store import StoreDir
 from slm.store import digest as dg
 
 
 def _orphan(store_dir, payload=b"left behind by an interrupted import") -> str:
-    store = Store.open(store_dir)
+    store = StoreDir.open(store_dir)
     staging = store.objects.staging()
     digest = staging.put(payload)
     staging.commit()
@@ -22,7 +22,7 @@ def test_gc_removes_only_the_unreachable(cli, store, store_dir, tiny_model):
     assert cli("activate", "th").code == 0
     orphan = _orphan(store_dir)
     stray_record = "f" * 64
-    Store.open(store_dir).names.set("compositions", stray_record, orphan)
+    StoreDir.open(store_dir).names.set("compositions", stray_record, orphan)
 
     before = snapshot(store_dir)
     dry = cli("gc", "--dry-run", "--json").json()
@@ -44,6 +44,6 @@ def test_gc_removes_only_the_unreachable(cli, store, store_dir, tiny_model):
 def test_gc_keeps_unnamed_bases_of_logged_compositions(cli, store, store_dir, tiny_model):
     assert cli("import", "base", tiny_model["gguf_q"], "--name", "tq").code == 0
     assert cli("activate", "tq").code == 0
-    Store.open(store_dir).names.remove("bases", "tq")
+    StoreDir.open(store_dir).names.remove("bases", "tq")
     assert cli("gc", "--json").json()["blobs"] == []
     assert cli("run", "hello", "-n", "2").code == 0

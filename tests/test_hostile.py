@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from helpers import blocked_reading_stdin, one_line, snapshot, wait_until
-from slm.store import Store
+from slm.store import StoreDir
 from slm.store import digest as dg
 
 pytestmark = pytest.mark.hostile
@@ -142,7 +142,7 @@ def test_torn_reflog_tail_is_refused_before_anything_is_written(cli, store_dir):
 def test_damaged_middle_reflog_line_is_refused_then_rebuilt(cli, store_dir):
     log = store_dir / "logs" / "active"
     lines = log.read_bytes().split(b"\n")
-    before = Store.open(store_dir).reflog.entries()
+    before = StoreDir.open(store_dir).reflog.entries()
     lines[1] = lines[1][:-3] + b"xyz"  # entry 2's checksum no longer matches
     log.write_bytes(b"\n".join(lines))
     refused(cli, store_dir, 5, "activate", "tq", "a1", "a2")
@@ -150,7 +150,7 @@ def test_damaged_middle_reflog_line_is_refused_then_rebuilt(cli, store_dir):
     assert cli("--store", store_dir, "fsck").code == 5
     assert cli("--store", store_dir, "fsck", "--repair").code == 0
     fsck_clean(cli, store_dir)
-    after = Store.open(store_dir).reflog.entries()
+    after = StoreDir.open(store_dir).reflog.entries()
     # the chain of ids restores the damaged line's transition exactly; only its op is unknown
     assert [(e.old, e.new) for e in after] == [(e.old, e.new) for e in before]
     assert cli("--store", store_dir, "gc").code == 0
@@ -253,7 +253,7 @@ def lock_held_elsewhere(store_dir):
 
 
 def test_thousands_of_copies_of_one_adapter_are_refused_before_the_lock(cli, store_dir, tmp_path):
-    store = Store.open(store_dir)
+    store = StoreDir.open(store_dir)
     manifest = (store_dir / "names" / "adapters" / "a1").read_text().strip()
     comp = store.objects.read_verified(store.names.get("compositions", dg.hex_of(store.active_ref.read())))
     text = comp.decode().split("[[adapters]]")[0]
@@ -295,7 +295,7 @@ def test_an_adapter_tensor_not_finite_in_the_store_is_refused_at_activation(cli,
 
     from slm.compose.adapter_manifest import TensorRef, parse_adapter_manifest
 
-    store = Store.open(store_dir)
+    store = StoreDir.open(store_dir)
     manifest = parse_adapter_manifest(store.objects.read_verified(store.names.resolve("adapters", "a1")))
     target = manifest.targets[0]
     ref = target.tensors["A"]
@@ -345,7 +345,7 @@ def test_a_manifest_naming_a_blob_of_the_wrong_size_is_exit_5(cli, store_dir):
 
     from slm.compose.base_manifest import BaseManifest, TensorRecord, parse_base_manifest
 
-    store = Store.open(store_dir)
+    store = StoreDir.open(store_dir)
     base = parse_base_manifest(store.objects.read_verified(store.names.resolve("bases", "tq")))
     first = base.tensors[0]
     assert store.objects.size(base.tokenizer_digest) != first.nbytes
@@ -488,7 +488,7 @@ def test_ctrl_c_while_a_command_works_says_interrupted(store_dir):
 # ------------------------------------------------------------------------ terminal escapes
 
 def test_escape_sequences_in_a_manifest_name_are_refused(cli, store_dir, tmp_path):
-    store = Store.open(store_dir)
+    store = StoreDir.open(store_dir)
     comp = store.objects.read_verified(store.names.get("compositions", dg.hex_of(store.active_ref.read())))
     text = comp.decode().replace('name = "a2"', 'name = "\\u001b]0;pwn\\u0007"')
     assert "\\u001b" in text
@@ -556,7 +556,7 @@ def test_hostile_peft_directories_are_refused(cli, store_dir, template, tmp_path
     r = cli("--store", store_dir, "import", "adapter", adapter, "--name", "bad")
     assert r.code in (3, 4, 6) and one_line(r.err), (damage, r.code, r.err)
     fsck_clean(cli, store_dir)
-    assert Store.open(store_dir).names.get("adapters", "bad") is None
+    assert StoreDir.open(store_dir).names.get("adapters", "bad") is None
 
 
 @pytest.mark.parametrize("text", ["not toml [", 'schema = "other"', "", "\x00\xff"])
@@ -567,7 +567,7 @@ def test_malformed_composition_manifests_are_refused(cli, store_dir, tmp_path, t
 
 
 def test_a_flipped_byte_in_a_blob_is_found_and_refused(cli, store_dir):
-    store = Store.open(store_dir)
+    store = StoreDir.open(store_dir)
     base = store.names.get("bases", "tq")
     from slm.compose.base_manifest import parse_base_manifest
 

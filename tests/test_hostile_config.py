@@ -279,9 +279,9 @@ def test_two_digests_in_one_message_print_long_enough_to_differ():
 
 def test_a_signature_for_a_lookalike_id_names_both_ids_distinctly(store_dir, ci_key):
     from slm.dist import signing
-    from slm.store import Store
+    from slm.store import StoreDir
 
-    comp_id = Store.open(store_dir).active_ref.read()
+    comp_id = StoreDir.open(store_dir).active_ref.read()
     lookalike = comp_id[:len(dg.PREFIX) + 12] + ("0" if comp_id[-52] != "0" else "1") + comp_id[-51:]
     blob = signing.sign(lookalike, signing.load_private_key(ci_key[0]))
     with pytest.raises(IntegrityError) as err:
@@ -292,9 +292,9 @@ def test_a_signature_for_a_lookalike_id_names_both_ids_distinctly(store_dir, ci_
 
 
 def test_fsck_ref_mismatch_names_a_lookalike_ref_distinctly(cli, store_dir):
-    from slm.store import Store
+    from slm.store import StoreDir
 
-    store = Store.open(store_dir)
+    store = StoreDir.open(store_dir)
     committed = store.active_ref.read()
     lookalike = committed[:len(dg.PREFIX) + 12] + ("0" if committed[-52] != "0" else "1") + committed[-51:]
     store.active_ref.write(lookalike)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from slm.ops.runtime import Runtime
+from slm.ops.staging import StagedCompositions
 
 
 def test_switching_in_process_is_exact(cli, store, tiny_model, tmp_path):
@@ -16,7 +16,7 @@ def test_switching_in_process_is_exact(cli, store, tiny_model, tmp_path):
     assert cli("import", "adapter", lora, "--name", "a").code == 0
     base_id = cli("activate", "tq", "--json").json()["active"]["id"]
     lora_id = cli("activate", "tq", "a", "--json").json()["active"]["id"]
-    rt = Runtime(store)
+    rt = StagedCompositions(store)
     ids = np.asarray([5, 17, 42, 99])
 
     def logits(loaded):
@@ -39,7 +39,7 @@ def test_staged_compositions_are_evicted_least_recently_used_first(cli, store, t
     assert cli("import", "base", tiny_model["gguf"], "--name", "tf").code == 0
     assert cli("import", "adapter", lora, "--name", "a").code == 0
     a, b, c = (cli("activate", *spec, "--json").json()["active"]["id"] for spec in (["tq"], ["tf"], ["tq", "a"]))
-    rt = Runtime(store, max_staged=2)
+    rt = StagedCompositions(store, max_staged=2)
     rt.stage(a)
     rt.stage(b)
     rt.stage(a)  # used again: now the most recent

@@ -9,7 +9,7 @@ import blake3
 import pytest
 
 from slm.errors import IntegrityError, InvalidInput, NotFound
-from slm.store import Store, find_store, init_store
+from slm.store import StoreDir, find_store, init_store
 from slm.store import digest as dg
 from slm.store.names import validate_name
 from slm.store.store import SUBDIRS
@@ -124,7 +124,7 @@ def test_find_store_precedence(tmp_path, monkeypatch):
 def test_open_rejects_unknown_format(store):
     (store.root / "config.toml").write_text("format = 99\n")
     with pytest.raises(IntegrityError):
-        Store.open(store.root)
+        StoreDir.open(store.root)
 
 
 def test_digest_helpers():

@@ -135,6 +135,155 @@ def test_every_error_class_is_exported():
     assert "ExitCode" in slm.__all__
 
 
+# -- the public API's names and result types (issue 34) --------------------------------------------
+def _defined_names(tree: ast.Module) -> list[str]:
+    """Every class and function defined anywhere in a module (nested ones too), and its
+    top-level assignments."""
+    names = [n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+def test_every_public_name_is_defined_once():
+    """A name `import slm` offers (slm.Store, slm.Runtime, slm.Generation...) means one thing in
+    the whole tree: an internal class of the same name (slm.store's Store, slm.ops' Runtime,
+    slm.model's Generation) made a reader of the code guess which one was meant."""
+    where: dict[str, list[str]] = {}
+    for path, tree in _modules().items():
+        for name in _defined_names(tree):
+            where.setdefault(name, []).append(path)
+    public = [n for n in slm.__all__ if n != "__version__"]
+    assert {n: where.get(n, []) for n in public if len(where.get(n, [])) != 1} == {}
+
+
+def _api_namespace() -> dict:
+    """slm.api's globals plus the names it imports for annotations only (its TYPE_CHECKING
+    block), so that every annotation can be evaluated."""
+    import slm.api
+
+    ns = dict(vars(slm.api))
+    tree = ast.parse(Path(slm.api.__file__).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            exec(compile(ast.Module(node.body, []), "slm/api.py", "exec"), ns)
+    return ns
+
+
+def _public_api_callables():
+    """(qualified name, function) of every public method of slm.api's classes (constructors
+    and properties included)."""
+    import slm.api
+
+    for cls in (slm.api.Store, slm.api.Runtime, slm.api.Session):
+        for name, member in vars(cls).items():
+            if name.startswith("_") and name != "__init__":
+                continue
+            fn = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+            if callable(fn):
+                yield f"{cls.__name__}.{name}", fn
+
+
+def _result_classes() -> list[type]:
+    from slm.ops import results
+
+    return [v for v in vars(results).values()
+            if isinstance(v, type) and issubclass(v, results.Result) and v.__module__ == results.__name__]
+
+
+def _unannotated(fn) -> list[str]:
+    import inspect
+
+    sig = inspect.signature(fn)
+    missing = [p for i, p in enumerate(sig.parameters)
+               if sig.parameters[p].annotation is inspect.Parameter.empty and not (i == 0 and p in ("self", "cls"))]
+    if sig.return_annotation is inspect.Signature.empty:
+        missing.append("return")
+    return missing
+
+
+def test_every_public_api_method_and_result_method_is_annotated():
+    """Every parameter and every return of the public API (and of the results it returns) says
+    its type, and each annotation names something real: a reader (or an IDE) learns what
+    `store.push(...)` gives without reading slm/ops."""
+    import typing
+
+    ns = _api_namespace()
+    offenders = {}
+    functions = list(_public_api_callables())
+    assert len(functions) >= 35  # every verb of the Store, the Runtime and the Session
+    for cls in _result_classes():
+        for name, member in vars(cls).items():
+            if name.startswith("__"):
+                continue  # what @dataclass generates
+            fn = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+            if callable(fn):
+                functions.append((f"{cls.__name__}.{name}", fn))
+    for qualname, fn in functions:
+        if missing := _unannotated(fn):
+            offenders[qualname] = missing
+        else:
+            typing.get_type_hints(fn, ns if fn.__module__ == "slm.api" else None)  # the names resolve
+    assert offenders == {}
+
+
+def _classes_in(hint) -> set[type]:
+    """The classes a type hint names: Union members, list[...] / tuple[...] arguments."""
+    import typing
+
+    args = typing.get_args(hint)
+    if args:
+        return {c for a in args for c in _classes_in(a)}
+    return {hint} if isinstance(hint, type) else set()
+
+
+def test_every_result_the_api_returns_derives_from_result_and_is_exported():
+    """What a public API method returns, and the dataclasses inside it, is a Result (to_json()
+    is `--json`'s output) defined in slm.ops.results and exported from slm; once, 8 of the
+    documented results (ExportResult, PushResult, SignatureReport...) were not importable
+    from slm and each wrote its own to_json. The exceptions are values, not reports of an
+    operation: a Composition is passed back to activate/verify, a tokenizer encodes."""
+    import dataclasses
+    import typing
+
+    from slm.compose.composition import Composition
+    from slm.model.tokenizer import TextTokenizer
+    from slm.ops import results
+
+    values = {Composition, TextTokenizer}
+    ns = _api_namespace()
+    seen: set[type] = set()
+    todo = [c for _, fn in _public_api_callables() for c in _classes_in(typing.get_type_hints(fn, ns).get("return"))]
+    while todo:
+        cls = todo.pop()
+        if cls in seen or not dataclasses.is_dataclass(cls) or cls in values:
+            continue
+        seen.add(cls)
+        todo += [c for hint in typing.get_type_hints(cls).values() for c in _classes_in(hint)]
+    for cls in seen:
+        assert issubclass(cls, results.Result) and cls.__module__ == "slm.ops.results", cls
+        assert cls.__dataclass_params__.frozen, cls
+        assert getattr(slm, cls.__name__) is cls and cls.__name__ in slm.__all__, cls
+    assert len(seen) >= 20  # the walk reached every verb's result and the results inside them
+    assert set(_result_classes()) | {results.Result} <= {getattr(slm, n) for n in slm.__all__ if n != "__version__"}
+
+
+def test_results_live_in_one_module():
+    """Nothing in slm/ops but slm/ops/results.py defines a class with a to_json(): a new result
+    joins the others (derived from Result, exported from slm) instead of growing its own."""
+    offenders = []
+    for path, tree in _modules().items():
+        if not path.startswith("slm/ops/") or path == "slm/ops/results.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(item, ast.FunctionDef) and item.name == "to_json" for item in node.body):
+                offenders.append(f"{path}:{node.lineno} {node.name}")
+    assert offenders == []
+
+
 def _occurrences(pattern: str) -> list[str]:
     rx = re.compile(pattern)
     return [f"{p.relative_to(ROOT)}:{p.read_text().count(chr(10), 0, m.start()) + 1}"

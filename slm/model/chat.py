@@ -138,7 +138,7 @@ def _environment():
     from jinja2 import TemplateError, nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    class Generation(jinja2.ext.Extension):
+    class GenerationTag(jinja2.ext.Extension):
         """{% generation %}...{% endgeneration %} marks the assistant's text for training masks;
         rendering keeps the body as is."""
 
@@ -161,7 +161,7 @@ def _environment():
                           sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

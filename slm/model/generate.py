@@ -41,7 +41,11 @@ def prefill(model: Decoder, prompt_ids: list[int], cache, logits_for: str = "las
 
 
 @dataclass
-class Generation:
+class TokenGeneration:
+    """What one generate() call produced, token by token: the ids, the logits kept, why it
+    stopped and how long prefill and decode took (slm.ops.run builds the public
+    slm.Generation from it)."""
+
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)  # generated tokens
     logits: list[np.ndarray] = field(default_factory=list)  # rows (V,) when kept
@@ -64,11 +68,11 @@ class Generation:
 def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sampler,
              eos_ids: frozenset[int], keep_logits: bool = False,
              on_token: Callable[[int], str | None] | None = None,
-             prefix_cache=None) -> Generation:
+             prefix_cache=None) -> TokenGeneration:
     """on_token(id) may return a stop reason (a string) to end generation early.
     prefix_cache: an object with get(tokens, kv) -> last logits | None and put(tokens, kv,
     logits), consulted when all prompt logits are not wanted."""
-    gen = Generation(list(prompt_ids))
+    gen = TokenGeneration(list(prompt_ids))
     capacity = min(model.cfg.context_length, len(prompt_ids) + max_tokens)
     cache = model.new_cache(capacity)
     use_cache = prefix_cache is not None and not keep_logits

@@ -21,8 +21,8 @@ from slm.compose.composition import Composition, stamped
 from slm.errors import (CommittedIncomplete, IntegrityError, InvalidInput, NeedsRecovery, NotFound, SlmError,
                         UsageError)
 from slm.ops import budget, compositions, policy
-from slm.ops.transition import CompositionInfo, Transition
-from slm.store import Store, fs
+from slm.ops.results import CompositionInfo, Transition
+from slm.store import StoreDir, fs
 from slm.store import digest as dg
 from slm.store.journal import Intent
 from slm.store.reflog import ReflogState
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from slm.ops.results import LogEntry, Status
 
 
-def preflight(store: Store) -> tuple[ReflogState, str | None]:
+def preflight(store: StoreDir) -> tuple[ReflogState, str | None]:
     """Refuse, before anything is written, a store that is not in a committed consistent state.
 
     Returns the reflog and the active id, which the transition builds on. Runs under the lock.
@@ -52,7 +52,7 @@ def preflight(store: Store) -> tuple[ReflogState, str | None]:
     return log, active
 
 
-def switch(store: Store, comp: Composition, op: str, memory_budget: str | None = None) -> Transition:
+def switch(store: StoreDir, comp: Composition, op: str, memory_budget: str | None = None) -> Transition:
     """Make `comp` the active composition (the one transaction behind every verb)."""
     with store.locked():
         log, old = preflight(store)
@@ -67,7 +67,7 @@ def switch(store: Store, comp: Composition, op: str, memory_budget: str | None =
     return Transition(True, old, CompositionInfo.of(comp), est.to_json())
 
 
-def _commit(store: Store, comp: Composition, op: str, old: str | None, log: ReflogState) -> None:
+def _commit(store: StoreDir, comp: Composition, op: str, old: str | None, log: ReflogState) -> None:
     new = comp.id
     created = store.names.get("compositions", dg.hex_of(new)) is None
     intent = store.journal.begin("active", op, old, new, created)
@@ -88,7 +88,7 @@ def _commit(store: Store, comp: Composition, op: str, old: str | None, log: Refl
             "run `slm fsck --repair` to complete it") from err
 
 
-def undo_switch(store: Store, intent: Intent, reflog_size: int, cause: BaseException,
+def undo_switch(store: StoreDir, intent: Intent, reflog_size: int, cause: BaseException,
                 new_blobs: list[str] = ()) -> None:
     """Take back an uncommitted switch: cut the reflog back to its committed size (an append
     whose fsync failed may still sit in the page cache), remove the composition record (and
@@ -107,7 +107,7 @@ def undo_switch(store: Store, intent: Intent, reflog_size: int, cause: BaseExcep
             cause.message += f"; undoing it failed too ({err}): run `slm fsck --repair`"
 
 
-def _store_manifest(store: Store, comp: Composition, new_blobs: list[str]) -> None:
+def _store_manifest(store: StoreDir, comp: Composition, new_blobs: list[str]) -> None:
     """Store the composition record; the blobs new to the store are added to `new_blobs`
     as soon as they exist, so that an undo after a later failure can remove them."""
     staging = store.objects.staging()
@@ -119,7 +119,7 @@ def _store_manifest(store: Store, comp: Composition, new_blobs: list[str]) -> No
     store.names.set("compositions", dg.hex_of(comp.id), digest)
 
 
-def activate(store: Store, base: str | None, adapters: list[str], manifest_file=None,
+def activate(store: StoreDir, base: str | None, adapters: list[str], manifest_file=None,
              memory_budget: str | None = None) -> Transition:
     if manifest_file is not None:
         if base is not None or adapters:
@@ -132,7 +132,7 @@ def activate(store: Store, base: str | None, adapters: list[str], manifest_file=
     return switch(store, comp, "activate", memory_budget)
 
 
-def stored_composition(store: Store, ref: str) -> Composition | None:
+def stored_composition(store: StoreDir, ref: str) -> Composition | None:
     """`slm activate ID`: a stored composition by id or unique prefix (a pulled one, say), when
     no base has that name; None otherwise."""
     try:
@@ -146,12 +146,12 @@ def stored_composition(store: Store, ref: str) -> Composition | None:
         return None
 
 
-def active(store: Store) -> Composition | None:
+def active(store: StoreDir) -> Composition | None:
     comp_id = store.active_ref.read()
     return None if comp_id is None else compositions.load(store, comp_id)
 
 
-def deactivate(store: Store, adapter_name: str) -> Transition:
+def deactivate(store: StoreDir, adapter_name: str) -> Transition:
     with store.locked():  # read and switch under one lock (the lock is re-entrant)
         _, current_id = preflight(store)
         if current_id is None:
@@ -164,7 +164,7 @@ def deactivate(store: Store, adapter_name: str) -> Transition:
         return switch(store, current.with_adapters(kept), "deactivate")
 
 
-def rollback(store: Store, steps: int | None = None, to: str | None = None) -> Transition:
+def rollback(store: StoreDir, steps: int | None = None, to: str | None = None) -> Transition:
     if steps is not None and to is not None:
         raise UsageError("give -n or --to, not both")
     with store.locked():
@@ -184,7 +184,7 @@ def rollback(store: Store, steps: int | None = None, to: str | None = None) -> T
         return switch(store, compositions.load(store, target), "rollback")
 
 
-def status(store: Store) -> Status:
+def status(store: StoreDir) -> Status:
     from slm.ops.results import Status
 
     comp_id = store.active_ref.read()
@@ -193,7 +193,7 @@ def status(store: Store) -> Status:
     return Status(active_info, len(entries.entries), bool(entries.torn_tail), bool(store.journal.pending()))
 
 
-def log(store: Store) -> list[LogEntry]:
+def log(store: StoreDir) -> list[LogEntry]:
     """Every transition, newest first."""
     from slm.ops.results import LogEntry
 

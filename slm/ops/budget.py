@@ -6,10 +6,10 @@ from slm.compose.memory import DEFAULT_POSITIONS, Estimate, estimate, parse_size
 from slm.errors import BudgetExceeded
 from slm.model.kernel_choice import fused_selected
 from slm.ops.compositions import Staged
-from slm.store import Store
+from slm.store import StoreDir
 
 
-def resolve(store: Store, flag: str | None) -> int | None:
+def resolve(store: StoreDir, flag: str | None) -> int | None:
     if flag is not None:
         return parse_size(flag)
     configured = store.config.get("defaults", {}).get("memory_budget")

@@ -22,7 +22,8 @@ from slm.errors import IntegrityError, InvalidInput, NotFound
 from slm.ops import compositions, receive
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.resolve import load_base
-from slm.store import Store, outputs
+from slm.ops.results import ExportResult, ReceiveResult
+from slm.store import StoreDir, outputs
 from slm.store import digest as dg
 
 
@@ -36,7 +37,7 @@ class BundlePlan:
     manifest: Manifest
     manifest_bytes: bytes
     config: bytes
-    store: Store
+    store: StoreDir
     extra: dict[str, bytes]  # blobs not in the store (a base's composition record)
 
     @property
@@ -53,7 +54,7 @@ class BundlePlan:
         return sum(l.size for l in self.manifest.layers)
 
 
-def target(store: Store, ref: str | None) -> tuple[Composition, str, dict[str, bytes]]:
+def target(store: StoreDir, ref: str | None) -> tuple[Composition, str, dict[str, bytes]]:
     """(composition, record digest, blobs outside the store) for a composition id or prefix, a
     base name (its base-only composition), or nothing (the active composition)."""
     if ref is None:
@@ -75,7 +76,7 @@ def target(store: Store, ref: str | None) -> tuple[Composition, str, dict[str, b
     return comp, store.names.resolve("compositions", dg.hex_of(comp_id)), {}
 
 
-def plan(store: Store, ref: str | None, progress: Progress | None = None) -> BundlePlan:
+def plan(store: StoreDir, ref: str | None, progress: Progress | None = None) -> BundlePlan:
     progress = progress or NoProgress()
     comp, record, extra = target(store, ref)
     layers = []
@@ -92,25 +93,11 @@ def plan(store: Store, ref: str | None, progress: Progress | None = None) -> Bun
     return BundlePlan(comp, record, manifest, manifest.to_bytes(), config, store, extra)
 
 
-@dataclass(frozen=True)
-class ExportResult:
-    format: str
-    path: str
-    composition_id: str
-    manifest_digest: str
-    blobs: int
-    bytes: int
-    seconds: float
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
 def default_tag(comp: Composition) -> str:
     return dg.short(comp.id, 12)
 
 
-def export_bundle(store: Store, ref: str | None, out: Path, tag: str | None = None,
+def export_bundle(store: StoreDir, ref: str | None, out: Path, tag: str | None = None,
                   progress: Progress | None = None) -> ExportResult:
     progress = progress or NoProgress()
     started = time.perf_counter()
@@ -123,7 +110,7 @@ def export_bundle(store: Store, ref: str | None, out: Path, tag: str | None = No
         return _export_into(store, ref, out, target, tar, tag, progress, started)
 
 
-def _export_into(store: Store, ref: str | None, out: Path, target, tar: bool, tag: str | None,
+def _export_into(store: StoreDir, ref: str | None, out: Path, target, tar: bool, tag: str | None,
                  progress: Progress, started: float) -> ExportResult:
     p = plan(store, ref, progress)
     tag = tag or default_tag(p.composition)
@@ -163,8 +150,8 @@ class _LayoutSource:
             yield from f.chunks(size)
 
 
-def import_bundle(store: Store, path: Path, tag: str | None = None,
-                  progress: Progress | None = None) -> receive.ReceiveResult:
+def import_bundle(store: StoreDir, path: Path, tag: str | None = None,
+                  progress: Progress | None = None) -> ReceiveResult:
     reader = LayoutReader(Path(path))
     try:
         desc = reader.manifest_descriptor(tag)  # its size bounded before the manifest is read

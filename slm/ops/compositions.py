@@ -17,7 +17,7 @@ from slm.errors import Incompatible, IntegrityError, InvalidInput, NotFound
 from slm.arch.roles import qk_heads
 from slm.model.finite import f32_all_finite
 from slm.ops.resolve import by_prefix, load_base, resolve
-from slm.store import Store
+from slm.store import StoreDir
 from slm.store import digest as dg
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def parse_adapter_spec(spec: str) -> tuple[str, float]:
     return name, parse_weight(weight_text, f"adapter {name}")
 
 
-def build(store: Store, base_ref: str, adapter_specs: list[str]) -> Composition:
+def build(store: StoreDir, base_ref: str, adapter_specs: list[str]) -> Composition:
     if len(adapter_specs) > MAX_ADAPTERS:
         raise Incompatible(f"{len(adapter_specs)} adapters; a composition stacks at most {MAX_ADAPTERS}")
     base_digest, base = load_base(store, base_ref)
@@ -64,7 +64,7 @@ def from_file(path: Path) -> Composition:
     return parse_composition(data, Path(path).name)
 
 
-def load(store: Store, comp_id: str) -> Composition:
+def load(store: StoreDir, comp_id: str) -> Composition:
     """The stored manifest of a composition id, checked to hash back to that id."""
     manifest_digest = store.names.get("compositions", dg.hex_of(comp_id))
     if manifest_digest is None:
@@ -75,7 +75,7 @@ def load(store: Store, comp_id: str) -> Composition:
     return comp
 
 
-def active_id(store: Store, hint: str) -> str:
+def active_id(store: StoreDir, hint: str) -> str:
     """The composition refs/active names, for a command given none; when nothing is active,
     NotFound "nothing is active: <hint>" (hint: what the user can name instead)."""
     comp_id = store.active_ref.read()
@@ -84,12 +84,12 @@ def active_id(store: Store, hint: str) -> str:
     return comp_id
 
 
-def load_active(store: Store, hint: str) -> Composition:
+def load_active(store: StoreDir, hint: str) -> Composition:
     """The composition refs/active names, loaded (active_id's NotFound when nothing is)."""
     return load(store, active_id(store, hint))
 
 
-def find_id(store: Store, ref: str) -> str:
+def find_id(store: StoreDir, ref: str) -> str:
     """A composition id from a full id or a unique prefix of one (resolve.by_prefix)."""
     found = by_prefix([dg.PREFIX + hex_id for hex_id, _ in store.names.items("compositions")], ref,
                       "composition")
@@ -110,14 +110,14 @@ class Staged:
     overlays: list[Overlay] | None
 
 
-def _verified(store: Store, digest: str, what: str) -> bytes:
+def _verified(store: StoreDir, digest: str, what: str) -> bytes:
     try:
         return store.objects.read_verified(digest)
     except NotFound as err:
         raise NotFound(f"{what}: unknown digest {digest}") from err
 
 
-def stage(store: Store, comp: Composition, verify_base: bool = True, load_overlays: bool = True) -> Staged:
+def stage(store: StoreDir, comp: Composition, verify_base: bool = True, load_overlays: bool = True) -> Staged:
     """Validate everything (every blob re-hashed, or vouched for by the verified-digest cache:
     docs/recovery.md) and load the overlays (load_overlays=False: every check, and no NumPy
     array made, nor NumPy imported: what `slm activate` needs). Changes nothing but that
@@ -146,7 +146,7 @@ def stage(store: Store, comp: Composition, verify_base: bool = True, load_overla
                 raise IntegrityError(f"base blob {dg.short(bad)} is missing or corrupt (run `slm fsck`)")
 
 
-def _stage_adapters(store: Store, comp: Composition, base: BaseManifest, load_overlays: bool) -> Staged:
+def _stage_adapters(store: StoreDir, comp: Composition, base: BaseManifest, load_overlays: bool) -> Staged:
     adapters = []
     for ref in comp.adapters:
         label = ref.name or dg.short(ref.digest)
@@ -188,7 +188,7 @@ def _finite_in_float32(weight: float, scale: float) -> bool:
     return math.isfinite(_float32(_float32(weight) * _float32(scale)))
 
 
-def target_blobs(store: Store, label: str, kind: str, t, base_shape: tuple[int, ...]) -> dict[str, bytes]:
+def target_blobs(store: StoreDir, label: str, kind: str, t, base_shape: tuple[int, ...]) -> dict[str, bytes]:
     """A target's tensors as their verified bytes, each checked: as long as its record says,
     finite (float32), sparse indices inside the base weight."""
     out_features, in_features = base_shape
@@ -207,7 +207,7 @@ def target_blobs(store: Store, label: str, kind: str, t, base_shape: tuple[int, 
     return blobs
 
 
-def target_data(store: Store, label: str, kind: str, t, base_shape: tuple[int, ...]) -> TargetData:
+def target_data(store: StoreDir, label: str, kind: str, t, base_shape: tuple[int, ...]) -> TargetData:
     """Load a target's tensors; its dimensions come from the base weight (validated equal)."""
     from slm.model.overlays import TargetData
 

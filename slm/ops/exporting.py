@@ -10,7 +10,6 @@ is never changed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
@@ -19,25 +18,12 @@ from slm.errors import Incompatible, InvalidInput, NotFound
 from slm.ops import bundles, compositions
 from slm.ops.progress import Progress
 from slm.ops.resolve import load_base, resolve
-from slm.store import Store, outputs
+from slm.ops.results import AdapterExportResult, ExportResult
+from slm.store import StoreDir, outputs
 from slm.store import digest as dg
 
 
-@dataclass(frozen=True)
-class AdapterExportResult:
-    format: str
-    path: str
-    adapter: str
-    base: str
-    weight: float  # the composition's weight for it: give it to the consumer (llama.cpp's lora scale)
-    details: dict
-    seconds: float
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-def _adapter_and_base(store: Store, ref: str | None, base_ref: str | None):
+def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
     comp = None
     if ref is None:
         comp = compositions.load_active(store, "name a composition, or an adapter with --base")
@@ -63,8 +49,8 @@ def _adapter_and_base(store: Store, ref: str | None, base_ref: str | None):
     return digest, name or ref, base_digest, base, 1.0
 
 
-def export(store: Store, ref: str | None, out: Path, fmt: str = "slm", base: str | None = None,
-           tag: str | None = None, progress: Progress | None = None):
+def export(store: StoreDir, ref: str | None, out: Path, fmt: str = "slm", base: str | None = None,
+           tag: str | None = None, progress: Progress | None = None) -> ExportResult | AdapterExportResult:
     if fmt not in exporters.FORMATS:
         raise InvalidInput(f"--format {fmt!r}: choose one of {', '.join(exporters.FORMATS)}")
     if fmt == "slm":

@@ -28,8 +28,8 @@ from slm.compose.base_manifest import parse_base_manifest
 from slm.errors import SlmError
 from slm.ops import compositions, receive
 from slm.ops.progress import NoProgress, Progress
-from slm.ops.reports import Finding, FsckReport
-from slm.store import Store
+from slm.ops.results import Finding, FsckReport
+from slm.store import StoreDir
 from slm.store import digest as dg
 from slm.store import fs
 from slm.store.config import lock_timeout, read_config
@@ -38,7 +38,7 @@ from slm.store.objects import BLOB_MODE, staging_in_use
 
 
 class Fsck:
-    def __init__(self, store: Store, repair: bool, progress: Progress):
+    def __init__(self, store: StoreDir, repair: bool, progress: Progress):
         self.store, self.repair, self.progress = store, repair, progress
         self.findings: list[Finding] = []
         self.corrupt: set[str] = set()
@@ -319,7 +319,7 @@ class Fsck:
                           len(unresolved))
 
 
-def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -> FsckReport:
+def fsck(store: StoreDir, repair: bool = False, progress: Progress | None = None) -> FsckReport:
     checker = Fsck(store, repair, progress or NoProgress())
     if not repair:
         return checker.run()
@@ -327,7 +327,7 @@ def fsck(store: Store, repair: bool = False, progress: Progress | None = None) -
         return checker.run()
 
 
-def _lock_timeout(store: Store) -> float:
+def _lock_timeout(store: StoreDir) -> float:
     try:
         return lock_timeout(store.config)
     except SlmError:  # a damaged config.toml is one of the findings, not a reason not to repair the rest

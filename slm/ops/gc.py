@@ -15,13 +15,13 @@ from dataclasses import replace
 
 from slm.errors import NeedsRecovery
 from slm.ops import compositions
-from slm.ops.reports import GcPlan
-from slm.store import Store
+from slm.ops.results import GcPlan
+from slm.store import StoreDir
 from slm.store import digest as dg
 from slm.store import fs
 
 
-def _reachable(store: Store) -> tuple[set[str], set[str]]:
+def _reachable(store: StoreDir) -> tuple[set[str], set[str]]:
     """(blobs to keep, composition ids to keep)."""
     keep: set[str] = set()
 
@@ -51,7 +51,7 @@ def _reachable(store: Store) -> tuple[set[str], set[str]]:
     return keep, comps
 
 
-def plan(store: Store) -> GcPlan:
+def plan(store: StoreDir) -> GcPlan:
     if store.journal.pending() or store.reflog.read().torn_tail:
         raise NeedsRecovery("an earlier transaction was interrupted; run `slm fsck --repair` before gc")
     keep, comps = _reachable(store)
@@ -65,7 +65,7 @@ def plan(store: Store) -> GcPlan:
                   sum(sizes.values()), len(keep))
 
 
-def gc(store: Store, dry_run: bool = False, on_plan=None) -> GcPlan:
+def gc(store: StoreDir, dry_run: bool = False, on_plan=None) -> GcPlan:
     """Remove what nothing reaches (on_plan(plan) is called with the plan first)."""
     with store.locked():
         p = plan(store)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,25 +33,8 @@ from slm.formats.untrusted import open_binary
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.resolve import load_base
 from slm.quant import get_codec
-from slm.store import Store, fs
-
-
-@dataclass(frozen=True)
-class ImportResult:
-    kind: str
-    name: str
-    digest: str
-    source_format: str
-    tensors: int
-    dtype_counts: dict[str, int]
-    total_bytes: int
-    new_blobs: int
-    new_bytes: int
-    seconds: float
-    warnings: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+from slm.ops.results import ImportResult
+from slm.store import StoreDir, fs
 
 
 def open_base_source(path: Path, quant: str | None) -> BaseSource:
@@ -73,14 +55,14 @@ def open_base_source(path: Path, quant: str | None) -> BaseSource:
     )
 
 
-def _check_name_free(store: Store, kind: str, name: str) -> None:
+def _check_name_free(store: StoreDir, kind: str, name: str) -> None:
     """Fail fast, before minutes of staging, on a bad name or a damaged name file (the name
     taken by a different import is checked under the lock at commit time: another import
     may take it meanwhile)."""
     store.names.get(kind + "s", name)  # validates the name, reads the file if there is one
 
 
-def _commit_named(store: Store, staging, kind: str, name: str, manifest: bytes) -> tuple[str, list[str]]:
+def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: bytes) -> tuple[str, list[str]]:
     """Stage the manifest, then under the store lock: journal the intent, commit every staged
     blob, set the name. Staging ran without the lock (a checkpoint may take minutes to
     quantize; activations must not wait for it). Returns (manifest digest, digests new to the
@@ -91,7 +73,7 @@ def _commit_named(store: Store, staging, kind: str, name: str, manifest: bytes) 
         return _commit_locked(store, staging, kind, name, digest)
 
 
-def _commit_locked(store: Store, staging, kind: str, name: str, digest: str) -> tuple[str, list[str]]:
+def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) -> tuple[str, list[str]]:
     kinds = kind + "s"
     existing = store.names.get(kinds, name)
     if existing is not None and existing != digest:
@@ -117,7 +99,7 @@ def _commit_locked(store: Store, staging, kind: str, name: str, digest: str) -> 
     return digest, new
 
 
-def _named(store: Store, kinds: str, name: str, digest: str) -> bool:
+def _named(store: StoreDir, kinds: str, name: str, digest: str) -> bool:
     """Whether the name already points at `digest` (the rename of the name file happened)."""
     try:
         return store.names.get(kinds, name) == digest
@@ -125,7 +107,7 @@ def _named(store: Store, kinds: str, name: str, digest: str) -> bool:
         return False
 
 
-def _undo_import(store: Store, intent, new_blobs: list[str], cause: BaseException) -> None:
+def _undo_import(store: StoreDir, intent, new_blobs: list[str], cause: BaseException) -> None:
     """Take back an uncommitted import: unlink the blobs it added, clear its intent."""
     try:
         store.objects.remove_new(new_blobs)
@@ -135,7 +117,7 @@ def _undo_import(store: Store, intent, new_blobs: list[str], cause: BaseExceptio
             cause.message += f"; undoing it failed too ({err}): run `slm fsck --repair`"
 
 
-def import_base(store: Store, path: Path, name: str, quant: str | None = None,
+def import_base(store: StoreDir, path: Path, name: str, quant: str | None = None,
                 progress: Progress | None = None) -> ImportResult:
     progress = progress or NoProgress()
     _check_name_free(store, "base", name)
@@ -147,7 +129,7 @@ def import_base(store: Store, path: Path, name: str, quant: str | None = None,
         source.close()
 
 
-def _store_base(store: Store, source: BaseSource, name: str, progress: Progress,
+def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progress,
                 started: float) -> ImportResult:
     order = tensor_order(source.architecture)
     tensors = sorted(source.tensors, key=lambda t: order[t.name])
@@ -229,7 +211,7 @@ def open_adapter_source(path: Path, base_shapes: dict[str, tuple[int, ...]] | No
     raise InvalidInput(f"{path.name}: not a PEFT adapter directory or a GGUF LoRA file")
 
 
-def import_adapter(store: Store, path: Path, name: str, progress: Progress | None = None,
+def import_adapter(store: StoreDir, path: Path, name: str, progress: Progress | None = None,
                    base: str | None = None) -> ImportResult:
     """Import an adapter; with `base` (a base's name or digest) its shapes come from that base
     and it is checked to fit it (as an activation would) before anything is stored."""

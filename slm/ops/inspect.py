@@ -7,11 +7,11 @@ from slm.compose.base_manifest import parse_base_manifest
 from slm.errors import InvalidInput, NotFound, SlmError
 from slm.ops import compositions
 from slm.ops.resolve import manifest_kind, resolve
-from slm.store import Store
+from slm.store import StoreDir
 from slm.store import digest as dg
 
 
-def list_entries(store: Store) -> list[dict]:
+def list_entries(store: StoreDir) -> list[dict]:
     out = []
     for name, digest in store.names.items("bases"):
         out.append(_entry("base", name, digest, store, _base_details))
@@ -26,7 +26,7 @@ def list_entries(store: Store) -> list[dict]:
     return out
 
 
-def _entry(kind: str, name: str, digest: str, store: Store, details) -> dict:
+def _entry(kind: str, name: str, digest: str, store: StoreDir, details) -> dict:
     entry = {"kind": kind, "name": name, "digest": digest}
     try:
         entry.update(details(store, digest))
@@ -35,25 +35,25 @@ def _entry(kind: str, name: str, digest: str, store: Store, details) -> dict:
     return entry
 
 
-def _base_details(store: Store, digest: str) -> dict:
+def _base_details(store: StoreDir, digest: str) -> dict:
     m = parse_base_manifest(store.objects.read_verified(digest))
     return {"source_format": m.source_format, "quant_profile": m.quant_profile,
             "tensors": len(m.tensors), "bytes": m.total_bytes}
 
 
-def _adapter_details(store: Store, digest: str) -> dict:
+def _adapter_details(store: StoreDir, digest: str) -> dict:
     m = parse_adapter_manifest(store.objects.read_verified(digest))
     return {"adapter_kind": m.kind, "source_format": m.source_format, "targets": len(m.targets),
             "rank": m.max_rank, "bytes": m.total_bytes}
 
 
-def _composition_details(store: Store, comp_id: str) -> dict:
+def _composition_details(store: StoreDir, comp_id: str) -> dict:
     c = compositions.load(store, comp_id)
     return {"base": c.base_name or dg.short(c.base),
             "adapters": [f"{a.name}@{a.weight:g}" for a in c.adapters]}
 
 
-def show(store: Store, ref: str) -> dict:
+def show(store: StoreDir, ref: str) -> dict:
     try:
         digest, name = resolve(store, ref)
     except NotFound:
@@ -92,7 +92,7 @@ def _show_adapter(m, digest: str, name: str | None) -> dict:
     }
 
 
-def show_composition(store: Store, comp_id: str) -> dict:
+def show_composition(store: StoreDir, comp_id: str) -> dict:
     c = compositions.load(store, comp_id)
     return {
         "kind": "composition", "id": comp_id, "active": store.active_ref.read() == comp_id,

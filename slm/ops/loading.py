@@ -10,7 +10,7 @@ from slm.model.tokenizer import TextTokenizer, load_tokenizer
 from slm.model.weights import load_tensors
 from slm.ops import compositions, policy
 from slm.ops.compositions import Staged
-from slm.store import Store
+from slm.store import StoreDir
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Loaded:
         return self.composition.id
 
 
-def load_composition(store: Store, comp: Composition, verify: bool = True) -> Loaded:
+def load_composition(store: StoreDir, comp: Composition, verify: bool = True) -> Loaded:
     """Stage (validate, re-hash every blob) and build the executor over memory-mapped blobs.
 
     The one place weights are loaded to run (slm run, with or without --base; the API's
@@ -40,6 +40,6 @@ def load_composition(store: Store, comp: Composition, verify: bool = True) -> Lo
     return Loaded(comp, staged, Decoder(cfg, tensors, overlays=staged.overlays), tokenizer)
 
 
-def load_base_model(store: Store, ref: str, verify: bool = True) -> Loaded:
+def load_base_model(store: StoreDir, ref: str, verify: bool = True) -> Loaded:
     """The base alone (the composition with no adapters)."""
     return load_composition(store, compositions.build(store, ref, []), verify)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from slm.compose.composition import Composition
 from slm.errors import Incompatible, InvalidInput
-from slm.store import Store
+from slm.store import StoreDir
 from slm.store import digest as dg
 
 
@@ -25,7 +25,7 @@ class Policy:
     trusted_keys: tuple[str, ...]
 
 
-def policy(store: Store) -> Policy:
+def policy(store: StoreDir) -> Policy:
     config = store.config
     required = config.get("require_signed", False)
     keys = config.get("trusted_keys", [])
@@ -41,7 +41,7 @@ def policy(store: Store) -> Policy:
     return Policy(required, tuple(keys))
 
 
-def enforce(store: Store, comp: Composition) -> None:
+def enforce(store: StoreDir, comp: Composition) -> None:
     """Refuse `comp` if the store requires signatures and none from a trusted key verifies.
     Called by every switch before anything is written, and by slm.ops.loading before any
     weights are loaded to run (slm run, verify's numerics, the API's sessions, the server)."""

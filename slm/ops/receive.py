@@ -22,7 +22,6 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 from slm.compose.adapter_manifest import AdapterManifest, parse_adapter_manifest
@@ -34,7 +33,8 @@ from slm.dist.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, s
 from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, NotFound, SlmError
 from slm.ops import compositions
 from slm.ops.progress import NoProgress, Progress
-from slm.store import Store, fs
+from slm.ops.results import ReceiveResult
+from slm.store import StoreDir, fs
 from slm.store import digest as dg
 
 OP = "bundle"
@@ -54,28 +54,6 @@ class BlobSource(Protocol):
     def blob(self, digest: str, size: int) -> bytes: ...
 
     def chunks(self, digest: str, size: int) -> Iterator[bytes]: ...
-
-
-@dataclass(frozen=True)
-class ReceiveResult:
-    composition_id: str
-    composition_manifest: str
-    base_name: str
-    adapter_names: tuple[str, ...]
-    signatures: int
-    layers: int
-    blobs_downloaded: int
-    bytes_downloaded: int
-    blobs_reused: int
-    new_blobs: int
-    seconds: float
-    source: str = ""
-    manifest_digest: str = ""  # sha256 of the OCI manifest received
-
-    def to_json(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["adapter_names"] = list(self.adapter_names)
-        return out
 
 
 def intent_name(comp_id: str) -> str:
@@ -121,7 +99,7 @@ def _checked(data: bytes, layer: Layer | Descriptor, blake3: str | None, where: 
 
 
 class Receiver:
-    def __init__(self, store: Store, manifest: Manifest, source: BlobSource, where: str, progress: Progress):
+    def __init__(self, store: StoreDir, manifest: Manifest, source: BlobSource, where: str, progress: Progress):
         self.store, self.manifest, self.source, self.where = store, manifest, source, where
         self.progress = progress
         self.layers = {l.blake3: l for l in manifest.layers}
@@ -287,7 +265,7 @@ def _check_base(comp: Composition, base: BaseManifest, where: str) -> None:
                              "architecture or quantization profile")
 
 
-def receive(store: Store, manifest: Manifest, source: BlobSource, where: str,
+def receive(store: StoreDir, manifest: Manifest, source: BlobSource, where: str,
             progress: Progress | None = None) -> ReceiveResult:
     receiver = Receiver(store, manifest, source, where, progress or NoProgress())
     try:
@@ -296,7 +274,7 @@ def receive(store: Store, manifest: Manifest, source: BlobSource, where: str,
         receiver.staging.discard()
 
 
-def commit(store: Store, comp: Composition, record: str, staging) -> list[str]:
+def commit(store: StoreDir, comp: Composition, record: str, staging) -> list[str]:
     """Under the store lock: intent, blobs, names, composition record (the commit point)."""
     with store.locked():
         for kind, name, digest in names_of(comp):
@@ -334,14 +312,14 @@ def commit(store: Store, comp: Composition, record: str, staging) -> list[str]:
     return new
 
 
-def _recorded(store: Store, hex_id: str, record: str) -> bool:
+def _recorded(store: StoreDir, hex_id: str, record: str) -> bool:
     try:
         return store.names.get("compositions", hex_id) == record
     except SlmError:
         return False
 
 
-def _undo(store: Store, intent, new_blobs: list[str], named: list[tuple[str, str]], new_dirs,
+def _undo(store: StoreDir, intent, new_blobs: list[str], named: list[tuple[str, str]], new_dirs,
           cause: BaseException) -> None:
     try:
         for kind, name in named:
@@ -356,7 +334,7 @@ def _undo(store: Store, intent, new_blobs: list[str], named: list[tuple[str, str
             cause.message += f"; undoing it failed too ({err}): run `slm fsck --repair`"
 
 
-def recover(store: Store, record: str) -> tuple[bool, str]:
+def recover(store: StoreDir, record: str) -> tuple[bool, str]:
     """fsck's decision for an interrupted bundle transaction: (finishable, description). It is
     finishable if every blob its record names is stored intact; finishing sets the free names
     and the record (`finish`)."""
@@ -371,7 +349,7 @@ def recover(store: Store, record: str) -> tuple[bool, str]:
     return complete, f"composition {dg.short(comp.id)}"
 
 
-def finish(store: Store, record: str) -> None:
+def finish(store: StoreDir, record: str) -> None:
     comp = parse_composition(store.objects.read_verified(record))
     for kind, name, digest in names_of(comp):
         if store.names.get(kind, name) is None:

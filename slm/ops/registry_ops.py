@@ -14,7 +14,6 @@ import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from slm.dist import mediatypes as mt
 from slm.dist.bundle import MAX_MANIFEST_BYTES, Descriptor, Manifest, canonical, parse_manifest, sha256_of
@@ -24,30 +23,15 @@ from slm.errors import InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
 from slm.ops import bundles, receive
 from slm.ops.progress import NoProgress, Progress
-from slm.store import Store
+from slm.ops.results import PushResult, ReceiveResult
+from slm.store import StoreDir
 
 # Parallel HTTP connections: a registry answers each small blob in a few milliseconds, so one
 # connection at a time is latency-bound (a 700-blob push: 35 s on one, measured).
 WORKERS = 4
 
 
-@dataclass(frozen=True)
-class PushResult:
-    reference: str
-    manifest_digest: str
-    composition_id: str
-    layers: int
-    blobs_uploaded: int
-    bytes_uploaded: int
-    blobs_present: int
-    referrers: int
-    seconds: float
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-def push(store: Store, reference: str, comp_ref: str | None = None, insecure: bool = False,
+def push(store: StoreDir, reference: str, comp_ref: str | None = None, insecure: bool = False,
          progress: Progress | None = None) -> PushResult:
     progress = progress or NoProgress()
     started = time.perf_counter()
@@ -160,8 +144,8 @@ class _RegistrySource:
         return self.clients().blob_chunks(digest, size)
 
 
-def pull(store: Store, reference: str, insecure: bool = False,
-         progress: Progress | None = None) -> receive.ReceiveResult:
+def pull(store: StoreDir, reference: str, insecure: bool = False,
+         progress: Progress | None = None) -> ReceiveResult:
     ref = parse_reference(reference)
     registry = Registry(ref, insecure)
     clients = _Clients(registry)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.compose.toml_io import loads
 from slm.errors import InvalidInput, NotFound
-from slm.store import Store
+from slm.store import StoreDir
 from slm.store import digest as dg
 from slm.store.names import KINDS
 
@@ -25,7 +25,7 @@ def by_prefix(candidates, ref: str, what: str) -> str | None:
     return matches[0] if matches else None
 
 
-def resolve(store: Store, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[str, str | None]:
+def resolve(store: StoreDir, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[str, str | None]:
     """-> (digest, name or None). Names win over digests; a digest prefix must be unique."""
     for kind in kinds:
         try:
@@ -53,7 +53,7 @@ def manifest_kind(data: bytes, what: str) -> str:
     return schema.split("/")[0]
 
 
-def load_base(store: Store, ref: str) -> tuple[str, BaseManifest]:
+def load_base(store: StoreDir, ref: str) -> tuple[str, BaseManifest]:
     digest, _ = resolve(store, ref, ("bases",))
     data = store.objects.read_verified(digest)
     return digest, parse_base_manifest(data, f"base {ref}")

@@ -18,7 +18,7 @@ from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.ops.results import CompositionInfo, Generation, Timings
 from slm.ops.prefix_cache import PrefixCache
-from slm.store import Store, outputs
+from slm.store import StoreDir, outputs
 
 
 MAX_THREADS = 256
@@ -101,7 +101,7 @@ class LogitsFile:
             self.out.discard()
 
 
-def run_prompt(store: Store, o: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
+def run_prompt(store: StoreDir, o: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
     _check_options(o)
     out_file = LogitsFile(o.logits_out, store.root) if o.logits_out else None
     try:
@@ -114,7 +114,7 @@ def run_prompt(store: Store, o: RunOptions, on_text: Callable[[str], None] | Non
         raise
 
 
-def _run(store: Store, o: RunOptions, on_text, out_file: LogitsFile | None) -> Generation:
+def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -> Generation:
     if o.base is not None:
         comp = compositions.build(store, o.base, [])
     else:
@@ -130,7 +130,7 @@ def _run(store: Store, o: RunOptions, on_text, out_file: LogitsFile | None) -> G
     return result
 
 
-def generate_on(store: Store, loaded: Loaded, o: RunOptions, on_text=None, keep_logits: bool = False,
+def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, keep_logits: bool = False,
                 watch: bool = False) -> tuple[Generation, np.ndarray | None]:
     """Generate on a loaded composition: `slm run` and the API's sessions share this.
 
@@ -185,7 +185,7 @@ def generate_on(store: Store, loaded: Loaded, o: RunOptions, on_text=None, keep_
     return result, logits
 
 
-def _switched(store: Store, pinned: str) -> bool:
+def _switched(store: StoreDir, pinned: str) -> bool:
     try:
         return store.active_ref.read() != pinned
     except SlmError:  # a ref we cannot read (damaged, replaced) is not the one we pinned

@@ -17,38 +17,25 @@ crash before it leaves only unreferenced blobs for `slm gc`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.errors import CommittedIncomplete, IntegrityError, SlmError
+from slm.errors import CommittedIncomplete, SlmError
 from slm.ops import compositions
 from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
-from slm.store import Store, fs, outputs
+from slm.ops.results import Certified, SignResult, SignatureCheck, SignatureReport
+from slm.store import StoreDir, fs, outputs
 from slm.store import digest as dg
 
 
-def _record(store: Store, comp_id: str) -> Composition | None:
+def _record(store: StoreDir, comp_id: str) -> Composition | None:
     """The stored record of a composition (where its signatures are listed), if any."""
     if store.names.get("compositions", dg.hex_of(comp_id)) is None:
         return None
     return compositions.load(store, comp_id)
 
 
-@dataclass(frozen=True)
-class SignatureCheck:
-    digest: str
-    public_key: str | None
-    fingerprint: str | None
-    valid: bool
-    trusted: bool
-    problem: str = ""
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-def check_signatures(store: Store, comp_id: str, trusted: tuple[str, ...]) -> list[SignatureCheck]:
+def check_signatures(store: StoreDir, comp_id: str, trusted: tuple[str, ...]) -> list[SignatureCheck]:
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     record = _record(store, comp_id)
@@ -64,26 +51,13 @@ def check_signatures(store: Store, comp_id: str, trusted: tuple[str, ...]) -> li
     return out
 
 
-@dataclass(frozen=True)
-class SignResult:
-    composition_id: str
-    signature: str
-    public_key: str
-    fingerprint: str
-    signatures: int
-    added: bool
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-def _find(store: Store, ref: str | None) -> str:
+def _find(store: StoreDir, ref: str | None) -> str:
     if ref is None:
         return compositions.active_id(store, "name a composition to sign")
     return compositions.find_id(store, ref)
 
 
-def sign(store: Store, ref: str | None, key_path: Path) -> SignResult:
+def sign(store: StoreDir, ref: str | None, key_path: Path) -> SignResult:
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     key = signing.load_private_key(Path(key_path))
@@ -120,27 +94,7 @@ def sign(store: Store, ref: str | None, key_path: Path) -> SignResult:
     return SignResult(comp_id, digest, public, signing.key_fingerprint(public), len(record.signatures), added)
 
 
-@dataclass(frozen=True)
-class SignatureReport:
-    composition_id: str
-    signatures: tuple[SignatureCheck, ...]
-    trusted_keys: int
-
-    @property
-    def ok(self) -> bool:
-        return any(c.valid and c.trusted for c in self.signatures)
-
-    def to_json(self) -> dict:
-        return {"composition_id": self.composition_id, "ok": self.ok, "trusted_keys": self.trusted_keys,
-                "signatures": [c.to_json() for c in self.signatures]}
-
-    def check(self) -> None:
-        if not self.ok:
-            what = "no signatures" if not self.signatures else "no signature from a trusted key verifies"
-            raise IntegrityError(f"composition {dg.short(self.composition_id)}: {what}")
-
-
-def verify_signatures(store: Store, ref: str | None, keys: list[str] = ()) -> SignatureReport:
+def verify_signatures(store: StoreDir, ref: str | None, keys: list[str] = ()) -> SignatureReport:
     """The signatures of a composition, each checked; trusted = config.toml trusted_keys plus
     the keys given (key texts or PEM files)."""
     from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
@@ -173,20 +127,7 @@ def check_certificate(path: Path, keys: list[str] = ()) -> dict:
             "trusted": key in trusted, "result": result}
 
 
-@dataclass(frozen=True)
-class Certified:
-    """A verify report and the signed certificate written from it; its verdict is the report's."""
-    report: object  # VerifyReport
-    certificate: str
-
-    def to_json(self) -> dict:
-        return {**self.report.to_json(), "certificate": self.certificate}
-
-    def check(self) -> None:
-        self.report.check()
-
-
-def certify(store: Store, ref: str | None, key_path: Path, out: Path, numerics: bool = True,
+def certify(store: StoreDir, ref: str | None, key_path: Path, out: Path, numerics: bool = True,
             progress=None) -> Certified:
     """`slm verify --certificate OUT --key KEY`: verify, then write the report signed and bound to
     the composition id (written whatever the result: the result says whether it passed)."""

@@ -16,10 +16,10 @@ from slm.errors import NotFound
 from slm.ops import activation, compositions, verify
 from slm.ops.progress import NoProgress
 from slm.ops.results import CompositionInfo, Transition
-from slm.store import Store
+from slm.store import StoreDir
 
 
-def upgrade(store: Store, ref: str | None = None, memory_budget: str | None = None) -> Transition:
+def upgrade(store: StoreDir, ref: str | None = None, memory_budget: str | None = None) -> Transition:
     with store.locked():
         _, active_id = activation.preflight(store)
         target = compositions.find_id(store, ref) if ref is not None else active_id

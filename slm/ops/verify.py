@@ -13,10 +13,10 @@ from slm.errors import NotFound
 from slm.model.oracle import Oracle, OracleAdapter
 from slm.ops import compositions
 from slm.ops.loading import load_composition
-from slm.ops.reports import VerifyReport
+from slm.ops.results import VerifyReport
 from slm.ops.results import CompositionInfo
 from slm.ops.progress import NoProgress, Progress
-from slm.store import Store
+from slm.store import StoreDir
 from slm.store import digest as dg
 
 # One sequence (one oracle pass: each float64 weight is built once) mixing prose, a fact,
@@ -30,7 +30,7 @@ MAX_ABS_TOL = 1e-3
 MEAN_ABS_TOL = 1e-4
 
 
-def _composition(store: Store, ref: str | None) -> Composition:
+def _composition(store: StoreDir, ref: str | None) -> Composition:
     if ref is None:
         return compositions.load_active(store, "name a composition or a base to verify")
     try:
@@ -39,7 +39,7 @@ def _composition(store: Store, ref: str | None) -> Composition:
         return compositions.build(store, ref, [])  # a base name: the base alone
 
 
-def _blobs(store: Store, comp: Composition) -> list[str]:
+def _blobs(store: StoreDir, comp: Composition) -> list[str]:
     from slm.compose.adapter_manifest import parse_adapter_manifest
     from slm.compose.base_manifest import parse_base_manifest
 
@@ -53,7 +53,7 @@ def _blobs(store: Store, comp: Composition) -> list[str]:
     return blobs
 
 
-def check_integrity(store: Store, comp: Composition, progress: Progress) -> dict:
+def check_integrity(store: StoreDir, comp: Composition, progress: Progress) -> dict:
     blobs = _blobs(store, comp)
     sizes = {d: store.objects.size(d) if store.objects.has(d) else 0 for d in blobs}
     progress.start("re-hashing blobs", sum(sizes.values()))
@@ -67,7 +67,7 @@ def check_integrity(store: Store, comp: Composition, progress: Progress) -> dict
     return {"blobs": len(blobs), "bytes": sum(sizes.values()), "bad_blobs": bad, "ok": not bad}
 
 
-def oracle(store: Store, staged: compositions.Staged, tensors: dict) -> Oracle:
+def oracle(store: StoreDir, staged: compositions.Staged, tensors: dict) -> Oracle:
     """The fresh-base oracle for a staged composition (its adapters' tensors read afresh)."""
     shapes = {t.name: t.shape for t in staged.base.tensors}
     adapters = []
@@ -79,7 +79,7 @@ def oracle(store: Store, staged: compositions.Staged, tensors: dict) -> Oracle:
     return Oracle(staged.base.architecture, staged.base.qk_row_layout, tensors, adapters)
 
 
-def check_numerics(store: Store, comp: Composition) -> dict:
+def check_numerics(store: StoreDir, comp: Composition) -> dict:
     loaded = load_composition(store, comp, verify=False)  # integrity was checked just before
     model = loaded.model
     reference = oracle(store, loaded.staged, model.t)
@@ -103,7 +103,7 @@ def check_numerics(store: Store, comp: Composition) -> dict:
     }
 
 
-def verify(store: Store, ref: str | None = None, numerics: bool = True,
+def verify(store: StoreDir, ref: str | None = None, numerics: bool = True,
            progress: Progress | None = None) -> VerifyReport:
     comp = _composition(store, ref)  # loading re-derives the id from the manifest and checks it
     integrity = check_integrity(store, comp, progress or NoProgress())

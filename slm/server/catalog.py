@@ -1,5 +1,5 @@
 """The compositions a server runs: the active one, followed from refs/active, and any that
-requests name, staged in one in-process Runtime (validated, re-hashed, one memory map per base).
+requests name, staged in one StagedCompositions (validated, re-hashed, one memory map per base).
 
 Hot swap (docs/serve.md): a watcher thread reads refs/active every POLL_S; when it changes
 it takes the id, stages that composition (the checks of `slm activate`: every blob
@@ -23,7 +23,7 @@ from slm.errors import InvalidInput, NotFound, SlmError
 from slm.ops import budget
 from slm.ops.loading import Loaded
 from slm.ops.results import CompositionInfo
-from slm.ops.runtime import Runtime
+from slm.ops.staging import StagedCompositions
 from slm.store import digest as dg
 
 POLL_S = 0.01  # how often refs/active is read (~80 bytes): a change is seen within ~10 ms
@@ -47,9 +47,9 @@ class Catalog:
                  log: Callable[[str], None] = print):
         self.store = store
         self.budget = memory_budget
-        self.runtime = Runtime(store._s, max_staged)
+        self.runtime = StagedCompositions(store._s, max_staged)
         self.log = log
-        self.lock = threading.Lock()  # staging: one at a time (the Runtime is not thread-safe)
+        self.lock = threading.Lock()  # staging: one at a time (StagedCompositions is not thread-safe)
         self.active: Loaded | None = None
         self.active_error: str | None = None  # why what refs/active names is not served
         self.ref_names: str | None = None  # what refs/active named at the last look

@@ -39,12 +39,15 @@ SUBDIRS = ("objects", "names", "refs", "logs", "journal", "cache", "tmp")
 
 
 @dataclass
-class Store:
+class StoreDir:
+    """One .slm/ directory and its parts (blobs, names, refs, reflog, journal, lock); the
+    public API's slm.Store wraps one."""
+
     root: Path
 
     @cached_property
     def objects(self) -> ObjectStore:
-        """The blobs, with the one verified-digest cache of this Store object (what re-hashes
+        """The blobs, with the one verified-digest cache of this StoreDir object (what re-hashes
         learn during a command is saved once, by the command)."""
         return ObjectStore(self.root / "objects", self.root / "tmp",
                            VerifiedCache(self.root / "cache" / VERIFIED_FILE))
@@ -74,14 +77,14 @@ class Store:
         return self.root.joinpath(*parts)
 
     @contextmanager
-    def locked(self, timeout: float | None = None) -> Iterator["Store"]:
+    def locked(self, timeout: float | None = None) -> Iterator["StoreDir"]:
         if timeout is None:
             timeout = lock_timeout(self.config)
         with store_lock(self.root / "lock", timeout):
             yield self
 
     @classmethod
-    def open(cls, root: Path, check_config: bool = True) -> "Store":
+    def open(cls, root: Path, check_config: bool = True) -> "StoreDir":
         """The store at `root`. check_config=False only for fsck, which reports a damaged or
         invalid config.toml as a finding instead of refusing to look at the rest."""
         root = Path(root)
@@ -101,11 +104,11 @@ class Store:
         return cls(root)
 
 
-def init_store(root: Path) -> tuple[Store, bool]:
+def init_store(root: Path) -> tuple[StoreDir, bool]:
     """Create a store at `root` (idempotent). Returns (store, created)."""
     root = Path(root).absolute()
     if (root / "config.toml").is_file():
-        return Store.open(root), False
+        return StoreDir.open(root), False
     if root.exists() and not root.is_dir():
         raise InvalidInput(f"{root} exists and is not a directory")
     for folder in reversed((root, *root.parents)):  # like `git init`, create missing parents
@@ -121,7 +124,7 @@ def init_store(root: Path) -> tuple[Store, bool]:
     import tomlkit
 
     fs.atomic_replace(root / "config.toml", tomlkit.dumps(default_config()).encode("utf-8"))
-    return Store(root), True
+    return StoreDir(root), True
 
 
 def find_store(explicit: str | os.PathLike | None = None, cwd: Path | None = None) -> Path:

@@ -1,4 +1,5 @@
-"""An in-process runtime that keeps compositions staged and switches between them.
+"""The compositions staged in this process (validated, overlays built, one memory map per
+base), and which one is current.
 
 For a long-running process (a server, a notebook, a benchmark; slm.api.Runtime wraps it):
 `switch(id)` makes another composition the current one (`self.active`), the one new work is
@@ -15,11 +16,11 @@ import threading
 from slm.compose.composition import Composition
 from slm.ops import compositions
 from slm.ops.loading import Loaded, load_composition
-from slm.store import Store
+from slm.store import StoreDir
 
 
-class Runtime:
-    def __init__(self, store: Store, max_staged: int = 8):
+class StagedCompositions:
+    def __init__(self, store: StoreDir, max_staged: int = 8):
         self.store = store
         self.max_staged = max_staged
         self.staged: dict[str, Loaded] = {}  # composition id -> loaded, least recently used first
