@@ -1,3 +1,16 @@
+/* qkernels/attention.c: attention over a cache of float32 keys and values.
+ *
+ * slm_attend_causal: a prompt's queries, in tiles of query rows that share their keys (the
+ * prefill, kernels_native.py, on its own two threads). slm_attend_one: one position's query
+ * (the op-by-op decode); attend_heads, the same for one kv group, is what step.c's fused step
+ * calls. Grouped-query attention, sliding windows and the softmax (a vector at a time, exp_vf)
+ * are handled here.
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#include "simd.h"
+#include "vec.h"
+
 /* ---- a prompt's attention, in tiles ----------------------------------------------------
  *
  * A decode step's single query reads each key once whatever is done (attend_heads). A prompt's
@@ -76,9 +89,8 @@ static inline void weigh_block(const float *const p[4], const float *v, int64_t 
 /* p[lo, hi) = softmax(p[lo, hi) * scale), the rest of p[0, S) = 0: a vector at a time, the
  * top and the total as lane-wise maxima and sums (then across the lanes, in sum_lanes' fixed
  * order), the last (hi - lo) % LANES scores in one more vector. Its scalar loops (each a
- * chain of S dependent compares or adds) and its tail of one exp_vf a score, with a fourth
- * row weighed for nothing (weigh_three), cost one position's attention 8% at 62 keys and 20%
- * at 300 (SmolLM2, hot), and a 512-token prompt on SmolLM2 4%. */
+ * chain of S dependent compares or adds) and a tail of one exp_vf a score cost a
+ * noticeable part of an attention, growing with the keys. */
 static void softmax_range(float *p, int64_t S, int64_t lo, int64_t hi, float scale) {
     const int64_t whole = lo + (hi - lo) / LANES * LANES, tail = hi - whole;
     vf last = (vf){0} - INFINITY; /* the tail in the low lanes, -inf above: e^-inf adds 0 */
@@ -147,7 +159,7 @@ static inline void score_keys(const float *restrict q, const float *restrict k, 
     if (s < S) dots(q, k + s * stride, stride, S - s, hd, p + s);
 }
 
-/* weigh_block for three rows (a kv group of three heads: SmolLM2's): 3 rows x 4 vectors of hd
+/* weigh_block for three rows (a kv group of three heads, as SmolLM2 has): 3 rows x 4 vectors of hd
  * a register block, no fourth row computed for nothing; each output the same sum over s in the
  * same order as weigh_block's, so the same bits. */
 static inline void weigh_three(float *const p[4], const float *v, int64_t stride, int64_t S, int64_t hd,

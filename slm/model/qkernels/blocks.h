@@ -1,3 +1,21 @@
+/* qkernels/blocks.h: the block formats, per quant type.
+ *
+ * The GGML type ids (T_Q4_0 ... T_Q6_K, and T_NF4, slm's own), the table of block sizes
+ * (BLOCK_TYPES, type_info; slm_block_size answers kernels_native.py which types the C side
+ * has), and per type the two pieces every product is made of: block_scales (the scale and min
+ * of each unit of a block) and block_codes (16 of its integer codes at a time), plus
+ * nibble_weights (AVX-512: a unit's 16 possible values looked up). decode_row turns a whole
+ * row into floats (slm_dequantize, NF4 rows); valid_rows is the shape check of every entry
+ * point. A new block type starts here: a BLOCK_TYPES line and its cases in block_scales and
+ * block_codes.
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#ifndef SLM_QK_BLOCKS_H
+#define SLM_QK_BLOCKS_H
+
+#include "simd.h"
+
 /* Storage types by their GGML type ids (ggml.h's enum ggml_type), so that a GGUF tensor's type
  * passes through unchanged. NF4 has no GGML id: it takes one past GGML's range. */
 enum {
@@ -65,9 +83,9 @@ static const float NF4_LEVELS[16] = {
 /* Q4_K/Q5_K: the 6-bit scales and mins of the 8 units out of their 12 bytes, byte u of sc and
  * mn for unit u. Units 0-3: the low 6 bits of bytes 0-3 (scale) and 4-7 (min); units 4-7: the
  * nibbles of bytes 8-11 (scale low, min high) with their top 2 bits in the top 2 bits of bytes
- * 0-3 (scale) and 4-7 (min). Four bytes at a time in integer words: unit by unit, GCC 12
+ * 0-3 (scale) and 4-7 (min). Four bytes at a time in integer words: unit by unit, GCC
  * vectorised the byte fields through stores to the stack that the loads after them could not
- * forward (Q4_K 1.8x slower). */
+ * forward, a slower Q4_K. */
 static inline void k_scales_mins(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
     uint32_t a, b, c;
     memcpy(&a, s, 4);
@@ -103,12 +121,12 @@ static inline void block_scales(const int type, const uint8_t *restrict blk, flo
         break;
     case T_Q2_K: { /* byte u: the unit's scale (low nibble) and min (high), times d and dmin */
         const float dd = half_to_float(blk + 80), dmin = half_to_float(blk + 82);
-#if LANES == 16 /* (GCC vectorises this loop well for AVX-512: 14-28% faster here than the words below) */
+#if LANES == 16 /* (GCC vectorises this loop well for AVX-512: faster there than the words below) */
         for (int u = 0; u < 16; u++) {
             d[u] = dd * (float)(blk[u] & 15);
             m[u] = -(dmin * (float)(blk[u] >> 4));
         }
-#else /* (for AVX2 it did not: byte fields through the stack, as k_scales_mins says; 1.2-1.37x) */
+#else /* (for AVX2 it did not: byte fields through the stack, as k_scales_mins says) */
         const uint64_t low4 = 0x0f0f0f0f0f0f0f0full;
         for (int h = 0; h < 2; h++) {
             uint64_t v;
@@ -245,8 +263,8 @@ static inline i8x16 block_codes(const int type, const uint8_t *restrict blk, con
  * up in the unit's 16 possible values (vpermps reads the low 4 bits of each index: the bytes'
  * low nibbles as they stand, the high ones shifted down), instead of each code converted to a
  * float and dequantized: the table's d q + m (Q4_0: (q - 8) d) is that same computation, so
- * the same bits, once a unit. One row of x (tiles of 4 rows of the weight, where the decoding
- * is most of the work): SmolLM2 decode 1.08x, with a LoRA 1.07x; 8 rows level. */
+ * the same bits, once a unit. It pays with one row of x (tiles of 4 rows of the weight, where
+ * the decoding is most of the work); with 8 rows of x the decoding is shared and it breaks even. */
 static inline vf nibble_weights(const int type, const uint8_t *restrict blk, const int g, const float d, const float m) {
     const vf iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const vf table = type == T_Q4_0 ? (iota - 8.0f) * d : iota * d + m;
@@ -308,3 +326,5 @@ static int valid_rows(int type, int64_t n, int64_t row_bytes) {
     const block_type t = type_info(type);
     return n > 0 && n <= SLM_MAX_COLS && t.values > 0 && n % t.values == 0 && row_bytes == n / t.values * t.bytes;
 }
+
+#endif /* SLM_QK_BLOCKS_H */

@@ -1,3 +1,19 @@
+/* qkernels/matmul.c: products over many weights sharing one input.
+ *
+ * slm_matmul (kernels_native.py's matmul_many: q, k, v or gate, up in one parallel region),
+ * slm_matmul_rows (the server's batch: each row of x with its own LoRA terms) and
+ * slm_dequantize (the prompt path: rows of a weight into floats for BLAS). A product is
+ * planned (plan_matmul), then run by a team of threads (team_matmul): rows split between the
+ * threads (block_rows, over rows.c and rows_q8.c), the next bytes prefetched, and the
+ * low-rank terms added over the rows each thread just wrote (add_low_rank). step.c runs its
+ * products through the same team_matmul inside its own parallel region.
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#include "simd.h"
+#include "vec.h"
+#include "blocks.h"
+
 #define SLM_MAX_JOBS 4
 
 /* One weight to multiply by the shared input, and optionally a low-rank term to add to its
@@ -105,16 +121,13 @@ static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm
 
 /* Byte ranges to bring into the cache ahead of their use, a few lines at a time (prefetch_some),
  * while the block products run. A product's low-rank factors are read right after its rows,
- * cold from memory (a decode step streams ~100 MB of weights past them): SmolLM2's r=16
- * factors, 19.6 MB a token, cost 1.1-1.6 ms of a ~8 ms token read that way, 0.75-0.9 ms
- * fetched during the rows. A hint only: ranges past SLM_PREFETCH_RANGES are left out (a
- * factor B^T is a range per rank: 8 rows on 3 adapters of r=16 take 144 in the q, k, v
- * product, and 128 left a third of them out). */
+ * cold from memory (a decode step streams all the weights past them), and fetched during the
+ * rows they cost less of a token. A hint only: ranges past SLM_PREFETCH_RANGES are left out (a
+ * factor B^T is a range per rank, so that a batch of rows on several adapters of rank 16
+ * takes over a hundred in the q, k, v product). */
 #define SLM_PREFETCH_RANGES 512
 #define SLM_ALIGN 64 /* bytes: a cache line, an AVX-512 vector */
 #define SLM_CHUNK_ROWS 16 /* rows of a weight between two prefetch_some calls */
-#define SLM_FETCH_ROWS 32 /* sequences whose keys and values the decode step fetches ahead */
-#define SLM_FETCH_KV_BYTES (256 << 10) /* and at most this much of them, a thread: see step_matmul */
 #define SLM_CLAIM_STRIDE (SLM_ALIGN / (int64_t)sizeof(int64_t)) /* int64s: a claim counter's cache line */
 typedef struct {
     const char *at[SLM_PREFETCH_RANGES];
@@ -201,8 +214,7 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
 /* Rows [r0, r1) of job j's output, for every row of x in the group that t leads: y[s, r] +=
  * sum_k u_s[k] B^T[k, r], k ascending. A block of 4 vectors of y stays in registers over all
  * the ranks, and the group's rows take turns over the same block of B^T (in the L1 by then):
- * one load a multiply-add, where y loaded and stored at every rank took three (8 rows on 4
- * compositions: 0.65 ms of a 16.8 ms step). Each y[s, r] gets the same operations in the same
+ * one load a multiply-add, where y loaded and stored at every rank took three. Each y[s, r] gets the same operations in the same
  * order whatever the block, the group or the thread: the fused multiply-adds spelled out and
  * the last values in a padded vector (GCC contracted the vector loops and not a scalar one in an
  * AVX2 build, and SSE's scalar and vector adds kept different NaNs: a value's bits then
@@ -292,9 +304,9 @@ static void team_matmul(const matmul_plan *p) {
     if (p->claim == NULL || tokens == 1) {
         block_rows(p, i0, i1, &fetch, per_row);
     } else { /* a fixed share each, then the rest taken in shrinking pieces by whichever thread
-              * is free: the two cores of a VM do not run at one speed, and at a barrier the
-              * faster one waited ~5% of an 8-row step (one row of x, memory-bound, gained
-              * nothing and keeps the static shares) */
+              * is free: the cores of a VM do not run at one speed, and at a barrier the
+              * faster one waits for the other (one row of x, memory-bound, gains nothing and
+              * keeps the static shares) */
         const int64_t fixed = p->total * 3 / (4 * nth) / 4 * 4, rest = fixed * nth;
         block_rows(p, fixed * tid, fixed * (tid + 1), &fetch, per_row);
         for (;;) {
@@ -386,7 +398,7 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
 
 /* out[t, r] = x[t] . dequant(row r) + (A x[t]) . B[r] for every job, in one parallel region.
  * The result does not depend on the number of threads, nor on the other rows of x: each
- * output is computed whole by one thread, in a fixed order. int8: int8 activations (above).
+ * output is computed whole by one thread, in a fixed order. int8: int8 activations (rows_q8.c).
  * x (tokens, n) float32, C order. Returns 0; -1 when an argument is out of range, -2 when
  * out of memory. */
 int slm_matmul(int count, const slm_job *jobs, const float *x, int64_t tokens, int64_t n, int int8) {

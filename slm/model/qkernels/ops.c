@@ -1,5 +1,16 @@
+/* qkernels/ops.c: a layer's small element-wise ops.
+ *
+ * slm_rms_norm, slm_rope, slm_swiglu and slm_geglu (gated): called by kernels_native.py one
+ * op at a time, and by step.c's fused step as the very same functions, so that both paths
+ * give the same bits.
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#include "simd.h"
+#include "vec.h"
+
 /* ---- the rest of a decode step: small, single-threaded, no thread wake-ups ----------
- * (noinline: the decode step below calls these same functions, so that an op run alone and
+ * (noinline: the decode step (step.c) calls these same functions, so that an op run alone and
  * the same op inside the step are one piece of machine code, bit for bit the same result) */
 
 /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w; x, out (tokens, n); out may be x. */

@@ -1,4 +1,16 @@
-#define SLM_TILE 4 /* rows of int8 x per dot_rows_q8 call */
+/* qkernels/rows.c: products of one weight, float path.
+ *
+ * dot_tile multiplies R rows of a quantized weight by up to SLM_FTILE rows of x in registers,
+ * straight from the blocks' bytes (block_scales, block_codes); dot_weight_rows runs rows
+ * [r0, r1) of one weight against every row of x through one compiled function per (type,
+ * rows of x). Called by matmul.c's block_rows for each thread's share of a product.
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#include "simd.h"
+#include "vec.h"
+#include "blocks.h"
+
 /* A tile of the float path: R weight rows by NT rows of x, one accumulator each, in registers
  * (AVX-512 has 32 vector registers, AVX 16): NT up to SLM_FTILE, R = rows_per_tile(NT). */
 #define SLM_FTILE (LANES == 16 ? 8 : 4)
@@ -23,8 +35,8 @@ static inline __attribute__((always_inline)) void dot_tile(const int type, const
     for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = (vf){0};
     /* the next tile's rows fetched while this one runs, a few lines a block: the R rows read
-     * side by side are R short streams the hardware prefetcher does not follow (a 28 MB Q8_0
-     * head ran 3x slower without) */
+     * side by side are R short streams the hardware prefetcher does not follow (a large output
+     * head runs several times slower without) */
     const int blocks = n / bt.values;
     const char *ahead = (const char *)rows + R * row_bytes;
     const int lines = (int)((R * row_bytes + 63) / 64 / blocks + 1);
@@ -54,7 +66,7 @@ static inline __attribute__((always_inline)) void dot_tile(const int type, const
                 for (int t = 0; t < NT; t++)
                     for (int k = 0; k < PER16; k++) {
                         vf xv = load_vf(xb + (int64_t)t * n + at + LANES * k);
-                        if (R > 1) xv = in_register(xv); /* (loaded once for the R rows: the tile ~3% faster) */
+                        if (R > 1) xv = in_register(xv); /* (loaded once for the R rows, not once a row) */
                         for (int r = 0; r < R; r++) acc[r][t] += w[r][k] * xv;
                     }
             }
@@ -88,9 +100,8 @@ static inline __attribute__((always_inline)) void dot_rows_tokens(const int type
 }
 
 /* Each (type, rows of x) its own function, called a chunk of rows at a time: with all of them
- * inlined into the one caller, GCC 12 kept the tiles' pointers and loop bounds on the stack and
- * copied accumulators between registers (8 rows of Q4_1 x 576, both cores, a C loop: 84 -> 92
- * G weight-rows/s split out). */
+ * inlined into the one caller, GCC kept the tiles' pointers and loop bounds on the stack and
+ * copied accumulators between registers. */
 typedef void rows_tokens_fn(const uint8_t *restrict data, int64_t row_bytes, int64_t r0, int64_t r1, int n,
                             const float *restrict x, float *restrict out, int64_t out_n);
 #define ROWS_TOKENS(T, NT)                                                                                 \

@@ -1,3 +1,15 @@
+/* qkernels/rows_q8.c: products of one weight, int8 path (opt-in activations).
+ *
+ * quantize_x8 quantizes x per 32 values; dot_rows_q8 / dot_tiles_q8 take each block's dot
+ * product in integers (AVX2: VNNI where the CPU has it), for the 32-value types (Q8_TYPE).
+ * Called by matmul.c's block_rows when a product runs with int8 activations
+ * (NativeKernels.set_activations("int8"), docs/numerics.md).
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#include "simd.h"
+#include "blocks.h"
+
 /* ---------------------------------------------------------------- int8 activations (opt-in)
  *
  * The faster mode that moves results (docs/numerics.md): x quantized once per product, per
@@ -6,6 +18,7 @@
  * the float sum, for the types with a min). Only the 32-value types (Q4_0, Q4_1, Q5_0, Q5_1,
  * Q8_0) take it; the others keep float activations in the same call. A row's result is the
  * same sequence of operations whatever rows share the call, as on the float path. */
+#define SLM_TILE 4 /* rows of int8 x per dot_rows_q8 call */
 #define Q8_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q5_0 || (type) == T_Q5_1 || (type) == T_Q8_0)
 
 /* x (tokens, n), n a multiple of 32 -> q (tokens, n), dx (tokens, n / 32) and the float sums of
@@ -134,7 +147,7 @@ static inline __attribute__((always_inline)) void dot_rows_q8(const int type, co
     }
     for (int b = 0; b < blocks; b++) {
         float d, m = 0.0f;
-        /* a kilobyte ahead: +2-19% on a 40 MB weight streamed by one thread (Q4_1, Q5_0, Q8_0) */
+        /* a kilobyte ahead: the hardware prefetcher alone leaves one thread waiting on memory */
         _mm_prefetch((const char *)row + (size_t)b * bytes + 1024, _MM_HINT_T0);
         const __m256i w = block_q8(type, row + (size_t)b * bytes, &d, &m);
         const __m256i aw = is_signed ? _mm256_sign_epi8(w, w) : w;

@@ -1,3 +1,17 @@
+/* qkernels/simd.h: the CPU, as every kernel sees it.
+ *
+ * Holds the C and intrinsics headers, the OpenMP thread helpers (slm_threads and
+ * slm_set_threads, which kernels_native.py calls; thread_count and thread_index inside
+ * parallel regions), the float16 and float32 loads from unaligned bytes, and the vector type
+ * vf: LANES floats, the CPU's register width (AVX-512 16, AVX 8, else 4), with its loads,
+ * lane sums and the int8 -> float conversion of 16 codes. Every other file builds on these;
+ * nothing here knows a block format or a product.
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#ifndef SLM_QK_SIMD_H
+#define SLM_QK_SIMD_H
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -75,7 +89,7 @@ static inline float half_to_float(const uint8_t *p) {
 #endif
 
 /* The two float16 at p and p + 2 (a block's scale and min), in one conversion where the CPU has
- * one: four instructions fewer per block than two conversions (Q4_1 +9% on Zen 4). */
+ * one: four instructions fewer per block than two conversions. */
 static inline void halves_to_floats(const uint8_t *p, float *a, float *b) {
 #ifdef __F16C__
     uint32_t both;
@@ -96,8 +110,8 @@ static inline float read_f32(const uint8_t *p) {
 }
 
 /* GCC/Clang vector extensions. Floats go in vectors of the CPU's register width (16 lanes with
- * AVX-512, 8 with AVX, else 4): a wider vector type has no machine mode, and GCC (12) then
- * keeps such variables in memory, accumulators included (measured: 4-5x slower on AVX2). Codes
+ * AVX-512, 8 with AVX, else 4): a wider vector type has no machine mode, and GCC then keeps
+ * such variables in memory, accumulators included, which is several times slower. Codes
  * are unpacked 16 at a time in byte vectors (one SSE or NEON register). Loads go through
  * memcpy (no alignment). */
 #if defined(__AVX512F__)
@@ -118,8 +132,8 @@ typedef int8_t i8x16 __attribute__((vector_size(16)));
  * else a plain loop the compiler vectorises. */
 static inline void codes_to_f32(i8x16 q, vf out[PER16]) {
 #if LANES == 16
-    /* (GCC 12 lowers the generic i8 -> i16 -> i32 -> f32 conversions to ~10 instructions of
-     * 128- and 256-bit pieces here: Q4_1 ran at 6.1 G weights/s on one Zen 4 core) */
+    /* (GCC lowers the generic i8 -> i16 -> i32 -> f32 conversions to about ten instructions
+     * of 128- and 256-bit pieces here, against one) */
     out[0] = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)q));
 #elif defined(__AVX2__)
     out[0] = (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((__m128i)q));
@@ -140,8 +154,8 @@ static inline vf load_vf(const float *p) {
 }
 
 /* v, kept in a register: an empty asm hides where it came from, so that GCC loads it once for
- * all its uses instead of making the load a memory operand of each (Zen 4 loads one 64-byte
- * vector a cycle: a loop of FMAs that each load their operand runs at the loads' pace). */
+ * all its uses instead of making the load a memory operand of each (a core loads few 64-byte
+ * vectors a cycle: a loop of FMAs that each load their operand runs at the loads' pace). */
 static inline vf in_register(vf v) {
 #if LANES == 16
     __asm__("" : "+v"(v));
@@ -155,8 +169,8 @@ static inline u8x16 load_u8x16(const uint8_t *p) {
     return v;
 }
 
-/* The lanes' sum in a fixed order: with AVX-512 as a tree (16 dependent scalar adds were ~20% of
- * a 576-value row's dot product on Zen 4), else lane by lane. */
+/* The lanes' sum in a fixed order: with AVX-512 as a tree (16 dependent scalar adds are a
+ * large part of a short row's dot product), else lane by lane. */
 static inline float sum_lanes(vf v) {
 #if LANES == 16
     return _mm512_reduce_add_ps((__m512)v);
@@ -188,3 +202,5 @@ static inline vf lane_sums16(const __m512 v[16]) {
     return (vf)_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
 }
 #endif
+
+#endif /* SLM_QK_SIMD_H */

@@ -1,3 +1,16 @@
+/* qkernels/step.c: the fused decode step.
+ *
+ * slm_decode_step runs every layer of one token for each sequence of a batch in one parallel
+ * region, over the same functions as the op-by-op path: team_matmul (matmul.c), attend_heads
+ * (attention.c), slm_rms_norm, slm_rope and gated (ops.c). slm_step_work_bytes sizes its
+ * working memory. Called by slm/model/step_native.py, whose ctypes structures mirror slm_model,
+ * slm_layer, slm_linear and slm_row here.
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#include "simd.h"
+#include "blocks.h"
+
 /* ---- the decode step: every layer of one token per sequence, in one call ------------
  *
  * One parallel region for the whole step instead of ~10 calls (each its own thread wake-up)
@@ -18,6 +31,9 @@
  * Each op is the function the op-by-op path (slm/model/decoder.py over NativeKernels) calls,
  * on the same values, so a sequence's result is bit for bit that path's, whatever the batch
  * (tests/test_step.py). */
+
+#define SLM_FETCH_ROWS 32 /* sequences whose keys and values the decode step fetches ahead */
+#define SLM_FETCH_KV_BYTES (256 << 10) /* and at most this much of them, a thread: see step_matmul */
 
 enum { P_Q, P_K, P_V, P_O, P_GATE, P_UP, P_DOWN, P_COUNT };
 
@@ -160,12 +176,11 @@ static inline void attention_share(const slm_model *m, int64_t B, int64_t *i0, i
  * each writing its (B, rows) output; the rows' low-rank terms gathered (job-major) into
  * b->terms at `slot`. Every thread plans its own copy (no barrier) and runs its share. The
  * q, k, v product also fetches the keys and values this thread's share of the layer's
- * attention reads (its cached positions): at 8 rows they come cold from memory, ~1.2 MB a
- * layer on SmolLM2, while the product itself is bound by arithmetic, not by memory. At most
- * SLM_FETCH_KV_BYTES a thread, the first sequences' (attention reads them first; the rest
- * stream in behind): past what the L2 holds beside the product's rows, the fetch evicts its
- * own lines, and 8 rows at ~250 positions ran 4.5% faster with no fetch at all than with
- * all of it (1.02-1.06x capped; ~60 and ~130 positions unchanged). */
+ * attention reads (its cached positions): with a batch of rows they come cold from memory,
+ * while the product itself is bound by arithmetic, not by memory. At most SLM_FETCH_KV_BYTES a
+ * thread, the first sequences' (attention reads them first; the rest stream in behind): past
+ * what the L2 holds beside the product's rows, the fetch evicts its own lines, and long
+ * caches ran slower with all of it fetched than with none. */
 static void step_matmul(const slm_model *m, const step_buffers *b, int64_t layer, int first, int count,
                         const float *x, int64_t n, float *const *outs, int64_t B, const slm_row *rows) {
     const int tid = thread_index();

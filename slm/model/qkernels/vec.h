@@ -1,3 +1,17 @@
+/* qkernels/vec.h: float vector math on top of simd.h.
+ *
+ * fma_vf (a b + c, one rounding where the CPU fuses), exp_vf (exp in every lane: the softmax
+ * and the gated activations), and float dot products (dot, dot4, dot1, dots): the attention
+ * scores, the NF4 rows of a product and the low-rank u = A x of a LoRA term. Each is written
+ * so that a value's bits do not depend on which call, tile or thread computes it.
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#ifndef SLM_QK_VEC_H
+#define SLM_QK_VEC_H
+
+#include "simd.h"
+
 static inline vf fma_vf(const float a, const vf b, const vf c) { /* a b + c, one rounding where the CPU fuses */
 #if LANES == 16
     return (vf)_mm512_fmadd_ps(_mm512_set1_ps(a), (__m512)b, (__m512)c);
@@ -43,7 +57,7 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
 
 /* q . k for four rows k at once, `stride` floats apart (four independent accumulators: one
  * dot alone is a chain of dependent FMAs); dot1 is the same sum for one row. The compiler
- * does not round the two alike (measured: last-bit differences), so every caller groups its
+ * does not round the two alike (last-bit differences), so every caller groups its
  * rows into fours the same way whatever the thread count. */
 static inline void dot4(const float *restrict q, const float *restrict k, const int64_t stride, const int64_t n,
                         float out[4]) {
@@ -79,3 +93,5 @@ static inline void dots(const float *restrict q, const float *restrict rows, con
     for (; i + 4 <= count; i += 4) dot4(q, rows + i * stride, stride, n, out + i);
     for (; i < count; i++) out[i] = dot1(q, rows + i * stride, n);
 }
+
+#endif /* SLM_QK_VEC_H */
