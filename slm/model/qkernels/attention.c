@@ -2,9 +2,10 @@
  *
  * slm_attend_causal: a prompt's queries, in tiles of query rows that share their keys (the
  * prefill, kernels_native.py, on its own two threads). slm_attend_one: one position's query
- * (the op-by-op decode); attend_heads, the same for one kv group, is what step.c's fused step
- * calls. Grouped-query attention, sliding windows and the softmax (a vector at a time, exp_vf)
- * are handled here.
+ * (the op-by-op decode), through attend_range (a range of its heads, a kv group at a time in
+ * attend_heads), which step.c's fused step calls for its share of the heads. Grouped-query
+ * attention, sliding windows and the softmax (a vector at a time, exp_vf) are handled here.
+ *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
  */

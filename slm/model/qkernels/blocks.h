@@ -8,6 +8,7 @@
  * row into floats (slm_dequantize, NF4 rows); valid_rows is the shape check of every entry
  * point. A new block type starts here: a BLOCK_TYPES line and its cases in block_scales and
  * block_codes.
+ *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
  */
@@ -24,7 +25,7 @@ enum {
     T_NF4 = 1024
 };
 
-#define SLM_MAX_COLS 65536
+#define SLM_MAX_COLS 65536 /* values in the longest row valid_rows accepts */
 
 /* The GGML block types (ggml-common.h), values being d * q (+ m) with one scale d (and min m)
  * per unit of 16 or 32 values, q a small integer:

@@ -7,6 +7,7 @@
  * threads (block_rows, over rows.c and rows_q8.c), the next bytes prefetched, and the
  * low-rank terms added over the rows each thread just wrote (add_low_rank). step.c runs its
  * products through the same team_matmul inside its own parallel region.
+ *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
  */

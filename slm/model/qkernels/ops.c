@@ -3,6 +3,7 @@
  * slm_rms_norm, slm_rope, slm_swiglu and slm_geglu (gated): called by kernels_native.py one
  * op at a time, and by step.c's fused step as the very same functions, so that both paths
  * give the same bits.
+ *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
  */

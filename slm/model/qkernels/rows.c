@@ -4,6 +4,7 @@
  * straight from the blocks' bytes (block_scales, block_codes); dot_weight_rows runs rows
  * [r0, r1) of one weight against every row of x through one compiled function per (type,
  * rows of x). Called by matmul.c's block_rows for each thread's share of a product.
+ *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
  */

@@ -4,6 +4,7 @@
  * product in integers (AVX2: VNNI where the CPU has it), for the 32-value types (Q8_TYPE).
  * Called by matmul.c's block_rows when a product runs with int8 activations
  * (NativeKernels.set_activations("int8"), docs/numerics.md).
+ *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
  */

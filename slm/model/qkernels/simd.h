@@ -6,6 +6,7 @@
  * vf: LANES floats, the CPU's register width (AVX-512 16, AVX 8, else 4), with its loads,
  * lane sums and the int8 -> float conversion of 16 codes. Every other file builds on these;
  * nothing here knows a block format or a product.
+ *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
  */

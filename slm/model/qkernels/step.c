@@ -1,10 +1,11 @@
 /* qkernels/step.c: the fused decode step.
  *
  * slm_decode_step runs every layer of one token for each sequence of a batch in one parallel
- * region, over the same functions as the op-by-op path: team_matmul (matmul.c), attend_heads
+ * region, over the same functions as the op-by-op path: team_matmul (matmul.c), attend_range
  * (attention.c), slm_rms_norm, slm_rope and gated (ops.c). slm_step_work_bytes sizes its
  * working memory. Called by slm/model/step_native.py, whose ctypes structures mirror slm_model,
  * slm_layer, slm_linear and slm_row here.
+ *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
  */

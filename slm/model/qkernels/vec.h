@@ -4,6 +4,7 @@
  * and the gated activations), and float dot products (dot, dot4, dot1, dots): the attention
  * scores, the NF4 rows of a product and the low-rank u = A x of a LoRA term. Each is written
  * so that a value's bits do not depend on which call, tile or thread computes it.
+ *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
  */
