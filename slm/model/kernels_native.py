@@ -1,4 +1,5 @@
-"""The fused C kernels (slm/model/_qkernels.c), called through ctypes.
+"""The fused C kernels (slm/model/_qkernels.c and the sources it includes, slm/model/qkernels/;
+docs/kernels.md maps them), called through ctypes.
 
 `matmul_many(x, weights, low_rank)` multiplies one input (T <= FUSED_MAX_TOKENS rows) by
 several quantized weights (q, k, v; gate, up) in one parallel region; no float32 weight matrix
@@ -30,22 +31,21 @@ from slm.model.kernel_choice import ACTIVATION_MODES, library_path
 from slm.model.kernels import KernelArgumentError, ReferenceKernels, check_width
 from slm.model.weights import QuantTensor
 
-OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in the C file)
+OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in qkernels/blocks.h)
 # Inputs of up to this many rows take the fused kernels; longer ones (a prompt's) dequantize
-# bounded chunks for BLAS, whose ~80-100 ms for dequantizing every weight of a model once only
-# pays off past ~40 rows: a whole prompt of 16 / 32 tokens measured 48 / 87 ms fused against
-# 96 / 103 ms through BLAS (SmolLM2 base, 2 threads, AVX-512; an AVX2 build 52 / 114 against
-# 99 / 122; Gemma 3 52 / 87 against 87 / 114), 48 tokens 134-148 against 123-137.
+# bounded chunks for BLAS, whose fixed cost of dequantizing every weight of a model once only
+# pays off for longer inputs: up to this many rows the fused kernels were faster on AVX-512
+# and AVX2 builds and on both SmolLM2 and Gemma 3.
 FUSED_MAX_TOKENS = 32
-MAX_JOBS = 4  # SLM_MAX_JOBS in the C file
+MAX_JOBS = 4  # SLM_MAX_JOBS in qkernels/matmul.c
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
-# between the two threads: a split costs ~30 us of dispatch, about 30k values' work, so each
+# between the two threads: a split costs a thread dispatch, about 30k values' work, so each
 # half must be at least that to gain
 SPLIT_MIN_VALUES = 65536
 
 
 class Job(ctypes.Structure):
-    """slm_job in _qkernels.c: one weight, its output, and an optional low-rank term."""
+    """slm_job in qkernels/matmul.c: one weight, its output, and an optional low-rank term."""
 
     _fields_ = [("type", ctypes.c_int32), ("rank", ctypes.c_int32), ("data", ctypes.c_void_p),
                 ("rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("out", ctypes.c_void_p),
@@ -53,7 +53,7 @@ class Job(ctypes.Structure):
 
 
 class Term(ctypes.Structure):
-    """slm_term in _qkernels.c: one row's low-rank term on one weight (slm_matmul_rows)."""
+    """slm_term in qkernels/matmul.c: one row's low-rank term on one weight (slm_matmul_rows)."""
 
     _fields_ = [("rank", ctypes.c_int32), ("a", ctypes.c_void_p), ("bt", ctypes.c_void_p)]
 
@@ -131,8 +131,8 @@ _EMPTY = ctypes.c_char * 0
 
 def _addr(a: np.ndarray) -> int:
     """The address of a C-contiguous array's first byte. `a.ctypes.data` builds a helper
-    object (~1.3 us); borrowing the buffer is ~0.3 us, and a decode step asks ~600 times.
-    Read-only arrays cannot lend a ctypes buffer: those take the slow way. Callers pass
+    object, several times dearer than borrowing the buffer, and a decode step asks hundreds of
+    times. Read-only arrays cannot lend a ctypes buffer: those take the slow way. Callers pass
     C-contiguous arrays only."""
     try:
         return ctypes.addressof(_EMPTY.from_buffer(a))
@@ -326,8 +326,7 @@ class NativeKernels(ReferenceKernels):
         return out
 
     def attends_causally(self) -> bool:
-        # (in tiles that share keys: faster than NumPy's dense product at every head size,
-        # measured 5.8x at 64 and 3x at 256 values per head on 512 tokens)
+        # (in tiles that share keys: faster than NumPy's dense product at every head size)
         return True
 
     def attend_causal(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int, window: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """The decode step in one native call: every layer of one token per sequence (slm_decode_step
-in _qkernels.c), for one sequence (Decoder.forward) or a batch of them (slm.model.batch).
+in qkernels/step.c), for one sequence (Decoder.forward) or a batch of them (slm.model.batch).
 
 The op-by-op path (Decoder.block over NativeKernels) crosses into C about ten times per layer
 and opens a parallel region per linear layer; this path crosses once per step and opens one
@@ -28,7 +28,7 @@ from slm.model.mathops import rope_tables
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # P_Q .. P_DOWN
 # slm_layer's norm fields, in order (a family without one leaves it NULL)
 NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # slm_model.activation (ACT_SWIGLU, ACT_GEGLU in the C file)
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # slm_model.activation (ACT_SWIGLU, ACT_GEGLU in qkernels/ops.c)
 
 _p, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
@@ -187,8 +187,8 @@ class NativeStep:
 @functools.lru_cache(maxsize=4096)
 def _rope_row(head_dim: int, base: float, position: int) -> np.ndarray:
     """(cos | sin, hd/2) at one position, as the op path computes them (rope_tables of that
-    position alone). Kept: the rows of a batch pass the same positions (8 rows computing theirs
-    each was ~0.1 ms of a 14 ms step)."""
+    position alone). Kept: the rows of a batch pass the same positions, and computing them
+    again for every row is a visible part of a batched step."""
     cos, sin = rope_tables(head_dim, base, np.arange(position, position + 1))  # (1, hd/2) each
     table = np.stack([cos[0], sin[0]])
     table.flags.writeable = False
