@@ -13,7 +13,7 @@ Ctrl-C is handled in two stages (docs/exit-codes.md):
   descriptor's __set_name__, and makes the process die by SIGINT at exit when it escaped code
   run by eval/exec (namedtuple and dataclass creation).
 - the command's work: slm.cli hands Ctrl-C back to Python's KeyboardInterrupt when it opens
-  the store (slm.cli.hand_ctrl_c_to_the_command), so what the command began unwinds (a
+  the store (slm.cli.common.hand_ctrl_c_to_the_command), so what the command began unwinds (a
   transaction rolls back) before it says `slm: interrupted` and exits 130.
 """
 

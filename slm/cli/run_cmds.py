@@ -1,0 +1,103 @@
+"""`slm run` and `slm serve`: generation on a composition, from the shell or over HTTP.
+
+No `from __future__ import annotations` in slm/cli (typer reads the annotations)."""
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from slm import render
+from slm.cli.common import (
+    ActivationsOpt, JsonOpt, MemoryBudgetOpt, app, decimal, integer, open_store, show_result,
+)
+
+
+@app.command("run")
+def run_cmd(
+    ctx: typer.Context,
+    prompt: str = typer.Argument(..., help="The prompt; '-' reads it from standard input."),
+    base: Optional[str] = typer.Option(
+        None, "--base", "-b", help="Run this base alone instead of the active composition."),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", parser=integer, help="Stop after this many new tokens."),
+    temperature: float = typer.Option(
+        0.0, "--temperature", "-t", parser=decimal,
+        help="0 is greedy (deterministic); any finite value >= 0 (one so small that only the top "
+             "logit keeps weight samples it, as greedy does)."),
+    top_p: float = typer.Option(1.0, "--top-p", parser=decimal, help="Nucleus sampling mass (with --temperature > 0)."),
+    seed: int = typer.Option(0, "--seed", parser=integer, help="Seed for sampling; the same seed gives the same text."),
+    chat: bool = typer.Option(
+        False, "--chat",
+        help="Wrap the prompt in the base's chat template (the prompt is text: a control token "
+             "spelled in it stays text)."),
+    logits_out: Optional[Path] = typer.Option(
+        None, "--logits-out", metavar="FILE.npy",
+        help="Save float32 logits (positions x vocab) for every prompt and generated position.",
+    ),
+    memory_budget: Optional[str] = MemoryBudgetOpt,
+    on_switch: str = typer.Option(
+        "stop", "--on-switch", metavar="stop|finish",
+        help="If the active composition changes mid-generation: stop at the next token "
+             "(exit code 11) or finish on the composition generation started with."),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", metavar="N",
+        parser=integer, help="Threads for the kernels (default: every core; 1 is faster when another program "
+             "keeps a core busy). The text does not depend on it."),
+    activations: str = ActivationsOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Generate text on the active composition (or --base), streaming it."""
+    import slm
+    from slm.ops.run import RunOptions, prompt_from_stdin
+
+    slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
+
+    if prompt == "-":  # read during start-up: Ctrl-C while it waits exits at once (slm/entry.py)
+        prompt = prompt_from_stdin(sys.stdin)
+    store = open_store(ctx)
+    options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
+                         top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
+                         memory_budget=memory_budget, on_switch=on_switch, threads=threads,
+                         activations=activations)
+    result = store.run(options, on_text=None if json_out else render.stream_text)
+    show_result(result, json_out, render.run_footer)
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless told otherwise)."),
+    port: int = typer.Option(8080, "--port", parser=integer, help="TCP port (0: any free port, printed at start)."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="SLM_API_KEY", metavar="KEY", show_envvar=True,
+        help="Require Authorization: Bearer KEY on every endpoint but /health."),
+    max_batch: int = typer.Option(8, "--max-batch", metavar="N", parser=integer, help="Requests decoded together in one step."),
+    max_queue: Optional[int] = typer.Option(
+        None, "--max-queue", metavar="N", parser=integer, help="Requests waiting beyond the batch before HTTP 429 (default 4 x N)."),
+    memory_budget: Optional[str] = MemoryBudgetOpt,
+    threads: Optional[int] = typer.Option(None, "--threads", metavar="N", parser=integer, help="Threads for the kernels (default: every core)."),
+    activations: str = ActivationsOpt,
+    body_limit: int = typer.Option(1 << 20, "--body-limit", metavar="BYTES", parser=integer, help="Largest request body accepted."),
+    grace: float = typer.Option(10.0, "--grace", metavar="SECONDS",
+                                parser=decimal, help="On SIGTERM/SIGINT, how long running requests get to finish."),
+    prefill_chunk: int = typer.Option(
+        512, "--prefill-chunk", metavar="TOKENS", parser=integer,  # slm.model.generate.PREFILL_CHUNK (not imported: start-up)
+        help="Prompt tokens prefilled between two decode steps of the running requests."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Serve the store's compositions over an OpenAI-compatible HTTP API (docs/serve.md).
+
+    Follows `slm activate` from other processes (hot swap); never writes to the store.
+    Logs one line per request on stderr; with --json, one JSON object per line on stdout."""
+    import slm
+    from slm.server.app import json_log, stderr_log
+    from slm.server.serve import ServeOptions
+    from slm.server.serve import serve as run_server
+
+    slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
+
+    options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
+                           memory_budget=memory_budget, threads=threads, activations=activations,
+                           body_limit=body_limit, grace=grace, prefill_chunk=prefill_chunk)
+    run_server(open_store(ctx), options, log=json_log if json_out else stderr_log)

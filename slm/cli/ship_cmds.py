@@ -1,0 +1,71 @@
+"""`slm` commands that ship a composition: export, push, pull, sign.
+
+No `from __future__ import annotations` in slm/cli (typer reads the annotations)."""
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from slm.cli.common import InsecureOpt, JsonOpt, app, open_store, progress_bar, show_result
+
+
+@app.command("export")
+def export_cmd(
+    ctx: typer.Context,
+    ref: Optional[str] = typer.Argument(
+        None, metavar="[COMPOSITION|BASE|ADAPTER]", help="What to export (default: the active composition)."),
+    out: Path = typer.Option(..., "-o", "--output", metavar="DIR|FILE.tar|FILE.gguf",
+                             help="Where to write it (must not exist)."),
+    fmt: str = typer.Option(
+        "slm", "--format", metavar="slm|gguf-lora|peft",
+        help="slm: an OCI image layout bundle (a .tar name writes a tar); gguf-lora: one LoRA adapter for "
+             "llama.cpp; peft: one LoRA adapter as a PEFT directory."),
+    base: Optional[str] = typer.Option(None, "--base", help="gguf-lora / peft of an ADAPTER: the base it is for."),
+    tag: Optional[str] = typer.Option(None, "--tag", help="slm: the ref name in index.json (default: short id)."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Export a composition as a bundle, or a LoRA adapter for llama.cpp or PEFT."""
+    from slm import render_dist
+
+    show_result(open_store(ctx).export(ref, out, fmt, base, tag, progress_bar(json_out)), json_out, render_dist.exported)
+
+
+@app.command()
+def push(
+    ctx: typer.Context,
+    reference: str = typer.Argument(..., metavar="HOST[:PORT]/REPO[:TAG]", help="Where to push (tag default: short id)."),
+    ref: Optional[str] = typer.Argument(None, metavar="[COMPOSITION]", help="Default: the active composition."),
+    insecure: bool = InsecureOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Upload a composition to an OCI registry (only the blobs it lacks)."""
+    from slm import render_dist
+
+    show_result(open_store(ctx).push(reference, ref, insecure, progress_bar(json_out)), json_out, render_dist.pushed)
+
+
+@app.command()
+def pull(
+    ctx: typer.Context,
+    reference: str = typer.Argument(..., metavar="HOST[:PORT]/REPO[:TAG|@sha256:..]", help="What to pull."),
+    insecure: bool = InsecureOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Receive a composition from an OCI registry (only the blobs the store lacks; all verified)."""
+    from slm import render_dist
+
+    show_result(open_store(ctx).pull(reference, insecure, progress_bar(json_out)), json_out, render_dist.received)
+
+
+@app.command()
+def sign(
+    ctx: typer.Context,
+    ref: Optional[str] = typer.Argument(None, metavar="[COMPOSITION]", help="Default: the active composition."),
+    key: Path = typer.Option(..., "--key", metavar="KEY.pem", help="Ed25519 private key (openssl genpkey -algorithm ed25519)."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Sign a composition id with Ed25519; the signature is stored with the composition."""
+    from slm import render_dist
+
+    show_result(open_store(ctx).sign(ref, key), json_out, render_dist.signed)
