@@ -14,7 +14,7 @@ import typer
 
 from slm import numbers, render
 from slm.errors import ExitCode, SlmError, printable
-from slm.store import faults
+from slm.store.testing import faults
 
 app = typer.Typer(
     name="slm",

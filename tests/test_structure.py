@@ -49,12 +49,12 @@ def test_cli_commands_only_parse_and_print():
         for node in ast.walk(fn):
             assert not isinstance(node, (ast.Raise, ast.Try)), \
                 f"cli.py {fn.name}: line {node.lineno} decides (raise/try): move it below the API"
-    allowed = {"slm", "slm.render", "slm.errors", "slm.api", "slm.store.faults", "slm.ops.run"}
+    allowed = {"slm", "slm.render", "slm.errors", "slm.api", "slm.store.testing.faults", "slm.ops.run"}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slm"):
             names = {a.name for a in node.names}
             beside = node.module.startswith("slm.server.")  # the server sits on the API, as cli does
-            assert node.module in allowed or beside or (node.module == "slm.store" and names == {"faults"}), \
+            assert node.module in allowed or beside or (node.module == "slm.store.testing" and names == {"faults"}), \
                 f"cli.py imports {node.module}: call the API instead"
             if node.module == "slm.ops.run":
                 assert {a.name for a in node.names} <= {"RunOptions", "prompt_from_stdin"}
@@ -75,7 +75,8 @@ _WRITES = re.compile(r"\bos\.(unlink|remove|rename|replace|makedirs|mkdir|rmdir|
 # through the fs layer too): only --logits-out's np.save into that guarded output is a writing
 # call here. And the power-cut simulator (test-only), which plays the kernel rewriting the disk
 # after a cut. None: the whole module.
-_OUTSIDE_THE_STORE = {"slm/ops/run.py": "class LogitsFile", "slm/store/powercut.py": None}
+_OUTSIDE_THE_STORE = {"slm/ops/run.py": "class LogitsFile", "slm/store/testing/powercut.py": None,
+                      "slm/store/testing/disk_image.py": None}
 
 
 def test_every_store_write_goes_through_the_fs_layer():
@@ -161,3 +162,56 @@ def test_role_tables_live_in_one_module():
     assert found and all(f.startswith("slm/arch/roles.py") for f in found), found
     for reader in ("slm/formats/gguf_lora.py", "slm/formats/peft/tensors.py", "slm/formats/peft/dims.py"):
         assert "from slm.arch.roles import" in (ROOT / reader).read_text(), reader
+
+
+_TRANSACTION = "slm/store/transaction.py"
+_TRANSACTIONS = ("slm/ops/activation.py", "slm/ops/importing.py", "slm/ops/receive.py", "slm/ops/signing.py",
+                 "slm/ops/gc.py")
+
+
+def _journal_protocol_uses(tree: ast.Module) -> list[int]:
+    """Lines that begin or end a journal intent (`<...>journal.begin/end(...)`) or name
+    CommittedIncomplete (raising it, importing it)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("begin", "end"):
+            owner = node.func.value
+            owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if owner_name == "journal":
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Name) and node.id == "CommittedIncomplete":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.alias) and node.name == "CommittedIncomplete":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_journal_protocol_is_implemented_once():
+    """Activation, import, receive, signing and gc each wrote the intent, the commit point, the
+    undo and the CommittedIncomplete by hand: one transaction object (slm.store.transaction)
+    owns them, and every one of the five opens it."""
+    found = {path: lines for path, tree in _modules().items() if (lines := _journal_protocol_uses(tree))}
+    assert set(found) == {_TRANSACTION}, {p: l for p, l in found.items() if p != _TRANSACTION}
+    for path in _TRANSACTIONS:
+        assert ".transaction(" in (ROOT / path).read_text(), f"{path} does not open a store transaction"
+
+
+def test_the_test_hooks_live_outside_the_store_main_modules():
+    """The power-cut simulator and the fault plans are test hooks: they live in
+    slm/store/testing/ (the fs layer keeps only its two hook variables); only the CLI, which
+    reads SLM_FAULTS, imports them; and no file of theirs is over 450 lines."""
+    store_modules = {p.name for p in (SLM / "store").glob("*.py")}
+    assert not store_modules & {"powercut.py", "faults.py", "disk_image.py"}, store_modules
+    importers = set()
+    for path, tree in _modules().items():
+        if path.startswith("slm/store/testing/"):
+            continue
+        for node in ast.walk(tree):
+            modules = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                       else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(m == "slm.store.testing" or m.startswith("slm.store.testing.") for m in modules):
+                importers.add(path)
+    assert importers == {"slm/cli.py"}, importers
+    long = {p.name: n for p in (SLM / "store" / "testing").glob("*.py")
+            if (n := p.read_text().count("\n")) > 450}
+    assert long == {}
