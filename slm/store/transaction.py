@@ -109,7 +109,7 @@ class Transaction:
             raise self._incomplete(err) from err
 
     def _incomplete(self, err: BaseException) -> CommittedIncomplete:
-        return CommittedIncomplete(f"{self.done}, but finishing it failed ({err or 'interrupted'}); "
+        return CommittedIncomplete(f"{self.done}, but finishing it failed ({str(err) or 'interrupted'}); "
                                    "run `slm fsck --repair` to complete it")
 
     def _take_back(self, cause: BaseException) -> None:
