@@ -1,7 +1,7 @@
 """The power-cut matrix (docs/recovery.md): every fs operation of every verb, every cut mode.
 
 One scenario = a store, a committed command A (exit 0: acknowledged) and the command B under
-test, both run in-process under one power-cut session (slm/store/powercut.py), so that what A
+test, both run in-process under one power-cut session (slm/store/testing/powercut.py), so that what A
 left unsynced is still at risk while B runs. The session records, before each of B's
 operations and once after B returned, the disk each cut (mode, seed) would leave. Each
 distinct disk is then written to a fresh directory and recovered with `slm fsck --repair`,
@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slm.cli import run as slm_run
-from slm.store import StoreDir, faults
+from slm.store import StoreDir
+from slm.store.testing import faults
 from slm.store import digest as dg
-from slm.store.powercut import Image, PowerCut, PowerCutHappened, write_image
+from slm.store.testing.disk_image import Image, write_image
+from slm.store.testing.powercut import PowerCut, PowerCutHappened
 
 FIXED_TIME = 1_800_000_000.0  # the clock every matrix run sees: replays are byte for byte
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import durability_matrix as dm
-from slm.store.powercut import PowerCut
+from slm.store.testing.powercut import PowerCut
 
 
 @dataclass(frozen=True)

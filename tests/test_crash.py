@@ -1,7 +1,7 @@
 """Crashes and I/O errors at every step: afterwards `slm fsck --repair` leaves exactly the old
 or the new composition active, a second fsck is clean, and the reflog has no torn or lost line.
 
-Faults are injected through the fs layer (slm/store/faults.py) in a child process.
+Faults are injected through the fs layer (slm/store/testing/faults.py) in a child process.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from slm.cli import run as slm_run
 from slm.store import StoreDir
-from slm.store.faults import CRASH_EXIT_CODE
+from slm.store.testing.faults import CRASH_EXIT_CODE
 
 from helpers import ADVISORY
 

@@ -114,7 +114,7 @@ def test_interrupted_import_is_finished_by_repair(cli, store, store_dir, tiny_mo
     import subprocess
     import sys
 
-    from slm.store.faults import CRASH_EXIT_CODE
+    from slm.store.testing.faults import CRASH_EXIT_CODE
 
     env = {**os.environ, "SLM_FAULTS": "crash@point=import.before-name"}
     r = subprocess.run([sys.executable, "-m", "slm", "--store", str(store_dir), "import", "base",

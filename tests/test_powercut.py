@@ -1,4 +1,4 @@
-"""The power-cut simulator itself (slm/store/powercut.py): its model of what survives a cut,
+"""The power-cut simulator itself (slm/store/testing/powercut.py): its model of what survives a cut,
 that a cut replays exactly from its printed spec, and that the matrix's recorded cuts are the
 disks real cuts leave."""
 
@@ -14,9 +14,10 @@ import pytest
 import durability_matrix as dm
 from helpers import ADVISORY
 from slm.errors import UsageError
-from slm.store import faults, fs
+from slm.store import fs
+from slm.store.testing import faults
 from slm.store.journal import Journal
-from slm.store.powercut import CUT_EXIT_CODE, PowerCut, PowerCutHappened
+from slm.store.testing.powercut import CUT_EXIT_CODE, PowerCut, PowerCutHappened
 
 pytestmark = pytest.mark.durability
 
@@ -107,9 +108,9 @@ def test_keep_all_is_the_disk_as_it_is_and_an_unsynced_unlink_may_be_undone(tmp_
 
 
 def _tree(root: Path) -> dict:
-    from slm.store.powercut import _stable
+    from slm.store.testing.disk_image import stable_path
 
-    return {_stable(str(p.relative_to(root))): None if p.is_dir() else p.read_bytes()
+    return {stable_path(str(p.relative_to(root))): None if p.is_dir() else p.read_bytes()
             for p in sorted(root.rglob("*"))}
 
 

@@ -24,7 +24,7 @@ from slm.cli import run_cmds  # noqa: F401, I001
 from slm.cli import ship_cmds  # noqa: F401, I001
 from slm.cli.common import Reported, app, hand_ctrl_c_to_the_command  # noqa: F401 (the package's names)
 from slm.errors import ExitCode, SlmError, printable
-from slm.store import faults
+from slm.store.testing import faults
 
 
 def _fail(code: int, message: str, as_json: bool) -> int:

@@ -18,13 +18,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from slm.compose.composition import Composition, stamped
-from slm.errors import (CommittedIncomplete, IntegrityError, InvalidInput, NeedsRecovery, NotFound, SlmError,
-                        UsageError)
+from slm.errors import IntegrityError, InvalidInput, NeedsRecovery, NotFound, UsageError
 from slm.ops import budget, compositions, policy
 from slm.ops.results import CompositionInfo, Transition
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
-from slm.store.journal import Intent
 from slm.store.reflog import ReflogState
 
 if TYPE_CHECKING:
@@ -70,41 +68,22 @@ def switch(store: StoreDir, comp: Composition, op: str, memory_budget: str | Non
 def _commit(store: StoreDir, comp: Composition, op: str, old: str | None, log: ReflogState) -> None:
     new = comp.id
     created = store.names.get("compositions", dg.hex_of(new)) is None
-    intent = store.journal.begin("active", op, old, new, created)
-    new_blobs: list[str] = []
-    try:
+    with store.transaction("active", op, new, old=old, created=created,
+                           done=f"the transition to {dg.short(new)} is committed") as tx:
+        new_blobs: list[str] = []
+        tx.on_undo(lambda: store.objects.remove_new(new_blobs))
         if created:  # an existing record keeps its first creation's provenance
+            tx.on_undo(lambda: store.names.remove("compositions", dg.hex_of(new)))
             _store_manifest(store, comp, new_blobs)
-        store.reflog.append(old, new, op, log)  # durable: the commit point
-    except BaseException as err:
-        undo_switch(store, intent, log.intact_size, err, new_blobs)
-        raise
-    try:
+        # an append whose fsync failed may still sit in the page cache: cut back to the committed size
+        tx.on_undo(lambda: _cut_reflog(store, log.intact_size))
+        tx.commit(lambda: store.reflog.append(old, new, op, log))  # durable: the commit point
         store.active_ref.write(new)
-        store.journal.end(intent)
-    except SlmError as err:
-        raise CommittedIncomplete(
-            f"the transition to {dg.short(new)} is committed, but finishing it failed ({err}); "
-            "run `slm fsck --repair` to complete it") from err
 
 
-def undo_switch(store: StoreDir, intent: Intent, reflog_size: int, cause: BaseException,
-                new_blobs: list[str] = ()) -> None:
-    """Take back an uncommitted switch: cut the reflog back to its committed size (an append
-    whose fsync failed may still sit in the page cache), remove the composition record (and
-    the blob holding it) if this transaction created them, clear the intent. If the disk
-    refuses even that, the intent stays and the store asks for `slm fsck --repair`, which
-    takes the same decision from the reflog (`slm gc` then removes an unreachable blob)."""
-    try:
-        if store.reflog.path.exists() and store.reflog.path.stat().st_size > reflog_size:
-            fs.truncate(store.reflog.path, reflog_size)
-        if intent.created:
-            store.names.remove("compositions", dg.hex_of(intent.new))
-        store.objects.remove_new(new_blobs)
-        store.journal.end(intent)
-    except (SlmError, OSError) as err:
-        if isinstance(cause, SlmError):
-            cause.message += f"; undoing it failed too ({err}): run `slm fsck --repair`"
+def _cut_reflog(store: StoreDir, size: int) -> None:
+    if store.reflog.path.exists() and store.reflog.path.stat().st_size > size:
+        fs.truncate(store.reflog.path, size)
 
 
 def _store_manifest(store: StoreDir, comp: Composition, new_blobs: list[str]) -> None:

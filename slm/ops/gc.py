@@ -73,15 +73,16 @@ def gc(store: StoreDir, dry_run: bool = False, on_plan=None) -> GcPlan:
             on_plan(p)
         if dry_run:
             return p
-        intent = store.journal.begin("gc", "gc", None, dg.of_bytes(repr(p).encode()))
-        for hex_id in p.composition_records:
-            store.names.remove("compositions", hex_id)
-        for entry in p.blobs:
-            fs.point("gc.before-unlink")
-            fs.unlink(store.objects.path(entry["digest"]))
-        if p.blobs:
-            fs.fsync_dir(store.objects.dir)
-        for name in p.cache_dirs:
-            fs.remove_tree(store.path("cache", "prefix", name))
-        store.journal.end(intent)
+        # each removal is final on its own (all of it unreachable): nothing to undo, no commit
+        # point; an interrupted gc is cleared by `slm fsck --repair` and finished by the next one
+        with store.transaction("gc", "gc", dg.of_bytes(repr(p).encode()), undoable=False):
+            for hex_id in p.composition_records:
+                store.names.remove("compositions", hex_id)
+            for entry in p.blobs:
+                fs.point("gc.before-unlink")
+                fs.unlink(store.objects.path(entry["digest"]))
+            if p.blobs:
+                fs.fsync_dir(store.objects.dir)
+            for name in p.cache_dirs:
+                fs.remove_tree(store.path("cache", "prefix", name))
     return replace(p, dry_run=False)

@@ -21,7 +21,7 @@ import numpy as np
 from slm.compose.adapter_manifest import AdapterManifest, TargetRecord, TensorRef, tensor_bytes
 from slm.compose.base_manifest import BaseManifest, TensorRecord, tensor_order
 from slm.compose.validate import check_adapter_fits
-from slm.errors import CommittedIncomplete, InvalidInput, NotFound, SlmError
+from slm.errors import InvalidInput, NotFound
 from slm.formats.adapter_source import AdapterSource
 from slm.formats.base_source import BaseSource
 from slm.formats.gguf import MAGIC
@@ -78,43 +78,17 @@ def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) 
     existing = store.names.get(kinds, name)
     if existing is not None and existing != digest:
         raise InvalidInput(f"a different {kind} is already named {name!r}; choose another name")
-    intent = store.journal.begin(f"import-{kind}-{name}", "import", None, digest, existing is None)
-    new: list[str] = []
-    try:
+    with store.transaction(f"import-{kind}-{name}", "import", digest, created=existing is None,
+                           done=f"{kind} {name!r} is imported") as tx:
+        new: list[str] = []
+        tx.on_undo(lambda: store.objects.remove_new(new))
         fs.point("import.before-commit")
-        new = staging.commit()
+        new.extend(staging.commit())
         fs.point("import.before-name")
-        store.names.set(kinds, name, digest)  # the commit point
-    except BaseException as err:
-        if not _named(store, kinds, name, digest):
-            _undo_import(store, intent, new, err)
-            raise
-        raise CommittedIncomplete(f"{kind} {name!r} is imported, but finishing the import failed "
-                                  f"({err}); run `slm fsck --repair`") from err
-    try:
-        store.journal.end(intent)
-    except SlmError as err:
-        raise CommittedIncomplete(f"{kind} {name!r} is imported, but finishing the import failed "
-                                  f"({err}); run `slm fsck --repair`") from err
+        # the commit point: the rename of the name file (done, if its directory's fsync failed)
+        tx.commit(lambda: store.names.set(kinds, name, digest),
+                  landed=lambda: store.names.get(kinds, name) == digest)
     return digest, new
-
-
-def _named(store: StoreDir, kinds: str, name: str, digest: str) -> bool:
-    """Whether the name already points at `digest` (the rename of the name file happened)."""
-    try:
-        return store.names.get(kinds, name) == digest
-    except SlmError:
-        return False
-
-
-def _undo_import(store: StoreDir, intent, new_blobs: list[str], cause: BaseException) -> None:
-    """Take back an uncommitted import: unlink the blobs it added, clear its intent."""
-    try:
-        store.objects.remove_new(new_blobs)
-        store.journal.end(intent)
-    except SlmError as err:
-        if isinstance(cause, SlmError):
-            cause.message += f"; undoing it failed too ({err}): run `slm fsck --repair`"
 
 
 def import_base(store: StoreDir, path: Path, name: str, quant: str | None = None,

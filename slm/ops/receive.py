@@ -30,7 +30,7 @@ from slm.compose.composition import Composition, architecture_digest, parse_comp
 from slm.dist import mediatypes as mt
 from slm.dist import signing
 from slm.dist.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, sha256_of
-from slm.errors import CommittedIncomplete, IntegrityError, InvalidInput, NotFound, SlmError
+from slm.errors import IntegrityError, InvalidInput, NotFound, SlmError
 from slm.ops import compositions
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import ReceiveResult
@@ -286,52 +286,34 @@ def commit(store: StoreDir, comp: Composition, record: str, staging) -> list[str
         had_record = store.names.get("compositions", hex_id)
         new_dirs = [store.names.root / k for k in ("bases", "adapters", "compositions")
                     if not (store.names.root / k).is_dir()]  # names.set creates them: undo removes them
-        intent = store.journal.begin(intent_name(comp.id), OP, None, record, had_record is None)
-        new: list[str] = []
-        named: list[tuple[str, str]] = []
-        try:
+        with store.transaction(intent_name(comp.id), OP, record, created=had_record is None,
+                               done=f"composition {dg.short(comp.id)} is received") as tx:
+            new: list[str] = []
+            named: list[tuple[str, str]] = []
+            tx.on_undo(lambda: store.objects.remove_new(new))
+            tx.on_undo(lambda: _remove_empty(new_dirs))
+            tx.on_undo(lambda: _unname(store, named))
             fs.point("bundle.before-commit")
-            new = staging.commit()
+            new.extend(staging.commit())
             for kind, name, digest in names_of(comp):
                 if store.names.get(kind, name) is None:
                     named.append((kind, name))  # before: a set whose directory fsync fails renamed already
                     store.names.set(kind, name, digest)
             fs.point("bundle.before-record")
-            store.names.set("compositions", hex_id, record)  # the commit point
-        except BaseException as err:
-            if not _recorded(store, hex_id, record):
-                _undo(store, intent, new, named, new_dirs, err)
-                raise
-            raise CommittedIncomplete(f"composition {dg.short(comp.id)} is received, but finishing failed "
-                                      f"({err}); run `slm fsck --repair`") from err
-        try:
-            store.journal.end(intent)
-        except SlmError as err:
-            raise CommittedIncomplete(f"composition {dg.short(comp.id)} is received, but finishing failed "
-                                      f"({err}); run `slm fsck --repair`") from err
+            tx.commit(lambda: store.names.set("compositions", hex_id, record),  # the commit point
+                      landed=lambda: store.names.get("compositions", hex_id) == record)
     return new
 
 
-def _recorded(store: StoreDir, hex_id: str, record: str) -> bool:
-    try:
-        return store.names.get("compositions", hex_id) == record
-    except SlmError:
-        return False
+def _unname(store: StoreDir, named: list[tuple[str, str]]) -> None:
+    for kind, name in named:
+        store.names.remove(kind, name)
 
 
-def _undo(store: StoreDir, intent, new_blobs: list[str], named: list[tuple[str, str]], new_dirs,
-          cause: BaseException) -> None:
-    try:
-        for kind, name in named:
-            store.names.remove(kind, name)
-        for folder in new_dirs:
-            if folder.is_dir() and not any(folder.iterdir()):
-                fs.remove_any(folder)
-        store.objects.remove_new(new_blobs)
-        store.journal.end(intent)
-    except SlmError as err:
-        if isinstance(cause, SlmError):
-            cause.message += f"; undoing it failed too ({err}): run `slm fsck --repair`"
+def _remove_empty(folders) -> None:
+    for folder in folders:
+        if folder.is_dir() and not any(folder.iterdir()):
+            fs.remove_any(folder)
 
 
 def recover(store: StoreDir, record: str) -> tuple[bool, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.errors import CommittedIncomplete, SlmError
+from slm.errors import IntegrityError, SlmError
 from slm.ops import compositions
 from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
 from slm.ops.results import Certified, SignResult, SignatureCheck, SignatureReport
@@ -71,23 +71,18 @@ def sign(store: StoreDir, ref: str | None, key_path: Path) -> SignResult:
         if added:
             updated = record.with_signatures((*record.signatures, digest))
             staging = store.objects.staging()
+            hex_id = dg.hex_of(comp_id)
             try:
                 staging.put(blob)
                 record_digest = staging.put(updated.to_toml())
                 new = staging.commit()
-                try:
+                # not journaled: a crash before the commit point leaves only blobs for `slm gc`
+                with store.transaction("sign", "sign", record_digest, journaled=False,
+                                       done=f"composition {dg.short(comp_id)} is signed") as tx:
+                    tx.on_undo(lambda: store.objects.remove_new(new))
                     fs.point("sign.before-record")
-                    store.names.set("compositions", dg.hex_of(comp_id), record_digest)  # the commit point
-                except BaseException as err:
-                    try:
-                        renamed = store.names.get("compositions", dg.hex_of(comp_id)) == record_digest
-                    except SlmError:
-                        renamed = False
-                    if renamed:  # the rename happened, its directory fsync failed: committed
-                        raise CommittedIncomplete(f"composition {dg.short(comp_id)} is signed, but finishing "
-                                                  f"failed ({err}); run `slm fsck`") from err
-                    store.objects.remove_new(new)
-                    raise
+                    tx.commit(lambda: store.names.set("compositions", hex_id, record_digest),  # the commit point
+                              landed=lambda: store.names.get("compositions", hex_id) == record_digest)
             finally:
                 staging.discard()
             record = updated

@@ -8,7 +8,7 @@ Why a layer: durability is a protocol (write, fsync, rename, fsync the directory
 only as good as its weakest call site. Routing every mutation through these functions keeps
 the protocol in one place and gives crash tests a single seam to inject faults at
 (SQLite's test6.c idea): each operation first calls `_fault_point`, which the test hook in
-`slm.store.faults` may turn into a crash or an I/O error.
+`slm.store.testing.faults` may turn into a crash or an I/O error.
 
 Rule: after a failed fsync we never retry; the kernel may already have dropped the dirty
 pages, so the operation fails (the caller rolls back).
@@ -26,9 +26,9 @@ from typing import Callable
 
 from slm.errors import IntegrityError, IOFailure
 
-# Set by slm.store.faults when a fault plan is active (tests only); None in normal runs.
+# Set by slm.store.testing.faults when a fault plan is active (tests only); None in normal runs.
 fault_hook: Callable[[str, str], None] | None = None
-# Set by the power-cut simulator (slm.store.powercut, tests only): told of every fsync that
+# Set by the power-cut simulator (slm.store.testing.powercut, tests only): told of every fsync that
 # returned, so that it knows exactly what a power cut could no longer take away.
 sync_observer: Callable[[int, Path], None] | None = None
 

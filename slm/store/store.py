@@ -30,6 +30,7 @@ from slm.store.names import Names
 from slm.store.objects import ObjectStore
 from slm.store.reflog import Reflog
 from slm.store.refs import Ref
+from slm.store.transaction import Transaction
 from slm.store.verified import FILE_NAME as VERIFIED_FILE
 from slm.store.verified import VerifiedCache
 
@@ -67,6 +68,14 @@ class StoreDir:
     @property
     def journal(self) -> Journal:
         return Journal(self.root / "journal")
+
+    def transaction(self, name: str, op: str, new: str, *, old: str | None = None, created: bool = False,
+                    done: str = "", journaled: bool = True, undoable: bool = True) -> Transaction:
+        """A transaction journaled as journal/<name>.intent "<op> <old> <new>" (slm.store.transaction:
+        the intent, the commit point, undo before it, CommittedIncomplete after it). `done` says
+        what a committed transaction made ("adapter 'x' is imported") in the exit-13 message."""
+        return Transaction(self.journal, name, op, new, old=old, created=created, done=done,
+                           journaled=journaled, undoable=undoable)
 
     @property
     def config(self) -> dict:

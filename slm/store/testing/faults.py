@@ -13,7 +13,7 @@ Selected by the environment variable SLM_FAULTS, read once when the CLI starts:
     SLM_FAULTS=powercut@op=N:seed=S:mode=M:root=DIR
                                                  a simulated power cut before the Nth operation:
                                                  unsynced data and directory entries under DIR
-                                                 are dropped, kept or torn (slm/store/powercut.py)
+                                                 are dropped, kept or torn (slm/store/testing/powercut.py)
 
 Operations are counted from 1 in the order the fs layer performs them (named points are
 not counted). A crash exits with CRASH_EXIT_CODE without flushing or cleaning anything, as
@@ -90,7 +90,7 @@ def install_from_env() -> None:
         return
     spec = os.environ.get(ENV)
     if spec and spec.startswith("powercut@"):
-        from slm.store.powercut import PowerCut
+        from slm.store.testing.powercut import PowerCut
 
         install(PowerCut.from_spec(spec))
         return

@@ -38,63 +38,21 @@ operation fail with EIO (`eio_on`). A test hook, not a user feature.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
-import random
-import re
-import shutil
 import stat
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from slm.errors import IOFailure, UsageError
+from slm.store.testing.disk_image import Image, Tree, choice_rng, stable_path, torn_data, write_image
 
 MODES = ("drop-all", "keep-all", "random", "torn")
-BLOCK = 4096
 CUT_EXIT_CODE = 86  # the crash hook's code: the process ended without cleaning anything
-_TEMP_TOKEN = re.compile(r"\.\d+\.[0-9a-f]{12}\.tmp")  # fs.temp_name's pid + random part
 
 
 class PowerCutHappened(BaseException):
     """Raised (in-process sessions) at the cut: a BaseException, so that no `except Exception`
     of the command treats the end of the world as an error it can handle."""
-
-
-@dataclass
-class _Tree:
-    """What stands under the root: directories (uid -> {name: uid}) and files (uid -> data, mode)."""
-
-    dirs: dict[int, dict[str, int]] = field(default_factory=dict)
-    files: dict[int, tuple[bytes, int]] = field(default_factory=dict)
-
-
-@dataclass
-class Image:
-    """The disk after the cut: directory listings from the root, file contents by uid."""
-
-    root_listing: dict[str, object]  # name -> nested dict (a directory) or a file uid (int)
-    files: dict[int, tuple[bytes, int]]
-
-    def flat(self) -> dict[str, bytes | None]:
-        """path -> bytes (None for a directory), for comparing two images."""
-        out: dict[str, bytes | None] = {}
-
-        def walk(listing: dict, prefix: str) -> None:
-            for name, node in sorted(listing.items()):
-                path = _stable(prefix + name)
-                if isinstance(node, dict):
-                    out[path] = None
-                    walk(node, path + "/")
-                else:
-                    out[path] = self.files[node][0]
-        walk(self.root_listing, "")
-        return out
-
-
-def _stable(path: str) -> str:
-    """A path with fs.temp_name's random part removed: the same item in every replay."""
-    return _TEMP_TOKEN.sub(".tmp", path)
 
 
 class PowerCut:
@@ -221,7 +179,7 @@ class PowerCut:
             raise RuntimeError("power-cut simulator: write() before any cut")  # a test bug
         write_image(self.image, self.root)
 
-    def _crash_image(self, now: _Tree, mode: str, seed: int) -> Image:
+    def _crash_image(self, now: Tree, mode: str, seed: int) -> Image:
         def current(uid: int) -> dict[str, int]:
             gone = self._freed.get(uid)
             return now.dirs.get(uid) or (gone if isinstance(gone, dict) else {})
@@ -284,17 +242,17 @@ class PowerCut:
         for key in sorted(changes, key=lambda k: (paths.get(k[0], "?"), k[1])):
             head = find(key)
             if head not in decided:
-                label = _stable(f"{paths.get(head[0], '?')}/{head[1]}")
+                label = stable_path(f"{paths.get(head[0], '?')}/{head[1]}")
                 if mode == "drop-all":
                     decided[head] = False
                 elif mode == "keep-all":
                     decided[head] = True
                 else:
-                    decided[head] = _rng(seed, mode, "entry", label).random() < 0.5
+                    decided[head] = choice_rng(seed, mode, "entry", label).random() < 0.5
             out[key] = decided[head]
         return out
 
-    def _file_after_cut(self, uid: int, now: _Tree, path: str, mode: str, seed: int) -> tuple[bytes, int]:
+    def _file_after_cut(self, uid: int, now: Tree, path: str, mode: str, seed: int) -> tuple[bytes, int]:
         gone = self._freed.get(uid)
         new, perm = now.files.get(uid) or (gone if isinstance(gone, tuple) else (b"", 0o644))
         old = self._durable_data.get(uid, b"")
@@ -302,13 +260,13 @@ class PowerCut:
             return new, perm
         if mode == "drop-all":
             return old, perm
-        rng = _rng(seed, mode, "data", _stable(path))
+        rng = choice_rng(seed, mode, "data", stable_path(path))
         choice = rng.choice(("drop", "keep", "torn")) if mode == "random" else "torn"
         if choice == "drop":
             return old, perm
         if choice == "keep":
             return new, perm
-        return _torn(old, new, rng), perm
+        return torn_data(old, new, rng), perm
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _uid(self, ino: int) -> int:
@@ -356,8 +314,8 @@ class PowerCut:
             if ino in self._uids:
                 self._freed[self._uids.pop(ino)] = listing
 
-    def _walk(self) -> _Tree:
-        tree = _Tree()
+    def _walk(self) -> Tree:
+        tree = Tree()
         for folder, subdirs, names in os.walk(self.root):
             listing: dict[str, int] = {}
             for name in subdirs + names:
@@ -380,7 +338,7 @@ class PowerCut:
             self._read_cache[info.st_ino] = cached
         return cached[1]
 
-    def _paths(self, now: _Tree, current) -> dict[int, str]:
+    def _paths(self, now: Tree, current) -> dict[int, str]:
         """A stable path for every directory uid (as it is now, else as it was durably)."""
         out = {self.root_uid: ""}
         for listings in (lambda d: current(d), lambda d: self._durable_dirs.get(d, {})):
@@ -394,68 +352,4 @@ class PowerCut:
         return out
 
 
-def write_image(image: Image, root: Path, shared: Path | None = None) -> None:
-    """Replace everything under `root` by `image` (hard links kept as links).
-
-    With `shared` (a directory on the same filesystem), read-only files (blobs, mode 0444) are
-    hard-linked from one copy per content kept there instead of written again: nothing in the
-    store changes a read-only file in place, so cases may share them."""
-    for entry in os.scandir(root):
-        path = Path(entry.path)
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    written: dict[int, Path] = {}
-
-    def build(listing: dict, at: Path) -> None:
-        for name, node in sorted(listing.items()):
-            path = at / name
-            if isinstance(node, dict):
-                path.mkdir()
-                build(node, path)
-            elif node in written:
-                os.link(written[node], path)
-            else:
-                data, mode = image.files[node]
-                if shared is not None and mode == 0o444:
-                    copy = shared / hashlib.sha256(data).hexdigest()
-                    if not copy.exists():
-                        copy.write_bytes(data)
-                        os.chmod(copy, mode)
-                    os.link(copy, path)
-                else:
-                    path.write_bytes(data)
-                    os.chmod(path, mode)
-                written[node] = path
-    build(image.root_listing, root)
-
-
-def _rng(seed: int, mode: str, kind: str, label: str) -> random.Random:
-    return random.Random(f"{seed}|{mode}|{kind}|{label}")
-
-
-def _garbage(old: bytes, new: bytes, width: int, rng: random.Random) -> bytes:
-    """A block whose write was garbled in flight: random bytes wherever the old and the new
-    block differ (bytes that were durable and are rewritten unchanged stay: only what the
-    kernel had not yet written can be lost)."""
-    noise = rng.randbytes(width)
-    return bytes(o if i < len(old) and i < len(new) and o == new[i] else noise[i]
-                 for i, o in enumerate(old.ljust(width, b"\0")[:width]))
-
-
-def _torn(old: bytes, new: bytes, rng: random.Random) -> bytes:
-    """Unsynced data torn at block granularity: the size is the old or the new one; each block
-    that differs is the old block (zeros past the old end), the new one, or garbage."""
-    size = rng.choice((len(old), len(new)))
-    out = bytearray()
-    for start in range(0, size, BLOCK):
-        a, b = old[start:start + BLOCK], new[start:start + BLOCK]
-        width = min(BLOCK, size - start)
-        if a == b:
-            block = a
-        else:
-            r = rng.random()
-            block = a if r < 0.4 else b if r < 0.8 else _garbage(a, b, width, rng)
-        out += block[:width].ljust(width, b"\0")
-    return bytes(out)
+__all__ = ["CUT_EXIT_CODE", "MODES", "Image", "PowerCut", "PowerCutHappened", "write_image"]
