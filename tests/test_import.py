@@ -13,6 +13,7 @@ from helpers import one_line, snapshot
 from slm import quant
 from slm.compose.base_manifest import parse_base_manifest
 from slm.formats import llama
+from slm.store.sync_pool import Syncs
 from slm.formats.safetensors_io import SafetensorsFile
 
 
@@ -226,7 +227,7 @@ def test_json_errors_are_machine_readable(cli, store, tiny_model, tmp_path):
 
 def test_a_failed_write_on_the_sync_threads_fails_the_import_before_anything_is_named(
         cli, store, store_dir, tiny_model, monkeypatch):
-    """Staged files are written on the same pool (slm.store.fs.Syncs) while the caller hashes
+    """Staged files are written on the same pool (slm.store.sync_pool.Syncs) while the caller hashes
     the next tensors; a full disk there is reported at the barrier, one line, exit 12, before
     any blob is linked or the name is set, and the staging area is gone."""
     import errno
@@ -255,7 +256,7 @@ def test_a_failed_write_on_the_sync_threads_fails_the_import_before_anything_is_
 
 def test_a_failed_fsync_on_the_sync_threads_fails_the_import_before_anything_is_named(
         cli, store, store_dir, tiny_model, monkeypatch):
-    """Staged files are fsynced on a pool (slm.store.fs.Syncs) while the next are written; one
+    """Staged files are fsynced on a pool (slm.store.sync_pool.Syncs) while the next are written; one
     that fails is reported at the barrier, before any blob is linked or the name is set."""
     import errno
     import os
@@ -287,9 +288,9 @@ def test_the_sync_threads_hold_a_bounded_part_of_the_bytes(tmp_path, monkeypatch
 
     from slm.store import fs
 
-    monkeypatch.setattr(fs.Syncs, "IN_FLIGHT_BYTES", 3000)
+    monkeypatch.setattr(Syncs, "IN_FLIGHT_BYTES", 3000)
     gate = threading.Event()
-    real = fs.Syncs._write_sync_and_close_now
+    real = Syncs._write_sync_and_close_now
     started = []
 
     def slow(f, pieces):
@@ -297,8 +298,8 @@ def test_the_sync_threads_hold_a_bounded_part_of_the_bytes(tmp_path, monkeypatch
         gate.wait(10)  # (bounded: the test releases it)
         real(f, pieces)
 
-    monkeypatch.setattr(fs.Syncs, "_write_sync_and_close_now", staticmethod(slow))
-    syncs = fs.Syncs()
+    monkeypatch.setattr(Syncs, "_write_sync_and_close_now", staticmethod(slow))
+    syncs = Syncs()
     for i in range(2):  # 2000 bytes in flight: under the bound, the caller goes on
         syncs.write_sync_and_close(fs.NewFile(tmp_path / f"f{i}"), [b"x" * 1000])
     blocked = threading.Thread(target=syncs.write_sync_and_close, args=(fs.NewFile(tmp_path / "f2"), [b"y" * 1500]))

@@ -25,6 +25,7 @@ from typing import Iterator
 from slm.errors import Busy, IntegrityError, IOFailure, NotFound, SlmError
 from slm.store import digest as dg
 from slm.store import fs
+from slm.store.sync_pool import Syncs
 from slm.store.verified import VerifiedCache, key_of
 
 BLOB_MODE = 0o444
@@ -247,7 +248,7 @@ class Staging:
     reused: set[str] = field(default_factory=set)  # already in objects/ when put: not staged again
     dir: Path | None = None
     _lock_fd: int | None = None
-    _syncs: fs.Syncs = field(default_factory=fs.Syncs)  # each staged file's fsync, in flight
+    _syncs: Syncs = field(default_factory=Syncs)  # each staged file's fsync, in flight
 
     def _dir(self) -> Path:
         if self.dir is None:
