@@ -291,7 +291,7 @@ def test_an_activation_loads_no_module_it_does_not_use(cli, two_bases, store_dir
                                              layers=2, kv_dim=32, seed=3)
     assert cli("import", "adapter", lora, "--name", "l").code == 0
     unused = ["slm.ops.signing", "slm.formats.adapter_source",
-              "slm.formats.base_source", "slm.dist.signing", "cryptography"]
+              "slm.formats.base_source", "slm.distribution.signing", "cryptography"]
     probe = ("import sys; from slm.cli import run; "
              f"code = run(['--store', {str(store_dir)!r}, 'activate', 'tq', 'l']); "
              f"print(code, [m for m in {unused!r} if m in sys.modules])")

@@ -69,7 +69,7 @@ def test_bundle_round_trip_same_id_same_logits(cli, tmp_path, source, target, su
 
 def test_bundle_layout_media_types_and_digests(cli, tmp_path, source):
     """The layout is what the OCI image spec says, and every layer carries its BLAKE3 digest."""
-    from slm.dist import mediatypes as mt
+    from slm.distribution import mediatypes as mt
     from slm.store import digest as dg
 
     src, comp_id = source
@@ -155,7 +155,7 @@ def _refused(cli, store: Path, bundle: Path, code: int) -> str:
 @pytest.mark.parametrize("role", ["config", "composition", "base-manifest", "tokenizer", "tensor",
                                   "adapter-manifest", "adapter-tensor", "manifest"])
 def test_a_flipped_byte_in_any_blob_is_refused(cli, tmp_path, source, target, role):
-    from slm.dist import mediatypes as mt
+    from slm.distribution import mediatypes as mt
 
     src, _ = source
     bundle = tmp_path / "bundle"
@@ -192,7 +192,7 @@ def test_a_manifest_without_a_blob_the_base_names_is_refused(cli, tmp_path, sour
 
 def test_a_lying_blake3_annotation_is_refused(cli, tmp_path, source, target):
     """The annotation claims another blob's BLAKE3 (one the store may already hold): refused."""
-    from slm.dist import mediatypes as mt
+    from slm.distribution import mediatypes as mt
 
     src, _ = source
     bundle = tmp_path / "bundle"

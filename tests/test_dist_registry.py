@@ -88,7 +88,7 @@ def test_pull_into_a_store_with_the_base_downloads_only_the_adapter(cli, tmp_pat
 
 
 def test_skopeo_reads_the_manifest_and_copies_it_to_an_oci_layout(cli, tmp_path, registry, pushed, skopeo):  # noqa: F811
-    from slm.dist import mediatypes as mt
+    from slm.distribution import mediatypes as mt
 
     pushed_json = _json(cli, "--store", pushed["store"], "push", pushed["ref"])
     raw = subprocess.run([skopeo, "inspect", "--raw", "--tls-verify=false", f"docker://{pushed['ref']}"],

@@ -79,8 +79,8 @@ def test_bad_references_and_an_unknown_tag_are_one_line_errors(cli, tmp_path, re
 
 
 def test_plain_http_is_refused_for_a_remote_host_without_insecure():
-    from slm.dist.reference import parse_reference
-    from slm.dist.registry import Registry
+    from slm.distribution.reference import parse_reference
+    from slm.distribution.registry import Registry
 
     assert Registry(parse_reference("registry.example.com/a/b:v1")).scheme == "https"
     assert Registry(parse_reference("registry.example.com/a/b:v1"), insecure=True).scheme == "http"
@@ -131,7 +131,7 @@ def test_basic_auth_from_env_or_docker_config_and_never_printed(cli, tmp_path, t
 def test_chunked_upload_and_pull_by_digest(cli, tmp_path, registry, pushed, monkeypatch):  # noqa: F811
     """Blobs over CHUNK go up in PATCH chunks (4 KiB here, so most tiny tensors do); a pull by
     @sha256:<manifest digest> gets exactly that manifest."""
-    from slm.dist import registry as client
+    from slm.distribution import registry as client
 
     monkeypatch.setattr(client, "CHUNK", 4096)
     ref = pushed["ref"].replace(":v1", ":chunked").replace("fleet/tiny", "fleet/chunked")
@@ -152,8 +152,8 @@ def test_bearer_token_challenge_is_answered_and_the_token_never_shown():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from slm.dist.reference import parse_reference
-    from slm.dist.registry import Credentials, Registry
+    from slm.distribution.reference import parse_reference
+    from slm.distribution.registry import Credentials, Registry
     from slm.errors import IOFailure
 
     token, seen = "tok-7c1e9", []

@@ -22,7 +22,7 @@ def _key(path: Path, seed: int) -> tuple[Path, str]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    from slm.dist.signing import public_key_text
+    from slm.distribution.signing import public_key_text
 
     key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([seed]) * 32)
     path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -122,7 +122,7 @@ def test_signatures_travel_in_bundles(cli, tmp_path, signed_setup, keys):
 
 def test_a_signature_over_another_id_or_edited_does_not_verify(cli, tmp_path, signed_setup, keys):
     """What the receiver and the policy check for every signature blob."""
-    from slm.dist import signing
+    from slm.distribution import signing
 
     a, comp_id = signed_setup
     other = "blake3:" + "ab" * 32
@@ -139,7 +139,7 @@ def test_a_signature_over_another_id_or_edited_does_not_verify(cli, tmp_path, si
 def test_push_sends_signatures_as_referrers(cli, signed_setup, keys, registry):  # noqa: F811
     import urllib.request
 
-    from slm.dist import mediatypes as mt
+    from slm.distribution import mediatypes as mt
 
     a, comp_id = signed_setup
     assert cli("--store", a, "sign", "--key", keys["ci"][0]).code == 0

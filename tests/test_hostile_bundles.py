@@ -111,7 +111,7 @@ def _rewrite_manifest(bundle: Path, manifest: dict) -> None:
 
 
 def _tensor_layer(manifest: dict) -> dict:
-    from slm.dist import mediatypes as mt
+    from slm.distribution import mediatypes as mt
 
     return [l for l in manifest["layers"] if l["mediaType"] == mt.TENSOR][3]
 

@@ -58,7 +58,7 @@ def ci_key(tmp_path_factory) -> tuple[Path, str]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    from slm.dist.signing import public_key_text
+    from slm.distribution.signing import public_key_text
 
     key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([7]) * 32)
     path = tmp_path_factory.mktemp("keys") / "ci.pem"
@@ -278,7 +278,7 @@ def test_two_digests_in_one_message_print_long_enough_to_differ():
 
 
 def test_a_signature_for_a_lookalike_id_names_both_ids_distinctly(store_dir, ci_key):
-    from slm.dist import signing
+    from slm.distribution import signing
     from slm.store import StoreDir
 
     comp_id = StoreDir.open(store_dir).active_ref.read()

@@ -89,7 +89,7 @@ def trusted_cert(monkeypatch, tmp_path, no_docker_config):
 @pytest.fixture
 def https_registry(monkeypatch, trusted_cert):
     """... and 127.0.0.1 treated as a remote host (HTTPS), as registry.example.com would be."""
-    from slm.dist.reference import Reference
+    from slm.distribution.reference import Reference
 
     monkeypatch.setattr(Reference, "is_loopback", property(lambda self: False))
     return trusted_cert
@@ -298,8 +298,8 @@ def test_a_steady_transfer_longer_than_the_timeout_is_not_cut(no_docker_config, 
     takes several times SLM_REGISTRY_TIMEOUT_S in all, is received whole."""
     import hashlib
 
-    from slm.dist.reference import parse_reference
-    from slm.dist.registry import Registry
+    from slm.distribution.reference import parse_reference
+    from slm.distribution.registry import Registry
 
     monkeypatch.setenv("SLM_REGISTRY_TIMEOUT_S", "1")
     monkeypatch.setenv("SLM_REGISTRY_MIN_RATE", "1000")
@@ -366,8 +366,8 @@ def test_malformed_responses_are_one_line_exit_12(cli, bundle, empty_store, no_d
 def test_a_protocol_error_discards_the_connection(bundle, no_docker_config):
     """After a malformed response the connection is never read again: the next request opens a
     new one (a kept-alive connection would hand it the rest of the broken response)."""
-    from slm.dist.reference import parse_reference
-    from slm.dist.registry import Registry
+    from slm.distribution.reference import parse_reference
+    from slm.distribution.registry import Registry
     from slm.errors import IOFailure
 
     manifest, blobs, _ = bundle

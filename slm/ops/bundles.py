@@ -1,7 +1,7 @@
 """`slm export --format slm` and `slm import bundle`: compositions as OCI image layouts.
 
 Export reads the store (every blob re-hashed as it is read) and writes a layout directory or
-tar (slm.dist.layout); it changes nothing in the store. Import is a receive transaction
+tar (slm.distribution.layout); it changes nothing in the store. Import is a receive transaction
 (slm.ops.receive), the same one `slm pull` runs.
 """
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slm.compose.composition import Composition, for_base
-from slm.dist import mediatypes as mt
-from slm.dist.bundle import Descriptor, Layer, Manifest, blobs_of, config_bytes, parse_manifest, sha256_of
-from slm.dist.layout import write_layout
-from slm.dist.layout_read import LayoutReader
+from slm.distribution import mediatypes as mt
+from slm.distribution.bundle import Descriptor, Layer, Manifest, blobs_of, config_bytes, parse_manifest, sha256_of
+from slm.distribution.layout import write_layout
+from slm.distribution.layout_read import LayoutReader
 from slm.errors import IntegrityError, InvalidInput, NotFound
 from slm.ops import compositions, receive
 from slm.ops.progress import NoProgress, Progress
@@ -137,7 +137,7 @@ def _advancing(data: bytes, progress: Progress) -> bytes:
 
 class _LayoutSource:
     """A layout's blobs for the receiver: small ones whole, the rest in chunks (each opened only
-    if it is a regular file of its descriptor's size; slm.dist.layout_read)."""
+    if it is a regular file of its descriptor's size; slm.distribution.layout_read)."""
 
     def __init__(self, reader: LayoutReader):
         self.reader = reader

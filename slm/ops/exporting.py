@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
-from slm.dist import exporters
+from slm.distribution import exporters
 from slm.errors import Incompatible, InvalidInput, NotFound
 from slm.ops import bundles, compositions
 from slm.ops.progress import Progress

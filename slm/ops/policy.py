@@ -34,7 +34,7 @@ def policy(store: StoreDir) -> Policy:
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise InvalidInput('config.toml: trusted_keys must be a list of "ed25519:<base64>" strings')
     if keys:  # every switch asks for the policy; the key parser loads only when there are keys
-        from slm.dist import signing
+        from slm.distribution import signing
 
         for i, key in enumerate(keys):
             signing.parse_public_key(key, f"config.toml trusted_keys[{i}]")

@@ -27,9 +27,9 @@ from typing import Iterator, Protocol
 from slm.compose.adapter_manifest import AdapterManifest, parse_adapter_manifest
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.compose.composition import Composition, architecture_digest, parse_composition
-from slm.dist import mediatypes as mt
-from slm.dist import signing
-from slm.dist.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, sha256_of
+from slm.distribution import mediatypes as mt
+from slm.distribution import signing
+from slm.distribution.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, sha256_of
 from slm.errors import IntegrityError, InvalidInput, NotFound, SlmError
 from slm.ops import compositions
 from slm.ops.progress import NoProgress, Progress

@@ -15,10 +15,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from slm.dist import mediatypes as mt
-from slm.dist.bundle import MAX_MANIFEST_BYTES, Descriptor, Manifest, canonical, parse_manifest, sha256_of
-from slm.dist.reference import parse_reference
-from slm.dist.registry import Registry
+from slm.distribution import mediatypes as mt
+from slm.distribution.bundle import MAX_MANIFEST_BYTES, Descriptor, Manifest, canonical, parse_manifest, sha256_of
+from slm.distribution.reference import parse_reference
+from slm.distribution.registry import Registry
 from slm.errors import InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
 from slm.ops import bundles, receive

@@ -36,7 +36,7 @@ def _record(store: StoreDir, comp_id: str) -> Composition | None:
 
 
 def check_signatures(store: StoreDir, comp_id: str, trusted: tuple[str, ...]) -> list[SignatureCheck]:
-    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+    from slm.distribution import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     record = _record(store, comp_id)
     out = []
@@ -58,7 +58,7 @@ def _find(store: StoreDir, ref: str | None) -> str:
 
 
 def sign(store: StoreDir, ref: str | None, key_path: Path) -> SignResult:
-    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+    from slm.distribution import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     key = signing.load_private_key(Path(key_path))
     public = signing.public_key_text(key)
@@ -92,7 +92,7 @@ def sign(store: StoreDir, ref: str | None, key_path: Path) -> SignResult:
 def verify_signatures(store: StoreDir, ref: str | None, keys: list[str] = ()) -> SignatureReport:
     """The signatures of a composition, each checked; trusted = config.toml trusted_keys plus
     the keys given (key texts or PEM files)."""
-    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+    from slm.distribution import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     comp_id = _find(store, ref)
     trusted = policy(store).trusted_keys + tuple(signing.public_key_from_file_or_text(k) for k in keys)
@@ -102,7 +102,7 @@ def verify_signatures(store: StoreDir, ref: str | None, keys: list[str] = ()) ->
 def write_certificate(comp_id: str, result: dict, key_path: Path, target: outputs.OutputFile) -> str:
     """Sign a verify result, bound to its composition id, into `target` (a new file on the
     guarded output path, slm.store.outputs) and commit it."""
-    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+    from slm.distribution import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     key = signing.load_private_key(Path(key_path))
     target.write(signing.certificate(comp_id, result, key))
@@ -111,7 +111,7 @@ def write_certificate(comp_id: str, result: dict, key_path: Path, target: output
 
 
 def check_certificate(path: Path, keys: list[str] = ()) -> dict:
-    from slm.dist import signing  # Ed25519 and the canonical JSON load when a signature is touched
+    from slm.distribution import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
     from slm.formats.untrusted import read_untrusted
 
@@ -126,7 +126,7 @@ def certify(store: StoreDir, ref: str | None, key_path: Path, out: Path, numeric
             progress=None) -> Certified:
     """`slm verify --certificate OUT --key KEY`: verify, then write the report signed and bound to
     the composition id (written whatever the result: the result says whether it passed)."""
-    from slm.dist import signing
+    from slm.distribution import signing
     from slm.ops import verify
 
     signing.load_private_key(Path(key_path))  # a bad key fails before minutes of verification

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from slm.dist.bundle import MAX_SIGNATURE_BYTES, canonical
+from slm.distribution.bundle import MAX_SIGNATURE_BYTES, canonical
 from slm.errors import IntegrityError, InvalidInput
 from slm.formats.jsonfile import parse_json_object
 from slm.formats.untrusted import read_untrusted

@@ -26,7 +26,7 @@ from slm import arch as archs
 from slm.arch.roles import qk_heads
 from slm.compose.adapter_manifest import AdapterManifest, tensor_from_bytes
 from slm.compose.base_manifest import BaseManifest
-from slm.dist.gguf_writer import write_gguf
+from slm.distribution.gguf_writer import write_gguf
 from slm.errors import Incompatible
 from slm.formats.llama import gguf_to_hf_module, permute_gguf_to_hf, permute_hf_to_gguf
 from slm.store.objects import ObjectStore

@@ -33,7 +33,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Iterator
 
-from slm.dist.reference import is_loopback_host
+from slm.distribution.reference import is_loopback_host
 from slm.errors import IntegrityError, InvalidInput, IOFailure, printable
 
 ENV_TIMEOUT = "SLM_REGISTRY_TIMEOUT_S"

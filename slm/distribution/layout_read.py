@@ -27,8 +27,8 @@ import re
 import stat
 import tarfile
 from pathlib import Path
-from slm.dist import mediatypes as mt
-from slm.dist.bundle import MAX_MANIFEST_BYTES, Descriptor, is_sha256, parse_descriptor
+from slm.distribution import mediatypes as mt
+from slm.distribution.bundle import MAX_MANIFEST_BYTES, Descriptor, is_sha256, parse_descriptor
 from slm.errors import IntegrityError, InvalidInput, IOFailure, NotFound
 from slm.formats.untrusted import UntrustedFile, kind_of, open_untrusted
 

@@ -26,7 +26,7 @@ from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
 from slm.compose.composition import Composition
 from slm.compose.toml_io import MAX_MANIFEST as MAX_TOML_MANIFEST
-from slm.dist import mediatypes as mt
+from slm.distribution import mediatypes as mt
 from slm.errors import InvalidInput
 from slm.formats.jsonfile import parse_json_object
 from slm.store import digest as dg

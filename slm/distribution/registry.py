@@ -15,7 +15,7 @@ realm (with the credentials, if any: over HTTPS, or from the registry's own orig
 are held in memory only and never appear in a message. Credentials come from
 SLM_REGISTRY_AUTH ("user:password") or ~/.docker/config.json ($DOCKER_CONFIG/config.json)
 "auths", read as any file someone else wrote (slm.formats.untrusted: a regular file of at most
-1 MiB, else exit 4). The wire (deadlines, origins, malformed responses) is slm.dist.transport's.
+1 MiB, else exit 4). The wire (deadlines, origins, malformed responses) is slm.distribution.transport's.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from slm.dist import mediatypes as mt
-from slm.dist.bundle import MAX_MANIFEST_BYTES, sha256_of
-from slm.dist.reference import Reference
-from slm.dist.transport import Clock, Response, Transport, join, origin_of, shown
+from slm.distribution import mediatypes as mt
+from slm.distribution.bundle import MAX_MANIFEST_BYTES, sha256_of
+from slm.distribution.reference import Reference
+from slm.distribution.transport import Clock, Response, Transport, join, origin_of, shown
 from slm.errors import IntegrityError, InvalidInput, IOFailure, NotFound
 from slm.formats.untrusted import read_untrusted
 
@@ -100,7 +100,7 @@ class Registry:
     def request(self, method: str, url: str, body: bytes | None = None, headers: dict | None = None,
                 limit: int | None = 1 << 20, stream: bool = False) -> Response:
         """One request, answering an auth challenge and following redirects, all under one clock
-        (slm.dist.transport). Credentials, and the token they bought, go to the registry's own
+        (slm.distribution.transport). Credentials, and the token they bought, go to the registry's own
         origin only (scheme, host and port): a redirect elsewhere is followed without them. With
         `stream`, the final 200 response's body is left to read (`Response.stream`)."""
         clock = self.transport.clock()

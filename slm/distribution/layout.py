@@ -7,7 +7,7 @@
 A layout is written into an output of slm.store.outputs (a temporary sibling renamed into
 place), so an interrupted export leaves no half bundle under the requested name. A tar is
 written with fixed metadata (mtime 0, uid 0, sorted members): the same composition gives the
-same bytes. Reading one someone else wrote is slm.dist.layout_read.
+same bytes. Reading one someone else wrote is slm.distribution.layout_read.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import io
 import tarfile
 from typing import Callable, Iterable
 
-from slm.dist import mediatypes as mt
-from slm.dist.bundle import canonical
+from slm.distribution import mediatypes as mt
+from slm.distribution.bundle import canonical
 
 # (sha256 digest, size, a function writing the bytes to a binary file)
 BlobWriter = tuple[str, int, Callable[[io.RawIOBase], None]]

@@ -11,7 +11,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from slm.dist.bundle import is_sha256
+from slm.distribution.bundle import is_sha256
 from slm.errors import InvalidInput
 
 _REPO = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
