@@ -106,8 +106,9 @@ def chat_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = Tru
 
 def _texts(messages: list[dict]) -> list[str]:
     """Every text of the messages' contents (a string, or the text items of a list)."""
-    out = []
-    _ = [_map_content(m.get("content"), lambda t: out.append(t) or t) for m in messages]
+    out: list[str] = []
+    for m in messages:
+        _map_content(m.get("content"), lambda t: out.append(t) or t)
     return out
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.errors import IntegrityError, SlmError
+from slm.errors import SlmError
 from slm.ops import compositions
 from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
 from slm.ops.results import Certified, SignResult, SignatureCheck, SignatureReport
