@@ -34,6 +34,39 @@ def copy_tree(src: Path, dst: Path) -> Path:
     return dst
 
 
+def tiny_store(root: Path, tiny_model: dict, adapters: int = 0, steps=(("activate", "tq"),)) -> Path:
+    """A store at root/store built by the real commands: `tq` (the tiny model's quantized GGUF),
+    random LoRA adapters `a1`..`aN` (seeds 1..N, fitted to the tiny model), then each step
+    (e.g. ("activate", "tq", "a1@0.5")). Build it once per module and copy it per test."""
+    import make_random_lora
+
+    from slm.cli import run
+
+    store = root / "store"
+    for seed in range(1, adapters + 1):
+        make_random_lora.make_random_lora(root / f"lora{seed}", rank=4, seed=seed, hidden=64,
+                                          intermediate=128, layers=2, kv_dim=32)
+    imports = [["import", "adapter", root / f"lora{seed}", "--name", f"a{seed}"] for seed in range(1, adapters + 1)]
+    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"], *imports, *map(list, steps)):
+        assert run(["--store", str(store), *map(str, args)]) == 0, args
+    return store
+
+
+def copy_store(template: Path, tmp_path: Path) -> Path:
+    """A test's own copy of a template store (links kept as links)."""
+    return Path(shutil.copytree(template, tmp_path / "store", symlinks=True))
+
+
+def refused(cli, store_dir, code, *args):
+    """The command fails with `code`, one line on stderr, and the store is unchanged."""
+    before = snapshot(store_dir)
+    r = cli("--store", store_dir, *args)
+    assert r.code == code, (args, r.code, r.err)
+    assert one_line(r.err), r.err
+    assert snapshot(store_dir) == before, f"{args} changed the store"
+    return r
+
+
 def one_line(text: str) -> bool:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return len(lines) == 1 and "Traceback" not in text

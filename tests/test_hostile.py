@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import blocked_reading_stdin, one_line, snapshot, wait_until
+from helpers import blocked_reading_stdin, copy_store, one_line, refused, snapshot, tiny_store, wait_until
 from slm.store import StoreDir
 from slm.store import digest as dg
 
@@ -43,38 +43,15 @@ def slm_proc(store_dir, *args, timeout=QUICK, env=None, stdin=None, **kw):
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, tiny_model):
     """A store with a base, two adapters and three transitions in its reflog."""
-    import make_random_lora
-
-    from slm.cli import run
-
     root = tmp_path_factory.mktemp("hostile")
-    store = root / "store"
-    for seed in (1, 2):
-        make_random_lora.make_random_lora(root / f"lora{seed}", rank=4, seed=seed, hidden=64,
-                                          intermediate=128, layers=2, kv_dim=32)
-    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"],
-                 ["import", "adapter", root / "lora1", "--name", "a1"],
-                 ["import", "adapter", root / "lora2", "--name", "a2"],
-                 ["activate", "tq"], ["activate", "tq", "a1"], ["activate", "tq", "a2"]):
-        assert run(["--store", str(store), *map(str, args)]) == 0, args
+    store = tiny_store(root, tiny_model, adapters=2,
+                       steps=[("activate", "tq"), ("activate", "tq", "a1"), ("activate", "tq", "a2")])
     return {"store": store, "root": root, "tiny": tiny_model}
 
 
 @pytest.fixture
 def store_dir(template, tmp_path) -> Path:
-    dst = tmp_path / "store"
-    shutil.copytree(template["store"], dst, symlinks=True)
-    return dst
-
-
-def refused(cli, store_dir, code, *args):
-    """The command fails with `code`, one line on stderr, and the store is unchanged."""
-    before = snapshot(store_dir)
-    r = cli("--store", store_dir, *args)
-    assert r.code == code, (args, r.code, r.err)
-    assert one_line(r.err), r.err
-    assert snapshot(store_dir) == before, f"{args} changed the store"
-    return r
+    return copy_store(template["store"], tmp_path)
 
 
 def fsck_clean(cli, store_dir):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from helpers import one_line, snapshot
+from helpers import copy_store, one_line, refused, snapshot, tiny_store
 from slm.errors import Incompatible, IntegrityError, InvalidInput, NotFound
 from slm.store import digest as dg
 
@@ -31,25 +30,12 @@ QUICK = 60  # seconds: a command that takes longer on a tiny store is a hang (a 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, tiny_model):
     """A store with a base and an adapter, tq + a1 active, nothing signed."""
-    import make_random_lora
-
-    from slm.cli import run
-
-    root = tmp_path_factory.mktemp("config")
-    store = root / "store"
-    make_random_lora.make_random_lora(root / "lora1", rank=4, seed=1, hidden=64, intermediate=128,
-                                      layers=2, kv_dim=32)
-    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"],
-                 ["import", "adapter", root / "lora1", "--name", "a1"], ["activate", "tq", "a1@0.5"]):
-        assert run(["--store", str(store), *map(str, args)]) == 0, args
-    return store
+    return tiny_store(tmp_path_factory.mktemp("config"), tiny_model, adapters=1, steps=[("activate", "tq", "a1@0.5")])
 
 
 @pytest.fixture
 def store_dir(template, tmp_path) -> Path:
-    dst = tmp_path / "store"
-    shutil.copytree(template, dst, symlinks=True)
-    return dst
+    return copy_store(template, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -65,16 +51,6 @@ def ci_key(tmp_path_factory) -> tuple[Path, str]:
     path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                        serialization.NoEncryption()))
     return path, public_key_text(key)
-
-
-def refused(cli, store_dir, code, *args):
-    """The command fails with `code`, one line on stderr, and the store is unchanged."""
-    before = snapshot(store_dir)
-    r = cli("--store", store_dir, *args)
-    assert r.code == code, (args, r.code, r.err)
-    assert one_line(r.err), r.err
-    assert snapshot(store_dir) == before, f"{args} changed the store"
-    return r
 
 
 def slm_proc(store_dir, *args):

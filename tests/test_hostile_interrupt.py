@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import HANG_S, snapshot, wait_until
+from helpers import HANG_S, copy_store, snapshot, tiny_store, wait_until
 
 pytestmark = pytest.mark.hostile
 
@@ -33,21 +33,12 @@ INTERRUPTED = b"slm: interrupted\n"
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, tiny_model):
     """A store with the tiny base active."""
-    from slm.cli import run
-
-    store = tmp_path_factory.mktemp("interrupt") / "store"
-    for args in (["init"], ["import", "base", str(tiny_model["gguf_q"]), "--name", "tq"], ["activate", "tq"]):
-        assert run(["--store", str(store), *args]) == 0, args
-    return store
+    return tiny_store(tmp_path_factory.mktemp("interrupt"), tiny_model)
 
 
 @pytest.fixture
 def store_dir(template, tmp_path) -> Path:
-    import shutil
-
-    dst = tmp_path / "store"
-    shutil.copytree(template, dst, symlinks=True)
-    return dst
+    return copy_store(template, tmp_path)
 
 
 def has_mapped(pid: int, fragment: str) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import one_line, snapshot
+from helpers import copy_store, one_line, refused, tiny_store
 from slm.errors import InvalidInput
 from slm.store import fs, outputs
 
@@ -37,35 +36,13 @@ FORMATS = {
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, tiny_model):
     """A store with a base and one adapter, the composition of both active."""
-    import make_random_lora
-
-    from slm.cli import run
-
-    root = tmp_path_factory.mktemp("hostile-outputs")
-    store = root / "store"
-    make_random_lora.make_random_lora(root / "lora1", rank=4, seed=1, hidden=64, intermediate=128,
-                                      layers=2, kv_dim=32)
-    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"],
-                 ["import", "adapter", root / "lora1", "--name", "a1"], ["activate", "tq", "a1"]):
-        assert run(["--store", str(store), *map(str, args)]) == 0, args
-    return store
+    return tiny_store(tmp_path_factory.mktemp("hostile-outputs"), tiny_model, adapters=1,
+                      steps=[("activate", "tq", "a1")])
 
 
 @pytest.fixture
 def store_dir(template, tmp_path) -> Path:
-    dst = tmp_path / "store"
-    shutil.copytree(template, dst, symlinks=True)
-    return dst
-
-
-def refused(cli, store_dir, code, *args):
-    """The command fails with `code`, one line on stderr, and the store is unchanged."""
-    before = snapshot(store_dir)
-    r = cli("--store", store_dir, *args)
-    assert r.code == code, (args, r.code, r.err)
-    assert one_line(r.err), r.err
-    assert snapshot(store_dir) == before, f"{args} changed the store"
-    return r
+    return copy_store(template, tmp_path)
 
 
 def store_still_works(cli, store_dir):
