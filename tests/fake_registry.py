@@ -36,6 +36,17 @@ def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
+def blobs_redirected_to(storage: "FakeRegistry"):
+    """A `misbehave` hook: every blob GET that carries credentials is answered with a 307 to the
+    same path on `storage` (another origin), as registries backed by object storage do."""
+    def to_storage(handler) -> bool:
+        if "/blobs/" in handler.path and handler.headers.get("Authorization"):
+            handler.reply(307, headers=[("Location", f"http://{storage.host}{handler.path}")])
+            return True
+        return False
+    return to_storage
+
+
 def self_signed_cert(folder: Path) -> tuple[Path, Path]:
     """A CA-flagged self-signed certificate for 127.0.0.1 (clients trust it via SSL_CERT_FILE)."""
     from cryptography import x509

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from fake_registry import FakeRegistry, basic, read_layout
+from fake_registry import FakeRegistry, basic, blobs_redirected_to, read_layout
 from helpers import one_line, snapshot
 
 pytestmark = pytest.mark.hostile
@@ -219,13 +219,7 @@ def test_streamed_blobs_follow_auth_and_redirects_and_keep_the_connection(cli, b
     monkeypatch.setattr(receive, "AHEAD_MAX", 0)
     monkeypatch.setenv("SLM_REGISTRY_AUTH", f"alice:{SECRET}")
     with FakeRegistry(manifest, blobs) as storage:
-        def to_storage(handler):
-            if "/blobs/" in handler.path and handler.headers.get("Authorization"):
-                handler.reply(307, headers=[("Location", f"http://{storage.host}{handler.path}")])
-                return True
-            return False
-
-        with FakeRegistry(manifest, {}, misbehave=to_storage, password=basic("alice", SECRET)) as reg:
+        with FakeRegistry(manifest, {}, misbehave=blobs_redirected_to(storage), password=basic("alice", SECRET)) as reg:
             r = cli("--store", empty_store, "pull", f"{reg.host}/{REPO}:v1", "--json")
     assert r.code == 0, r.err
     assert r.json()["blobs_downloaded"] == len(blobs) - 1  # every blob but the manifest

@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from fake_registry import FakeRegistry, basic, read_layout, self_signed_cert
+from fake_registry import FakeRegistry, basic, blobs_redirected_to, read_layout, self_signed_cert
 from helpers import one_line, snapshot
 
 pytestmark = pytest.mark.hostile
@@ -168,13 +168,7 @@ def test_credentials_never_reach_another_origin(cli, bundle, empty_store, no_doc
     manifest, blobs, _ = bundle
     monkeypatch.setenv("SLM_REGISTRY_AUTH", f"alice:{SECRET}")
     with FakeRegistry(manifest, blobs) as storage:
-        def to_storage(handler):
-            if "/blobs/" in handler.path and handler.headers.get("Authorization"):
-                handler.reply(307, headers=[("Location", f"http://{storage.host}{handler.path}")])
-                return True
-            return False
-
-        with FakeRegistry(manifest, {}, misbehave=to_storage, password=basic("alice", SECRET)) as reg:
+        with FakeRegistry(manifest, {}, misbehave=blobs_redirected_to(storage), password=basic("alice", SECRET)) as reg:
             r = cli("--store", empty_store, "pull", f"{reg.host}/{REPO}:v1")
     assert r.code == 0, r.err
     assert blob_paths(storage.seen) and [s.authorization for s in storage.seen] == [""] * len(storage.seen)
