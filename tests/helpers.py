@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -65,6 +68,22 @@ def refused(cli, store_dir, code, *args):
     assert one_line(r.err), r.err
     assert snapshot(store_dir) == before, f"{args} changed the store"
     return r
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(store_dir):
+    """Another process holds the store lock (an flock, as slm's writers take it) until the
+    block ends: it waits on its stdin, not for a guessed number of seconds."""
+    code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(store_dir / "lock")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=HANG_S)
 
 
 def one_line(text: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import one_line, snapshot
+from helpers import lock_held_elsewhere, one_line, snapshot
 from slm.compose.composition import parse_composition
 from slm.store.refs import decode_ref
 
@@ -231,25 +231,14 @@ def test_a_json_run_stopped_by_a_switch_prints_one_document(cli, two_bases, monk
 
 
 def test_a_held_lock_gives_a_clear_busy_error(cli, two_bases, store_dir):
-    import subprocess
-    import sys
-
     config = store_dir / "config.toml"
     config.write_text(config.read_text().replace("lock_timeout_s = 30.0", "lock_timeout_s = 0.3"))
 
-    # another process holds the lock (an flock on it, as slm's writers take it) until its stdin
-    # closes: however slow the activation, the lock is still held when it asks
-    code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX);"
-            "print('held', flush=True); sys.stdin.read()")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(store_dir / "lock")], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "held"
+    # another process holds the lock until its stdin closes: however slow the activation, the
+    # lock is still held when it asks
+    with lock_held_elsewhere(store_dir):
         r = cli("activate", "tq")
         assert r.code == 7 and one_line(r.err) and "lock" in r.err
-    finally:
-        proc.kill()
-        proc.wait()
     assert cli("activate", "tq").code == 0
 
 

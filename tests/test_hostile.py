@@ -8,7 +8,6 @@ recovery tool never hangs; nothing a user owns outside the store is destroyed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -21,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import blocked_reading_stdin, copy_store, one_line, refused, snapshot, tiny_store, wait_until
+from helpers import (
+    blocked_reading_stdin, copy_store, lock_held_elsewhere, one_line, refused, snapshot, tiny_store, wait_until,
+)
 from slm.store import StoreDir
 from slm.store import digest as dg
 
@@ -211,22 +212,6 @@ def test_recovery_tools_never_hang_on_a_replaced_store_file(store_dir, which, ki
         assert slm_proc(store_dir, "activate", "tq", "a1").returncode == 0
     else:  # damage that needs the operator is reported, not hidden
         assert r.returncode == 5
-
-
-@contextlib.contextmanager
-def lock_held_elsewhere(store_dir):
-    """Another process holds the store lock (an flock, as slm's writers take it) until the
-    block ends: it waits on its stdin, not for a guessed number of seconds."""
-    code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
-            "print('held', flush=True); sys.stdin.read()")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(store_dir / "lock")], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        yield
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=QUICK)
 
 
 def test_thousands_of_copies_of_one_adapter_are_refused_before_the_lock(cli, store_dir, tmp_path):
