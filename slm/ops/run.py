@@ -61,15 +61,18 @@ def _check_options(o: RunOptions) -> None:
     except UnicodeEncodeError as err:  # undecodable argv bytes arrive as lone surrogates
         raise InvalidInput("the prompt is not UTF-8 text") from err
     check_sampling(o.temperature, o.top_p, o.seed)  # (before the model loads: a fast refusal)
-    if not (isinstance(o.max_tokens, numbers.Integral) and not isinstance(o.max_tokens, bool)
-            and o.max_tokens >= 0):
+    if not (_whole(o.max_tokens) and o.max_tokens >= 0):
         raise InvalidInput(f"max_tokens must be an integer >= 0, not {o.max_tokens!r}")
     if o.on_switch not in ("stop", "finish"):
         raise InvalidInput("--on-switch must be 'stop' or 'finish'")
-    if o.threads is not None and not (isinstance(o.threads, numbers.Integral) and not isinstance(o.threads, bool)
-                                      and 1 <= o.threads <= MAX_THREADS):
+    if o.threads is not None and not (_whole(o.threads) and 1 <= o.threads <= MAX_THREADS):
         raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
     check_activations(o.activations)
+
+
+def _whole(value) -> bool:
+    """An integer, not a bool (True is an Integral) nor a float."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_activations(mode: str) -> None:
