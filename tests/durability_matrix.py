@@ -81,17 +81,13 @@ def build_template(root: Path, tiny: dict) -> dict:
     interrupted stores the fsck scenarios start from (made by a real crash in a child)."""
     import make_random_lora
 
-    store = root / "template" / "store"
-    for seed in (1, 2, 3, 4):  # lora4 is never imported here: the import-adapter scenario does
-        make_random_lora.make_random_lora(root / f"lora{seed}", rank=4, seed=seed, hidden=64,
-                                          intermediate=128, layers=2, kv_dim=32)
-    for args in (["init"], ["import", "base", tiny["gguf_q"], "--name", "tq"],
-                 ["import", "base", tiny["gguf"], "--name", "tf"],
-                 ["import", "adapter", root / "lora1", "--name", "a1"],
-                 ["import", "adapter", root / "lora2", "--name", "a2"],
-                 ["import", "adapter", root / "lora3", "--name", "a3"],
-                 ["activate", "tf"], ["activate", "tq"], ["activate", "tq", "a1"]):
-        assert cli(store, *map(str, args)) == 0, args
+    from helpers import tiny_store
+
+    store = tiny_store(root, tiny, {"a1": 1, "a2": 2, "a3": 3},
+                       [("activate", "tf"), ("activate", "tq"), ("activate", "tq", "a1")],
+                       bases={"tq": "gguf_q", "tf": "gguf"}, store=root / "template" / "store")
+    # never imported here: the import-adapter scenario does
+    make_random_lora.make_random_lora(root / "lora4", rank=4, seed=4, hidden=64, intermediate=128, layers=2, kv_dim=32)
     orphan = StoreDir.open(store).names.resolve("adapters", "a3")
     StoreDir.open(store).names.remove("adapters", "a3")  # its blobs: only gc reaches them
     assert cli(store, "fsck") == 0

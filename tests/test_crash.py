@@ -17,7 +17,7 @@ from slm.cli import run as slm_run
 from slm.store import StoreDir
 from slm.store.testing.faults import CRASH_EXIT_CODE
 
-from helpers import ADVISORY
+from helpers import ADVISORY, tiny_store
 
 pytestmark = pytest.mark.slow
 
@@ -33,23 +33,11 @@ def _slm(store_dir, *args, faults=None, check=False):
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, tiny_model):
     """A store with two bases, two adapters, three transitions in its reflog, and orphan blobs."""
-    import make_random_lora
-
     root = tmp_path_factory.mktemp("crash")
-    store = root / "store"
-    for seed in (1, 2):
-        make_random_lora.make_random_lora(root / f"lora{seed}", rank=4, seed=seed, hidden=64,
-                                          intermediate=128, layers=2, kv_dim=32)
-    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"],
-                 ["import", "base", tiny_model["gguf"], "--name", "tf"],
-                 ["import", "adapter", root / "lora1", "--name", "a1"],
-                 ["import", "adapter", root / "lora2", "--name", "a2"],
-                 ["activate", "tf"], ["activate", "tq"], ["activate", "tq", "a1"]):
-        _slm(store, *args, check=True)
+    store = tiny_store(root, tiny_model, {"a1": 1, "a2": 2, "a3": 3},
+                       [("activate", "tf"), ("activate", "tq"), ("activate", "tq", "a1")],
+                       bases={"tq": "gguf_q", "tf": "gguf"})
     # blobs that only gc can reach: an adapter whose name was removed
-    make_random_lora.make_random_lora(root / "lora3", rank=4, seed=3, hidden=64,
-                                      intermediate=128, layers=2, kv_dim=32)
-    _slm(store, "import", "adapter", root / "lora3", "--name", "a3", check=True)
     StoreDir.open(store).names.remove("adapters", "a3")
     _slm(store, "fsck", check=True)
     return {"store": store, "root": root, "tiny": tiny_model}

@@ -11,10 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import one_line, snapshot
-
-TINY_LORA = dict(rank=4, alpha=8.0, hidden=64, intermediate=128, layers=2, kv_dim=32, q_dim=64)
-
+from helpers import TINY_LORA, one_line, snapshot
 
 @pytest.fixture(scope="module")
 def tiny_lora(tmp_path_factory):

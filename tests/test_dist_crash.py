@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
-
-TINY_LORA = dict(rank=4, alpha=8.0, hidden=64, intermediate=128, layers=2, kv_dim=32, q_dim=64)
+from helpers import TINY_LORA
 
 
 def _slm(*args, env=None, **kw):

@@ -8,23 +8,13 @@ import json
 import pytest
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
-from helpers import one_line, snapshot
-
-TINY_LORA = dict(rank=4, alpha=8.0, hidden=64, intermediate=128, layers=2, kv_dim=32, q_dim=64)
-
+from helpers import TINY_LORA, one_line, snapshot, tiny_store
 
 @pytest.fixture(scope="module")
 def pushed(tmp_path_factory, registry, tiny_model):  # noqa: F811
-    import make_random_lora
-
-    from slm.cli import run
-
     root = tmp_path_factory.mktemp("tiny-push")
-    lora = make_random_lora.make_random_lora(root / "lora", seed=6, **TINY_LORA)
-    a = root / "a"
-    for args in (["init"], ["import", "base", str(tiny_model["gguf"]), "--name", "tiny"],
-                 ["import", "adapter", str(lora), "--name", "demo"], ["activate", "tiny", "demo"]):
-        assert run(["--store", str(a), *args]) == 0
+    a = tiny_store(root, tiny_model, {"demo": 6}, [("activate", "tiny", "demo")], bases={"tiny": "gguf"},
+                   lora=TINY_LORA, store=root / "a")
     return {"store": a, "ref": f"{registry.host}/fleet/tiny:v1"}
 
 

@@ -11,11 +11,8 @@ import pytest
 import tomlkit
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
-from helpers import one_line, snapshot
+from helpers import TINY_LORA, one_line, snapshot
 from slm.errors import IntegrityError
-
-TINY_LORA = dict(rank=4, alpha=8.0, hidden=64, intermediate=128, layers=2, kv_dim=32, q_dim=64)
-
 
 def _key(path: Path, seed: int) -> tuple[Path, str]:
     """A deterministic Ed25519 key (PEM, as openssl genpkey writes it) and its public text."""

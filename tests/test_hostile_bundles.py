@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import one_line, snapshot
+from helpers import TINY_LORA, one_line, snapshot, tiny_store
 
 pytestmark = pytest.mark.hostile
 
@@ -32,9 +32,6 @@ GIB = 1 << 30
 # fits in it (test_a_normal_import_fits_the_memory_limit), a blob claiming 3 GiB does not.
 MEMORY_LIMIT = 3 * GIB // 2
 CLAIM = 3 * GIB
-TINY_LORA = dict(rank=4, alpha=8.0, hidden=64, intermediate=128, layers=2, kv_dim=32, q_dim=64)
-
-
 def slm_proc(store: Path, *args, memory_limit: int | None = None, timeout: int = HANG):
     env = {k: v for k, v in os.environ.items() if k not in ("SLM_FAULTS", "SLM_DEBUG")}
 
@@ -65,17 +62,9 @@ def refused(store: Path, code: int, *args, memory_limit: int | None = None) -> s
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tiny_model):
     """A store holding the tiny base + a LoRA, active, and its bundle exported as a directory."""
-    import make_random_lora
-
-    from slm.cli import run
-
     root = tmp_path_factory.mktemp("bundles")
-    lora = make_random_lora.make_random_lora(root / "lora", seed=7, std=0.2, **TINY_LORA)
-    store = root / "store"
-    for args in (["init"], ["import", "base", tiny_model["gguf"], "--name", "tiny"],
-                 ["import", "adapter", lora, "--name", "demo"], ["activate", "tiny", "demo@0.7"],
-                 ["export", "-o", root / "bundle"]):
-        assert run(["--store", str(store), *map(str, args)]) == 0, args
+    store = tiny_store(root, tiny_model, {"demo": 7}, [("activate", "tiny", "demo@0.7"), ("export", "-o", root / "bundle")],
+                       bases={"tiny": "gguf"}, lora={**TINY_LORA, "std": 0.2})
     return {"store": store, "bundle": root / "bundle"}
 
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from fake_registry import FakeRegistry, basic, blobs_redirected_to, read_layout
-from helpers import one_line, snapshot
+from helpers import one_line, snapshot, tiny_store
 
 pytestmark = pytest.mark.hostile
 
@@ -41,13 +41,8 @@ ZEROS = bytes(1 << 20)
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, tiny_model):
     """The tiny base, active in a store and exported as an OCI layout: (manifest, blobs)."""
-    from slm.cli import run
-
     root = tmp_path_factory.mktemp("hostile-pull")
-    store = root / "store"
-    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"], ["activate", "tq"],
-                 ["export", "-o", root / "layout"]):
-        assert run(["--store", str(store), *map(str, args)]) == 0, args
+    tiny_store(root, tiny_model, steps=[("activate", "tq"), ("export", "-o", root / "layout")])
     return read_layout(root / "layout")
 
 

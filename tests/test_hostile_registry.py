@@ -19,7 +19,7 @@ import threading
 import pytest
 
 from fake_registry import FakeRegistry, basic, blobs_redirected_to, read_layout, self_signed_cert
-from helpers import one_line, snapshot
+from helpers import one_line, snapshot, tiny_store
 
 pytestmark = pytest.mark.hostile
 
@@ -33,18 +33,8 @@ REPO = "fleet/tiny"
 def bundle(tmp_path_factory, tiny_model):
     """The tiny base with one adapter, active in a store and exported as an OCI layout:
     (manifest, blobs, the store)."""
-    import make_random_lora
-
-    from slm.cli import run
-
     root = tmp_path_factory.mktemp("hostile-registry")
-    lora = make_random_lora.make_random_lora(root / "lora", rank=4, seed=3, hidden=64, intermediate=128,
-                                             layers=2, kv_dim=32)
-    store = root / "store"
-    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"],
-                 ["import", "adapter", lora, "--name", "a1"], ["activate", "tq", "a1"],
-                 ["export", "-o", root / "layout"]):
-        assert run(["--store", str(store), *map(str, args)]) == 0, args
+    store = tiny_store(root, tiny_model, {"a1": 3}, [("activate", "tq", "a1"), ("export", "-o", root / "layout")])
     return (*read_layout(root / "layout"), store)
 
 

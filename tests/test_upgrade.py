@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import one_line, snapshot
+from helpers import one_line, snapshot, tiny_store
 from slm.compose.composition import RUNTIME
 
 
 @pytest.fixture
 def old_store(cli, store_dir, tiny_model, tmp_path):
-    import make_random_lora
-
-    make_random_lora.make_random_lora(tmp_path / "lora", rank=4, seed=1, hidden=64, intermediate=128,
-                                      layers=2, kv_dim=32)
-    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"],
-                 ["import", "adapter", tmp_path / "lora", "--name", "a1"], ["activate", "tq"],
-                 ["activate", "tq", "a1@0.5"]):
-        assert cli(*args).code == 0, args
+    tiny_store(tmp_path, tiny_model, 1, [("activate", "tq"), ("activate", "tq", "a1@0.5")], store=store_dir)
     return cli("status", "--json").json()["active"]["id"]
 
 
