@@ -394,3 +394,51 @@ def test_the_test_hooks_live_outside_the_store_main_modules():
     long = {p.name: n for p in (SLM / "store" / "testing").glob("*.py")
             if (n := p.read_text().count("\n")) > 450}
     assert long == {}
+
+
+# -- the server on the public API (issue 34) -----------------------------------------------------
+def _server_reaches_below_the_api(path: str, tree: ast.Module) -> list[str]:
+    """What a slm/server module imports from slm beyond `slm` (its exported names), `slm.api`
+    and its own package, and every private attribute it reads on anything but itself."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level > 1 or (node.level == 0 and module.split(".")[0] == "slm" and module not in ("slm", "slm.api")
+                                  and module != "slm.server" and not module.startswith("slm.server.")):
+                found.append(f"{path}:{node.lineno} from {'.' * node.level}{module} import ...")
+            elif module == "slm" and node.level == 0:
+                found += [f"{path}:{node.lineno} from slm import {a.name} (not a public name)"
+                          for a in node.names if a.name not in slm.__all__]
+        elif isinstance(node, ast.Import):
+            found += [f"{path}:{node.lineno} import {a.name}" for a in node.names
+                      if a.name.split(".")[0] == "slm" and a.name not in ("slm", "slm.api")
+                      and not a.name.startswith("slm.server")]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                found.append(f"{path}:{node.lineno} .{node.attr}")
+    return found
+
+
+def test_the_server_sits_on_the_public_api():
+    """`slm serve` reached below the API: its engine imported seven slm.model modules, and
+    catalog.py and serve.py read the API Store's private `_s`. Like the CLI, the server imports
+    only `slm` (its exported names), `slm.api`, its own package and third-party packages, and
+    reads no private attribute of anything but itself."""
+    server = {path: tree for path, tree in _modules().items() if path.startswith("slm/server/")}
+    assert {"slm/server/app.py", "slm/server/catalog.py", "slm/server/serve.py"} <= set(server)
+    offenders = [line for path, tree in server.items() for line in _server_reaches_below_the_api(path, tree)]
+    assert offenders == []
+
+
+def test_the_server_check_catches_a_reach_below_the_api():
+    """The check above finds each kind of reach (so its passing means something)."""
+    reaches = {
+        "from slm.model.batch import decode_step": 1, "import slm.ops.budget": 1, "from slm import errors": 1,
+        "from ..ops import budget": 1, "store._s.active_ref": 1, "session._loaded.model": 1,
+        "from slm.api import Runtime": 0, "from slm import InvalidInput": 0, "from slm.server.protocol import x": 0,
+        "from . import protocol": 0, "self._seen = None": 0, "import numpy": 0,
+    }
+    for source, count in reaches.items():
+        assert len(_server_reaches_below_the_api("x.py", ast.parse(source))) == count, source
