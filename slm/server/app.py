@@ -28,7 +28,7 @@ from starlette.routing import Route
 from slm.errors import ExitCode, SlmError
 from slm.server import protocol
 from slm.server.catalog import Catalog
-from slm.server.engine import Engine
+from slm.ops.scheduler import Scheduler as Engine
 from slm.server.metrics import CONTENT_TYPE_LATEST, Metrics
 from slm.server.protocol import BadRequest
 

@@ -2,7 +2,7 @@
 
 Every check of a client's input that needs no model lives here (one-line messages, HTTP
 4xx); what needs the model (the prompt's length against the context) is the engine's
-(slm.server.engine.prepare). Unknown fields are ignored, as OpenAI-compatible servers do.
+(slm.ops.scheduler.Scheduler.prepare). Unknown fields are ignored, as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations

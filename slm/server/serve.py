@@ -24,7 +24,7 @@ from slm.model.generate import PREFILL_CHUNK
 from slm.ops.run import MAX_THREADS, check_activations
 from slm.server.app import DEFAULT_BODY_LIMIT, build_app, stderr_log
 from slm.server.catalog import Catalog
-from slm.server.engine import Engine
+from slm.ops.scheduler import Scheduler as Engine
 from slm.server.metrics import Metrics
 
 MAX_BATCH = 64

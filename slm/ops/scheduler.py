@@ -40,10 +40,10 @@ from slm.model.kernels import default_kernels
 from slm.model.sampling import Sampler
 from slm.ops import budget
 from slm.ops.loading import Loaded
-from slm.server.prompt_cache import PromptCache
+from slm.ops.prompt_cache import PromptCache
 from slm.server.protocol import BadRequest, GenerateRequest
 
-__all__ = ["Engine", "Job", "PromptCache"]
+__all__ = ["Job", "PromptCache", "Scheduler"]
 
 # A prompt of this many characters or more peaks at tens of megabytes while it is tokenized:
 # that memory goes back to the kernel right after
@@ -76,7 +76,7 @@ class Job:
         self.cancelled = True  # read by the engine thread before each step
 
 
-class Engine:
+class Scheduler:
     def __init__(self, max_batch: int = 8, max_queue: int = 32, threads: int | None = None,
                  memory_budget: int | None = None, metrics=None, log: Callable[[str], None] = print,
                  activations: str = "float32", prefill_chunk: int = PREFILL_CHUNK):
