@@ -7,7 +7,8 @@
     rt = slm.Runtime(store); s = rt.session(comp)
     s.generate("Once upon a time", max_tokens=32)  # -> Generation
 
-Every method is one operation of slm.ops; the CLI is a printer over these same calls. Results
+Every method is one operation of slm.ops; the CLI is a printer over these same calls, and
+`slm serve` is built on them too (Runtime.stage/switch/scheduler: docs/api.md, "Serving"). Results
 are frozen dataclasses derived from slm.Result, all defined in slm.ops.results; errors are
 slm.errors.SlmError subclasses, each with the exit code the CLI would use.
 """
@@ -32,9 +33,9 @@ if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.results import (AdapterExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan, Generation,
-                                 ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport, SignResult,
-                                 Status, Transition, VerifyReport)
+    from slm.ops.results import (AdapterExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
+                                 Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
+                                 SignResult, Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
     from slm.ops.scheduler import Scheduler
 

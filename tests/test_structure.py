@@ -108,8 +108,10 @@ _BROAD_KEPT = {
     ("slm/cli/__init__.py", "run"): "the top level: an unexpected exception is a bug, reported in one line (exit 1)",
     ("slm/api.py", "Session.stream"): "the worker thread hands the exception to the consumer, which raises it",
     ("slm/server/catalog.py", "Catalog._watch"): "the refs/active watcher logs a failed look and keeps watching",
-    ("slm/ops/scheduler.py", "Scheduler._loop"): "a failed batch step fails its requests (HTTP 500) and the server goes on",
-    ("slm/ops/scheduler.py", "Scheduler._guarded"): "a failed prefill (or chunk) fails its request (HTTP 500) and the server goes on",
+    ("slm/ops/scheduler.py", "Scheduler._loop"):
+        "a failed batch step fails its requests (HTTP 500) and the server goes on",
+    ("slm/ops/scheduler.py", "Scheduler._guarded"):
+        "a failed prefill (or chunk) fails its request (HTTP 500) and the server goes on",
 }
 
 
