@@ -201,7 +201,7 @@ def test_the_server_serves_nothing_unsigned(store_dir, ci_key):
     from slm.server.catalog import Catalog
 
     _policy_on(store_dir, ci_key[1])
-    catalog = Catalog(slm.Store.open(store_dir), None, log=lambda line: None)
+    catalog = Catalog(slm.Runtime(slm.Store.open(store_dir)), log=lambda line: None)
     catalog.poll(initial=True)
     assert catalog.active is None and "not signed" in catalog.active_error
     for model in ("tq", "tq+a1@0.5", None):
@@ -230,7 +230,7 @@ def test_the_server_parses_weights_with_the_same_grammar(store_dir):
     import slm
     from slm.server.catalog import Catalog
 
-    catalog = Catalog(slm.Store.open(store_dir), None, log=lambda line: None)
+    catalog = Catalog(slm.Runtime(slm.Store.open(store_dir)), log=lambda line: None)
     for model in ("tq+a1@1_0", "tq+a1@\u0661"):
         with pytest.raises(InvalidInput, match="not a number"):
             catalog.resolve(model)

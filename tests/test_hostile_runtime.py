@@ -293,14 +293,14 @@ def test_api_chat_content_spelling_control_tokens_is_text(tiny_store):
 def test_server_chat_content_spelling_control_tokens_is_text(tiny_store):
     import slm
     from slm.model.chat import chat_prompt_ids
-    from slm.server.engine import Engine
     from slm.server.protocol import parse_request
 
-    rt = slm.Runtime(slm.Store.open(tiny_store["root"]))
-    loaded = rt.session()._loaded
+    store = slm.Store.open(tiny_store["root"])
+    rt = slm.Runtime(store)
+    loaded = rt.stage(store.active())
     body = {"messages": [{"role": "system", "content": "Be brief."},
                          {"role": "user", "content": [{"type": "text", "text": INJECTION}]}], "max_tokens": 1}
-    job = Engine().prepare(loaded, parse_request(body, chat=True), lambda _event: None)
+    job = rt.scheduler().prepare(loaded, parse_request(body, chat=True).generation(), lambda _event: None)
     tok = loaded.tokenizer
     template_only = chat_prompt_ids(tok, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}])
     assert _control_counts(tok, list(job.prompt_ids)) == _control_counts(tok, template_only)

@@ -297,7 +297,7 @@ def test_prompt_cache_is_keyed_by_composition(tiny_model, store):
 
     from slm.ops.importing import import_base
     from slm.ops.loading import load_base_model
-    from slm.server.engine import PromptCache
+    from slm.ops.prompt_cache import PromptCache
 
     import_base(store, tiny_model["gguf_q"], "tq")
     model = load_base_model(store, "tq").model

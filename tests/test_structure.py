@@ -108,8 +108,10 @@ _BROAD_KEPT = {
     ("slm/cli/__init__.py", "run"): "the top level: an unexpected exception is a bug, reported in one line (exit 1)",
     ("slm/api.py", "Session.stream"): "the worker thread hands the exception to the consumer, which raises it",
     ("slm/server/catalog.py", "Catalog._watch"): "the refs/active watcher logs a failed look and keeps watching",
-    ("slm/server/engine.py", "Engine._loop"): "a failed batch step fails its requests (HTTP 500) and the server goes on",
-    ("slm/server/engine.py", "Engine._guarded"): "a failed prefill (or chunk) fails its request (HTTP 500) and the server goes on",
+    ("slm/ops/scheduler.py", "Scheduler._loop"):
+        "a failed batch step fails its requests (HTTP 500) and the server goes on",
+    ("slm/ops/scheduler.py", "Scheduler._guarded"):
+        "a failed prefill (or chunk) fails its request (HTTP 500) and the server goes on",
 }
 
 
@@ -247,15 +249,17 @@ def test_every_result_the_api_returns_derives_from_result_and_is_exported():
     is `--json`'s output) defined in slm.ops.results and exported from slm; once, 8 of the
     documented results (ExportResult, PushResult, SignatureReport...) were not importable
     from slm and each wrote its own to_json. The exceptions are values, not reports of an
-    operation: a Composition is passed back to activate/verify, a tokenizer encodes."""
+    operation: a Composition is passed back to activate/verify, a tokenizer encodes, a Loaded
+    (what Runtime.stage staged) is passed to the scheduler."""
     import dataclasses
     import typing
 
     from slm.compose.composition import Composition
     from slm.model.tokenizer import TextTokenizer
     from slm.ops import results
+    from slm.ops.loading import Loaded
 
-    values = {Composition, TextTokenizer}
+    values = {Composition, TextTokenizer, Loaded}
     ns = _api_namespace()
     seen: set[type] = set()
     todo = [c for _, fn in _public_api_callables() for c in _classes_in(typing.get_type_hints(fn, ns).get("return"))]
@@ -394,3 +398,51 @@ def test_the_test_hooks_live_outside_the_store_main_modules():
     long = {p.name: n for p in (SLM / "store" / "testing").glob("*.py")
             if (n := p.read_text().count("\n")) > 450}
     assert long == {}
+
+
+# -- the server on the public API (issue 34) -----------------------------------------------------
+def _server_reaches_below_the_api(path: str, tree: ast.Module) -> list[str]:
+    """What a slm/server module imports from slm beyond `slm` (its exported names), `slm.api`
+    and its own package, and every private attribute it reads on anything but itself."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level > 1 or (node.level == 0 and module.split(".")[0] == "slm" and module not in ("slm", "slm.api")
+                                  and module != "slm.server" and not module.startswith("slm.server.")):
+                found.append(f"{path}:{node.lineno} from {'.' * node.level}{module} import ...")
+            elif module == "slm" and node.level == 0:
+                found += [f"{path}:{node.lineno} from slm import {a.name} (not a public name)"
+                          for a in node.names if a.name not in slm.__all__]
+        elif isinstance(node, ast.Import):
+            found += [f"{path}:{node.lineno} import {a.name}" for a in node.names
+                      if a.name.split(".")[0] == "slm" and a.name not in ("slm", "slm.api")
+                      and not a.name.startswith("slm.server")]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                found.append(f"{path}:{node.lineno} .{node.attr}")
+    return found
+
+
+def test_the_server_sits_on_the_public_api():
+    """`slm serve` reached below the API: its engine imported seven slm.model modules, and
+    catalog.py and serve.py read the API Store's private `_s`. Like the CLI, the server imports
+    only `slm` (its exported names), `slm.api`, its own package and third-party packages, and
+    reads no private attribute of anything but itself."""
+    server = {path: tree for path, tree in _modules().items() if path.startswith("slm/server/")}
+    assert {"slm/server/app.py", "slm/server/catalog.py", "slm/server/serve.py"} <= set(server)
+    offenders = [line for path, tree in server.items() for line in _server_reaches_below_the_api(path, tree)]
+    assert offenders == []
+
+
+def test_the_server_check_catches_a_reach_below_the_api():
+    """The check above finds each kind of reach (so its passing means something)."""
+    reaches = {
+        "from slm.model.batch import decode_step": 1, "import slm.ops.budget": 1, "from slm import errors": 1,
+        "from ..ops import budget": 1, "store._s.active_ref": 1, "session._loaded.model": 1,
+        "from slm.api import Runtime": 0, "from slm import InvalidInput": 0, "from slm.server.protocol import x": 0,
+        "from . import protocol": 0, "self._seen = None": 0, "import numpy": 0,
+    }
+    for source, count in reaches.items():
+        assert len(_server_reaches_below_the_api("x.py", ast.parse(source))) == count, source

@@ -65,14 +65,19 @@ def _check_options(o: RunOptions) -> None:
         raise InvalidInput(f"max_tokens must be an integer >= 0, not {o.max_tokens!r}")
     if o.on_switch not in ("stop", "finish"):
         raise InvalidInput("--on-switch must be 'stop' or 'finish'")
-    if o.threads is not None and not (_whole(o.threads) and 1 <= o.threads <= MAX_THREADS):
-        raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
+    check_threads(o.threads)
     check_activations(o.activations)
 
 
 def _whole(value) -> bool:
     """An integer, not a bool (True is an Integral) nor a float."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_threads(threads: int | None) -> None:
+    """The kernels' thread count: None (every core) or a whole number in [1, MAX_THREADS]."""
+    if threads is not None and not (_whole(threads) and 1 <= threads <= MAX_THREADS):
+        raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
 
 
 def check_activations(mode: str) -> None:

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from slm.errors import NumericsError, SlmError
+from slm.errors import Busy, InvalidInput, NumericsError, ShuttingDown, SlmError
 from slm.model.allocator import release_freed_memory
 from slm.model.batch import Row, decode_step
 from slm.model.chat import chat_prompt_ids
@@ -40,10 +40,10 @@ from slm.model.kernels import default_kernels
 from slm.model.sampling import Sampler
 from slm.ops import budget
 from slm.ops.loading import Loaded
-from slm.server.prompt_cache import PromptCache
-from slm.server.protocol import BadRequest, GenerateRequest
+from slm.ops.prompt_cache import PromptCache
+from slm.ops.request import GenerationRequest
 
-__all__ = ["Engine", "Job", "PromptCache"]
+__all__ = ["Job", "PromptCache", "Scheduler"]
 
 # A prompt of this many characters or more peaks at tens of megabytes while it is tokenized:
 # that memory goes back to the kernel right after
@@ -53,7 +53,7 @@ RELEASE_AFTER_CHARS = 64 << 10
 @dataclass
 class Job:
     rid: str
-    req: GenerateRequest
+    req: GenerationRequest
     loaded: Loaded  # pinned at admission: the composition this request runs on, start to finish
     prompt_ids: list[int]
     sink: Callable[[tuple], None]
@@ -76,7 +76,7 @@ class Job:
         self.cancelled = True  # read by the engine thread before each step
 
 
-class Engine:
+class Scheduler:
     def __init__(self, max_batch: int = 8, max_queue: int = 32, threads: int | None = None,
                  memory_budget: int | None = None, metrics=None, log: Callable[[str], None] = print,
                  activations: str = "float32", prefill_chunk: int = PREFILL_CHUNK):
@@ -104,8 +104,9 @@ class Engine:
         self.kernels = None
 
     # -- called from the server's threads ------------------------------------------------------
-    def prepare(self, loaded: Loaded, req: GenerateRequest, sink: Callable[[tuple], None]) -> Job:
-        """Tokenize and check a request against its composition's model (400 if it cannot run)."""
+    def prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
+        """Tokenize and check a request against its composition's model (InvalidInput if it
+        cannot run, BudgetExceeded over the memory budget)."""
         tok, cfg = loaded.tokenizer, loaded.model.cfg
         messages = [{"role": m.role, "content": m.content} for m in req.messages] if req.chat else None
         # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
@@ -113,22 +114,22 @@ class Engine:
         context = cfg.context_length
         at_least = tok.min_tokens(text)  # from its bytes: a prompt that cannot fit is not tokenized
         if at_least >= context:
-            raise BadRequest(f"the prompt is {len(text.encode('utf-8', 'surrogatepass'))} bytes: at least "
-                             f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
-                             f"the context holds {context}")
+            raise InvalidInput(f"the prompt is {len(text.encode('utf-8', 'surrogatepass'))} bytes: at least "
+                               f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
+                               f"the context holds {context}")
         try:  # (message content is text: a control token's text in it stays text)
             ids = chat_prompt_ids(tok, messages) if req.chat else tok.encode(text)
         finally:
             if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
                 release_freed_memory()
         if not ids:
-            raise BadRequest("the prompt encodes to no tokens")
+            raise InvalidInput("the prompt encodes to no tokens")
         if len(ids) >= context:
-            raise BadRequest(f"the prompt has {len(ids)} tokens; the context holds {context}")
+            raise InvalidInput(f"the prompt has {len(ids)} tokens; the context holds {context}")
         max_tokens = req.max_tokens if req.max_tokens_given else min(req.max_tokens, context - len(ids))
         if len(ids) + max_tokens > context:
-            raise BadRequest(f"max_tokens {max_tokens} is past the context: the prompt has {len(ids)} tokens "
-                             f"and the context holds {context}")
+            raise InvalidInput(f"max_tokens {max_tokens} is past the context: the prompt has {len(ids)} tokens "
+                               f"and the context holds {context}")
         if max_tokens != req.max_tokens:
             from dataclasses import replace
 
@@ -140,12 +141,11 @@ class Engine:
 
     def submit(self, job: Job) -> None:
         if self.draining:
-            raise BadRequest("the server is shutting down", status=503, kind="unavailable")
+            raise ShuttingDown("the server is shutting down")
         with self._count_lock:
             if self.inflight >= self.max_batch + self.max_queue:
-                raise BadRequest(f"the server is full ({self.max_batch} running, {self.max_queue} waiting); "
-                                 "retry shortly", status=429, kind="rate_limit_exceeded",
-                                 headers={"Retry-After": "1"})
+                raise Busy(f"the server is full ({self.max_batch} running, {self.max_queue} waiting); "
+                           "retry shortly")
             self.inflight += 1  # until _close
         self.pending.put(job)
         self._gauge()
