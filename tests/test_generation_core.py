@@ -128,6 +128,20 @@ def test_generate_is_the_step_wise_core_as_a_batch_of_one(loaded):
     assert seq.ids == alone.ids and len(alone.ids) == 6 and seq.reason == alone.stop_reason == LENGTH
 
 
+def test_generate_ends_at_a_stop_sequence_and_streams_the_text_before_it(loaded):
+    model, decode_text = loaded.model, loaded.tokenizer.decode
+    full = generate(model, PROMPTS[0], 12, Sampler(), frozenset())
+    text = decode_text(full.ids)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    assert stop.strip() and "\ufffd" not in stop, text
+    pieces: list[str] = []
+    gen = generate(model, PROMPTS[0], 12, Sampler(), frozenset(), decode_text=decode_text, on_text=pieces.append,
+                   stop_sequences=(stop,))
+    assert gen.stop_reason == STOP and "".join(pieces) == text[:text.find(stop)]
+    assert gen.ids == full.ids[:len(gen.ids)] and len(gen.ids) < len(full.ids)
+    assert stop in decode_text(gen.ids) and stop not in decode_text(gen.ids[:-1])
+
+
 def test_sequences_decoded_together_answer_as_each_alone(loaded):
     from slm.model.kernels import default_kernels
 

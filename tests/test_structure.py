@@ -397,7 +397,7 @@ def test_the_test_hooks_live_outside_the_store_main_modules():
 
 
 # issue 34: one module decides why a generation stops, one validates the sampling options.
-STOP_REASONS = {"eos", "length", "context"}
+STOP_REASONS = {"eos", "length", "context", "switched", "cancelled"}
 
 
 def _decided_stop_reasons(tree: ast.Module) -> list[int]:

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from slm.model.decoder import Decoder
-from slm.model.generation import decode, first_token, new_sequence, prefill_next
+from slm.model.generation import LogitProcessor, decode, first_token, new_sequence, prefill_next
 from slm.model.prompt_cache import PromptCache
 from slm.model.sampling import Sampler
 from slm.model.stops import LENGTH, StopRules
@@ -55,14 +55,16 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
              on_token: Callable[[int], str | None] | None = None,
              prompt_cache: PromptCache | None = None, comp_id: str = "",
              decode_text: Callable[[list[int]], str] | None = None,
-             on_text: Callable[[str], None] | None = None) -> TokenGeneration:
+             on_text: Callable[[str], None] | None = None, stop_sequences: tuple[str, ...] = (),
+             processors: tuple[LogitProcessor, ...] = ()) -> TokenGeneration:
     """on_token(id) may return a stop reason (a string) to end generation after that token.
     prompt_cache: consulted under comp_id (the composition's id) when all prompt logits are
-    not wanted. decode_text: the tokenizer's decode, to stream the answer's text to on_text."""
+    not wanted. decode_text: the tokenizer's decode, to stream the answer's text to on_text
+    (and to find stop_sequences in it). processors: slm.model.generation's logit processors."""
     gen = TokenGeneration(list(prompt_ids))
     capacity = min(model.cfg.context_length, len(prompt_ids) + max_tokens)
-    stops = StopRules(eos_ids, max_tokens, decode_text, on_text=on_text, caller=on_token)
-    seq = new_sequence(model, prompt_ids, sampler, stops, capacity, keep_logits=keep_logits)
+    stops = StopRules(eos_ids, max_tokens, decode_text, stop_sequences, on_text, caller=on_token)
+    seq = new_sequence(model, prompt_ids, sampler, stops, capacity, processors, keep_logits)
     use_cache = prompt_cache is not None and not keep_logits
     started = time.perf_counter()
     logits = prompt_cache.get(comp_id, seq.prompt_ids, seq.cache) if use_cache else None

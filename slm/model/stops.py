@@ -22,6 +22,7 @@ from typing import Callable, Iterable
 from slm.model.detokenize import TextStream
 
 EOS, STOP, LENGTH, CONTEXT = "eos", "stop", "length", "context"
+SWITCHED = "switched"  # `slm run`'s caller reason: refs/active changed mid-generation (--on-switch stop)
 CANCELLED = "cancelled"  # the server's: the client went away or the server stops
 
 INCOMPLETE = "\ufffd"  # what decode gives for a character whose bytes are not all there yet

@@ -13,6 +13,7 @@ from slm.errors import InvalidInput, SlmError
 from slm.model.chat import chat_prompt_ids
 from slm.model.generate import generate
 from slm.model.sampling import Sampler, check_sampling
+from slm.model.stops import SWITCHED
 from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.ops.results import CompositionInfo, Generation, Timings
@@ -21,7 +22,6 @@ from slm.store import StoreDir, outputs
 
 
 MAX_THREADS = 256
-SWITCHED = "switched"  # the stop reason when refs/active changed mid-generation (--on-switch stop)
 
 
 @dataclass
