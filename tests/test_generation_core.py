@@ -118,6 +118,19 @@ def _prefill(seq, chunk=PREFILL_CHUNK):
     return logits
 
 
+def test_a_decoder_and_a_batch_both_give_every_name_rows_declares(loaded):
+    """slm.model.block runs on either: each must answer every name of the Rows interface."""
+    from slm.model.batch import BatchRows, Row
+    from slm.model.block import Rows
+
+    model = loaded.model
+    declared = set(Rows.__annotations__) | {n for n in vars(Rows) if not n.startswith("_")}
+    assert {"cfg", "t", "vectors", "q_scale", "kernels", "linear", "linears", "attention"} <= declared
+    batch = BatchRows([Row(model, model.new_cache(4), 1), Row(model, model.new_cache(4), 2)], model.kernels)
+    for rows in (model, batch):
+        assert [n for n in sorted(declared) if not hasattr(rows, n)] == [], type(rows).__name__
+
+
 def test_generate_is_the_step_wise_core_as_a_batch_of_one(loaded):
     model = loaded.model
     alone = generate(model, PROMPTS[0], 6, Sampler(), frozenset())
@@ -266,9 +279,10 @@ def test_the_oldest_disk_entries_go_across_compositions_when_the_total_passes_th
     disk = DiskPromptCache(tmp_path / "cache", max_bytes=2 * biggest + biggest // 2)  # room for two
     writes = [(COMP_A, PROMPTS[0], *filled[0]), (COMP_B, PROMPTS[1], *filled[1]), (COMP_B, PROMPTS[0], *filled[0])]
     for n, (comp, prompt, cache, logits) in enumerate(writes):
+        before = set(_entries(tmp_path / "cache"))
         disk.put(comp, prompt, cache, logits)
-        entry = disk._path(comp, prompt)
-        os.utime(entry, ns=(10**12 * (n + 1), 10**12 * (n + 1)))  # aged in write order (a coarse clock can tie)
+        (written,) = set(_entries(tmp_path / "cache")) - before
+        os.utime(written, ns=(10**12 * (n + 1), 10**12 * (n + 1)))  # aged in write order (a coarse clock can tie)
     left = {(c, tuple(p)) for c, p, *_ in writes if disk.get(c, p, model.new_cache(16)) is not None}
     assert left == {(COMP_B, tuple(PROMPTS[1])), (COMP_B, tuple(PROMPTS[0]))}, "composition A's, the oldest, went"
     assert sum(e.stat().st_size for e in _entries(tmp_path / "cache")) <= disk.max_bytes

@@ -46,6 +46,9 @@ def budget_of(config: dict) -> int:
 
 
 class DiskPromptCache:
+    """slm.model.prompt_cache.PromptCache on disk: every composition's entries under
+    cache_root/prefix, `max_bytes` of them together at most."""
+
     def __init__(self, cache_root: Path, max_bytes: int = DEFAULT_PROMPT_BYTES):
         self.root = cache_root / "prefix"
         self.max_bytes = max_bytes
