@@ -190,16 +190,17 @@ def test_the_prefix_cache_writes_through_the_fs_layer(cli, two_bases, store_dir,
     from slm.store import fs
 
     comp = _activate(cli, "tq")["active"]["id"]
-    monkeypatch.setattr(prefix_cache, "MAX_ENTRIES", 1)
     ops: list[tuple[str, str]] = []
     monkeypatch.setattr(fs, "fault_hook", lambda op, detail: ops.append((op, detail)))
     session = slm.Runtime(slm.Store.open(store_dir)).session()
-    session.generate("hello there", max_tokens=2)
+    session.generate("hello there, a longer prompt", max_tokens=2)
     folder = store_dir / "cache" / "prefix" / dg.hex_of(comp)
     assert ("mkdir", str(folder)) in ops
     first = sorted(folder.glob("*.npz"))
     assert len(first) == 1 and any(op == "rename" and d.endswith(f"-> {first[0]}") for op, d in ops), ops
-    session.generate("another prompt", max_tokens=2)
+    # a budget the first entry fills: the next (a shorter prompt's, smaller) pushes it out
+    monkeypatch.setattr(prefix_cache, "DEFAULT_PROMPT_BYTES", first[0].stat().st_size)
+    session.generate("hi", max_tokens=2)
     assert ("unlink", str(first[0])) in ops, "the older entry is trimmed through fs"
     assert not first[0].exists() and len(list(folder.glob("*.npz"))) == 1
 
@@ -211,18 +212,18 @@ def test_a_json_run_stopped_by_a_switch_prints_one_document(cli, two_bases, monk
     import json
 
     import slm
-    from slm.ops.prefix_cache import PrefixCache
+    from slm.ops.prefix_cache import DiskPromptCache
 
     pinned = _activate(cli, "tq")["active"]["id"]
     switched: list[bool] = []
-    put = PrefixCache.put
+    put = DiskPromptCache.put
 
     def put_then_switch(self, *args, **kwargs):
         put(self, *args, **kwargs)
         if not switched:
             switched.append(slm.Store.open(two_bases.root).activate("th").changed)
 
-    monkeypatch.setattr(PrefixCache, "put", put_then_switch)
+    monkeypatch.setattr(DiskPromptCache, "put", put_then_switch)
     r = cli("run", "hello there", "-n", "8", "--json")
     assert switched == [True]
     assert r.code == 11 and one_line(r.err) and "changed during generation" in r.err

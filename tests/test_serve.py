@@ -297,14 +297,14 @@ def test_prompt_cache_is_keyed_by_composition(tiny_model, store):
 
     from slm.ops.importing import import_base
     from slm.ops.loading import load_base_model
-    from slm.ops.prompt_cache import PromptCache
+    from slm.model.prompt_cache import MemoryPromptCache
 
     import_base(store, tiny_model["gguf_q"], "tq")
     model = load_base_model(store, "tq").model
     prompt = [5, 17, 42, 99]
     cache = model.new_cache(8)
     logits = model.forward(np.asarray(prompt), cache, "last")[-1]
-    pc = PromptCache()
+    pc = MemoryPromptCache()
     pc.put("blake3:" + "a" * 64, prompt, cache, logits)
     assert pc.get("blake3:" + "b" * 64, prompt, model.new_cache(8)) is None
     assert pc.get("blake3:" + "a" * 64, prompt[:3], model.new_cache(8)) is None

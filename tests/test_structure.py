@@ -446,3 +446,64 @@ def test_the_server_check_catches_a_reach_below_the_api():
     }
     for source, count in reaches.items():
         assert len(_server_reaches_below_the_api("x.py", ast.parse(source))) == count, source
+
+
+# issue 34: one module decides why a generation stops, one validates the sampling options.
+STOP_REASONS = {"eos", "length", "context", "switched", "cancelled"}
+
+
+def _decided_stop_reasons(tree: ast.Module) -> list[int]:
+    """Lines where a stop-reason literal is given as a value: assigned, returned, passed to a
+    call (alone or in an event tuple), a field's default. A dict key, a comparison or a
+    subscript only reads one."""
+    def literal(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value in STOP_REASONS
+
+    lines = []
+    for node in ast.walk(tree):
+        values = []
+        if isinstance(node, (ast.Return, ast.Assign, ast.AnnAssign)) and node.value is not None:
+            values = [node.value]
+        elif isinstance(node, ast.Call):
+            values = [*node.args, *(k.value for k in node.keywords)]
+        for value in values:
+            parts = value.elts if isinstance(value, ast.Tuple) else [value]
+            lines += [part.lineno for part in parts if literal(part)]
+    return lines
+
+
+def test_stop_reasons_are_decided_in_one_module():
+    """slm/model/stops.py decides "eos", "length" and "context" for `slm run`, the API and the
+    server alike (the engine once had its own copy of generate's stop rules)."""
+    found = {path: lines for path, tree in _modules().items() if (lines := _decided_stop_reasons(tree))}
+    assert list(found) == ["slm/model/stops.py"], found
+
+
+_SAMPLING_OPTIONS = {"temperature", "top_p", "seed"}
+
+
+def _sampling_bound_checks(tree: ast.Module) -> list[int]:
+    """Lines comparing a sampling option (a name or attribute temperature / top_p / seed) with
+    a number or a constant's name: a bound check."""
+    def option(node) -> bool:
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        return name in _SAMPLING_OPTIONS
+
+    def bound(node) -> bool:
+        if isinstance(node, ast.UnaryOp):
+            node = node.operand
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        return name.isupper()
+
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Compare)
+            and any(map(option, [node.left, *node.comparators])) and any(map(bound, [node.left, *node.comparators]))]
+
+
+def test_sampling_options_are_validated_in_one_module():
+    """slm.model.sampling.check_sampling is the one check of temperature, top_p and seed (the
+    server passes its narrower temperature range to it); no other module compares them with
+    bounds of its own."""
+    found = {path: lines for path, tree in _modules().items() if (lines := _sampling_bound_checks(tree))}
+    assert list(found) == ["slm/model/sampling.py"], found

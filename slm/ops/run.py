@@ -11,13 +11,13 @@ import numpy as np
 
 from slm.errors import InvalidInput, SlmError
 from slm.model.chat import chat_prompt_ids
-from slm.model.detokenize import TextStream
 from slm.model.generate import generate
 from slm.model.sampling import Sampler, check_sampling
+from slm.model.stops import SWITCHED
 from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.ops.results import CompositionInfo, Generation, Timings
-from slm.ops.prefix_cache import PrefixCache
+from slm.ops.prefix_cache import DiskPromptCache, budget_of
 from slm.store import StoreDir, outputs
 
 
@@ -165,16 +165,14 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=keep_logits)
     budget.check(est, budget.resolve(store, o.memory_budget), "this run")
 
-    streamed = _Streamer(tok.decode, on_text)
+    prompt_cache = DiskPromptCache(store.path("cache"), budget_of(store.config))
 
     def on_token(token: int) -> str | None:
-        streamed.push(token)
-        return "switched" if watch and _switched(store, loaded.id) else None
+        return SWITCHED if watch and _switched(store, loaded.id) else None
 
     gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
                    tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
-                   prefix_cache=PrefixCache(store.path("cache"), loaded.id))
-    streamed.flush()
+                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text)
     comp = loaded.composition
     result = Generation(
         composition=loaded.id,
@@ -198,25 +196,3 @@ def _switched(store: StoreDir, pinned: str) -> bool:
         return store.active_ref.read() != pinned
     except SlmError:  # a ref we cannot read (damaged, replaced) is not the one we pinned
         return True
-
-
-class _Streamer:
-    """Turns token ids into text pieces as soon as they decode to whole characters."""
-
-    def __init__(self, decode: Callable[[list[int]], str], sink: Callable[[str], None] | None):
-        self.stream, self.sink = TextStream(decode), sink
-        self.emitted = 0
-
-    def push(self, token: int) -> None:
-        text = self.stream.push(token)
-        if text.endswith("\ufffd"):
-            return  # an incomplete UTF-8 sequence: wait for the next token
-        self._emit(text)
-
-    def flush(self) -> None:
-        self._emit(self.stream.text)
-
-    def _emit(self, text: str) -> None:
-        if self.sink and len(text) > self.emitted:
-            self.sink(text[self.emitted:])
-        self.emitted = max(self.emitted, len(text))

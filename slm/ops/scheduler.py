@@ -1,17 +1,20 @@
 """The scheduler: continuous batching of every admitted request, one decode step for all.
 
 One engine thread owns the models. Between two steps it admits queued requests, runs one
-chunk of one admitted prompt's prefill (the same chunks `slm run` prefills,
-slm.model.generate.prefill: prompts take turns, a chunk each, so a long prompt delays the
-running requests by one chunk per step, never by its whole prefill) and drops finished or
-cancelled ones; each step runs the next token of every running request together
-(slm.model.batch.decode_step: one kernel call per layer reads each quantized block once for all
+chunk of one admitted prompt's prefill (slm.model.generation.prefill_next, the chunks `slm run`
+prefills: prompts take turns, a chunk each, so a long prompt delays the running requests by
+one chunk per step, never by its whole prefill) and drops finished or cancelled ones; each step
+runs the next token of every running request together (slm.model.generation.decode over
+slm.model.batch.decode_step: one kernel call per layer reads each quantized block once for all
 rows, each row adding its own composition's overlays), rows grouped by base. A request keeps the
 Loaded it was admitted with to its end, so it never sees a token of another composition; its KV
 cache is its own, and the prompt cache is keyed by composition id.
 
-Per request the arithmetic, the sampler and the stop rules are those of slm.model.generate,
-so a greedy answer here is token for token the answer of `slm run` on the same composition.
+Each request is a slm.model.generation.Sequence, driven by the functions `slm run` drives for
+its one sequence (the arithmetic, the sampler, the stop rules and stop sequences of
+slm.model.stops), so a greedy answer here is token for token the answer of `slm run` on the
+same composition. This module's own job: the queue, admission, the prompts' turns,
+cancellation, metrics and the requests' sinks.
 Events go to the request's sink from this thread: ("text", piece), ("done", reason,
 prompt_tokens, completion_tokens) or ("error", status, message).
 """
@@ -31,19 +34,18 @@ import numpy as np
 
 from slm.errors import Busy, InvalidInput, NumericsError, ShuttingDown, SlmError
 from slm.model.allocator import release_freed_memory
-from slm.model.batch import Row, decode_step
 from slm.model.chat import chat_prompt_ids
-from slm.model.detokenize import TextStream
-from slm.model.decoder import KVCache
-from slm.model.generate import PREFILL_CHUNK, _check_finite, prefill_chunk
+from slm.model.generate import PREFILL_CHUNK
+from slm.model.generation import Sequence, decode, first_token, new_sequence, prefill_next
 from slm.model.kernels import default_kernels
+from slm.model.prompt_cache import MemoryPromptCache
 from slm.model.sampling import Sampler
+from slm.model.stops import CANCELLED, StopRules
 from slm.ops import budget
 from slm.ops.loading import Loaded
-from slm.ops.prompt_cache import PromptCache
 from slm.ops.request import GenerationRequest
 
-__all__ = ["Job", "PromptCache", "Scheduler"]
+__all__ = ["Job", "Scheduler"]
 
 # A prompt of this many characters or more peaks at tens of megabytes while it is tokenized:
 # that memory goes back to the kernel right after
@@ -61,16 +63,12 @@ class Job:
     admitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # the client went away (or the server stops): dropped before the next step
     finished: bool = False
-    cache: KVCache | None = None
-    sampler: Sampler | None = None
-    ids: list[int] = field(default_factory=list)
-    text: TextStream = field(init=False)  # the text of ids (end-of-generation tokens left out), token by token
-    next_token: int = -1
-    sent: int = 0  # characters of text already sent
+    seq: Sequence | None = None  # its generation, from admission on
     first_token_s: float | None = None
 
-    def __post_init__(self) -> None:
-        self.text = TextStream(self.loaded.tokenizer.decode)
+    @property
+    def ids(self) -> list[int]:
+        return self.seq.ids if self.seq is not None else []
 
     def cancel(self) -> None:
         self.cancelled = True  # read by the engine thread before each step
@@ -93,7 +91,7 @@ class Scheduler:
         # (each thread that tokenized a long prompt kept its own, slm.model.allocator); and the
         # event loop competes for the GIL with this thread alone
         self.preparing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="slm-prepare")
-        self.prompts = PromptCache()
+        self.prompts = MemoryPromptCache()
         self.draining = False
         self.inflight = 0  # submitted and not yet closed: queued, being prefilled or running
         self._count_lock = threading.Lock()
@@ -199,7 +197,7 @@ class Scheduler:
                 self.running = []
         for job in [*self.running, *self.prefilling, *self._drain_pending()]:
             if self._close(job):
-                job.sink(("done", "cancelled", len(job.prompt_ids), len(job.ids)))
+                job.sink(("done", CANCELLED, len(job.prompt_ids), len(job.ids)))
         self.running = []
         self.prefilling.clear()
 
@@ -235,12 +233,14 @@ class Scheduler:
             self._fail(job, 500, f"internal error: {type(err).__name__}: {err}")
 
     def _start(self, job: Job) -> None:
-        """A job's sampler and cache; a prompt in the prompt cache runs at once, any other
-        waits its turns in self.prefilling."""
-        model = job.loaded.model
-        job.sampler = Sampler(job.req.temperature, job.req.top_p, job.req.seed)
-        job.cache = model.new_cache(job.capacity)
-        logits = self.prompts.get(job.loaded.id, job.prompt_ids, job.cache)
+        """A job's sequence (sampler, cache, stop rules streaming to its sink); a prompt in the
+        prompt cache runs at once, any other waits its turns in self.prefilling."""
+        loaded, req = job.loaded, job.req
+        stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop,
+                          on_text=lambda piece: job.sink(("text", piece)))
+        job.seq = new_sequence(loaded.model, job.prompt_ids, Sampler(req.temperature, req.top_p, req.seed),
+                               stops, job.capacity)
+        logits = self.prompts.get(loaded.id, job.prompt_ids, job.seq.cache)
         if logits is None:
             self.prefilling.append(job)
         else:
@@ -263,17 +263,22 @@ class Scheduler:
             model.kernels.set_threads(self.threads)
         model.kernels.set_activations(self.activations)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            logits = prefill_chunk(model, job.prompt_ids, job.cache, "last", self.prefill_chunk)[-1]
-        if job.cache.length < len(job.prompt_ids):
+            logits = prefill_next(job.seq, self.prefill_chunk)
+        if logits is None:
             self.prefilling.rotate(-1)  # to the back: the next prompt's turn
             return
         self.prefilling.popleft()
-        self.prompts.put(job.loaded.id, job.prompt_ids, job.cache, logits)
+        self.prompts.put(job.loaded.id, job.prompt_ids, job.seq.cache, logits)
         self._first_token(job, logits)
 
     def _first_token(self, job: Job, logits: np.ndarray) -> None:
-        _check_finite(logits)
-        if self._take(job, job.sampler(logits)):
+        first_token(job.seq, logits)
+        job.first_token_s = time.perf_counter() - job.admitted
+        if self.metrics:
+            self.metrics.first_token.observe(job.first_token_s)
+        if job.seq.done:
+            self._finish(job)
+        else:
             self.running.append(job)
 
     def _step(self) -> None:
@@ -283,18 +288,13 @@ class Scheduler:
         if self.metrics:
             self.metrics.batch_rows.observe(len(self.running))
         for jobs in groups.values():
-            rows = [Row(j.loaded.model, j.cache, j.next_token) for j in jobs]
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                logits = decode_step(rows, self.kernels)  # (B, V)
-            finite = bool(np.isfinite(logits).all())  # (one pass for the batch; rows only when it fails)
-            for job, row_logits in zip(jobs, logits):
-                try:
-                    if not finite:
-                        _check_finite(row_logits)
-                except NumericsError as err:
-                    self._fail(job, 422, str(err))
-                    continue
-                self._take(job, job.sampler(row_logits))  # a finished job is dropped below
+                errors = decode([j.seq for j in jobs], self.kernels)
+            for job, error in zip(jobs, errors):
+                if error is not None:
+                    self._fail(job, 422, str(error))
+                elif job.seq.done:
+                    self._finish(job)  # dropped below
         self.running = [j for j in self.running if not self._dropped(j)]
 
     def _dropped(self, job: Job) -> bool:
@@ -311,61 +311,12 @@ class Scheduler:
             self.inflight -= 1
         return True
 
-    def _take(self, job: Job, token: int) -> bool:
-        """A sampled token (slm.model.generate's order of checks); False when the job is done."""
-        if job.first_token_s is None:
-            job.first_token_s = time.perf_counter() - job.admitted
-            if self.metrics:
-                self.metrics.first_token.observe(job.first_token_s)
-        job.ids.append(token)
-        tok = job.loaded.tokenizer
-        if token in tok.eos_ids:
-            return self._finish(job, "eos")
-        job.text.push(token)
-        stopped = self._emit(job)
-        if stopped:
-            return self._finish(job, "stop", flush=False)
-        if len(job.ids) == job.req.max_tokens:
-            return self._finish(job, "length")
-        if job.cache.length >= job.cache.capacity:
-            return self._finish(job, "context")
-        job.next_token = token
-        return True
-
-    def _emit(self, job: Job) -> bool:
-        """Send the new text; True when a stop sequence ended it (the stop text is not sent)."""
-        text = job.text.text
-        if text.endswith("\ufffd"):
-            return False  # an incomplete UTF-8 sequence: wait for the next token
-        stops = job.req.stop
-        if stops:
-            longest = max(map(len, stops))
-            start = max(0, job.sent - longest)
-            found = [p for p in (text.find(s, start) for s in stops) if p >= 0]
-            if found:
-                end = min(found)
-                self._send(job, text[:end])
-                return True
-            # hold back a tail that could still become a stop sequence
-            hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-            text = text[:len(text) - hold]
-        self._send(job, text)
-        return False
-
-    def _send(self, job: Job, text: str) -> None:
-        if len(text) > job.sent:
-            job.sink(("text", text[job.sent:]))
-            job.sent = len(text)
-
-    def _finish(self, job: Job, reason: str, flush: bool = True) -> bool:
-        if flush:
-            self._send(job, job.text.text)
+    def _finish(self, job: Job) -> None:
         self._close(job)
-        job.sink(("done", reason, len(job.prompt_ids), len(job.ids)))
+        job.sink(("done", job.seq.reason, len(job.prompt_ids), len(job.ids)))
         if self.metrics:
             self.metrics.tokens.labels("prompt").inc(len(job.prompt_ids))
             self.metrics.tokens.labels("completion").inc(len(job.ids))
-        return False
 
     def _fail(self, job: Job, status: int, message: str) -> None:
         self._close(job)

@@ -169,12 +169,10 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
     if given and max_tokens < 1:
         raise BadRequest(f"{key} must be at least 1, not {max_tokens}")
     temperature = _number(doc, "temperature", 0.0)
-    if not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise BadRequest(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, not {temperature:g}")
     top_p = _number(doc, "top_p", 1.0)
     seed = _integer(doc, "seed", 0)
     try:
-        check_sampling(temperature, top_p, seed)  # slm run's and the API's check, the sampler's own
+        check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # slm run's and the API's check, the sampler's own
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
     stream = doc.get("stream", False)
