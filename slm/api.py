@@ -15,6 +15,7 @@ slm.errors.SlmError subclasses, each with the exit code the CLI would use.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -428,10 +429,10 @@ class Session:
             return np.asarray(model.forward(ids, cache, "all"), dtype=np.float32)  # (T, V)
 
 
-def check_sampling(temperature: float, top_p: float, seed: int) -> None:
+def check_sampling(temperature: float, top_p: float, seed: int, max_temperature: float = math.inf) -> None:
     """The one check of sampling options (slm run's, the sessions', the server's): InvalidInput
-    naming the option unless temperature is a finite number >= 0, top_p in (0, 1] and seed an
-    integer in [0, 2^63 - 1]."""
+    naming the option unless temperature is a finite number in [0, max_temperature] (the server
+    takes OpenAI's range, 0 to 2), top_p in (0, 1] and seed an integer in [0, 2^63 - 1]."""
     from slm.model.sampling import check_sampling as check
 
-    check(temperature, top_p, seed)
+    check(temperature, top_p, seed, max_temperature)
