@@ -52,6 +52,12 @@ def test_each_slm_error_maps_to_its_http_status(error, status, kind):
     assert answer.message == "what went wrong"  # the CLI's one line
 
 
+def test_an_exception_that_is_not_an_slm_error_is_a_500_naming_the_bug():
+    answer = http_error(KeyError("blk.0.attn_q.weight"))
+    assert (answer.status, answer.kind) == (500, "server_error")
+    assert answer.message == "internal error: KeyError: 'blk.0.attn_q.weight'"
+
+
 def test_only_a_full_server_asks_the_client_to_retry_after_a_second():
     assert http_error(slm.Busy("full")).headers == {"Retry-After": "1"}
     assert http_error(slm.ShuttingDown("stopping")).headers == {}

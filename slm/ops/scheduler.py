@@ -16,7 +16,8 @@ slm.model.stops), so a greedy answer here is token for token the answer of `slm 
 same composition. This module's own job: the queue, admission, the prompts' turns,
 cancellation, metrics and the requests' sinks.
 Events go to the request's sink from this thread: ("text", piece), ("done", reason,
-prompt_tokens, completion_tokens) or ("error", status, message).
+prompt_tokens, completion_tokens) or ("error", exception): an SlmError for what the request
+caused, any other exception for a bug (the server maps both to HTTP in one place).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from slm.errors import Busy, InvalidInput, NumericsError, ShuttingDown, SlmError
+from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
 from slm.model.allocator import release_freed_memory
 from slm.model.chat import chat_prompt_ids
 from slm.model.generate import PREFILL_CHUNK
@@ -193,7 +194,7 @@ class Scheduler:
             except Exception as err:  # a bug: fail the running requests, keep serving
                 self.log(f"engine step failed: {type(err).__name__}: {err}")
                 for job in self.running:
-                    self._fail(job, 500, f"internal error: {type(err).__name__}: {err}")
+                    self._fail(job, err)
                 self.running = []
         for job in [*self.running, *self.prefilling, *self._drain_pending()]:
             if self._close(job):
@@ -227,10 +228,10 @@ class Scheduler:
         try:
             work(*args)
         except SlmError as err:
-            self._fail(job, 422 if isinstance(err, NumericsError) else 400, str(err))
+            self._fail(job, err)
         except Exception as err:  # a bug: fail this request, keep the engine thread alive
             self.log(f"engine prefill failed: {type(err).__name__}: {err}")
-            self._fail(job, 500, f"internal error: {type(err).__name__}: {err}")
+            self._fail(job, err)
 
     def _start(self, job: Job) -> None:
         """A job's sequence (sampler, cache, stop rules streaming to its sink); a prompt in the
@@ -292,7 +293,7 @@ class Scheduler:
                 errors = decode([j.seq for j in jobs], self.kernels)
             for job, error in zip(jobs, errors):
                 if error is not None:
-                    self._fail(job, 422, str(error))
+                    self._fail(job, error)
                 elif job.seq.done:
                     self._finish(job)  # dropped below
         self.running = [j for j in self.running if not self._dropped(j)]
@@ -318,9 +319,9 @@ class Scheduler:
             self.metrics.tokens.labels("prompt").inc(len(job.prompt_ids))
             self.metrics.tokens.labels("completion").inc(len(job.ids))
 
-    def _fail(self, job: Job, status: int, message: str) -> None:
+    def _fail(self, job: Job, err: Exception) -> None:
         self._close(job)
-        job.sink(("error", status, message))
+        job.sink(("error", err))
 
     def _count_cancelled(self) -> None:
         if self.metrics:

@@ -192,7 +192,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                     return error_response(503, "the server is shutting down; the request was cancelled",
                                           "unavailable", comp=comp)
                 if event[0] == "error":
-                    return error_response(event[1], event[2], comp=comp)
+                    failed = protocol.http_error(event[1])
+                    return error_response(failed.status, failed.message, failed.kind, comp=comp)
                 else:
                     _, reason, n_prompt, n_out = event
                     request.state.log += f" completion={n_out} finish={reason}"
@@ -216,7 +217,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                     yield sse(protocol.chunk(req, job.rid, comp, model, event[1], first=first))
                     first = False
                 elif event[0] == "error":
-                    yield sse(protocol.error_body(event[2], "server_error"))
+                    failed = protocol.http_error(event[1])
+                    yield sse(protocol.error_body(failed.message, failed.kind))
                     break
                 else:
                     _, reason, n_prompt, n_out = event

@@ -40,9 +40,12 @@ STATUS_OF_CODE = {ExitCode.NOT_FOUND: 400, ExitCode.INVALID_INPUT: 400, ExitCode
 RETRY_AFTER_S = "1"  # a full server: a slot frees when any running request ends
 
 
-def http_error(err: SlmError) -> BadRequest:
+def http_error(err: Exception) -> BadRequest:
     """The one mapping of an slm error to an HTTP answer: ShuttingDown 503, Busy (a full server)
-    429 with Retry-After, a client's mistake 400, non-finite logits 422, anything else 500."""
+    429 with Retry-After, a client's mistake 400, non-finite logits 422, any other slm error 500;
+    an exception that is not an slm error is a bug: 500 naming it."""
+    if not isinstance(err, SlmError):
+        return BadRequest(f"internal error: {type(err).__name__}: {err}", status=500, kind="server_error")
     if isinstance(err, ShuttingDown):
         return BadRequest(str(err), status=503, kind="unavailable")
     if isinstance(err, Busy):
