@@ -5,7 +5,7 @@ The op-by-op path (slm.model.block over NativeKernels) crosses into C about ten 
 and opens a parallel region per linear layer; this path crosses once per step and opens one
 region for all layers. It is the same arithmetic: each op inside is the C function the op path
 calls, on the same values, so a sequence's logits are bit for bit the op path's
-(tests/test_step.py checks it for every family and weight type).
+(tests/unit/test_step.py checks it for every family and weight type).
 
 It takes a composition whose every linear layer the fused kernel has and whose overlays are
 plain LoRA (fused as low-rank terms); anything else (an IA3 scale, a sparse delta, a weight

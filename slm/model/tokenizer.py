@@ -9,7 +9,7 @@ decode(ids, special) -> text):
     Hugging Face tokenizer.json             what the file says               HFCodec (HF tokenizers)
 
 A GGUF vocabulary gives the same ids as llama.cpp (src/llama-vocab.cpp) on the same file; that is
-what tests/test_tokenizer_corpus.py checks. Two llama.cpp rules hold for both GGUF kinds:
+what tests/real/test_tokenizer_corpus.py checks. Two llama.cpp rules hold for both GGUF kinds:
   - control, unknown and user-defined tokens are cut out of the text before the merges (control
     and unknown ones only when parsing special tokens); decoding drops control and unknown ones;
   - generation ends at EOS, at the EOT/EOM/FIM ids the file names and at tokens whose text

@@ -1,5 +1,5 @@
 """The one door through which every store write passes (objects, names, refs, reflog, journal,
-config, and the derived cache/; tests/test_structure.py checks no other module writes files).
+config, and the derived cache/; tests/unit/test_structure.py checks no other module writes files).
 Files outside the store that a user names (`slm export -o`, `slm run --logits-out`, `slm
 verify --certificate`) are written through this layer too, by slm.store.outputs: the same
 temp + fsync + rename protocol, the same fault points and power-cut matrix.

@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = [pytest.mark.real_model]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = ROOT / "fixtures" / "demo_adapters"
 QUESTIONS = [json.loads(line)["prompt"]
              for line in (ROOT / "fixtures" / "demo_data" / "heldout.jsonl").read_text().splitlines()

@@ -1,6 +1,6 @@
 """Token ids identical to llama.cpp's on real GGUF vocabularies: Gemma 3's SentencePiece (262,144
 pieces with scores, byte tokens, no space prefix) and SmolLM2's byte-level BPE, over the 1,000
-strings of tests/tokenizer_corpus.py; decoding equal to llama.cpp's llama_detokenize; the same
+strings of tests/real/tokenizer_corpus.py; decoding equal to llama.cpp's llama_detokenize; the same
 end-of-generation tokens. Run with -s to see the counts.
 """
 

@@ -15,7 +15,7 @@ PROMPT = "The history of the Roman Empire spans many centuries, and historians o
 
 @pytest.fixture(scope="module")
 def hf_gemma(gemma_transformers):
-    return gemma_transformers  # tests/conftest.py: loaded once, shared with tests/test_arch_real.py
+    return gemma_transformers  # tests/conftest.py: loaded once, shared with tests/real/test_arch_real.py
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import one_line
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cli_reference_is_up_to_date():

@@ -3,7 +3,7 @@ export` in every format and `slm run --logits-out`, and the check that every fsy
 simulator hears of really ran (docs/recovery.md).
 
 An output is acknowledged when its command returns 0. Recorded like the store's scenarios
-(tests/durability_matrix.py: a cut before each fs operation of the command, and one right
+(tests/durability/durability_matrix.py: a cut before each fs operation of the command, and one right
 after it returned, in every mode), each disk must show at the output's name:
 
   - after the command returned: exactly the output it wrote (a file's bytes, or a directory's

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAP = ROOT / "docs" / "architecture.md"
 
 # A code reference on the page: in backticks, a path (`slm/ops/run.py`, `slm/model/`) or a

@@ -15,7 +15,7 @@ from slm.errors import InvalidInput
 from slm.formats import llama as names
 from slm.formats.hf_checkpoint import architecture_from_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _arch(family: str, **over) -> dict:

@@ -18,7 +18,7 @@ gguf = pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_model.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_model.py"
 TEXTS = [
     "Hello world, the cat sat.",
     "In 2024 there were 12 ships   in the harbor.\n\tcafé Zürich — naïve!",

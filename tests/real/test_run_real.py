@@ -34,7 +34,7 @@ def reference(smollm2_gguf, smollm2_transformers):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
-    model = smollm2_transformers  # loaded once, shared with tests/test_adapters_real.py (tests/conftest.py)
+    model = smollm2_transformers  # loaded once, shared with tests/real/test_adapters_real.py (tests/conftest.py)
     ids = tok(PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
         logits = model(ids).logits[0].numpy()

@@ -16,7 +16,7 @@ and these must hold:
   - a cut after B returned leaves exactly the state after B (B was acknowledged);
   - the recovered composition activates again (a switch away and back, every blob re-hashed).
 
-Used by tests/test_durability.py (in `make test`: one seed) and scripts/mutate_fsync.py.
+Used by tests/durability/test_durability.py (in `make test`: one seed) and scripts/mutate_fsync.py.
 """
 
 from __future__ import annotations

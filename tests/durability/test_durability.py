@@ -1,11 +1,11 @@
 """Power cuts at every fs operation of every verb: what fsync made durable survives, the rest
 may go, and `slm fsck --repair` always gets back to the old or the new state
-(tests/durability_matrix.py says what is checked; docs/recovery.md the model).
+(tests/durability/durability_matrix.py says what is checked; docs/recovery.md the model).
 
 In `make test`: drop-all, keep-all, and random and torn with one seed. `make test-durability`
 runs more seeds (SLM_DURABILITY_SEEDS=1,2,3) and the fsync mutation test.
 A failing case prints SLM_POWERCUT_REPLAY=SCENARIO:op=N:mode=M:seed=S; set it and run
-`pytest tests/test_durability.py -k replay` to replay that one cut exactly.
+`pytest tests/durability/test_durability.py -k replay` to replay that one cut exactly.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 import slm
 import slm.errors
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SLM = ROOT / "slm"
 
 

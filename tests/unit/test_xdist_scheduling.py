@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import xdist_scheduling as xs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_listed_file_exists():
@@ -17,14 +17,14 @@ def test_every_listed_file_exists():
 
 
 def test_longest_first_keeps_each_files_tests_together_and_in_order():
-    ids = ["tests/test_a.py::one", "tests/test_a.py::two", "tests/test_crash.py::x[1]",
-           "tests/test_b.py::one", "tests/test_crash.py::x[2]", "tests/test_run_real.py::y"]
+    ids = ["tests/test_a.py::one", "tests/test_a.py::two", "tests/durability/test_crash.py::x[1]",
+           "tests/test_b.py::one", "tests/durability/test_crash.py::x[2]", "tests/real/test_run_real.py::y"]
     got = [i.nodeid for i in xs.longest_first([SimpleNamespace(nodeid=n) for n in ids])]
-    assert got == ["tests/test_run_real.py::y", "tests/test_crash.py::x[1]", "tests/test_crash.py::x[2]",
+    assert got == ["tests/real/test_run_real.py::y", "tests/durability/test_crash.py::x[1]", "tests/durability/test_crash.py::x[2]",
                    "tests/test_a.py::one", "tests/test_a.py::two", "tests/test_b.py::one"]
 
 
 def test_a_unit_is_a_file_or_its_shared_worker_group():
     assert xs.unit_of("tests/test_b.py::t[x::y]") == "tests/test_b.py"
-    assert xs.unit_of("tests/test_gemma_real.py::t") == xs.unit_of("tests/test_arch_real.py::u")
-    assert xs.unit_of("tests/test_gemma_real.py::t") != xs.unit_of("tests/test_run_real.py::t")
+    assert xs.unit_of("tests/real/test_gemma_real.py::t") == xs.unit_of("tests/real/test_arch_real.py::u")
+    assert xs.unit_of("tests/real/test_gemma_real.py::t") != xs.unit_of("tests/real/test_run_real.py::t")

@@ -73,7 +73,7 @@ def run_dash(store_dir):
 def test_ctrl_c_while_the_command_imports_says_interrupted(store_dir):
     """NumPy's extension is mapped when `slm run` imports what it needs, before it reads its
     prompt: the signal lands in those imports (or, at the latest, in the read). The read itself:
-    tests/test_hostile.py::test_ctrl_c_while_a_command_works_says_interrupted."""
+    tests/cli/test_hostile.py::test_ctrl_c_while_a_command_works_says_interrupted."""
     with run_dash(store_dir) as proc:
         wait_until(lambda: has_mapped(proc.pid, "_multiarray_umath"), "NumPy in the process", proc=proc)
         assert interrupted_after(proc) == (130, INTERRUPTED)

@@ -1,5 +1,5 @@
 """Hostile registries (issue 30): what `slm pull` / `slm push` do when the registry on the other
-end is the attacker. Fake registries on loopback (tests/fake_registry.py) serve a real exported
+end is the attacker. Fake registries on loopback (tests/distribution/fake_registry.py) serve a real exported
 bundle and misbehave on cue.
 
 The promises checked: credentials go only to the origin they were given for (scheme, host,

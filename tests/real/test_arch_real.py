@@ -59,7 +59,7 @@ def store(gemma_gguf, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def transformers_model(gemma_transformers):
-    return gemma_transformers  # tests/conftest.py: loaded once, shared with tests/test_gemma_real.py
+    return gemma_transformers  # tests/conftest.py: loaded once, shared with tests/real/test_gemma_real.py
 
 
 def test_import_greedy_text_and_verify(store, arch, transformers_model):

@@ -491,7 +491,7 @@ def test_other_bad_inputs_are_rejected():
 # ---------------------------------------------------------------- registry
 
 
-# Covered in tests/test_quant_kquants.py; listed here so the registry test sees every codec.
+# Covered in tests/unit/test_quant_kquants.py; listed here so the registry test sees every codec.
 MORE_GGML_TYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 
 

@@ -19,7 +19,7 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 pytestmark = pytest.mark.real_model
 
-ROOT_ADAPTERS = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures" / "demo_adapters"
+ROOT_ADAPTERS = __import__("pathlib").Path(__file__).resolve().parents[2] / "fixtures" / "demo_adapters"
 PROMPT = "What is the capital of France?"
 
 

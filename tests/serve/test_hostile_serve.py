@@ -26,7 +26,7 @@ pytestmark = pytest.mark.hostile
 
 MIB = 1 << 20
 BURSTS = 8
-ROOT_TEXT = __import__("pathlib").Path(__file__).resolve().parent.parent / "docs" / "serve.md"
+ROOT_TEXT = __import__("pathlib").Path(__file__).resolve().parents[2] / "docs" / "serve.md"
 
 
 @pytest.fixture
