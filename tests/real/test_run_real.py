@@ -48,9 +48,10 @@ def reference(smollm2_gguf, smollm2_transformers):
 def test_prompt_logits_and_64_greedy_tokens_match_transformers(cli, real_store, reference, tmp_path):
     logits_path = tmp_path / "logits.npy"
     r = cli("--store", real_store.root, "run", PROMPT, "--base", "smollm2", "--max-tokens", "64",
-            "--logits-out", logits_path, "--json")
+            "--logits-out", logits_path, "--json", "--exact")  # within 1e-3: the exact mode's promise
     assert r.code == 0, r.err
     result = r.json()
+    assert result["mode"] == "exact"
     assert result["prompt_tokens"] == reference["ids"]
     ours = np.load(logits_path)
     n_prompt = len(reference["ids"])
