@@ -216,3 +216,24 @@ def test_committed_blobs_keep_a_pinned_mtime_and_are_recorded(shaped, tmp_path):
         info = (store_dir / "objects" / "blake3" / dg.hex_of(digest)).lstat()
         assert records[dg.hex_of(digest)] == verified.spell(verified.key_of(info))
         assert info.st_mtime_ns < info.st_ctime_ns - objects_module.PIN_AGE_NS // 2
+
+
+def test_loading_gives_the_tokenizers_garbage_back_before_the_weights_are_read(tiny_model, tmp_path,
+                                                                               monkeypatch):
+    """What building the tokenizer freed (its vocabulary parsed into Python objects, then handed
+    to the Rust library) is given back to the kernel once the model is built, before a prompt
+    touches a weight page: `slm run` keeps freed heap blocks for its prompts
+    (slm.model.allocator), so without this the garbage of a 128k-token vocabulary stays resident
+    beside the mapped weights."""
+    from slm.ops import loading
+
+    events: list[str] = []
+    real_tokenizer, real_tensors = loading.load_tokenizer, loading.load_tensors
+    monkeypatch.setattr(loading, "load_tokenizer", lambda doc: events.append("tokenizer") or real_tokenizer(doc))
+    monkeypatch.setattr(loading, "load_tensors", lambda *a: events.append("weights mapped") or real_tensors(*a))
+    monkeypatch.setattr(loading, "release_freed_memory", lambda: events.append("released") or True)
+    store = slm.Store.init(tmp_path / "store")
+    store.import_base(tiny_model["gguf_q"], "tq")
+    loaded = loading.load_base_model(store._s, "tq")
+    assert events == ["tokenizer", "weights mapped", "released"]
+    assert loaded.tokenizer.encode("hello")  # still usable: only garbage was given back
