@@ -108,8 +108,11 @@ class GGUFFile:
             try:
                 yield piece
             finally:
-                piece.release()
-                _drop_pages(mapped, at, end)
+                try:
+                    piece.release()
+                except BufferError:
+                    pass  # an error's traceback still holds an array over it: dropped with it
+                _drop_pages(mapped, at, end)  # (a page read again later is simply read again)
 
     def unchanged_since_opened(self) -> bool | None:
         """Whether the file opened holds what it held then: False if it was written since (its
