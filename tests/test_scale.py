@@ -237,3 +237,86 @@ def test_loading_gives_the_tokenizers_garbage_back_before_the_weights_are_read(t
     loaded = loading.load_base_model(store._s, "tq")
     assert events == ["tokenizer", "weights mapped", "released"]
     assert loaded.tokenizer.encode("hello")  # still usable: only garbage was given back
+
+
+def _gguf_tokenizer(path):
+    from slm.formats.gguf_model import tokenizer_doc_from_gguf
+    from slm.model.tokenizer import load_tokenizer
+
+    with gguf.read_gguf(path) as g:
+        doc = tokenizer_doc_from_gguf(g)
+    return doc, load_tokenizer(doc)
+
+
+def _random_ids(rng, vocab_size: int, specials: list[int]) -> list[int]:
+    """Ids of every kind: ordinary tokens, special ones, a few past the vocabulary."""
+    choices = []
+    for _ in range(rng.randrange(1, 14)):
+        r = rng.random()
+        choices.append(rng.choice(specials) if r < 0.2 and specials else
+                       vocab_size + rng.randrange(4) if r < 0.25 else rng.randrange(vocab_size))
+    return choices
+
+
+@pytest.mark.parametrize("which", ["smollm2", "padded"])
+def test_a_released_tokenizer_decodes_as_the_tokenizer_did(which, smollm2_gguf, shaped):
+    """After release_encoder (slm run, once its prompt is encoded), decode is ByteLevelPieces':
+    the same text as the Hugging Face tokenizer's on any ids, special ones with special=True and
+    False, broken characters, ids past the vocabulary. `padded`: SmolLM2's vocabulary padded to
+    49,152 + reserved control tokens by make_shape_gguf; `smollm2`: the real file's."""
+    import random
+
+    path = smollm2_gguf if which == "smollm2" else shaped["small"]
+    _, reference = _gguf_tokenizer(path)
+    _, released = _gguf_tokenizer(path)
+    assert released.release_encoder()
+    assert released.codec.tokenizer is None  # the Rust tokenizer is gone, not kept beside
+    specials = sorted(reference.codec.tokenizer.get_added_tokens_decoder())
+    rng = random.Random(35)
+    for _ in range(2000):
+        ids = _random_ids(rng, reference.vocab_size, specials)
+        for special in (False, True):
+            assert released.decode(ids, special=special) == reference.decode(ids, special=special), (ids, special)
+    text = "naïve café 😀 <|im_start|>x"
+    assert released.decode(reference.encode(text, add_special=False)) == reference.decode(
+        reference.encode(text, add_special=False))
+
+
+def test_a_vocabulary_with_user_defined_tokens_keeps_its_tokenizer(tiny_model):
+    """ByteLevelPieces is shown equal only where every added token is special: a vocabulary with
+    a user-defined token (matched whole, decoded as written) keeps the Rust tokenizer."""
+    import json
+
+    from slm.model.gguf_vocab import USER_DEFINED
+    from slm.model.tokenizer import load_tokenizer
+
+    doc, _ = _gguf_tokenizer(tiny_model["gguf_q"])
+    parsed = json.loads(doc)
+    fields = parsed["fields"]
+    fields["ggml.token_type"] = list(fields["ggml.token_type"])
+    fields["ggml.token_type"][len(fields["ggml.tokens"]) - 1] = USER_DEFINED
+    tok = load_tokenizer(json.dumps(parsed).encode())
+    ids = tok.encode("hello world")
+    assert tok.release_encoder() is False
+    assert tok.encode("hello world") == ids  # nothing was released
+
+
+def test_slm_run_releases_the_encoder_once_its_prompt_is_encoded(tiny_model, tmp_path, monkeypatch):
+    from slm.model import tokenizer as tokenizer_module
+    from slm.ops.run import RunOptions
+
+    store = slm.Store.init(tmp_path / "store")
+    store.import_base(tiny_model["gguf_q"], "tq")
+    store.activate("tq")
+    events: list[str] = []
+    real_encode, real_release = tokenizer_module.TextTokenizer.encode, tokenizer_module.TextTokenizer.release_encoder
+    monkeypatch.setattr(tokenizer_module.TextTokenizer, "encode",
+                        lambda self, *a, **k: events.append("encode") or real_encode(self, *a, **k))
+    monkeypatch.setattr(tokenizer_module.TextTokenizer, "release_encoder", lambda self: False)
+    kept = store.run(RunOptions(prompt="hello world", max_tokens=12))  # the tokenizer kept whole
+    monkeypatch.setattr(tokenizer_module.TextTokenizer, "release_encoder",
+                        lambda self: events.append(f"released: {real_release(self)}"))
+    events.clear()
+    released = store.run(RunOptions(prompt="hello world", max_tokens=12))
+    assert events == ["encode", "released: True"]
+    assert kept.text and (released.tokens, released.text) == (kept.tokens, kept.text)
