@@ -349,13 +349,13 @@ class Staging:
             if new or created:
                 fs.fsync_dir(self.objects.dir)
             self.discard()  # (unlinks the staged names: a blob's ctime moves once more)
-            self._record_written(written, pinned)
         except BaseException:
             try:
                 self.objects.remove_new(new)
             except SlmError:
                 pass
             raise
+        self._record_written(written, pinned)  # (advisory: after the commit, outside its undo)
         return new
 
     def _record_written(self, digests: list[str], pinned: int) -> None:
