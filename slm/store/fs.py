@@ -193,29 +193,27 @@ class NewFile:
         done = 0
         kernel_copy = getattr(os, "copy_file_range", None)
         while done < source.length:
-            want = source.length - done
-            try:
-                if kernel_copy is not None:
-                    try:
-                        n = kernel_copy(source.fd, self.fd, want, source.offset + done)
-                    except OSError as err:
-                        if err.errno not in _NO_KERNEL_COPY:
-                            raise
-                        kernel_copy = None
-                        continue
-                else:
-                    chunk = os.pread(source.fd, min(want, _COPY_BUFFER), source.offset + done)
-                    n = len(chunk)
-                    if n:
-                        self._write_now(chunk)
-                        self.size -= n  # counted below, with the kernel's copies
-            except OSError as err:
-                raise _io_error("write", self.path, err) from err
+            at, want = source.offset + done, source.length - done
+            if kernel_copy is not None:
+                try:
+                    n = kernel_copy(source.fd, self.fd, want, at)
+                except OSError as err:
+                    if err.errno not in _NO_KERNEL_COPY:
+                        raise _io_error("write", self.path, err) from err
+                    kernel_copy = None  # through a buffer from here on
+                    continue
+                self.size += n
+            else:
+                try:
+                    chunk = os.pread(source.fd, min(want, _COPY_BUFFER), at)
+                except OSError as err:
+                    raise _io_error("write (reading its source)", self.path, err) from err
+                self._write_now(chunk)
+                n = len(chunk)
             if n == 0:
                 raise IOFailure(f"cannot write {self.path}: its source ended {want} bytes early "
                                 "(the file shrank while it was read)")
             done += n
-            self.size += n
 
     def sync_and_close(self) -> None:
         _fault_point("fsync", str(self.path))
