@@ -154,7 +154,7 @@ class ByteLevelPieces:
     outside it, such as an added token's, stands for its own UTF-8 bytes, as the ByteLevel
     decoder does), special added tokens dropped unless asked for, the bytes decoded as UTF-8
     with U+FFFD for what is not (Rust's from_utf8_lossy). Only for vocabularies whose added
-    tokens are all special: tests/test_scale.py checks it against the tokenizer's own decode.
+    tokens are all special: tests/cli/test_scale.py checks it against the tokenizer's own decode.
     Kept compact (one bytes object, an offset and a flag per token: ~2 MB at 128k tokens), not
     as an object per token, whose 128k small allocations would pin the freed heap around them."""
 
