@@ -123,7 +123,8 @@ def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -
     # Generation is pinned to the composition it started on. When running the active one,
     # each token boundary checks refs/active; a switch stops generation unless told to finish.
     watch = o.base is None and o.on_switch == "stop"
-    result, logits = generate_on(store, loaded, o, on_text, keep_logits=out_file is not None, watch=watch)
+    result, logits = generate_on(store, loaded, o, on_text, keep_logits=out_file is not None, watch=watch,
+                                 encode_once=True)
     if out_file:
         out_file.commit(logits)
         result = replace(result, logits_out=str(o.logits_out))
@@ -131,12 +132,13 @@ def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -
 
 
 def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, keep_logits: bool = False,
-                watch: bool = False) -> tuple[Generation, np.ndarray | None]:
+                watch: bool = False, encode_once: bool = False) -> tuple[Generation, np.ndarray | None]:
     """Generate on a loaded composition: `slm run` and the API's sessions share this.
 
     Returns the result and, with keep_logits, the float32 logits (positions x vocab) of every
     prompt and generated position. watch: stop at a token boundary once refs/active no longer
-    names this composition.
+    names this composition. encode_once: `loaded` serves this generation only (slm run), so its
+    tokenizer keeps only what decoding needs once the prompt is encoded (release_encoder).
     """
     _check_options(o)
     tok, model = loaded.tokenizer, loaded.model
@@ -151,6 +153,8 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         prompt_ids = tok.encode(o.prompt)
     if not prompt_ids:
         raise InvalidInput("the prompt encodes to no tokens")
+    if encode_once:  # (a one-shot run: its tokenizer only decodes from here on; issue 35)
+        tok.release_encoder()
     context = model.cfg.context_length
     if len(prompt_ids) >= context:
         raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}")
