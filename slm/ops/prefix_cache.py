@@ -1,10 +1,12 @@
 """The prompt cache on disk (slm.model.prompt_cache's interface): .slm/cache/prefix/<composition
-id>/<key>.npz, within a byte budget for the whole store (`[cache] prompt_bytes` in config.toml).
+id>/<mode>-<key>.npz, within a byte budget for the whole store (`[cache] prompt_bytes` in
+config.toml).
 
 The key is (composition id, numerics mode, prompt token ids): an entry made under one
 composition is never looked up under another, so a switch can never serve stale state, and
-one made in the default int8 mode never answers an `--exact` run (whose logits it would not be). Entries are derived data:
-a damaged or mismatched one is treated as a miss, and the whole folder is safe to delete.
+one made in the default int8 mode never answers an `--exact` run (whose logits it would not
+be). Entries are derived data: a damaged or mismatched one is treated as a miss, and the whole
+folder is safe to delete.
 
 A prompt's keys and values grow with the model and the prompt (an 8B-shaped model's long prompt
 takes gigabytes), so the cache keeps the newest entries of every composition together within
@@ -81,8 +83,9 @@ class DiskPromptCache:
         budget is not written, and a cache that cannot be written (IOFailure: read-only store,
         disk full) is only a missed speed-up."""
         buf = io.BytesIO()
-        np.savez(buf, composition=np.str_(comp_id), mode=np.str_(self.mode), tokens=np.asarray(tokens, dtype=np.int64),
-                 logits=logits, **cache.state())  # k0, v0, k1, ...: each layer's kept positions
+        np.savez(buf, composition=np.str_(comp_id), mode=np.str_(self.mode),
+                 tokens=np.asarray(tokens, dtype=np.int64), logits=logits,
+                 **cache.state())  # k0, v0, k1, ...: each layer's kept positions
         data = buf.getvalue()
         if len(data) > self.max_bytes:
             return
