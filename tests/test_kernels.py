@@ -400,7 +400,7 @@ def test_int8_mode_keeps_float_activations_for_the_other_types_and_passes_nan_th
     x = np.random.default_rng(0).standard_normal((2, 768)).astype(np.float32)
     f, i8 = kernels_native.NativeKernels(), kernels_native.NativeKernels()
     i8.set_activations("int8")
-    for name in ("Q4_K", "Q6_K", "Q2_K"):
+    for name in ("Q2_K", "Q3_K"):  # (Q4_K, Q5_K, Q6_K take int8: test_kernels_int8.py)
         w = tensor(gguf.GGMLQuantizationType[name], blocks(gguf.GGMLQuantizationType[name], 5, 768, seed=1))
         assert i8.matmul(x, w).tobytes() == f.matmul(x, w).tobytes(), name
     w = tensor(gguf.GGMLQuantizationType.Q4_1, blocks(gguf.GGMLQuantizationType.Q4_1, 5, 768, seed=1))

@@ -162,8 +162,8 @@ class NativeKernels(ReferenceKernels):
 
     def set_activations(self, mode: str) -> None:
         """"float32" (the default: every product in float32, within 1e-5 of the reference
-        kernels) or "int8": the input of every fused product over a 32-value block type (Q4_0,
-        Q4_1, Q5_0, Q5_1, Q8_0) quantized to int8 per 32 values and the block dot products
+        kernels) or "int8": the input of every fused product over a block type that takes it
+        (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) quantized to int8 per 32 values and the block dot products
         taken in integers, as llama.cpp does: faster decoding, logits that move (measured in
         docs/numerics.md). Opt-in."""
         if mode not in ACTIVATION_MODES:

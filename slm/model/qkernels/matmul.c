@@ -4,7 +4,7 @@
  * slm_matmul_rows (the server's batch: each row of x with its own LoRA terms) and
  * slm_dequantize (the prompt path: rows of a weight into floats for BLAS). A product is
  * planned (plan_matmul), then run by a team of threads (team_matmul): rows split between the
- * threads (block_rows, over rows.c and rows_q8.c), the next bytes prefetched, and the
+ * threads (block_rows, over rows.c, rows_q8.c and rows_q8k.c), the next bytes prefetched, and the
  * low-rank terms added over the rows each thread just wrote (add_low_rank). step.c runs its
  * products through the same team_matmul inside its own parallel region.
  *
@@ -184,12 +184,15 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
         for (int64_t c0 = r0; c0 < r1; c0 += SLM_CHUNK_ROWS) { /* chunks: the prefetches spread over the rows */
             const int64_t c1 = c0 + SLM_CHUNK_ROWS < r1 ? c0 + SLM_CHUNK_ROWS : r1;
             prefetch_some(fetch, per_row * (c1 - c0));
-            if (p->xq != NULL && Q8_TYPE(job->type)) {
+            if (p->xq != NULL && INT8_TYPE(job->type)) {
                 for (int64_t r = c0; r < c1; r++) {
                     const uint8_t *row = job->data + r * job->row_bytes;
                     switch (job->type) {
 #define DOT8(T) case T: dot_tiles_q8(T, row, (int)n, p->xq, p->xd, p->xs, tokens, job->out + r, job->rows); break;
+#define DOT8K(T) case T: dot_tiles_q8k(T, row, (int)n, p->xq, p->xd, p->xs, tokens, job->out + r, job->rows); break;
                         DOT8(T_Q4_0) DOT8(T_Q4_1) DOT8(T_Q5_0) DOT8(T_Q5_1) DOT8(T_Q8_0)
+                        DOT8K(T_Q4_K) DOT8K(T_Q5_K) DOT8K(T_Q6_K)
+#undef DOT8K
 #undef DOT8
                     }
                 }

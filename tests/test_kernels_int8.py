@@ -1,0 +1,122 @@
+"""Int8 activations for the K types (Q4_K, Q5_K, Q6_K): integer block dot products against an
+independent NumPy evaluation of the block layouts (ggml-common.h), as
+test_kernels.py::test_int8_activations_are_integer_dot_products does for the 32-value types."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from test_kernels import _int8_inputs
+from test_kernels_kquants import blocks, tensor
+
+from slm.model import kernels_native
+
+GT = gguf.GGMLQuantizationType
+K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
+
+
+def _f16(a):
+    return a.copy().view("<f2")[..., 0].astype(np.float64)
+
+
+def _k_units(ggml_type, raw: np.ndarray):
+    """(d, m, q) of every 16-value unit of raw (rows, bytes per row): d, m float64 (rows, units),
+    q int64 (rows, units, 16), value = d * q + m. Q4_K / Q5_K units of 32 values appear as two
+    halves with the same d and m."""
+    size = gguf.GGML_QUANT_SIZES[ggml_type][1]
+    b = raw.reshape(raw.shape[0], -1, size)  # (rows, blocks, bytes)
+    rows, nb = b.shape[:2]
+    if ggml_type == GT.Q6_K:
+        ql, qh = b[..., 0:128].astype(np.int64), b[..., 128:192].astype(np.int64)
+        sc = b[..., 192:208].view(np.int8).astype(np.int64)
+        q = np.empty((rows, nb, 256), dtype=np.int64)
+        for h in range(2):
+            lo, hi = ql[..., 64 * h:64 * h + 64], qh[..., 32 * h:32 * h + 32]
+            for s in range(4):
+                nib = (lo[..., 32 * (s % 2):32 * (s % 2) + 32] >> (4 * (s // 2))) & 15
+                q[..., 128 * h + 32 * s:128 * h + 32 * s + 32] = (nib | (((hi >> (2 * s)) & 3) << 4)) - 32
+        d = _f16(b[..., 208:210])[..., None] * sc  # (rows, blocks, 16)
+        return d.reshape(rows, -1), np.zeros((rows, nb * 16)), q.reshape(rows, -1, 16)
+    s = b[..., 4:16].astype(np.int64)
+    sc = np.empty((rows, nb, 8), dtype=np.int64)
+    mn = np.empty_like(sc)
+    for j in range(8):  # ggml's get_scale_min_k4
+        if j < 4:
+            sc[..., j], mn[..., j] = s[..., j] & 63, s[..., j + 4] & 63
+        else:
+            sc[..., j] = (s[..., j + 4] & 15) | ((s[..., j - 4] >> 6) << 4)
+            mn[..., j] = (s[..., j + 4] >> 4) | ((s[..., j] >> 6) << 4)
+    qs_at = 48 if ggml_type == GT.Q5_K else 16
+    qs = b[..., qs_at:qs_at + 128].astype(np.int64)
+    q = np.empty((rows, nb, 256), dtype=np.int64)
+    for j in range(8):
+        q[..., 32 * j:32 * j + 32] = (qs[..., 32 * (j // 2):32 * (j // 2) + 32] >> (4 * (j % 2))) & 15
+        if ggml_type == GT.Q5_K:
+            q[..., 32 * j:32 * j + 32] |= ((b[..., 16:48].astype(np.int64) >> j) & 1) << 4
+    d = _f16(b[..., 0:2])[..., None] * sc
+    m = -_f16(b[..., 2:4])[..., None] * mn
+    twice = lambda a: np.repeat(a.reshape(rows, -1), 2, axis=-1)  # noqa: E731 (32-value units as 16s)
+    return twice(d), twice(m), q.reshape(rows, -1, 16)
+
+
+@pytest.mark.parametrize("name", K_TYPES)
+@pytest.mark.parametrize("tokens", [1, 3, 4, kernels_native.FUSED_MAX_TOKENS])
+def test_k_types_take_int8_activations_as_integer_dot_products(name, tokens):
+    """Each output is the sum over units of d * dx * (q . qx) (+ m * the float sum of x): the
+    integer products exact, against the NumPy evaluation in float64 (adversarial blocks
+    included); each row of x alone gives the same bits; the float32 mode gives other ones."""
+    T = GT[name]
+    raw = blocks(T, 37, 768, seed=3)
+    w = tensor(T, raw)
+    x = np.random.default_rng(tokens).standard_normal((tokens, 768)).astype(np.float32)
+    x[0, :32] = 0.0  # a run of zeros: dx = 0
+    x[-1, 300] = 40.0  # one large value: its run's other values round to few levels
+    kern = kernels_native.NativeKernels()
+    kern.set_activations("int8")
+    got = kern.matmul(x, w)  # (T, 37)
+    d, m, q = _k_units(T, raw)
+    qx, dx = _int8_inputs(x)
+    qx16 = qx.reshape(tokens, -1, 16)
+    dx16 = np.repeat(dx, 2, axis=-1)  # (T, units of 16)
+    sums = x.reshape(tokens, -1, 16).astype(np.float64).sum(-1)
+    terms = np.einsum("rui,tui->tru", q, qx16) * d[None] * dx16[:, None] + m[None] * sums[:, None]
+    want = terms.sum(-1)
+    assert np.all(np.abs(got - want) <= 1e-5 * np.abs(terms).sum(-1) + 1e-30)
+    for t in range(tokens):
+        assert kern.matmul(x[t:t + 1], w)[0].tobytes() == got[t].tobytes()
+    kern.set_activations("float32")
+    assert not np.array_equal(kern.matmul(x, w), got)  # the int8 mode was in effect
+
+
+def test_k_types_int8_results_do_not_depend_on_threads_or_neighbours():
+    """A Q4_K_M layer's shape: Q4_K and Q6_K weights sharing one quantized input in one
+    product, at 1 and 2 threads, and each row alone: the same bits."""
+    x = np.random.default_rng(5).standard_normal((6, 768)).astype(np.float32)
+    ws = [tensor(GT[n], blocks(GT[n], 37 + 4 * i, 768, seed=i)) for i, n in enumerate(["Q4_K", "Q6_K", "Q5_K"])]
+    results = []
+    for threads in (1, 2):
+        kern = kernels_native.NativeKernels()
+        kern.set_threads(threads)
+        kern.set_activations("int8")
+        results.append(kern.matmul_many(x, ws))
+        alone = [kern.matmul_many(x[t:t + 1], ws) for t in range(x.shape[0])]
+        for j in range(len(ws)):
+            assert np.concatenate([a[j] for a in alone]).tobytes() == results[-1][j].tobytes()
+    for one, two in zip(*results):
+        assert one.tobytes() == two.tobytes()
+
+
+def test_k_type_int8_passes_nan_through_and_keeps_long_inputs_in_float32():
+    """A NaN in x reaches that row's outputs only (as on the float path); a prompt's chunk
+    (more rows than the fused kernel takes) runs the dequantized BLAS product either way."""
+    w = tensor(GT.Q6_K, blocks(GT.Q6_K, 5, 768, seed=1))
+    kern = kernels_native.NativeKernels()
+    kern.set_activations("int8")
+    x = np.random.default_rng(0).standard_normal((2, 768)).astype(np.float32)
+    x[1, 100] = np.nan
+    y = kern.matmul(x, w)
+    assert np.isfinite(y[0]).all() and np.isnan(y[1]).all()
+    long = np.random.default_rng(1).standard_normal((kernels_native.FUSED_MAX_TOKENS + 1, 768)).astype(np.float32)
+    want = kernels_native.NativeKernels().matmul(long, w)
+    assert kern.matmul(long, w).tobytes() == want.tobytes()
