@@ -120,3 +120,67 @@ def test_k_type_int8_passes_nan_through_and_keeps_long_inputs_in_float32():
     long = np.random.default_rng(1).standard_normal((kernels_native.FUSED_MAX_TOKENS + 1, 768)).astype(np.float32)
     want = kernels_native.NativeKernels().matmul(long, w)
     assert kern.matmul(long, w).tobytes() == want.tobytes()
+
+
+# ------------------------------------------------------------------ Q4_0 rows packed eight at a time
+
+@pytest.mark.parametrize("tokens", [1, 3, 5, kernels_native.FUSED_MAX_TOKENS])
+def test_packed_q4_0_rows_are_integer_dot_products(tokens):
+    """Q4_0 weights whose rows come in eights take the packed kernel in the int8 mode: each
+    output is sum over blocks of d * dx * (q . qx), the integer part exact against the NumPy
+    evaluation (adversarial blocks included), and each row of x alone gives the same bits."""
+    from test_kernels import _int8_codes
+
+    raw = blocks(GT.Q4_0, 40, 768, seed=7)
+    w = tensor(GT.Q4_0, raw)
+    x = np.random.default_rng(tokens).standard_normal((tokens, 768)).astype(np.float32)
+    x[0, :32] = 0.0  # a block of zeros: dx = 0
+    x[-1, 64:96] = -np.abs(x[-1, 64:96]) - 1.0  # a block of negative values: its sum far from 0
+    kern = kernels_native.NativeKernels()
+    kern.set_activations("int8")
+    got = kern.matmul(x, w)
+    assert id(w) in kernels_native._PACKED  # the packed kernel took it (built it)
+    d, _, q = _int8_codes(GT.Q4_0, raw)
+    qx, dx = _int8_inputs(x)
+    terms = np.einsum("rbi,tbi->trb", q, qx) * d[None] * dx[:, None]
+    assert np.all(np.abs(got - terms.sum(-1)) <= 1e-5 * np.abs(terms).sum(-1) + 1e-30)
+    for t in range(tokens):
+        assert kern.matmul(x[t:t + 1], w)[0].tobytes() == got[t].tobytes()
+
+
+def test_packed_q4_0_results_do_not_depend_on_threads_batches_or_the_rows_each_thread_takes():
+    """Groups of eight rows split between threads (sizes whose halves are not multiples of
+    eight), at 1 and 2 threads, in one product with an unpacked weight, and as the batch
+    kernel's rows (matmul_rows): the same bits; a NaN in x reaches its row only."""
+    x = np.random.default_rng(9).standard_normal((4, 512)).astype(np.float32)
+    ws = [tensor(GT.Q4_0, blocks(GT.Q4_0, rows, 512, seed=rows)) for rows in (24, 40, 8)]
+    ws.append(tensor(GT.Q4_1, blocks(GT.Q4_1, 13, 512, seed=2)))
+    outs = []
+    for threads in (1, 2):
+        kern = kernels_native.NativeKernels()
+        kern.set_threads(threads)
+        kern.set_activations("int8")
+        outs.append(kern.matmul_many(x, ws))
+        batch = kern.matmul_rows(x, ws, [[None] * len(x) for _ in ws])
+        for a, b in zip(outs[-1], batch):
+            assert a.tobytes() == b.tobytes()
+    for one, two in zip(*outs):
+        assert one.tobytes() == two.tobytes()
+    x[2, 7] = np.nan
+    y = kern.matmul(x, ws[1])
+    assert np.isnan(y[2]).all() and np.isfinite(np.delete(y, 2, axis=0)).all()
+
+
+def test_the_float32_mode_never_reads_the_packed_rows():
+    """The packed copy is the int8 mode's alone: float32 products of a weight that has one give
+    the bits of a weight that never had one."""
+    raw = blocks(GT.Q4_0, 16, 256, seed=4)
+    x = np.random.default_rng(1).standard_normal((2, 256)).astype(np.float32)
+    fresh = kernels_native.NativeKernels().matmul(x, tensor(GT.Q4_0, raw))
+    w = tensor(GT.Q4_0, raw)
+    kern = kernels_native.NativeKernels()
+    kern.set_activations("int8")
+    kern.matmul(x, w)
+    kern.set_activations("float32")
+    assert kernels_native.packed(w) is not None
+    assert kern.matmul(x, w).tobytes() == fresh.tobytes()

@@ -212,12 +212,12 @@ def test_int8_step_is_the_int8_op_path_bit_for_bit(family, ggml_type, monkeypatc
         assert 0.0 < moved < 0.3, moved
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_int8_batch_rows_equal_their_single_runs(family):
+@pytest.mark.parametrize("family,type_name", [("llama", "Q5_0"), ("llama", "Q4_0"), ("gemma3", "Q8_0")])
+def test_int8_batch_rows_equal_their_single_runs(family, type_name):
+    """(Q4_0: the rows packed eight at a time, qkernels/rows_q4x8.c)"""
     from test_batch import _check_rows_equal_single_runs
 
-    base = _model(family, gguf.GGMLQuantizationType.Q5_0 if family == "llama" else
-                  gguf.GGMLQuantizationType.Q8_0, seed=17)
+    base = _model(family, gguf.GGMLQuantizationType[type_name], seed=17)
     rng = np.random.default_rng(5)
     comps = _int8(_compositions(base, seed=5))
     models = [comps[0], comps[1], comps[2], comps[1]]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -49,7 +50,7 @@ class Job(ctypes.Structure):
 
     _fields_ = [("type", ctypes.c_int32), ("rank", ctypes.c_int32), ("data", ctypes.c_void_p),
                 ("rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("out", ctypes.c_void_p),
-                ("lora_a", ctypes.c_void_p), ("lora_bt", ctypes.c_void_p)]
+                ("lora_a", ctypes.c_void_p), ("lora_bt", ctypes.c_void_p), ("packed", ctypes.c_void_p)]
 
 
 class Term(ctypes.Structure):
@@ -77,6 +78,7 @@ def _load() -> ctypes.CDLL | None:
         "slm_matmul": (i32, [i32, p, p, i64, i64, i32]),
         "slm_matmul_rows": (i32, [i32, p, p, p, i64, i64, i32]),
         "slm_dequantize": (i32, [i32, p, i64, i64, i64, i64, p]),
+        "slm_pack_q4_0": (i32, [p, i64, i64, i64, p]),
         "slm_block_size": (i32, [i32, p, p]),
         "slm_threads": (i32, []),
         "slm_set_threads": (None, [i32]),
@@ -124,6 +126,28 @@ def kernel_type(w: QuantTensor) -> int | None:
 
 def supports(w: QuantTensor) -> bool:
     return kernel_type(w) is not None
+
+
+Q4_0 = 2  # T_Q4_0: the type with a repacked int8 kernel (qkernels/rows_q4x8.c)
+_PACKED: dict[int, np.ndarray] = {}  # id(weight) -> its packed rows, while the weight lives
+
+
+def packed(w: QuantTensor) -> np.ndarray | None:
+    """w's rows repacked eight at a time for the int8 Q4_0 kernel (slm_pack_q4_0), or None for a
+    weight without one (another type, rows not a multiple of 8). Derived data, built in memory
+    the first time an int8 product needs it (as many bytes as the weight's own) and kept while
+    the weight lives; the stored blob is never rewritten. The fused step and the op path read
+    the same copy, so that they give the same bits."""
+    if LIB is None or kernel_type(w) != Q4_0 or w.rows % 8:
+        return None
+    got = _PACKED.get(id(w))
+    if got is None:
+        got = np.empty(w.rows * w.data.strides[0], dtype=np.uint8)
+        check_status(LIB.slm_pack_q4_0(w.data.ctypes.data, w.rows, w.data.strides[0], w.cols, got.ctypes.data),
+                     "slm_pack_q4_0", w.name)
+        _PACKED[id(w)] = got
+        weakref.finalize(w, _PACKED.pop, id(w), None)
+    return got
 
 
 _EMPTY = ctypes.c_char * 0
@@ -251,7 +275,7 @@ class NativeKernels(ReferenceKernels):
     def _plan(self, weights: list[QuantTensor], low_rank: list | None):
         """(job descriptors, input width, output widths) for these weights and terms, built
         once (only `out` changes per call); None when the fused kernel cannot take them."""
-        key = (*map(id, weights), *map(id, low_rank or ()))
+        key = (self.int8, *map(id, weights), *map(id, low_rank or ()))
         cached = self._jobs.get(key)
         if cached is not None:
             return cached[0]
@@ -261,6 +285,8 @@ class NativeKernels(ReferenceKernels):
             jobs = (Job * len(weights))()
             for job, w, term in zip(jobs, weights, low_rank):
                 job.type, job.data = kernel_type(w), w.data.ctypes.data
+                pk = packed(w) if self.int8 else None
+                job.packed = None if pk is None else pk.ctypes.data
                 job.rows, job.row_bytes = w.rows, w.data.strides[0]
                 if term is not None:
                     a, b_t = term

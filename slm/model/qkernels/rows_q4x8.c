@@ -1,0 +1,135 @@
+/* qkernels/rows_q4x8.c: Q4_0 weights repacked eight rows at a time, int8 path.
+ *
+ * slm_pack_q4_0 builds the layout (derived data, in memory: kernels_native.packed keeps one
+ * per Q4_0 weight once an int8 product needs it; the stored blob is never rewritten);
+ * dot_group_tiles_q4x8 multiplies one group of eight rows by up to SLM_TILE rows of int8 x.
+ * Called by matmul.c's block_rows for a job with a packed copy when a product runs with int8
+ * activations.
+ *
+ * Why: on the row-by-row path (rows_q8.c) each 32 products of a row cost their own unpacking,
+ * sign fixes, conversion, scale and a horizontal sum at the end, about twelve vector operations
+ * for 32 products. With eight rows interleaved four codes at a time, one vector holds four
+ * codes of each of eight rows, and a broadcast of the four matching x values multiplies all
+ * eight rows in one maddubs: 256 products in about twenty operations, each int32 lane one row's
+ * sum, scaled by the eight rows' d in one vector, no horizontal sum.
+ *
+ * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
+ * compiled on its own.
+ */
+#include "simd.h"
+#include "blocks.h"
+
+/* A packed block: block b of the eight rows 8g .. 8g + 7, at (g * blocks + b) * Q4X8_BYTES:
+ * their eight d (float16), then four 32-byte vectors V0..V3 of codes (nibbles, 0..15). Byte
+ * 4r + i of Vj holds, in its low nibble, value 4j + i of row r and, in its high nibble, value
+ * 4 (j + 4) + i: V & 15 and V >> 4 give the eight vectors Wk (k = 0..7) whose bytes 4r .. 4r + 3
+ * are values 4k .. 4k + 3 of row r. As many bytes as the rows' own blocks (8 x 18). */
+#define Q4X8_BYTES 144
+
+/* Rows (a multiple of 8) of Q4_0 weights, n values each and row_bytes apart, packed into out
+ * (rows * row_bytes bytes). Returns 0; -1 when the shape is not one it packs. */
+int slm_pack_q4_0(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
+    if (!valid_rows(T_Q4_0, n, row_bytes) || rows % 8 != 0 || rows < 8) return -1;
+    const int64_t blocks = n / 32, groups = rows / 8;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t b = 0; b < blocks; b++) {
+            uint8_t *o = out + (g * blocks + b) * Q4X8_BYTES;
+            memset(o + 16, 0, 128);
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *blk = data + (8 * g + r) * row_bytes + 18 * b;
+                memcpy(o + 2 * r, blk, 2);
+                for (int v = 0; v < 32; v++) { /* Q4_0: byte j holds value j (low nibble), j + 16 (high) */
+                    const uint8_t code = v < 16 ? blk[2 + v] & 15 : blk[2 + v - 16] >> 4;
+                    const int k = v / 4, i = v % 4;
+                    o[16 + 32 * (k % 4) + 4 * r + i] |= (uint8_t)(code << (4 * (k / 4)));
+                }
+            }
+        }
+    return 0;
+}
+
+/* res[t][r] = x[t] . row 8g + r for NT <= SLM_TILE rows of int8 x (xq rows n apart; dx and xi,
+ * the scales and the integer sums of each 32 values of x, rows n / 32 apart). Per block and
+ * row of x: sum over k of maddubs(Wk, the broadcast x[4k .. 4k + 3]) in 16-bit lanes (no
+ * overflow: a pair is at most 2 x 15 x 127, eight of them 30480), pairs summed to int32 by
+ * madd, minus 8 times the x sum (the codes' offset: q = nibble - 8), then one multiply-add by
+ * d (the eight rows') times dx. Each row's value is the same operations whatever the tile, the
+ * thread or the other rows of x. */
+#if defined(__AVX2__) && defined(__F16C__)
+static inline __attribute__((always_inline)) void dot_group_q4x8(const int NT, const uint8_t *restrict grp, const int n,
+                                                                 const int8_t *restrict xq, const float *restrict dx,
+                                                                 const int32_t *restrict xi, float res[][8]) {
+    const int blocks = n / 32;
+    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc[SLM_TILE];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = grp + (size_t)b * Q4X8_BYTES;
+        /* (a kilobyte ahead, as rows_q8.c: each line of the block) */
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + 1024 + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + 1024 + 128, _MM_HINT_T0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        __m256i w[8];
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+            w[j] = _mm256_and_si256(v, low4);
+            w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++) {
+            const int8_t *xb = xq + (int64_t)t * n + 32 * b;
+            int32_t x4[8];
+            memcpy(x4, xb, 32);
+            __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x4[0]));
+#pragma GCC unroll 8
+            for (int k = 1; k < 8; k++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(x4[k])));
+            const __m256i p = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(8 * xi[t * blocks + b]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_set1_ps(dx[t * blocks + b])), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(res[t], acc[t]);
+}
+#else
+/* the same integers without AVX2 (results differ from the AVX2 build in float rounding only) */
+static inline void dot_group_q4x8(const int NT, const uint8_t *restrict grp, const int n, const int8_t *restrict xq,
+                                  const float *restrict dx, const int32_t *restrict xi, float res[][8]) {
+    const int blocks = n / 32;
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < 8; r++) {
+            float acc = 0.0f;
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = grp + (size_t)b * Q4X8_BYTES;
+                int32_t isum = 0;
+                for (int v = 0; v < 32; v++) {
+                    const int k = v / 4, i = v % 4;
+                    const int code = (blk[16 + 32 * (k % 4) + 4 * r + i] >> (4 * (k / 4))) & 15;
+                    isum += code * xq[(int64_t)t * n + 32 * b + v];
+                }
+                acc += (float)(isum - 8 * xi[t * blocks + b]) * (half_to_float(blk + 2 * r) * dx[t * blocks + b]);
+            }
+            res[t][r] = acc;
+        }
+}
+#endif
+
+/* Rows [lo, hi) of the group of rows g0 .. g0 + 7 (packed at grp) for every row of x, into
+ * out (tokens, out_n). */
+static inline void dot_group_tiles_q4x8(const uint8_t *restrict grp, const int n, const int8_t *restrict xq,
+                                        const float *restrict dx, const int32_t *restrict xi, const int64_t tokens,
+                                        float *restrict out, const int64_t out_n, const int64_t g0, const int64_t lo,
+                                        const int64_t hi) {
+    const int64_t blocks = n / 32;
+    float res[SLM_TILE][8];
+    for (int64_t t = 0; t < tokens; t += SLM_TILE) {
+        const int NT = tokens - t < SLM_TILE ? (int)(tokens - t) : SLM_TILE;
+        switch (NT) {
+#define TILE(k) case k: dot_group_q4x8(k, grp, n, xq + t * n, dx + t * blocks, xi + t * blocks, res); break;
+        TILE(1) TILE(2) TILE(3) TILE(4)
+#undef TILE
+        }
+        for (int s = 0; s < NT; s++)
+            for (int64_t r = lo; r < hi; r++) out[(t + s) * out_n + r] = res[s][r - g0];
+    }
+}
