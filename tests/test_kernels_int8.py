@@ -60,21 +60,23 @@ def _k_units(ggml_type, raw: np.ndarray):
     return twice(d), twice(m), q.reshape(rows, -1, 16)
 
 
-@pytest.mark.parametrize("name", K_TYPES)
-@pytest.mark.parametrize("tokens", [1, 3, 4, kernels_native.FUSED_MAX_TOKENS])
-def test_k_types_take_int8_activations_as_integer_dot_products(name, tokens):
+@pytest.mark.parametrize("name,rows", [(n, 37) for n in K_TYPES] + [("Q6_K", 40)])
+@pytest.mark.parametrize("tokens", [1, 3, 4, 5, kernels_native.FUSED_MAX_TOKENS])
+def test_k_types_take_int8_activations_as_integer_dot_products(name, rows, tokens):
     """Each output is the sum over units of d * dx * (q . qx) (+ m * the float sum of x): the
     integer products exact, against the NumPy evaluation in float64 (adversarial blocks
-    included); each row of x alone gives the same bits; the float32 mode gives other ones."""
+    included); each row of x alone gives the same bits; the float32 mode gives other ones.
+    (Q6_K with rows in eights: the packed kernel, qkernels/rows_q6kx8.c.)"""
     T = GT[name]
-    raw = blocks(T, 37, 768, seed=3)
+    raw = blocks(T, rows, 768, seed=3)
     w = tensor(T, raw)
     x = np.random.default_rng(tokens).standard_normal((tokens, 768)).astype(np.float32)
     x[0, :32] = 0.0  # a run of zeros: dx = 0
     x[-1, 300] = 40.0  # one large value: its run's other values round to few levels
     kern = kernels_native.NativeKernels()
     kern.set_activations("int8")
-    got = kern.matmul(x, w)  # (T, 37)
+    got = kern.matmul(x, w)  # (T, rows)
+    assert (id(w) in kernels_native._PACKED) == (rows % 8 == 0)
     d, m, q = _k_units(T, raw)
     qx, dx = _int8_inputs(x)
     qx16 = qx.reshape(tokens, -1, 16)
@@ -91,9 +93,10 @@ def test_k_types_take_int8_activations_as_integer_dot_products(name, tokens):
 
 def test_k_types_int8_results_do_not_depend_on_threads_or_neighbours():
     """A Q4_K_M layer's shape: Q4_K and Q6_K weights sharing one quantized input in one
-    product, at 1 and 2 threads, and each row alone: the same bits."""
+    product (a packed Q6_K among them), at 1 and 2 threads, and each row alone: the same bits."""
     x = np.random.default_rng(5).standard_normal((6, 768)).astype(np.float32)
     ws = [tensor(GT[n], blocks(GT[n], 37 + 4 * i, 768, seed=i)) for i, n in enumerate(["Q4_K", "Q6_K", "Q5_K"])]
+    ws.append(tensor(GT.Q6_K, blocks(GT.Q6_K, 24, 768, seed=8)))  # packed
     results = []
     for threads in (1, 2):
         kern = kernels_native.NativeKernels()
@@ -107,10 +110,12 @@ def test_k_types_int8_results_do_not_depend_on_threads_or_neighbours():
         assert one.tobytes() == two.tobytes()
 
 
-def test_k_type_int8_passes_nan_through_and_keeps_long_inputs_in_float32():
-    """A NaN in x reaches that row's outputs only (as on the float path); a prompt's chunk
-    (more rows than the fused kernel takes) runs the dequantized BLAS product either way."""
-    w = tensor(GT.Q6_K, blocks(GT.Q6_K, 5, 768, seed=1))
+@pytest.mark.parametrize("rows", [5, 8])
+def test_k_type_int8_passes_nan_through_and_keeps_long_inputs_in_float32(rows):
+    """A NaN in x reaches that row's outputs only (as on the float path; 8 rows: packed); a
+    prompt's chunk (more rows than the fused kernel takes) runs the dequantized BLAS product
+    either way."""
+    w = tensor(GT.Q6_K, blocks(GT.Q6_K, rows, 768, seed=1))
     kern = kernels_native.NativeKernels()
     kern.set_activations("int8")
     x = np.random.default_rng(0).standard_normal((2, 768)).astype(np.float32)

@@ -4,7 +4,8 @@
  * slm_matmul_rows (the server's batch: each row of x with its own LoRA terms) and
  * slm_dequantize (the prompt path: rows of a weight into floats for BLAS). A product is
  * planned (plan_matmul), then run by a team of threads (team_matmul): rows split between the
- * threads (block_rows, over rows.c, rows_q8.c and rows_q8k.c), the next bytes prefetched, and the
+ * threads (block_rows, over rows.c, rows_q8.c, rows_q8k.c and the packed rows_q4x8.c,
+ * rows_q6kx8.c), the next bytes prefetched, and the
  * low-rank terms added over the rows each thread just wrote (add_low_rank). step.c runs its
  * products through the same team_matmul inside its own parallel region.
  *
@@ -62,7 +63,7 @@ typedef struct {
     const int8_t *xq;          /* (tokens, n): x as int8 (int8 activations), else NULL */
     const float *xd;           /* (tokens, n / 32): their scales */
     const float *xs;           /* (tokens, n / 32): the sums of x over each 32 values (int8) */
-    const int32_t *xi;         /* (tokens, n / 32): the sums of xq over each 32 values */
+    const int32_t *xi;         /* (tokens, n / 16): the sums of xq over each 16 values */
     int64_t *claim;            /* shared: rows of the dynamic part taken so far (NULL: static shares; see team_matmul) */
     const char *const *after_at; /* this thread's ranges read after the product (the decode step's */
     const int64_t *after_bytes;  /* keys and values), fetched during its rows after its factors */
@@ -186,11 +187,11 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
         for (int64_t c0 = r0; c0 < r1; c0 += SLM_CHUNK_ROWS) { /* chunks: the prefetches spread over the rows */
             const int64_t c1 = c0 + SLM_CHUNK_ROWS < r1 ? c0 + SLM_CHUNK_ROWS : r1;
             prefetch_some(fetch, per_row * (c1 - c0));
-            if (p->xq != NULL && job->packed != NULL && job->type == T_Q4_0) {
-                const int64_t group_bytes = (int64_t)Q4X8_BYTES * (n / 32);
+            if (p->xq != NULL && job->packed != NULL && PACKED_TYPE(job->type)) { /* rows_q4x8.c, rows_q6kx8.c */
+                const int64_t group_bytes = packed_group_bytes(job->type, n);
                 for (int64_t g0 = c0 / 8 * 8; g0 < c1; g0 += 8)
-                    dot_group_tiles_q4x8(job->packed + g0 / 8 * group_bytes, (int)n, p->xq, p->xd, p->xi, tokens,
-                                         job->out, job->rows, g0, g0 > c0 ? g0 : c0, g0 + 8 < c1 ? g0 + 8 : c1);
+                    dot_group_tiles(job->type, job->packed + g0 / 8 * group_bytes, (int)n, p->xq, p->xd, p->xi, tokens,
+                                    job->out, job->rows, g0, g0 > c0 ? g0 : c0, g0 + 8 < c1 ? g0 + 8 : c1);
                 continue;
             }
             if (p->xq != NULL && INT8_TYPE(job->type)) {
@@ -374,7 +375,7 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
     int8 = int8 && n % 32 == 0;
     const int64_t threads = slm_threads(), blocks = int8 ? tokens * (n / 32) : 0;
     /* rows_scratch (n a thread), u, then with int8 activations xd, xs, xi and xq */
-    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + p.ranks + 3 * blocks) +
+    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + p.ranks + 4 * blocks) +
                             (size_t)(int8 ? tokens * n : 0));
     if (scratch == NULL) {
         free(layout);
@@ -396,7 +397,7 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
     if (int8) {
         float *xd = p.u + p.ranks, *xs = xd + blocks;
         int32_t *xi = (int32_t *)(xs + blocks);
-        int8_t *xq = (int8_t *)(xi + blocks);
+        int8_t *xq = (int8_t *)(xi + 2 * blocks);
         quantize_x8(x, tokens, n, xq, xd, xs, xi);
         p.xi = xi;
         p.xq = xq;

@@ -1,10 +1,10 @@
 /* qkernels/rows_q4x8.c: Q4_0 weights repacked eight rows at a time, int8 path.
  *
- * slm_pack_q4_0 builds the layout (derived data, in memory: kernels_native.packed keeps one
- * per Q4_0 weight once an int8 product needs it; the stored blob is never rewritten);
- * dot_group_tiles_q4x8 multiplies one group of eight rows by up to SLM_TILE rows of int8 x.
- * Called by matmul.c's block_rows for a job with a packed copy when a product runs with int8
- * activations.
+ * pack_q4_0 builds the layout (derived data, in memory: kernels_native.packed keeps one per
+ * Q4_0 weight once an int8 product needs it, through slm_pack; the stored blob is never
+ * rewritten); dot_group_q4x8 multiplies one group of eight rows by up to SLM_TILE rows of int8
+ * x. Called through rows_q6kx8.c's dot_group_tiles, from matmul.c's block_rows for a job with
+ * a packed copy when a product runs with int8 activations.
  *
  * Why: on the row-by-row path (rows_q8.c) each 32 products of a row cost their own unpacking,
  * sign fixes, conversion, scale and a horizontal sum at the end, about twelve vector operations
@@ -27,9 +27,8 @@
 #define Q4X8_BYTES 144
 
 /* Rows (a multiple of 8) of Q4_0 weights, n values each and row_bytes apart, packed into out
- * (rows * row_bytes bytes). Returns 0; -1 when the shape is not one it packs. */
-int slm_pack_q4_0(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
-    if (!valid_rows(T_Q4_0, n, row_bytes) || rows % 8 != 0 || rows < 8) return -1;
+ * (rows * row_bytes bytes; shapes checked by slm_pack, rows_q6kx8.c). */
+static void pack_q4_0(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
     const int64_t blocks = n / 32, groups = rows / 8;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++)
@@ -46,11 +45,10 @@ int slm_pack_q4_0(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t 
                 }
             }
         }
-    return 0;
 }
 
-/* res[t][r] = x[t] . row 8g + r for NT <= SLM_TILE rows of int8 x (xq rows n apart; dx and xi,
- * the scales and the integer sums of each 32 values of x, rows n / 32 apart). Per block and
+/* res[t][r] = x[t] . row 8g + r for NT <= SLM_TILE rows of int8 x (xq rows n apart; dx, the
+ * scales, rows n / 32 apart; xi, the integer sums of each 16 values, n / 16 apart). Per block and
  * row of x: sum over k of maddubs(Wk, the broadcast x[4k .. 4k + 3]) in 16-bit lanes (no
  * overflow: a pair is at most 2 x 15 x 127, eight of them 30480), pairs summed to int32 by
  * madd, minus 8 times the x sum (the codes' offset: q = nibble - 8), then one multiply-add by
@@ -85,7 +83,8 @@ static inline __attribute__((always_inline)) void dot_group_q4x8(const int NT, c
             __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x4[0]));
 #pragma GCC unroll 8
             for (int k = 1; k < 8; k++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(x4[k])));
-            const __m256i p = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(8 * xi[t * blocks + b]));
+            const int32_t sx = xi[t * 2 * blocks + 2 * b] + xi[t * 2 * blocks + 2 * b + 1];
+            const __m256i p = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(8 * sx));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_set1_ps(dx[t * blocks + b])), acc[t]);
         }
     }
@@ -107,29 +106,9 @@ static inline void dot_group_q4x8(const int NT, const uint8_t *restrict grp, con
                     const int code = (blk[16 + 32 * (k % 4) + 4 * r + i] >> (4 * (k / 4))) & 15;
                     isum += code * xq[(int64_t)t * n + 32 * b + v];
                 }
-                acc += (float)(isum - 8 * xi[t * blocks + b]) * (half_to_float(blk + 2 * r) * dx[t * blocks + b]);
+                acc += (float)(isum - 8 * (xi[t * 2 * blocks + 2 * b] + xi[t * 2 * blocks + 2 * b + 1])) * (half_to_float(blk + 2 * r) * dx[t * blocks + b]);
             }
             res[t][r] = acc;
         }
 }
 #endif
-
-/* Rows [lo, hi) of the group of rows g0 .. g0 + 7 (packed at grp) for every row of x, into
- * out (tokens, out_n). */
-static inline void dot_group_tiles_q4x8(const uint8_t *restrict grp, const int n, const int8_t *restrict xq,
-                                        const float *restrict dx, const int32_t *restrict xi, const int64_t tokens,
-                                        float *restrict out, const int64_t out_n, const int64_t g0, const int64_t lo,
-                                        const int64_t hi) {
-    const int64_t blocks = n / 32;
-    float res[SLM_TILE][8];
-    for (int64_t t = 0; t < tokens; t += SLM_TILE) {
-        const int NT = tokens - t < SLM_TILE ? (int)(tokens - t) : SLM_TILE;
-        switch (NT) {
-#define TILE(k) case k: dot_group_q4x8(k, grp, n, xq + t * n, dx + t * blocks, xi + t * blocks, res); break;
-        TILE(1) TILE(2) TILE(3) TILE(4)
-#undef TILE
-        }
-        for (int s = 0; s < NT; s++)
-            for (int64_t r = lo; r < hi; r++) out[(t + s) * out_n + r] = res[s][r - g0];
-    }
-}

@@ -23,9 +23,9 @@
 #define Q8_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q5_0 || (type) == T_Q5_1 || (type) == T_Q8_0)
 
 /* x (tokens, n), n a multiple of 32 -> q (tokens, n), dx (tokens, n / 32), the float sums of
- * each 32 values, xs (tokens, n / 32), and the integer sums of each 32 q, xi (tokens, n / 32:
- * the packed Q4_0 kernel's offset, rows_q4x8.c). A block holding a NaN gets dx NaN, so that it
- * reaches the output as it does on the float path. */
+ * each 32 values, xs (tokens, n / 32), and the integer sums of each 16 q, xi (tokens, n / 16:
+ * the packed kernels' code offsets, rows_q4x8.c and rows_q6kx8.c). A block holding a NaN gets
+ * dx NaN, so that it reaches the output as it does on the float path. */
 static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8_t *restrict q,
                         float *restrict dx, float *restrict xs, int32_t *restrict xi) {
     for (int64_t b = 0; b < tokens * (n / 32); b++) {
@@ -47,7 +47,7 @@ static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8
         const float max = _mm_cvtss_f32(m4);
         if (_mm256_movemask_ps(nan)) {
             dx[b] = NAN;
-            xi[b] = 0;
+            xi[2 * b] = xi[2 * b + 1] = 0;
             memset(q + b * 32, 0, 32);
             continue;
         }
@@ -58,10 +58,6 @@ static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8
         _mm256_storeu_si256((__m256i *)(q + b * 32),
                             _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
         dx[b] = max / 127.0f;
-        const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), packed), _mm256_set1_epi16(1));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-        xi[b] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
 #else
         float amax = 0.0f;
         int nan = 0;
@@ -72,12 +68,13 @@ static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8
         }
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         dx[b] = nan ? NAN : amax / 127.0f;
-        xi[b] = 0;
-        for (int i = 0; i < 32; i++) {
-            q[b * 32 + i] = nan ? 0 : (int8_t)lrintf(xb[i] * inv);
-            xi[b] += q[b * 32 + i];
-        }
+        for (int i = 0; i < 32; i++) q[b * 32 + i] = nan ? 0 : (int8_t)lrintf(xb[i] * inv);
 #endif
+        for (int h = 0; h < 2; h++) {
+            int32_t sum = 0;
+            for (int i = 0; i < 16; i++) sum += q[b * 32 + 16 * h + i];
+            xi[2 * b + h] = sum;
+        }
     }
 }
 
