@@ -60,13 +60,13 @@ def _k_units(ggml_type, raw: np.ndarray):
     return twice(d), twice(m), q.reshape(rows, -1, 16)
 
 
-@pytest.mark.parametrize("name,rows", [(n, 37) for n in K_TYPES] + [("Q6_K", 40)])
+@pytest.mark.parametrize("name,rows", [(n, 37) for n in K_TYPES] + [("Q4_K", 40), ("Q6_K", 40)])
 @pytest.mark.parametrize("tokens", [1, 3, 4, 5, kernels_native.FUSED_MAX_TOKENS])
 def test_k_types_take_int8_activations_as_integer_dot_products(name, rows, tokens):
     """Each output is the sum over units of d * dx * (q . qx) (+ m * the float sum of x): the
     integer products exact, against the NumPy evaluation in float64 (adversarial blocks
     included); each row of x alone gives the same bits; the float32 mode gives other ones.
-    (Q6_K with rows in eights: the packed kernel, qkernels/rows_q6kx8.c.)"""
+    (Q4_K and Q6_K with rows in eights: the packed kernels, qkernels/rows_q4x8.c, rows_q6kx8.c.)"""
     T = GT[name]
     raw = blocks(T, rows, 768, seed=3)
     w = tensor(T, raw)
@@ -93,10 +93,11 @@ def test_k_types_take_int8_activations_as_integer_dot_products(name, rows, token
 
 def test_k_types_int8_results_do_not_depend_on_threads_or_neighbours():
     """A Q4_K_M layer's shape: Q4_K and Q6_K weights sharing one quantized input in one
-    product (a packed Q6_K among them), at 1 and 2 threads, and each row alone: the same bits."""
+    product (packed ones among them), at 1 and 2 threads, and each row alone: the same bits."""
     x = np.random.default_rng(5).standard_normal((6, 768)).astype(np.float32)
-    ws = [tensor(GT[n], blocks(GT[n], 37 + 4 * i, 768, seed=i)) for i, n in enumerate(["Q4_K", "Q6_K", "Q5_K"])]
-    ws.append(tensor(GT.Q6_K, blocks(GT.Q6_K, 24, 768, seed=8)))  # packed
+    ws = [tensor(GT[n], blocks(GT[n], 37 + 4 * i, 768, seed=i)) for i, n in enumerate(["Q5_K", "Q6_K"])]
+    ws += [tensor(GT[n], blocks(GT[n], 24, 768, seed=8)) for n in ("Q6_K", "Q4_K")]  # packed
+    assert len(ws) == kernels_native.MAX_JOBS  # one fused product
     results = []
     for threads in (1, 2):
         kern = kernels_native.NativeKernels()

@@ -79,6 +79,7 @@ def _load() -> ctypes.CDLL | None:
         "slm_matmul_rows": (i32, [i32, p, p, p, i64, i64, i32]),
         "slm_dequantize": (i32, [i32, p, i64, i64, i64, i64, p]),
         "slm_pack": (i32, [i32, p, i64, i64, i64, p]),
+        "slm_packed_bytes": (i64, [i32, i64, i64, i64]),
         "slm_block_size": (i32, [i32, p, p]),
         "slm_threads": (i32, []),
         "slm_set_threads": (None, [i32]),
@@ -128,23 +129,25 @@ def supports(w: QuantTensor) -> bool:
     return kernel_type(w) is not None
 
 
-# T_Q4_0, T_Q6_K: the types with a packed int8 kernel (qkernels/rows_q4x8.c, rows_q6kx8.c)
-PACKED_TYPES = (2, 14)
 _PACKED: dict[int, np.ndarray] = {}  # id(weight) -> its packed rows, while the weight lives
 
 
 def packed(w: QuantTensor) -> np.ndarray | None:
-    """w's rows repacked eight at a time for the int8 kernels of Q4_0 and Q6_K (slm_pack), or
-    None for a weight without one (another type, rows not a multiple of 8). Derived data, built in memory
-    the first time an int8 product needs it (as many bytes as the weight's own) and kept while
+    """w's rows repacked eight at a time for the int8 kernels of Q4_0, Q4_K and Q6_K (slm_pack),
+    or None for a weight without one (another type, rows not a multiple of 8: the C side says,
+    slm_packed_bytes). Derived data, built in memory the first time an int8 product needs it
+    (as many bytes as the weight's own; Q4_K 2% more) and kept while
     the weight lives; the stored blob is never rewritten. The fused step and the op path read
     the same copy, so that they give the same bits."""
     type_id = kernel_type(w)
-    if type_id not in PACKED_TYPES or w.rows % 8:
+    if type_id is None:
         return None
     got = _PACKED.get(id(w))
     if got is None:
-        got = np.empty(w.rows * w.data.strides[0], dtype=np.uint8)
+        size = LIB.slm_packed_bytes(type_id, w.rows, w.data.strides[0], w.cols)
+        if size < 0:
+            return None
+        got = np.empty(size, dtype=np.uint8)
         check_status(LIB.slm_pack(type_id, w.data.ctypes.data, w.rows, w.data.strides[0], w.cols, got.ctypes.data),
                      "slm_pack", w.name)
         _PACKED[id(w)] = got

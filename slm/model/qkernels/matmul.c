@@ -190,7 +190,7 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
             if (p->xq != NULL && job->packed != NULL && PACKED_TYPE(job->type)) { /* rows_q4x8.c, rows_q6kx8.c */
                 const int64_t group_bytes = packed_group_bytes(job->type, n);
                 for (int64_t g0 = c0 / 8 * 8; g0 < c1; g0 += 8)
-                    dot_group_tiles(job->type, job->packed + g0 / 8 * group_bytes, (int)n, p->xq, p->xd, p->xi, tokens,
+                    dot_group_tiles(job->type, job->packed + g0 / 8 * group_bytes, (int)n, p->xq, p->xd, p->xs, p->xi, tokens,
                                     job->out, job->rows, g0, g0 > c0 ? g0 : c0, g0 + 8 < c1 ? g0 + 8 : c1);
                 continue;
             }

@@ -1,9 +1,9 @@
-/* qkernels/rows_q4x8.c: Q4_0 weights repacked eight rows at a time, int8 path.
+/* qkernels/rows_q4x8.c: Q4_0 and Q4_K weights repacked eight rows at a time, int8 path.
  *
- * pack_q4_0 builds the layout (derived data, in memory: kernels_native.packed keeps one per
- * Q4_0 weight once an int8 product needs it, through slm_pack; the stored blob is never
- * rewritten); dot_group_q4x8 multiplies one group of eight rows by up to SLM_TILE rows of int8
- * x. Called through rows_q6kx8.c's dot_group_tiles, from matmul.c's block_rows for a job with
+ * pack_q4_0 and pack_q4_k build the layouts (derived data, in memory: kernels_native.packed
+ * keeps one per weight once an int8 product needs it, through slm_pack; the stored blob is
+ * never rewritten); dot_group_q4x8 and dot_group_q4kx8 multiply one group of eight rows by up
+ * to SLM_TILE rows of int8 x. Called through rows_q6kx8.c's dot_group_tiles, from matmul.c's block_rows for a job with
  * a packed copy when a product runs with int8 activations.
  *
  * Why: on the row-by-row path (rows_q8.c) each 32 products of a row cost their own unpacking,
@@ -109,6 +109,110 @@ static inline void dot_group_q4x8(const int NT, const uint8_t *restrict grp, con
                 acc += (float)(isum - 8 * (xi[t * 2 * blocks + 2 * b] + xi[t * 2 * blocks + 2 * b + 1])) * (half_to_float(blk + 2 * r) * dx[t * blocks + b]);
             }
             res[t][r] = acc;
+        }
+}
+#endif
+
+/* A packed Q4_K super-block: super-block b of the eight rows 8g .. 8g + 7, at (g * supers + b) *
+ * Q4KX8_BYTES: their eight d, their eight dmin (float16), the unit scales (unit u's eight rows
+ * at 32 + 8u) and mins (at 96 + 8u) as bytes, then per run (unit) k of 32 values four 32-byte
+ * vectors of codes laid out as a Q4_0 block's above, at 160 + 128k. (32 bytes more than the
+ * rows' own 8 x 144: the 6-bit scales and mins unpacked once here, not per super-block.) */
+#define Q4KX8_BYTES 1184
+
+static void pack_q4_k(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
+    const int64_t supers = n / 256, groups = rows / 8;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t b = 0; b < supers; b++) {
+            uint8_t *o = out + (g * supers + b) * Q4KX8_BYTES;
+            memset(o + 160, 0, Q4KX8_BYTES - 160);
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *blk = data + (8 * g + r) * row_bytes + 144 * b;
+                memcpy(o + 2 * r, blk, 2);
+                memcpy(o + 16 + 2 * r, blk + 2, 2);
+                uint64_t sc, mn;
+                k_scales_mins(blk + 4, &sc, &mn);
+                for (int u = 0; u < 8; u++) {
+                    o[32 + 8 * u + r] = (uint8_t)(sc >> (8 * u));
+                    o[96 + 8 * u + r] = (uint8_t)(mn >> (8 * u));
+                }
+                for (int v = 0; v < 256; v++) { /* unit v / 32: the low or high nibbles of qs[32 (u / 2) ..] */
+                    const int u = v / 32, l = v % 32, c = l / 4, i = l % 4;
+                    const uint8_t code = (blk[16 + 32 * (u / 2) + l] >> (4 * (u % 2))) & 15;
+                    o[160 + 128 * u + 32 * (c % 4) + 4 * r + i] |= (uint8_t)(code << (4 * (c / 4)));
+                }
+            }
+        }
+}
+
+/* res[t][r] = x[t] . row 8g + r, as dot_group_q4x8: per run (one unit), the eight rows' integer
+ * sums times their unit scales by madd (at most 2 x 30480 x 63), one multiply-add by d times dx;
+ * the mins, -(dmin * mn), times the float sums of x (xs) per run in their own accumulator. */
+#if defined(__AVX2__) && defined(__F16C__)
+static inline __attribute__((always_inline)) void dot_group_q4kx8(const int NT, const uint8_t *restrict grp, const int n,
+                                                                  const int8_t *restrict xq, const float *restrict dx,
+                                                                  const float *restrict xs, float res[][8]) {
+    const int supers = n / 256, runs = n / 32;
+    const __m256i low4 = _mm256_set1_epi8(15);
+    __m256 acc[SLM_TILE], mins[SLM_TILE];
+    for (int t = 0; t < NT; t++) acc[t] = mins[t] = _mm256_setzero_ps();
+    for (int b = 0; b < supers; b++) {
+        const uint8_t *blk = grp + (size_t)b * Q4KX8_BYTES;
+        for (int o = 0; o < 160; o += 64) _mm_prefetch((const char *)blk + 1024 + o, _MM_HINT_T0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        const __m256 neg_dmin = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))));
+        for (int k = 0; k < 8; k++) {
+            const uint8_t *run = blk + 160 + 128 * k;
+            _mm_prefetch((const char *)run + 1024, _MM_HINT_T0);
+            _mm_prefetch((const char *)run + 1024 + 64, _MM_HINT_T0);
+            __m256i w[8];
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(run + 32 * j));
+                w[j] = _mm256_and_si256(v, low4);
+                w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+            const __m128i sc8 = _mm_loadl_epi64((const __m128i *)(blk + 32 + 8 * k));
+            const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* each row's twice */
+            const __m256 m = _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                         _mm_loadl_epi64((const __m128i *)(blk + 96 + 8 * k)))));
+            const int r = 8 * b + k;
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                int32_t x4[8];
+                memcpy(x4, xq + (int64_t)t * n + 32 * r, 32);
+                __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x4[0]));
+#pragma GCC unroll 8
+                for (int c = 1; c < 8; c++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(x4[c])));
+                const __m256i p = _mm256_madd_epi16(s, sc);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_set1_ps(dx[t * runs + r])), acc[t]);
+                mins[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[t * runs + r]), mins[t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(res[t], _mm256_add_ps(acc[t], mins[t]));
+}
+#else
+static inline void dot_group_q4kx8(const int NT, const uint8_t *restrict grp, const int n, const int8_t *restrict xq,
+                                   const float *restrict dx, const float *restrict xs, float res[][8]) {
+    const int supers = n / 256, runs = n / 32;
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < 8; r++) {
+            float acc = 0.0f, mins = 0.0f;
+            for (int b = 0; b < supers; b++) {
+                const uint8_t *blk = grp + (size_t)b * Q4KX8_BYTES;
+                for (int k = 0; k < 8; k++) {
+                    int32_t isum = 0;
+                    for (int v = 0; v < 32; v++) {
+                        const int c = v / 4, i = v % 4;
+                        isum += ((blk[160 + 128 * k + 32 * (c % 4) + 4 * r + i] >> (4 * (c / 4))) & 15) *
+                                xq[(int64_t)t * n + 32 * (8 * b + k) + v];
+                    }
+                    acc += (float)(isum * blk[32 + 8 * k + r]) * (half_to_float(blk + 2 * r) * dx[t * runs + 8 * b + k]);
+                    mins += -half_to_float(blk + 16 + 2 * r) * (float)blk[96 + 8 * k + r] * xs[t * runs + 8 * b + k];
+                }
+            }
+            res[t][r] = acc + mins;
         }
 }
 #endif

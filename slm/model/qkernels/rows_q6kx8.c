@@ -2,9 +2,10 @@
  * points of every packed layout.
  *
  * pack_q6_k builds the layout, dot_group_q6kx8 multiplies one group of eight rows by up to
- * SLM_TILE rows of int8 x, as rows_q4x8.c does for Q4_0 (why: see there). slm_pack (called by
- * kernels_native.packed) packs a weight of either type; PACKED_TYPE says which types have a
- * layout; dot_group_tiles runs a group's kernel over every row of x, for matmul.c's block_rows.
+ * SLM_TILE rows of int8 x, as rows_q4x8.c does for Q4_0 and Q4_K (why: see there). slm_pack
+ * and slm_packed_bytes (called by kernels_native.packed) pack a weight of any of these types;
+ * PACKED_TYPE says which types have a layout; dot_group_tiles runs a group's kernel over every
+ * row of x, for matmul.c's block_rows.
  *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
@@ -12,7 +13,7 @@
 #include "simd.h"
 #include "blocks.h"
 
-#define PACKED_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q6_K)
+#define PACKED_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_K || (type) == T_Q6_K)
 
 /* A packed super-block: super-block b of the eight rows 8g .. 8g + 7, at (g * supers + b) *
  * Q6KX8_BYTES (as many bytes as the rows' own, 8 x 210):
@@ -146,13 +147,14 @@ static inline void dot_group_q6kx8(const int NT, const uint8_t *restrict grp, co
 
 /* Bytes of one group of eight packed rows of n values. */
 static inline int64_t packed_group_bytes(const int type, const int64_t n) {
-    return type == T_Q4_0 ? Q4X8_BYTES * (n / 32) : Q6KX8_BYTES * (n / 256);
+    return type == T_Q4_0 ? Q4X8_BYTES * (n / 32) : (type == T_Q4_K ? Q4KX8_BYTES : Q6KX8_BYTES) * (n / 256);
 }
 
 /* Rows [lo, hi) of the group of rows g0 .. g0 + 7 (packed at grp) for every row of x, into
  * out (tokens, out_n). */
 static inline void dot_group_tiles(const int type, const uint8_t *restrict grp, const int n, const int8_t *restrict xq,
-                                   const float *restrict dx, const int32_t *restrict xi, const int64_t tokens,
+                                   const float *restrict dx, const float *restrict xs, const int32_t *restrict xi,
+                                   const int64_t tokens,
                                    float *restrict out, const int64_t out_n, const int64_t g0, const int64_t lo,
                                    const int64_t hi) {
     const int64_t runs = n / 32;
@@ -162,10 +164,12 @@ static inline void dot_group_tiles(const int type, const uint8_t *restrict grp, 
         const int8_t *x = xq + t * n;
         const float *d = dx + t * runs;
         const int32_t *s = xi + t * 2 * runs;
-        switch (type == T_Q4_0 ? NT : -NT) {
-#define TILE(k)                                                \
-    case k: dot_group_q4x8(k, grp, n, x, d, s, res); break;    \
-    case -k: dot_group_q6kx8(k, grp, n, x, d, s, res); break;
+        const float *f = xs + t * runs;
+        switch (type * 8 + NT) {
+#define TILE(k)                                                                 \
+    case T_Q4_0 * 8 + k: dot_group_q4x8(k, grp, n, x, d, s, res); break;        \
+    case T_Q4_K * 8 + k: dot_group_q4kx8(k, grp, n, x, d, f, res); break;       \
+    case T_Q6_K * 8 + k: dot_group_q6kx8(k, grp, n, x, d, s, res); break;
         TILE(1) TILE(2) TILE(3) TILE(4)
 #undef TILE
         }
@@ -174,14 +178,20 @@ static inline void dot_group_tiles(const int type, const uint8_t *restrict grp, 
     }
 }
 
-/* Rows (a multiple of 8) of a PACKED_TYPE weight, n values each and row_bytes apart, packed
- * into out (rows * row_bytes bytes: the layouts take as many bytes as the rows). Returns 0; -1
- * when the type or the shape is not one these layouts take. */
-int slm_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
+/* The bytes of the packed layout of rows (a multiple of 8) of a PACKED_TYPE weight, n values
+ * each and row_bytes apart; -1 when the type or the shape is not one these layouts take. */
+int64_t slm_packed_bytes(int type, int64_t rows, int64_t row_bytes, int64_t n) {
     if (!PACKED_TYPE(type) || !valid_rows(type, n, row_bytes) || rows % 8 != 0 || rows < 8) return -1;
-    if (type == T_Q4_0)
-        pack_q4_0(data, rows, row_bytes, n, out);
-    else
-        pack_q6_k(data, rows, row_bytes, n, out);
+    return rows / 8 * packed_group_bytes(type, n);
+}
+
+/* Such rows packed into out (slm_packed_bytes). Returns 0; -1 when refused. */
+int slm_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
+    if (slm_packed_bytes(type, rows, row_bytes, n) < 0) return -1;
+    switch (type) {
+    case T_Q4_0: pack_q4_0(data, rows, row_bytes, n, out); break;
+    case T_Q4_K: pack_q4_k(data, rows, row_bytes, n, out); break;
+    default: pack_q6_k(data, rows, row_bytes, n, out);
+    }
     return 0;
 }
