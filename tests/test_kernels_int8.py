@@ -190,3 +190,21 @@ def test_the_float32_mode_never_reads_the_packed_rows():
     kern.set_activations("float32")
     assert kernels_native.packed(w) is not None
     assert kern.matmul(x, w).tobytes() == fresh.tobytes()
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
+def test_prompt_chunks_take_the_packed_int8_kernels_row_for_row(name):
+    """In the int8 mode a prompt's chunk (more rows than FUSED_MAX_TOKENS) over Q4_0 or Q4_K
+    takes the packed int8 kernel, not the float32 BLAS product: each row's bits are those of
+    the same row in a short input; a Q6_K weight in the same call keeps the BLAS product."""
+    q = tensor(GT[name], blocks(GT[name], 40, 512, seed=3))
+    head = tensor(GT.Q6_K, blocks(GT.Q6_K, 16, 512, seed=4))
+    x = np.random.default_rng(2).standard_normal((3 * kernels_native.FUSED_MAX_TOKENS + 5, 512)).astype(np.float32)
+    kern = kernels_native.NativeKernels()
+    floats = kern.matmul_many(x, [q, head])
+    kern.set_activations("int8")
+    got = kern.matmul_many(x, [q, head])
+    short = np.concatenate([kern.matmul(x[i:i + 8], q) for i in range(0, len(x), 8)])
+    assert got[0].tobytes() == short.tobytes()
+    assert not np.array_equal(got[0], floats[0])
+    assert got[1].tobytes() == floats[1].tobytes()

@@ -39,6 +39,10 @@ OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T
 # and AVX2 builds and on both SmolLM2 and Gemma 3.
 FUSED_MAX_TOKENS = 32
 MAX_JOBS = 4  # SLM_MAX_JOBS in qkernels/matmul.c
+# In the int8 mode, inputs longer than FUSED_MAX_TOKENS (a prompt's chunks) still take the fused
+# kernel for these types, packed (T_Q4_0, T_Q4_K): over the dequantized BLAS product it saves the
+# dequantization and multiplies int8 (docs/perf-notes.md); Q6_K's packed kernel did not gain there.
+INT8_LONG_TYPES = (2, 12)
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
 # between the two threads: a split costs a thread dispatch, about 30k values' work, so each
 # half must be at least that to gain
@@ -219,17 +223,22 @@ class NativeKernels(ReferenceKernels):
         B^T (r, out)) float32 C-ordered, B already scaled."""
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)  # (T, in)
-        plan = self._plan(weights, low_rank)
-        if plan is None or x.shape[0] > FUSED_MAX_TOKENS:
-            return [self._long(x, w, term) for w, term in zip(weights, low_rank or [None] * len(weights))]
+        terms = low_rank or [None] * len(weights)
+        take = list(range(len(weights)))  # the weights the fused kernel takes
+        if x.shape[0] > FUSED_MAX_TOKENS:  # a prompt's chunk: BLAS, but INT8_LONG_TYPES in the int8 mode
+            take = [i for i in take if self.int8 and kernel_type(weights[i]) in INT8_LONG_TYPES]
+        plan = self._plan([weights[i] for i in take], [terms[i] for i in take]) if take else None
+        fused = dict(zip(take, self._fused(x, plan, weights[0].name))) if plan is not None else {}
+        return [fused[i] if i in fused else self._long(x, w, t) for i, (w, t) in enumerate(zip(weights, terms))]
+
+    def _fused(self, x: np.ndarray, plan: tuple, name: str) -> list[np.ndarray]:
         jobs, cols, rows = plan
-        check_width(x, cols, weights[0].name)
+        check_width(x, cols, name)
         tokens = x.shape[0]
         outs = [np.empty((tokens, r), dtype=np.float32) for r in rows]  # (T, out) each
         for job, out in zip(jobs, outs):
             job.out = _addr(out)
-        check_status(LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols, self.int8), "slm_matmul",
-                      weights[0].name)
+        check_status(LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols, self.int8), "slm_matmul", name)
         return outs
 
     def matmul_rows(self, x: np.ndarray, weights: list[QuantTensor], row_terms: list[list]) -> list[np.ndarray]:
