@@ -114,8 +114,8 @@ def test_k_types_int8_results_do_not_depend_on_threads_or_neighbours():
 @pytest.mark.parametrize("rows", [5, 8])
 def test_k_type_int8_passes_nan_through_and_keeps_long_inputs_in_float32(rows):
     """A NaN in x reaches that row's outputs only (as on the float path; 8 rows: packed); a
-    prompt's chunk (more rows than the fused kernel takes) runs the dequantized BLAS product
-    either way."""
+    prompt's chunk (more rows than the fused kernel takes) over a type outside INT8_LONG_TYPES
+    (Q5_K) runs the dequantized BLAS product either way."""
     w = tensor(GT.Q6_K, blocks(GT.Q6_K, rows, 768, seed=1))
     kern = kernels_native.NativeKernels()
     kern.set_activations("int8")
@@ -124,8 +124,9 @@ def test_k_type_int8_passes_nan_through_and_keeps_long_inputs_in_float32(rows):
     y = kern.matmul(x, w)
     assert np.isfinite(y[0]).all() and np.isnan(y[1]).all()
     long = np.random.default_rng(1).standard_normal((kernels_native.FUSED_MAX_TOKENS + 1, 768)).astype(np.float32)
-    want = kernels_native.NativeKernels().matmul(long, w)
-    assert kern.matmul(long, w).tobytes() == want.tobytes()
+    other = tensor(GT.Q5_K, blocks(GT.Q5_K, rows, 768, seed=1))
+    want = kernels_native.NativeKernels().matmul(long, other)
+    assert kern.matmul(long, other).tobytes() == want.tobytes()
 
 
 # ------------------------------------------------------------------ Q4_0 rows packed eight at a time
@@ -192,13 +193,13 @@ def test_the_float32_mode_never_reads_the_packed_rows():
     assert kern.matmul(x, w).tobytes() == fresh.tobytes()
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K"])
 def test_prompt_chunks_take_the_packed_int8_kernels_row_for_row(name):
-    """In the int8 mode a prompt's chunk (more rows than FUSED_MAX_TOKENS) over Q4_0 or Q4_K
-    takes the packed int8 kernel, not the float32 BLAS product: each row's bits are those of
-    the same row in a short input; a Q6_K weight in the same call keeps the BLAS product."""
+    """In the int8 mode a prompt's chunk (more rows than FUSED_MAX_TOKENS) over Q4_0, Q4_K or
+    Q6_K takes the packed int8 kernel, not the float32 BLAS product: each row's bits are those
+    of the same row in a short input; a Q5_K weight in the same call keeps the BLAS product."""
     q = tensor(GT[name], blocks(GT[name], 40, 512, seed=3))
-    head = tensor(GT.Q6_K, blocks(GT.Q6_K, 16, 512, seed=4))
+    head = tensor(GT.Q5_K, blocks(GT.Q5_K, 16, 512, seed=4))
     x = np.random.default_rng(2).standard_normal((3 * kernels_native.FUSED_MAX_TOKENS + 5, 512)).astype(np.float32)
     kern = kernels_native.NativeKernels()
     floats = kern.matmul_many(x, [q, head])
@@ -208,3 +209,50 @@ def test_prompt_chunks_take_the_packed_int8_kernels_row_for_row(name):
     assert got[0].tobytes() == short.tobytes()
     assert not np.array_equal(got[0], floats[0])
     assert got[1].tobytes() == floats[1].tobytes()
+
+
+def _resident_bytes(address: int) -> int | None:
+    """Rss of the mapping holding address, from /proc/self/smaps (None where there is none)."""
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "Rss:":
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def test_packing_a_file_mapped_weight_releases_its_pages_and_keeps_its_bytes(tmp_path):
+    """A weight read from a file mapping (as a base's blobs are): once packed, its own pages
+    leave the process's resident memory, and what it reads afterwards (the float32 mode) is
+    still its bytes, bit for bit."""
+    import mmap
+
+    from slm.model.weights import QuantTensor
+
+    raw = blocks(GT.Q4_0, 512, 1024, seed=6)
+    path = tmp_path / "w.bin"
+    path.write_bytes(raw.tobytes())
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    data = np.frombuffer(mapped, dtype=np.uint8).reshape(raw.shape)
+    w = QuantTensor("w", (512, 1024), tensor(GT.Q4_0, raw).codec, data)
+    x = np.random.default_rng(3).standard_normal((2, 1024)).astype(np.float32)
+    kern = kernels_native.NativeKernels()
+    want = kern.matmul(x, w)  # float32: every page read
+    before = _resident_bytes(data.ctypes.data)
+    if before is None:
+        pytest.skip("no /proc/self/smaps here")
+    assert before >= raw.nbytes - 8192
+    kern.set_activations("int8")
+    kern.matmul(x, w)
+    assert _resident_bytes(data.ctypes.data) <= 8192  # (the partial pages at its ends, at most)
+    kern.set_activations("float32")
+    assert kern.matmul(x, w).tobytes() == want.tobytes()
+    del data, w

@@ -30,6 +30,7 @@ import numpy as np
 from slm.model import mathops
 from slm.model.kernel_choice import ACTIVATION_MODES, library_path
 from slm.model.kernels import KernelArgumentError, ReferenceKernels, check_width
+from slm.model.page_release import release
 from slm.model.weights import QuantTensor
 
 OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in qkernels/blocks.h)
@@ -40,9 +41,10 @@ OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T
 FUSED_MAX_TOKENS = 32
 MAX_JOBS = 4  # SLM_MAX_JOBS in qkernels/matmul.c
 # In the int8 mode, inputs longer than FUSED_MAX_TOKENS (a prompt's chunks) still take the fused
-# kernel for these types, packed (T_Q4_0, T_Q4_K): over the dequantized BLAS product it saves the
-# dequantization and multiplies int8 (docs/perf-notes.md); Q6_K's packed kernel did not gain there.
-INT8_LONG_TYPES = (2, 12)
+# kernel for these types, packed (T_Q4_0, T_Q4_K, T_Q6_K): over the dequantized BLAS product it
+# saves the dequantization and multiplies int8 (docs/perf-notes.md; Q6_K's about breaks even, and
+# BLAS would read the weight's own pages again, which the packed copy released: page_release).
+INT8_LONG_TYPES = (2, 12, 14)
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
 # between the two threads: a split costs a thread dispatch, about 30k values' work, so each
 # half must be at least that to gain
@@ -140,9 +142,9 @@ def packed(w: QuantTensor) -> np.ndarray | None:
     """w's rows repacked eight at a time for the int8 kernels of Q4_0, Q4_K and Q6_K (slm_pack),
     or None for a weight without one (another type, rows not a multiple of 8: the C side says,
     slm_packed_bytes). Derived data, built in memory the first time an int8 product needs it
-    (as many bytes as the weight's own; Q4_K 2% more) and kept while
-    the weight lives; the stored blob is never rewritten. The fused step and the op path read
-    the same copy, so that they give the same bits."""
+    (as many bytes as the weight's own; Q4_K 2% more) and kept while the weight lives, the
+    weight's own pages then released (page_release); the stored blob is never rewritten. The
+    fused step and the op path read the same copy, so that they give the same bits."""
     type_id = kernel_type(w)
     if type_id is None:
         return None
@@ -156,6 +158,7 @@ def packed(w: QuantTensor) -> np.ndarray | None:
                      "slm_pack", w.name)
         _PACKED[id(w)] = got
         weakref.finalize(w, _PACKED.pop, id(w), None)
+        release(w.data)  # (its file-mapped pages: the copy replaces them)
     return got
 
 

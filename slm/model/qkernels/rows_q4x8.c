@@ -26,6 +26,19 @@
  * are values 4k .. 4k + 3 of row r. As many bytes as the rows' own blocks (8 x 18). */
 #define Q4X8_BYTES 144
 
+/* One packed run: codes[r][v] (< 16) = value v of row r, for eight rows of 32 values, into the
+ * four 32-byte vectors described above, four codes (one 32-bit word) at a time. */
+static inline void pack_nibble_run(const uint8_t codes[8][32], uint8_t *restrict dst) {
+    for (int j = 0; j < 4; j++)
+        for (int r = 0; r < 8; r++) {
+            uint32_t lo, hi;
+            memcpy(&lo, codes[r] + 4 * j, 4);
+            memcpy(&hi, codes[r] + 4 * (j + 4), 4);
+            const uint32_t v = lo | hi << 4; /* (codes below 16: no bit crosses a byte) */
+            memcpy(dst + 32 * j + 4 * r, &v, 4);
+        }
+}
+
 /* Rows (a multiple of 8) of Q4_0 weights, n values each and row_bytes apart, packed into out
  * (rows * row_bytes bytes; shapes checked by slm_pack, rows_q6kx8.c). */
 static void pack_q4_0(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
@@ -34,16 +47,16 @@ static void pack_q4_0(const uint8_t *data, int64_t rows, int64_t row_bytes, int6
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < blocks; b++) {
             uint8_t *o = out + (g * blocks + b) * Q4X8_BYTES;
-            memset(o + 16, 0, 128);
+            uint8_t codes[8][32];
             for (int r = 0; r < 8; r++) {
                 const uint8_t *blk = data + (8 * g + r) * row_bytes + 18 * b;
                 memcpy(o + 2 * r, blk, 2);
-                for (int v = 0; v < 32; v++) { /* Q4_0: byte j holds value j (low nibble), j + 16 (high) */
-                    const uint8_t code = v < 16 ? blk[2 + v] & 15 : blk[2 + v - 16] >> 4;
-                    const int k = v / 4, i = v % 4;
-                    o[16 + 32 * (k % 4) + 4 * r + i] |= (uint8_t)(code << (4 * (k / 4)));
+                for (int v = 0; v < 16; v++) { /* Q4_0: byte j holds value j (low nibble), j + 16 (high) */
+                    codes[r][v] = blk[2 + v] & 15;
+                    codes[r][v + 16] = blk[2 + v] >> 4;
                 }
             }
+            pack_nibble_run((const uint8_t(*)[32])codes, o + 16);
         }
 }
 
@@ -126,7 +139,7 @@ static void pack_q4_k(const uint8_t *data, int64_t rows, int64_t row_bytes, int6
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < supers; b++) {
             uint8_t *o = out + (g * supers + b) * Q4KX8_BYTES;
-            memset(o + 160, 0, Q4KX8_BYTES - 160);
+            uint8_t codes[8][8][32]; /* [unit][row][value] */
             for (int r = 0; r < 8; r++) {
                 const uint8_t *blk = data + (8 * g + r) * row_bytes + 144 * b;
                 memcpy(o + 2 * r, blk, 2);
@@ -137,12 +150,10 @@ static void pack_q4_k(const uint8_t *data, int64_t rows, int64_t row_bytes, int6
                     o[32 + 8 * u + r] = (uint8_t)(sc >> (8 * u));
                     o[96 + 8 * u + r] = (uint8_t)(mn >> (8 * u));
                 }
-                for (int v = 0; v < 256; v++) { /* unit v / 32: the low or high nibbles of qs[32 (u / 2) ..] */
-                    const int u = v / 32, l = v % 32, c = l / 4, i = l % 4;
-                    const uint8_t code = (blk[16 + 32 * (u / 2) + l] >> (4 * (u % 2))) & 15;
-                    o[160 + 128 * u + 32 * (c % 4) + 4 * r + i] |= (uint8_t)(code << (4 * (c / 4)));
-                }
+                for (int u = 0; u < 8; u++) /* unit u: the low or high nibbles of qs[32 (u / 2) ..] */
+                    for (int l = 0; l < 32; l++) codes[u][r][l] = (blk[16 + 32 * (u / 2) + l] >> (4 * (u % 2))) & 15;
             }
+            for (int u = 0; u < 8; u++) pack_nibble_run((const uint8_t(*)[32])codes[u], o + 160 + 128 * u);
         }
 }
 

@@ -33,20 +33,32 @@ static void pack_q6_k(const uint8_t *data, int64_t rows, int64_t row_bytes, int6
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < supers; b++) {
             uint8_t *o = out + (g * supers + b) * Q6KX8_BYTES;
-            memset(o + 144, 0, Q6KX8_BYTES - 144);
+            uint8_t lo[8][8][32], hi[8][8][32]; /* [run][row][value]: the low 4 and high 2 bits */
             for (int r = 0; r < 8; r++) {
                 const uint8_t *blk = data + (8 * g + r) * row_bytes + 210 * b;
                 memcpy(o + 2 * r, blk + 208, 2);
                 for (int u = 0; u < 16; u++) o[16 + 8 * u + r] = blk[192 + u];
-                for (int v = 0; v < 256; v++) { /* Q6_K's bits of value v: see blocks.h, block_codes */
-                    const int h = v / 128, s = v % 128 / 32, l = v % 32;
-                    const uint8_t lo = (blk[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 15;
-                    const uint8_t hi = (blk[128 + 32 * h + l] >> (2 * s)) & 3;
-                    const int c = v % 32 / 4, i = v % 4;
-                    uint8_t *run = o + 144 + 192 * (v / 32);
-                    run[32 * (c % 4) + 4 * r + i] |= (uint8_t)(lo << (4 * (c / 4)));
-                    run[128 + 32 * (c / 4) + 4 * r + i] |= (uint8_t)(hi << (2 * (c % 4)));
+                for (int k = 0; k < 8; k++) { /* run k = 4h + s: Q6_K's bits, see blocks.h, block_codes */
+                    const int h = k / 4, s = k % 4;
+                    for (int l = 0; l < 32; l++) {
+                        lo[k][r][l] = (blk[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 15;
+                        hi[k][r][l] = (blk[128 + 32 * h + l] >> (2 * s)) & 3;
+                    }
                 }
+            }
+            for (int k = 0; k < 8; k++) {
+                uint8_t *run = o + 144 + 192 * k;
+                pack_nibble_run((const uint8_t(*)[32])lo[k], run);
+                for (int m = 0; m < 2; m++) /* H_m: groups 4m + c, c = 0..3, at bits 2c */
+                    for (int r = 0; r < 8; r++) {
+                        uint32_t v = 0;
+                        for (int c = 0; c < 4; c++) {
+                            uint32_t f;
+                            memcpy(&f, hi[k][r] + 4 * (4 * m + c), 4);
+                            v |= f << (2 * c);
+                        }
+                        memcpy(run + 128 + 32 * m + 4 * r, &v, 4);
+                    }
             }
         }
 }
