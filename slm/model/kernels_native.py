@@ -135,6 +135,7 @@ def supports(w: QuantTensor) -> bool:
     return kernel_type(w) is not None
 
 
+PACK_SLICE_BYTES = 16 << 20
 _PACKED: dict[int, np.ndarray] = {}  # id(weight) -> its packed rows, while the weight lives
 
 
@@ -154,11 +155,15 @@ def packed(w: QuantTensor) -> np.ndarray | None:
         if size < 0:
             return None
         got = np.empty(size, dtype=np.uint8)
-        check_status(LIB.slm_pack(type_id, w.data.ctypes.data, w.rows, w.data.strides[0], w.cols, got.ctypes.data),
-                     "slm_pack", w.name)
+        # in slices, each one's own pages released once packed: never the weight and its copy together
+        step = max(8, PACK_SLICE_BYTES // w.data.strides[0] // 8 * 8)
+        for r0 in range(0, w.rows, step):
+            r1 = min(w.rows, r0 + step)
+            check_status(LIB.slm_pack(type_id, w.data[r0].ctypes.data, r1 - r0, w.data.strides[0], w.cols,
+                                      got.ctypes.data + size // w.rows * r0), "slm_pack", w.name)
+            release(w.data[r0:r1])
         _PACKED[id(w)] = got
         weakref.finalize(w, _PACKED.pop, id(w), None)
-        release(w.data)  # (its file-mapped pages: the copy replaces them)
     return got
 
 
