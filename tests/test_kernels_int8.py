@@ -131,15 +131,17 @@ def test_k_type_int8_passes_nan_through_and_keeps_long_inputs_in_float32(rows):
 
 # ------------------------------------------------------------------ Q4_0 rows packed eight at a time
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1"])
 @pytest.mark.parametrize("tokens", [1, 3, 5, kernels_native.FUSED_MAX_TOKENS])
-def test_packed_q4_0_rows_are_integer_dot_products(tokens):
-    """Q4_0 weights whose rows come in eights take the packed kernel in the int8 mode: each
-    output is sum over blocks of d * dx * (q . qx), the integer part exact against the NumPy
-    evaluation (adversarial blocks included), and each row of x alone gives the same bits."""
+def test_packed_q4_rows_are_integer_dot_products(name, tokens):
+    """Q4_0 and Q4_1 weights whose rows come in eights take the packed kernel in the int8 mode:
+    each output is sum over blocks of d * dx * (q . qx) (+ m * the float sum of x), the integer
+    part exact against the NumPy evaluation (adversarial blocks included), and each row of x
+    alone gives the same bits."""
     from test_kernels import _int8_codes
 
-    raw = blocks(GT.Q4_0, 40, 768, seed=7)
-    w = tensor(GT.Q4_0, raw)
+    raw = blocks(GT[name], 40, 768, seed=7)
+    w = tensor(GT[name], raw)
     x = np.random.default_rng(tokens).standard_normal((tokens, 768)).astype(np.float32)
     x[0, :32] = 0.0  # a block of zeros: dx = 0
     x[-1, 64:96] = -np.abs(x[-1, 64:96]) - 1.0  # a block of negative values: its sum far from 0
@@ -147,9 +149,10 @@ def test_packed_q4_0_rows_are_integer_dot_products(tokens):
     kern.set_activations("int8")
     got = kern.matmul(x, w)
     assert id(w) in kernels_native._PACKED  # the packed kernel took it (built it)
-    d, _, q = _int8_codes(GT.Q4_0, raw)
+    d, m, q = _int8_codes(GT[name], raw)
     qx, dx = _int8_inputs(x)
-    terms = np.einsum("rbi,tbi->trb", q, qx) * d[None] * dx[:, None]
+    sums = x.reshape(tokens, -1, 32).astype(np.float64).sum(-1)
+    terms = np.einsum("rbi,tbi->trb", q, qx) * d[None] * dx[:, None] + m[None] * sums[:, None]
     assert np.all(np.abs(got - terms.sum(-1)) <= 1e-5 * np.abs(terms).sum(-1) + 1e-30)
     for t in range(tokens):
         assert kern.matmul(x[t:t + 1], w)[0].tobytes() == got[t].tobytes()
@@ -193,10 +196,10 @@ def test_the_float32_mode_never_reads_the_packed_rows():
     assert kern.matmul(x, w).tobytes() == fresh.tobytes()
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q4_K", "Q6_K"])
 def test_prompt_chunks_take_the_packed_int8_kernels_row_for_row(name):
-    """In the int8 mode a prompt's chunk (more rows than FUSED_MAX_TOKENS) over Q4_0, Q4_K or
-    Q6_K takes the packed int8 kernel, not the float32 BLAS product: each row's bits are those
+    """In the int8 mode a prompt's chunk (more rows than FUSED_MAX_TOKENS) over Q4_0, Q4_1,
+    Q4_K or Q6_K takes the packed int8 kernel, not the float32 BLAS product: each row's bits are those
     of the same row in a short input; a Q5_K weight in the same call keeps the BLAS product."""
     q = tensor(GT[name], blocks(GT[name], 40, 512, seed=3))
     head = tensor(GT.Q5_K, blocks(GT.Q5_K, 16, 512, seed=4))

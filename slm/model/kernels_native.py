@@ -41,10 +41,10 @@ OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T
 FUSED_MAX_TOKENS = 32
 MAX_JOBS = 4  # SLM_MAX_JOBS in qkernels/matmul.c
 # In the int8 mode, inputs longer than FUSED_MAX_TOKENS (a prompt's chunks) still take the fused
-# kernel for these types, packed (T_Q4_0, T_Q4_K, T_Q6_K): over the dequantized BLAS product it
+# kernel for these types, packed (T_Q4_0, T_Q4_1, T_Q4_K, T_Q6_K): over the dequantized BLAS product it
 # saves the dequantization and multiplies int8 (docs/perf-notes.md; Q6_K's about breaks even, and
 # BLAS would read the weight's own pages again, which the packed copy released: page_release).
-INT8_LONG_TYPES = (2, 12, 14)
+INT8_LONG_TYPES = (2, 3, 12, 14)
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
 # between the two threads: a split costs a thread dispatch, about 30k values' work, so each
 # half must be at least that to gain
@@ -140,7 +140,7 @@ _PACKED: dict[int, np.ndarray] = {}  # id(weight) -> its packed rows, while the 
 
 
 def packed(w: QuantTensor) -> np.ndarray | None:
-    """w's rows repacked eight at a time for the int8 kernels of Q4_0, Q4_K and Q6_K (slm_pack),
+    """w's rows repacked eight at a time for the int8 kernels of Q4_0, Q4_1, Q4_K, Q6_K (slm_pack),
     or None for a weight without one (another type, rows not a multiple of 8: the C side says,
     slm_packed_bytes). Derived data, built in memory the first time an int8 product needs it
     (as many bytes as the weight's own; Q4_K 2% more) and kept while the weight lives, the

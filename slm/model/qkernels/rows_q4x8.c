@@ -1,6 +1,6 @@
-/* qkernels/rows_q4x8.c: Q4_0 and Q4_K weights repacked eight rows at a time, int8 path.
+/* qkernels/rows_q4x8.c: Q4_0, Q4_1 and Q4_K weights repacked eight rows at a time, int8 path.
  *
- * pack_q4_0 and pack_q4_k build the layouts (derived data, in memory: kernels_native.packed
+ * pack_q4_01 and pack_q4_k build the layouts (derived data, in memory: kernels_native.packed
  * keeps one per weight once an int8 product needs it, through slm_pack; the stored blob is
  * never rewritten); dot_group_q4x8 and dot_group_q4kx8 multiply one group of eight rows by up
  * to SLM_TILE rows of int8 x. Called through rows_q6kx8.c's dot_group_tiles, from matmul.c's block_rows for a job with
@@ -25,6 +25,8 @@
  * 4 (j + 4) + i: V & 15 and V >> 4 give the eight vectors Wk (k = 0..7) whose bytes 4r .. 4r + 3
  * are values 4k .. 4k + 3 of row r. As many bytes as the rows' own blocks (8 x 18). */
 #define Q4X8_BYTES 144
+/* Q4_1: the same with the eight rows' m (float16) after their d, codes at 32 (8 x 20 bytes) */
+#define Q41X8_BYTES 160
 
 /* One packed run: codes[r][v] (< 16) = value v of row r, for eight rows of 32 values, into the
  * four 32-byte vectors described above, four codes (one 32-bit word) at a time. */
@@ -39,24 +41,26 @@ static inline void pack_nibble_run(const uint8_t codes[8][32], uint8_t *restrict
         }
 }
 
-/* Rows (a multiple of 8) of Q4_0 weights, n values each and row_bytes apart, packed into out
- * (rows * row_bytes bytes; shapes checked by slm_pack, rows_q6kx8.c). */
-static void pack_q4_0(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
+/* Rows (a multiple of 8) of Q4_0 or Q4_1 weights, n values each and row_bytes apart, packed
+ * into out (rows * row_bytes bytes; shapes checked by slm_pack, rows_q6kx8.c). */
+static void pack_q4_01(const int type, const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
     const int64_t blocks = n / 32, groups = rows / 8;
+    const int bytes = type == T_Q4_1 ? Q41X8_BYTES : Q4X8_BYTES, fields = bytes - 128; /* d (and m) */
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < blocks; b++) {
-            uint8_t *o = out + (g * blocks + b) * Q4X8_BYTES;
+            uint8_t *o = out + (g * blocks + b) * bytes;
             uint8_t codes[8][32];
             for (int r = 0; r < 8; r++) {
-                const uint8_t *blk = data + (8 * g + r) * row_bytes + 18 * b;
+                const uint8_t *blk = data + (8 * g + r) * row_bytes + (fields / 8 + 16) * b;
                 memcpy(o + 2 * r, blk, 2);
-                for (int v = 0; v < 16; v++) { /* Q4_0: byte j holds value j (low nibble), j + 16 (high) */
-                    codes[r][v] = blk[2 + v] & 15;
-                    codes[r][v + 16] = blk[2 + v] >> 4;
+                if (type == T_Q4_1) memcpy(o + 16 + 2 * r, blk + 2, 2);
+                for (int v = 0; v < 16; v++) { /* byte j of qs holds value j (low nibble), j + 16 (high) */
+                    codes[r][v] = blk[fields / 8 + v] & 15;
+                    codes[r][v + 16] = blk[fields / 8 + v] >> 4;
                 }
             }
-            pack_nibble_run((const uint8_t(*)[32])codes, o + 16);
+            pack_nibble_run((const uint8_t(*)[32])codes, o + fields);
         }
 }
 
@@ -68,23 +72,25 @@ static void pack_q4_0(const uint8_t *data, int64_t rows, int64_t row_bytes, int6
  * d (the eight rows') times dx. Each row's value is the same operations whatever the tile, the
  * thread or the other rows of x. */
 #if defined(__AVX2__) && defined(__F16C__)
-static inline __attribute__((always_inline)) void dot_group_q4x8(const int NT, const uint8_t *restrict grp, const int n,
-                                                                 const int8_t *restrict xq, const float *restrict dx,
+static inline __attribute__((always_inline)) void dot_group_q4x8(const int type, const int NT, const uint8_t *restrict grp,
+                                                                 const int n, const int8_t *restrict xq,
+                                                                 const float *restrict dx, const float *restrict xs,
                                                                  const int32_t *restrict xi, float res[][8]) {
-    const int blocks = n / 32;
+    const int blocks = n / 32, bytes = type == T_Q4_1 ? Q41X8_BYTES : Q4X8_BYTES, codes = bytes - 128;
     const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    __m256 acc[SLM_TILE];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    __m256 acc[SLM_TILE], mins[SLM_TILE];
+    for (int t = 0; t < NT; t++) acc[t] = mins[t] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; b++) {
-        const uint8_t *blk = grp + (size_t)b * Q4X8_BYTES;
+        const uint8_t *blk = grp + (size_t)b * bytes;
         /* (a kilobyte ahead, as rows_q8.c: each line of the block) */
         _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
         _mm_prefetch((const char *)blk + 1024 + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + 1024 + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + 1024 + bytes - 1, _MM_HINT_T0);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        const __m256 m = type == T_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))) : d;
         __m256i w[8];
         for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + codes + 32 * j));
             w[j] = _mm256_and_si256(v, low4);
             w[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         }
@@ -96,30 +102,35 @@ static inline __attribute__((always_inline)) void dot_group_q4x8(const int NT, c
             __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x4[0]));
 #pragma GCC unroll 8
             for (int k = 1; k < 8; k++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[k], _mm256_set1_epi32(x4[k])));
-            const int32_t sx = xi[t * 2 * blocks + 2 * b] + xi[t * 2 * blocks + 2 * b + 1];
-            const __m256i p = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_set1_epi32(8 * sx));
+            __m256i p = _mm256_madd_epi16(s, ones);
+            if (type == T_Q4_0) /* the codes' offset 8 */
+                p = _mm256_sub_epi32(p, _mm256_set1_epi32(8 * (xi[t * 2 * blocks + 2 * b] + xi[t * 2 * blocks + 2 * b + 1])));
+            else /* Q4_1's min times the float sum of x */
+                mins[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[t * blocks + b]), mins[t]);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_set1_ps(dx[t * blocks + b])), acc[t]);
         }
     }
-    for (int t = 0; t < NT; t++) _mm256_storeu_ps(res[t], acc[t]);
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(res[t], type == T_Q4_1 ? _mm256_add_ps(acc[t], mins[t]) : acc[t]);
 }
 #else
 /* the same integers without AVX2 (results differ from the AVX2 build in float rounding only) */
-static inline void dot_group_q4x8(const int NT, const uint8_t *restrict grp, const int n, const int8_t *restrict xq,
-                                  const float *restrict dx, const int32_t *restrict xi, float res[][8]) {
-    const int blocks = n / 32;
+static inline void dot_group_q4x8(const int type, const int NT, const uint8_t *restrict grp, const int n,
+                                  const int8_t *restrict xq, const float *restrict dx, const float *restrict xs,
+                                  const int32_t *restrict xi, float res[][8]) {
+    const int blocks = n / 32, bytes = type == T_Q4_1 ? Q41X8_BYTES : Q4X8_BYTES, codes = bytes - 128;
     for (int t = 0; t < NT; t++)
         for (int r = 0; r < 8; r++) {
             float acc = 0.0f;
             for (int b = 0; b < blocks; b++) {
-                const uint8_t *blk = grp + (size_t)b * Q4X8_BYTES;
-                int32_t isum = 0;
+                const uint8_t *blk = grp + (size_t)b * bytes;
+                int32_t isum = type == T_Q4_0 ? -8 * (xi[t * 2 * blocks + 2 * b] + xi[t * 2 * blocks + 2 * b + 1]) : 0;
                 for (int v = 0; v < 32; v++) {
                     const int k = v / 4, i = v % 4;
-                    const int code = (blk[16 + 32 * (k % 4) + 4 * r + i] >> (4 * (k / 4))) & 15;
+                    const int code = (blk[codes + 32 * (k % 4) + 4 * r + i] >> (4 * (k / 4))) & 15;
                     isum += code * xq[(int64_t)t * n + 32 * b + v];
                 }
-                acc += (float)(isum - 8 * (xi[t * 2 * blocks + 2 * b] + xi[t * 2 * blocks + 2 * b + 1])) * (half_to_float(blk + 2 * r) * dx[t * blocks + b]);
+                acc += (float)isum * (half_to_float(blk + 2 * r) * dx[t * blocks + b]);
+                if (type == T_Q4_1) acc += half_to_float(blk + 16 + 2 * r) * xs[t * blocks + b];
             }
             res[t][r] = acc;
         }

@@ -13,7 +13,7 @@
 #include "simd.h"
 #include "blocks.h"
 
-#define PACKED_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_K || (type) == T_Q6_K)
+#define PACKED_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q4_K || (type) == T_Q6_K)
 
 /* A packed super-block: super-block b of the eight rows 8g .. 8g + 7, at (g * supers + b) *
  * Q6KX8_BYTES (as many bytes as the rows' own, 8 x 210):
@@ -159,7 +159,12 @@ static inline void dot_group_q6kx8(const int NT, const uint8_t *restrict grp, co
 
 /* Bytes of one group of eight packed rows of n values. */
 static inline int64_t packed_group_bytes(const int type, const int64_t n) {
-    return type == T_Q4_0 ? Q4X8_BYTES * (n / 32) : (type == T_Q4_K ? Q4KX8_BYTES : Q6KX8_BYTES) * (n / 256);
+    switch (type) {
+    case T_Q4_0: return Q4X8_BYTES * (n / 32);
+    case T_Q4_1: return Q41X8_BYTES * (n / 32);
+    case T_Q4_K: return Q4KX8_BYTES * (n / 256);
+    default: return Q6KX8_BYTES * (n / 256);
+    }
 }
 
 /* Rows [lo, hi) of the group of rows g0 .. g0 + 7 (packed at grp) for every row of x, into
@@ -179,7 +184,8 @@ static inline void dot_group_tiles(const int type, const uint8_t *restrict grp, 
         const float *f = xs + t * runs;
         switch (type * 8 + NT) {
 #define TILE(k)                                                                 \
-    case T_Q4_0 * 8 + k: dot_group_q4x8(k, grp, n, x, d, s, res); break;        \
+    case T_Q4_0 * 8 + k: dot_group_q4x8(T_Q4_0, k, grp, n, x, d, f, s, res); break; \
+    case T_Q4_1 * 8 + k: dot_group_q4x8(T_Q4_1, k, grp, n, x, d, f, s, res); break; \
     case T_Q4_K * 8 + k: dot_group_q4kx8(k, grp, n, x, d, f, res); break;       \
     case T_Q6_K * 8 + k: dot_group_q6kx8(k, grp, n, x, d, s, res); break;
         TILE(1) TILE(2) TILE(3) TILE(4)
@@ -201,7 +207,8 @@ int64_t slm_packed_bytes(int type, int64_t rows, int64_t row_bytes, int64_t n) {
 int slm_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
     if (slm_packed_bytes(type, rows, row_bytes, n) < 0) return -1;
     switch (type) {
-    case T_Q4_0: pack_q4_0(data, rows, row_bytes, n, out); break;
+    case T_Q4_0:
+    case T_Q4_1: pack_q4_01(type, data, rows, row_bytes, n, out); break;
     case T_Q4_K: pack_q4_k(data, rows, row_bytes, n, out); break;
     default: pack_q6_k(data, rows, row_bytes, n, out);
     }
