@@ -10,7 +10,7 @@ import pytest
 from test_kernels import _int8_inputs
 from test_kernels_kquants import blocks, tensor
 
-from slm.model import kernels_native
+from slm.model import kernels_native, packed_copies
 
 GT = gguf.GGMLQuantizationType
 K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
@@ -76,7 +76,7 @@ def test_k_types_take_int8_activations_as_integer_dot_products(name, rows, token
     kern = kernels_native.NativeKernels()
     kern.set_activations("int8")
     got = kern.matmul(x, w)  # (T, rows)
-    assert (id(w) in kernels_native._PACKED) == (rows % 8 == 0)
+    assert (id(w) in packed_copies._PACKED) == (rows % 8 == 0)
     d, m, q = _k_units(T, raw)
     qx, dx = _int8_inputs(x)
     qx16 = qx.reshape(tokens, -1, 16)
@@ -148,7 +148,7 @@ def test_packed_q4_rows_are_integer_dot_products(name, tokens):
     kern = kernels_native.NativeKernels()
     kern.set_activations("int8")
     got = kern.matmul(x, w)
-    assert id(w) in kernels_native._PACKED  # the packed kernel took it (built it)
+    assert id(w) in packed_copies._PACKED  # the packed kernel took it (built it)
     d, m, q = _int8_codes(GT[name], raw)
     qx, dx = _int8_inputs(x)
     sums = x.reshape(tokens, -1, 32).astype(np.float64).sum(-1)
@@ -192,7 +192,7 @@ def test_the_float32_mode_never_reads_the_packed_rows():
     kern.set_activations("int8")
     kern.matmul(x, w)
     kern.set_activations("float32")
-    assert kernels_native.packed(w) is not None
+    assert packed_copies.packed(w) is not None
     assert kern.matmul(x, w).tobytes() == fresh.tobytes()
 
 
@@ -259,3 +259,14 @@ def test_packing_a_file_mapped_weight_releases_its_pages_and_keeps_its_bytes(tmp
     kern.set_activations("float32")
     assert kern.matmul(x, w).tobytes() == want.tobytes()
     del data, w
+
+
+def test_threads_asking_for_a_packed_copy_at_once_share_one():
+    """The server's threads may reach a weight's first int8 product together: one copy is
+    built, and every caller (the op path's plans, the fused step) points at that one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    w = tensor(GT.Q4_0, blocks(GT.Q4_0, 64, 2048, seed=5))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        copies = list(pool.map(lambda _: packed_copies.packed(w), range(8)))
+    assert all(c is copies[0] for c in copies) and copies[0] is packed_copies._PACKED[id(w)]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -30,7 +29,6 @@ import numpy as np
 from slm.model import mathops
 from slm.model.kernel_choice import ACTIVATION_MODES, library_path
 from slm.model.kernels import KernelArgumentError, ReferenceKernels, check_width
-from slm.model.page_release import release
 from slm.model.weights import QuantTensor
 
 OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in qkernels/blocks.h)
@@ -43,7 +41,7 @@ MAX_JOBS = 4  # SLM_MAX_JOBS in qkernels/matmul.c
 # In the int8 mode, inputs longer than FUSED_MAX_TOKENS (a prompt's chunks) still take the fused
 # kernel for these types, packed (T_Q4_0, T_Q4_1, T_Q4_K, T_Q6_K): over the dequantized BLAS product it
 # saves the dequantization and multiplies int8 (docs/perf-notes.md; Q6_K's about breaks even, and
-# BLAS would read the weight's own pages again, which the packed copy released: page_release).
+# BLAS would read the weight's own pages again, which the packed copy released: packed_copies).
 INT8_LONG_TYPES = (2, 3, 12, 14)
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
 # between the two threads: a split costs a thread dispatch, about 30k values' work, so each
@@ -133,38 +131,6 @@ def kernel_type(w: QuantTensor) -> int | None:
 
 def supports(w: QuantTensor) -> bool:
     return kernel_type(w) is not None
-
-
-PACK_SLICE_BYTES = 16 << 20
-_PACKED: dict[int, np.ndarray] = {}  # id(weight) -> its packed rows, while the weight lives
-
-
-def packed(w: QuantTensor) -> np.ndarray | None:
-    """w's rows repacked eight at a time for the int8 kernels of Q4_0, Q4_1, Q4_K, Q6_K (slm_pack),
-    or None for a weight without one (another type, rows not a multiple of 8: the C side says,
-    slm_packed_bytes). Derived data, built in memory the first time an int8 product needs it
-    (as many bytes as the weight's own; Q4_K 2% more) and kept while the weight lives, the
-    weight's own pages then released (page_release); the stored blob is never rewritten. The
-    fused step and the op path read the same copy, so that they give the same bits."""
-    type_id = kernel_type(w)
-    if type_id is None:
-        return None
-    got = _PACKED.get(id(w))
-    if got is None:
-        size = LIB.slm_packed_bytes(type_id, w.rows, w.data.strides[0], w.cols)
-        if size < 0:
-            return None
-        got = np.empty(size, dtype=np.uint8)
-        # in slices, each one's own pages released once packed: never the weight and its copy together
-        step = max(8, PACK_SLICE_BYTES // w.data.strides[0] // 8 * 8)
-        for r0 in range(0, w.rows, step):
-            r1 = min(w.rows, r0 + step)
-            check_status(LIB.slm_pack(type_id, w.data[r0].ctypes.data, r1 - r0, w.data.strides[0], w.cols,
-                                      got.ctypes.data + size // w.rows * r0), "slm_pack", w.name)
-            release(w.data[r0:r1])
-        _PACKED[id(w)] = got
-        weakref.finalize(w, _PACKED.pop, id(w), None)
-    return got
 
 
 _EMPTY = ctypes.c_char * 0
@@ -297,18 +263,20 @@ class NativeKernels(ReferenceKernels):
     def _plan(self, weights: list[QuantTensor], low_rank: list | None):
         """(job descriptors, input width, output widths) for these weights and terms, built
         once (only `out` changes per call); None when the fused kernel cannot take them."""
+        from slm.model import packed_copies  # (it builds on this module)
+
         key = (self.int8, *map(id, weights), *map(id, low_rank or ()))
         cached = self._jobs.get(key)
         if cached is not None:
             return cached[0]
         low_rank = low_rank or [None] * len(weights)
-        plan = None
+        plan, copies = None, []
         if len(weights) <= MAX_JOBS and all(supports(w) and w.cols == weights[0].cols for w in weights):
             jobs = (Job * len(weights))()
             for job, w, term in zip(jobs, weights, low_rank):
                 job.type, job.data = kernel_type(w), w.data.ctypes.data
-                pk = packed(w) if self.int8 else None
-                job.packed = None if pk is None else pk.ctypes.data
+                copies.append(packed_copies.packed(w) if self.int8 else None)
+                job.packed = None if copies[-1] is None else copies[-1].ctypes.data
                 job.rows, job.row_bytes = w.rows, w.data.strides[0]
                 if term is not None:
                     a, b_t = term
@@ -318,7 +286,7 @@ class NativeKernels(ReferenceKernels):
                     job.rank, job.lora_a, job.lora_bt = a.shape[0], a.ctypes.data, b_t.ctypes.data
             plan = (jobs, weights[0].cols, tuple(w.rows for w in weights))
         # the arrays stay alive with the descriptors that point into them
-        self._jobs[key] = (plan, weights, low_rank)
+        self._jobs[key] = (plan, weights, low_rank, copies)
         return plan
 
     def map_parallel(self, fn, items: list) -> list:

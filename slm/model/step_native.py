@@ -23,6 +23,7 @@ import threading
 import numpy as np
 
 from slm.model import kernels_native as kn
+from slm.model import packed_copies
 from slm.model.mathops import rope_tables
 
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # P_Q .. P_DOWN
@@ -119,11 +120,11 @@ class NativeStep:
         self.bases = (cfg.rope_theta, cfg.rope_theta_local) if sliding else (cfg.rope_theta,)
 
     def _pack(self) -> None:
-        """Points the descriptor at the int8 mode's packed rows (kn.packed: built on the first
-        int8 step, the same copies the op path reads)."""
+        """Points the descriptor at the int8 mode's packed rows (packed_copies.packed: built on the
+        first int8 step, the same copies the op path reads)."""
         for i, layer in enumerate(self.layers):
             for j, role in enumerate(PROJECTIONS):
-                pk = kn.packed(self.model.t[f"blk.{i}.{role}.weight"])
+                pk = packed_copies.packed(self.model.t[f"blk.{i}.{role}.weight"])
                 if pk is not None:
                     self.keep.append(pk)
                     layer.w[j].packed = pk.ctypes.data

@@ -1,6 +1,6 @@
 /* qkernels/rows_q4x8.c: Q4_0, Q4_1 and Q4_K weights repacked eight rows at a time, int8 path.
  *
- * pack_q4_01 and pack_q4_k build the layouts (derived data, in memory: kernels_native.packed
+ * pack_q4_01 and pack_q4_k build the layouts (derived data, in memory: packed_copies.packed
  * keeps one per weight once an int8 product needs it, through slm_pack; the stored blob is
  * never rewritten); dot_group_q4x8 and dot_group_q4kx8 multiply one group of eight rows by up
  * to SLM_TILE rows of int8 x. Called through rows_q6kx8.c's dot_group_tiles, from matmul.c's block_rows for a job with
