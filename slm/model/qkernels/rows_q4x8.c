@@ -42,25 +42,24 @@ static inline void pack_nibble_run(const uint8_t codes[8][32], uint8_t *restrict
 }
 
 /* Rows (a multiple of 8) of Q4_0 or Q4_1 weights, n values each and row_bytes apart, packed
- * into out (rows * row_bytes bytes; shapes checked by slm_pack, rows_q6kx8.c). */
-static void pack_q4_01(const int type, const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
+ * into out (rows * row_bytes bytes; shapes checked by slm_pack, rows_q6kx8.c). A block's byte j
+ * holds value j in its low nibble and j + 16 in its high one, which is the layout's byte order
+ * within a row already: word j of Vj's row r (its bytes 4r .. 4r + 3) is word j of row r's
+ * codes, and packing moves 4-byte words. */
+static inline __attribute__((always_inline)) void pack_q4_01(const int type, const uint8_t *data, int64_t rows,
+                                                              int64_t row_bytes, int64_t n, uint8_t *out) {
     const int64_t blocks = n / 32, groups = rows / 8;
     const int bytes = type == T_Q4_1 ? Q41X8_BYTES : Q4X8_BYTES, fields = bytes - 128; /* d (and m) */
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < blocks; b++) {
             uint8_t *o = out + (g * blocks + b) * bytes;
-            uint8_t codes[8][32];
             for (int r = 0; r < 8; r++) {
                 const uint8_t *blk = data + (8 * g + r) * row_bytes + (fields / 8 + 16) * b;
                 memcpy(o + 2 * r, blk, 2);
                 if (type == T_Q4_1) memcpy(o + 16 + 2 * r, blk + 2, 2);
-                for (int v = 0; v < 16; v++) { /* byte j of qs holds value j (low nibble), j + 16 (high) */
-                    codes[r][v] = blk[fields / 8 + v] & 15;
-                    codes[r][v + 16] = blk[fields / 8 + v] >> 4;
-                }
+                for (int j = 0; j < 4; j++) memcpy(o + fields + 32 * j + 4 * r, blk + fields / 8 + 4 * j, 4);
             }
-            pack_nibble_run((const uint8_t(*)[32])codes, o + fields);
         }
 }
 
@@ -150,7 +149,6 @@ static void pack_q4_k(const uint8_t *data, int64_t rows, int64_t row_bytes, int6
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < supers; b++) {
             uint8_t *o = out + (g * supers + b) * Q4KX8_BYTES;
-            uint8_t codes[8][8][32]; /* [unit][row][value] */
             for (int r = 0; r < 8; r++) {
                 const uint8_t *blk = data + (8 * g + r) * row_bytes + 144 * b;
                 memcpy(o + 2 * r, blk, 2);
@@ -161,10 +159,17 @@ static void pack_q4_k(const uint8_t *data, int64_t rows, int64_t row_bytes, int6
                     o[32 + 8 * u + r] = (uint8_t)(sc >> (8 * u));
                     o[96 + 8 * u + r] = (uint8_t)(mn >> (8 * u));
                 }
-                for (int u = 0; u < 8; u++) /* unit u: the low or high nibbles of qs[32 (u / 2) ..] */
-                    for (int l = 0; l < 32; l++) codes[u][r][l] = (blk[16 + 32 * (u / 2) + l] >> (4 * (u % 2))) & 15;
+                /* unit u: the low or high nibbles of qs[32 (u / 2) ..]; word j of its Vj's row r:
+                 * values 4j .. 4j + 3 (low nibbles) and 16 + 4j .. (high), four bytes at a time */
+                for (int u = 0; u < 8; u++)
+                    for (int j = 0; j < 4; j++) {
+                        uint32_t a, c;
+                        memcpy(&a, blk + 16 + 32 * (u / 2) + 4 * j, 4);
+                        memcpy(&c, blk + 16 + 32 * (u / 2) + 16 + 4 * j, 4);
+                        const uint32_t v = (a >> (4 * (u % 2)) & 0x0f0f0f0fu) | (c >> (4 * (u % 2)) & 0x0f0f0f0fu) << 4;
+                        memcpy(o + 160 + 128 * u + 32 * j + 4 * r, &v, 4);
+                    }
             }
-            for (int u = 0; u < 8; u++) pack_nibble_run((const uint8_t(*)[32])codes[u], o + 160 + 128 * u);
         }
 }
 

@@ -207,8 +207,8 @@ int64_t slm_packed_bytes(int type, int64_t rows, int64_t row_bytes, int64_t n) {
 int slm_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
     if (slm_packed_bytes(type, rows, row_bytes, n) < 0) return -1;
     switch (type) {
-    case T_Q4_0:
-    case T_Q4_1: pack_q4_01(type, data, rows, row_bytes, n, out); break;
+    case T_Q4_0: pack_q4_01(T_Q4_0, data, rows, row_bytes, n, out); break;
+    case T_Q4_1: pack_q4_01(T_Q4_1, data, rows, row_bytes, n, out); break;
     case T_Q4_K: pack_q4_k(data, rows, row_bytes, n, out); break;
     default: pack_q6_k(data, rows, row_bytes, n, out);
     }
