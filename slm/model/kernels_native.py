@@ -12,8 +12,8 @@ multiply them with BLAS, two chunks at a time on two threads.
 A weight reaches the C kernels by its codec's GGML type id (NF4, which has none, by slm's
 own), and the C side says which types it has: a type it has works as soon as slm.quant has a
 codec with that id; every other type (F32, F16, BF16, ...) takes the NumPy reference path
-(slm.model.kernels), which stays the ground truth: tests/test_kernels.py and
-tests/test_kernels_kquants.py differential-test the two on every type the C side has (1e-5
+(slm.model.kernels), which stays the ground truth: tests/unit/test_kernels.py and
+tests/unit/test_kernels_kquants.py differential-test the two on every type the C side has (1e-5
 relative). ctypes releases the GIL for every call, which is what lets the prefill threads
 overlap.
 """

@@ -1,11 +1,11 @@
 """The decode step in one native call: every layer of one token per sequence (slm_decode_step
 in qkernels/step.c), for one sequence (Decoder.forward) or a batch of them (slm.model.batch).
 
-The op-by-op path (Decoder.block over NativeKernels) crosses into C about ten times per layer
+The op-by-op path (slm.model.block over NativeKernels) crosses into C about ten times per layer
 and opens a parallel region per linear layer; this path crosses once per step and opens one
 region for all layers. It is the same arithmetic: each op inside is the C function the op path
 calls, on the same values, so a sequence's logits are bit for bit the op path's
-(tests/test_step.py checks it for every family and weight type).
+(tests/unit/test_step.py checks it for every family and weight type).
 
 It takes a composition whose every linear layer the fused kernel has and whose overlays are
 plain LoRA (fused as low-rank terms); anything else (an IA3 scale, a sparse delta, a weight
@@ -132,7 +132,7 @@ class NativeStep:
 
     @staticmethod
     def _norms(desc) -> list[str]:
-        """The norms of a block of this family, as Decoder.block reads them."""
+        """The norms of a block of this family, as slm.model.block reads them."""
         return ["attn_norm", "ffn_norm", *(["attn_q_norm", "attn_k_norm"] if desc.qk_norm else []),
                 *(["post_attention_norm", "post_ffw_norm"] if desc.post_norms else [])]
 
