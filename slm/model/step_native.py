@@ -23,6 +23,7 @@ import threading
 import numpy as np
 
 from slm.model import kernels_native as kn
+from slm.model import packed_copies
 from slm.model.mathops import rope_tables
 
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # P_Q .. P_DOWN
@@ -36,7 +37,8 @@ _p, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 class Linear(ctypes.Structure):
     """slm_linear: one base weight and its bias."""
 
-    _fields_ = [("type", _i32), ("pad", _i32), ("data", _p), ("rows", _i64), ("row_bytes", _i64), ("bias", _p)]
+    _fields_ = [("type", _i32), ("pad", _i32), ("data", _p), ("rows", _i64), ("row_bytes", _i64), ("bias", _p),
+                ("packed", _p)]
 
 
 class Layer(ctypes.Structure):
@@ -102,6 +104,7 @@ class NativeStep:
             layer.window = cfg.window(i)
             layer.table = int(cfg.layer_types[i] == "sliding_attention")
         self.layers = layers
+        self.packed = False  # whether the int8 mode's packed rows are in the descriptor (_pack)
         self.desc = Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                           cfg.intermediate_size, ACTIVATIONS[cfg.desc.activation], cfg.qk_row_layout == "gguf",
                           cfg.rms_norm_eps, 1.0 if model.q_scale is None else float(model.q_scale),
@@ -115,6 +118,17 @@ class NativeStep:
         # the RoPE base of table 0 (full layers) and, if any layer slides, of table 1
         sliding = any(t == "sliding_attention" for t in cfg.layer_types)
         self.bases = (cfg.rope_theta, cfg.rope_theta_local) if sliding else (cfg.rope_theta,)
+
+    def _pack(self) -> None:
+        """Points the descriptor at the int8 mode's packed rows (packed_copies.packed: built on the
+        first int8 step, the same copies the op path reads)."""
+        for i, layer in enumerate(self.layers):
+            for j, role in enumerate(PROJECTIONS):
+                pk = packed_copies.packed(self.model.t[f"blk.{i}.{role}.weight"])
+                if pk is not None:
+                    self.keep.append(pk)
+                    layer.w[j].packed = pk.ctypes.data
+        self.packed = True
 
     @staticmethod
     def _norms(desc) -> list[str]:
@@ -177,6 +191,8 @@ class NativeStep:
                           ctypes.addressof(view.slots), ctypes.addressof(step.terms),
                           rope.ctypes.data + i * rope.strides[0])
         self.desc.int8 = self.model.kernels.int8 if int8 is None else int8
+        if self.desc.int8 and not self.packed:
+            self._pack()
         work = _work(kn.LIB.slm_step_work_bytes(ctypes.byref(self.desc), B, rows))
         status = kn.LIB.slm_decode_step(ctypes.byref(self.desc), B, rows, x.ctypes.data, out.ctypes.data,
                                         work.ctypes.data, work.nbytes)

@@ -365,10 +365,12 @@ def test_int8_activations_are_integer_dot_products(name, tokens):
     kern.set_activations("float32")
     assert not np.array_equal(kern.matmul(x, w), got)  # the mode was in effect
     # a longer input (a prompt's chunk) runs the dequantized BLAS product, in float32 either way
+    # (but for the types whose packed kernels take prompts in the int8 mode: test_kernels_int8.py)
     long = np.random.default_rng(0).standard_normal((kernels_native.FUSED_MAX_TOKENS + 1, 768)).astype(np.float32)
     want_long = kern.matmul(long, w)
     kern.set_activations("int8")
-    assert kern.matmul(long, w).tobytes() == want_long.tobytes()
+    if kernels_native.kernel_type(w) not in kernels_native.INT8_LONG_TYPES:
+        assert kern.matmul(long, w).tobytes() == want_long.tobytes()
 
 
 def test_int8_mode_keeps_float_activations_for_the_other_types_and_passes_nan_through():
@@ -378,7 +380,7 @@ def test_int8_mode_keeps_float_activations_for_the_other_types_and_passes_nan_th
     x = np.random.default_rng(0).standard_normal((2, 768)).astype(np.float32)
     f, i8 = kernels_native.NativeKernels(), kernels_native.NativeKernels()
     i8.set_activations("int8")
-    for name in ("Q4_K", "Q6_K", "Q2_K"):
+    for name in ("Q2_K", "Q3_K"):  # (Q4_K, Q5_K, Q6_K take int8: test_kernels_int8.py)
         w = tensor(gguf.GGMLQuantizationType[name], blocks(gguf.GGMLQuantizationType[name], 5, 768, seed=1))
         assert i8.matmul(x, w).tobytes() == f.matmul(x, w).tobytes(), name
     w = tensor(gguf.GGMLQuantizationType.Q4_1, blocks(gguf.GGMLQuantizationType.Q4_1, 5, 768, seed=1))

@@ -177,7 +177,7 @@ def test_native_step_declines_what_it_lacks(tiny_model, store):
 
 # ------------------------------------------------------------------ int8 activations (opt-in)
 
-INT8_TYPES = [gguf.GGMLQuantizationType[t] for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K")]
+INT8_TYPES = [gguf.GGMLQuantizationType[t] for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")]
 
 
 def _int8(models: list[Decoder]) -> list[Decoder]:
@@ -191,8 +191,8 @@ def _int8(models: list[Decoder]) -> list[Decoder]:
                          ids=lambda v: getattr(v, "name", v))
 def test_int8_step_is_the_int8_op_path_bit_for_bit(family, ggml_type, monkeypatch):
     """The opt-in int8 activations keep the step's promise (the same arithmetic as the op
-    path, bit for bit); they move the logits, by a bounded amount. (Q4_K: a type without an
-    int8 kernel keeps float activations beside the Q8_0 head that takes them.)"""
+    path, bit for bit); they move the logits, by a bounded amount. (The K types' products mix
+    with the Q8_0 head's in the same mode.)"""
     from slm.model.step_native import NativeStep
 
     seed = FAMILIES.index(family) + 11
@@ -212,12 +212,12 @@ def test_int8_step_is_the_int8_op_path_bit_for_bit(family, ggml_type, monkeypatc
         assert 0.0 < moved < 0.3, moved
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
-def test_int8_batch_rows_equal_their_single_runs(family):
+@pytest.mark.parametrize("family,type_name", [("llama", "Q5_0"), ("llama", "Q4_0"), ("gemma3", "Q8_0")])
+def test_int8_batch_rows_equal_their_single_runs(family, type_name):
+    """(Q4_0: the rows packed eight at a time, qkernels/rows_q4x8.c)"""
     from test_batch import _check_rows_equal_single_runs
 
-    base = _model(family, gguf.GGMLQuantizationType.Q5_0 if family == "llama" else
-                  gguf.GGMLQuantizationType.Q8_0, seed=17)
+    base = _model(family, gguf.GGMLQuantizationType[type_name], seed=17)
     rng = np.random.default_rng(5)
     comps = _int8(_compositions(base, seed=5))
     models = [comps[0], comps[1], comps[2], comps[1]]
