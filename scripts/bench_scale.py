@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ sys.path.insert(0, str(HERE))
 import bench_peers  # noqa: E402
 import gemma3_path  # noqa: E402
 import smollm2_path  # noqa: E402
-from bench import SETTLE_S, cpu_kind, cpu_model, med  # noqa: E402
+from bench_common import SETTLE_S, cpu_kind, cpu_model, med  # noqa: E402
 
 MODELS_DIR = bench_peers.PEERS / "models"
 BATCH = 8  # sequences decoded together

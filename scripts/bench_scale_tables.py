@@ -42,8 +42,8 @@ def print_tables(results: dict) -> None:
               f"{r['tok_s']['read_bandwidth_gb_s']:.1f} GB/s | " +
               " | ".join(f"{100 * share[k]:.0f}%" if k in share else "-" for k in ("slm", "slm int8", "llama-bench"))
               + " |")
-    print(f"\n| model (file) | slm 8 sequences, aggregate decode tok/s | slm int8 | llama-batched-bench -npl 8 "
-          f"| slm / llama | slm int8 / llama |")
+    print("\n| model (file) | slm 8 sequences, aggregate decode tok/s | slm int8 | llama-batched-bench -npl 8 "
+          "| slm / llama | slm int8 / llama |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in models.values():
         t = r["tok_s"]
