@@ -53,8 +53,9 @@ def shape_gguf(shape: str, qtype: str) -> Path | None:
     out = MODELS_DIR / f"{shape}-{qtype.lower()}.gguf"
     if not out.exists():
         MODELS_DIR.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, str(maker), "--shape", shape, "--type", qtype, "--out", str(out),
-                        "--llama-quantize", str(bench_peers.tool("llama-quantize"))], check=True)
+        part = out.with_name(out.name + ".part")  # an interrupted run leaves no half file behind
+        subprocess.run([sys.executable, str(maker), str(part), "--shape", shape, "--type", qtype], check=True)
+        part.rename(out)
     return out
 
 
