@@ -13,7 +13,8 @@ scripts/bench.py); llama-bench runs once (-r 1) per sample; every sample is prec
 SETTLE_S of quiet, the systems take turns within each run, and the tables give medians. The
 machine's read bandwidth with the same 2 threads (scripts/read_bandwidth.c) is sampled in
 every run too, so that the decode figures can be read as a share of it. Each sample records
-the 1-minute load average. Writes the "scale" section of docs/bench.json (the rest is kept).
+the 1-minute load average. Writes the "scale" section of docs/bench.json after each model (the
+rest of the file, and the models not measured in this run, are kept).
 """
 
 from __future__ import annotations
@@ -254,24 +255,30 @@ def main() -> int:
     a = p.parse_args()
     if a.worker:
         return worker(a.plan)
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results: dict = {"date": started, "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), **cpu_kind()},
-                     "peer_build": bench_peers.build_info(),
-                     "settings": {k: v for k, v in vars(a).items() if k not in ("worker", "plan", "out")},
-                     "models": {}}
+    path = a.out / "bench.json"
+    results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), **cpu_kind()},
+                     "peer_build": bench_peers.build_info(), "models": {}}
     for label in a.models.split(","):
         what, locate = MODELS[label]
         gguf = locate()
         if gguf is None:
             print(f"{label}: its file is not available here; skipped", file=sys.stderr)
-            results["models"][label] = {"what": what, "skipped": "file not available"}
-            continue
-        results["models"][label] = {"what": what} | bench_model(label, gguf, a)
-    a.out.mkdir(exist_ok=True)
-    path = a.out / "bench.json"
-    doc = json.loads(path.read_text()) if path.exists() else {}
-    doc["scale"] = results
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+            entry = {"what": what, "skipped": "file not available"}
+        else:
+            settings = {k: v for k, v in vars(a).items() if k not in ("worker", "plan", "out", "models")}
+            entry = {"what": what, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     "settings": settings} | bench_model(label, gguf, a)
+        results["models"][label] = entry
+        # written after every model, into the models measured before (a long run that stops
+        # keeps what it measured; one model can be re-measured alone)
+        a.out.mkdir(exist_ok=True)
+        doc = json.loads(path.read_text()) if path.exists() else {}
+        kept = doc.get("scale", {}).get("models", {})
+        merged = {**kept, **results["models"]}
+        order = sorted(merged, key=lambda k: list(MODELS).index(k) if k in MODELS else len(MODELS))
+        doc["scale"] = results | {"models": {k: merged[k] for k in order}}
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    results = json.loads(path.read_text())["scale"]
     import bench_scale_tables
 
     bench_scale_tables.print_tables(results)

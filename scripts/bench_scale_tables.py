@@ -21,9 +21,12 @@ def _num(x, digits: int = 1) -> str:
 
 def print_tables(results: dict) -> None:
     m = results["machine"]
-    print(f"{results['date']}; {m['cpu']} (family {m.get('cpu_family')}, model {m.get('model')}), "
+    dates = sorted(r["date"] for r in results["models"].values() if "date" in r)
+    print(f"{dates[0]} to {dates[-1]}; {m['cpu']} (family {m.get('cpu_family')}, model {m.get('model')}), "
           f"{m['cpus']} cores, {', '.join(m.get('isa', []))}; llama.cpp: {results['peer_build'].splitlines()[0]}")
     models = {k: v for k, v in results["models"].items() if "tok_s" in v}
+    if not models:
+        return
     for op, title in (("decode", "decode tok/s"), ("prefill", "prefill 512 tok/s")):
         print(f"\n| model (file) | slm {title} | slm int8 | llama-bench | slm / llama-bench | slm int8 / llama-bench "
               f"| load |")
