@@ -212,6 +212,7 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
 
     def add(key: str, fn) -> None:
         samples.setdefault(key, []).append(sample(fn))
+        print(f"{label}: {key} {samples[key][-1]}", file=sys.stderr, flush=True)
 
     try:
         for run in range(a.runs):
