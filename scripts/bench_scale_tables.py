@@ -27,16 +27,16 @@ def print_tables(results: dict) -> None:
     models = {k: v for k, v in results["models"].items() if "tok_s" in v}
     if not models:
         return
-    for op, title in (("decode", "decode tok/s"), ("prefill", "prefill 512 tok/s")):
+    for op, title in (("decode", "decode tok/s"), ("prefill", "prefill tok/s")):
         print(f"\n| model (file) | slm {title} | slm int8 | llama-bench | slm / llama-bench | slm int8 / llama-bench "
-              f"| load |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+              f"| runs x tokens | load |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in models.values():
-            t = r["tok_s"]
+            t, cfg = r["tok_s"], r.get("settings", {})
             s, q, ll = t.get(f"slm|{op}"), t.get(f"slm int8|{op}"), t.get(f"llama-bench|{op}")
-            digits = 1 if op == "decode" else 0
+            digits = 2 if op == "decode" else 1
             print(f"| {r['what']} | {_num(s, digits)} | {_num(q, digits)} | {_num(ll, digits)} | {_ratio(s, ll)} | "
-                  f"{_ratio(q, ll)} | {r['load_median']:.1f} |")
+                  f"{_ratio(q, ll)} | {cfg.get('runs', '?')} x {cfg.get(op, '?')} | {r['load_median']:.1f} |")
     print("\n| model (file) | weights read per token | read bandwidth (2 threads) | slm | slm int8 | llama-bench |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in models.values():
