@@ -30,7 +30,17 @@ def tool(name: str) -> Path:
 def build_info() -> str:
     """What scripts/build_llama_tools.sh recorded: the llama.cpp version and the cmake flags."""
     stamp = PEERS / "tools.stamp"
-    return stamp.read_text().strip() if stamp.exists() else "not built"
+    if stamp.exists():
+        return stamp.read_text().strip()
+    cache = PEERS / "build" / "CMakeCache.txt"
+    if not cache.exists():
+        return "not built"
+    # some tools built, the stamp not yet written (the build was stopped): the cache's flags
+    keys = ("CMAKE_BUILD_TYPE", "GGML_NATIVE", "BUILD_SHARED_LIBS", "LLAMA_BUILD_TESTS", "GGML_OPENMP")
+    flags = [line.split(":", 1)[0] + "=" + line.split("=", 1)[1] for line in cache.read_text().splitlines()
+             if line.split(":", 1)[0] in keys]
+    built = [t for t in TOOLS if (BIN / t).exists()]
+    return f"vendored llama.cpp of llama-cpp-python 0.3.36, partial build ({', '.join(built)})\ncmake: {' '.join(flags)}"
 
 
 def llama_bench(gguf: Path, op: str, n: int, threads: int = THREADS) -> float:

@@ -52,7 +52,7 @@ for t in llama-bench llama-batched-bench llama-server llama-quantize; do
 done
 {
     echo "llama-cpp-python $VERSION (vendored llama.cpp)"
-    echo "commit: $(cat "$llama/.git-commit" 2>/dev/null || grep -m1 -o 'LLAMA_BUILD_COMMIT[^)]*' "$build/CMakeCache.txt" 2>/dev/null || echo unknown)"
+    echo "$(grep -m1 -o 'ggml commit: .*' "$peers/cmake.log" || echo 'ggml commit: unknown')"
     echo "cmake flags: $flags"
     echo "compiler: $(${CXX:-c++} --version | head -1)"
 } >"$stamp"
