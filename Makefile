@@ -63,7 +63,7 @@ test-fast: $(DEV_STAMP)
 test-real: $(DEV_STAMP)
 	$(PYTEST) -m real_model
 
-# The power-cut matrix (tests/test_durability.py) with three seeds for the random and torn cuts
+# The power-cut matrix (tests/durability/test_durability.py) with three seeds for the random and torn cuts
 # (make test runs one), the simulator's own tests, then every fsync call site removed in turn
 # (scripts/mutate_fsync.py): each mutant must fail a test. docs/recovery.md has the counts.
 test-durability: $(DEV_STAMP)
@@ -72,7 +72,7 @@ test-durability: $(DEV_STAMP)
 
 # Every hypothesis target at 10,000 examples (CI runs the "ci" profile's counts).
 fuzz: $(DEV_STAMP)
-	SLM_FUZZ_PROFILE=fuzz $(PY) -m pytest tests/test_fuzz.py -q
+	SLM_FUZZ_PROFILE=fuzz $(PY) -m pytest tests/unit/test_fuzz.py -q
 
 # llama.cpp's own tools (llama-bench, llama-batched-bench, llama-server, llama-quantize), the
 # benchmark peer, built natively from the llama.cpp vendored in the llama-cpp-python sdist, once

@@ -5,7 +5,7 @@ Finds every fsync call site in slm/ by AST (calls of `fsync_dir`, `sync_and_clos
 `_fsync`, and every raw `os.fsync` / `os.fdatasync`: the one in slm/store/fs.py's `_fsync`,
 and any other, which would be a write outside the fs layer), then for each one:
 copies the project to a scratch directory, replaces that one call by `pass`, and runs the
-power-cut tests (tests/test_durability.py, marker `durability`) against the copy. A mutant
+power-cut tests (tests/durability/test_durability.py, marker `durability`) against the copy. A mutant
 is killed when some test fails. Prints killed/total; exits 1 if a mutant survives (an fsync
 no test needs: either it is unnecessary, or a case is missing) or if the unmutated tests fail.
 
@@ -118,7 +118,7 @@ def run_tests(copy: Path, template: Path, modes: str, fail_fast: bool, timeout: 
     env.update(PYTHONPATH=os.pathsep.join([str(copy), *filter(None, [os.environ.get("PYTHONPATH")])]),
                SLM_DURABILITY_TEMPLATE=str(template), SLM_DURABILITY_MODES=modes,
                SLM_DURABILITY_FAIL_FAST="1" if fail_fast else "", PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "pytest", "tests/test_durability.py", "-m", "durability", "-q", "-x",
+    cmd = [sys.executable, "-m", "pytest", "tests/durability/test_durability.py", "-m", "durability", "-q", "-x",
            "-p", "no:cacheprovider", "--no-header", "-o", "addopts="]
     try:
         r = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)

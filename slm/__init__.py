@@ -24,7 +24,7 @@ _EXPORTS = {
     "InvalidInput": "slm.errors", "IntegrityError": "slm.errors", "Incompatible": "slm.errors",
     "Busy": "slm.errors", "BudgetExceeded": "slm.errors", "NeedsRecovery": "slm.errors",
     "NumericsError": "slm.errors", "Switched": "slm.errors", "IOFailure": "slm.errors",
-    "CommittedIncomplete": "slm.errors",
+    "CommittedIncomplete": "slm.errors", "ShuttingDown": "slm.errors",
     "keep_freed_memory": "slm.model.allocator",
 }
 __all__ = sorted([*_EXPORTS, "__version__"])

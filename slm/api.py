@@ -7,20 +7,24 @@
     rt = slm.Runtime(store); s = rt.session(comp)
     s.generate("Once upon a time", max_tokens=32)  # -> Generation
 
-Every method is one operation of slm.ops; the CLI is a printer over these same calls. Results
+Every method is one operation of slm.ops; the CLI is a printer over these same calls, and
+`slm serve` is built on them too (Runtime.stage/switch/scheduler: docs/api.md, "Serving"). Results
 are frozen dataclasses derived from slm.Result, all defined in slm.ops.results; errors are
 slm.errors.SlmError subclasses, each with the exit code the CLI would use.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from slm.compose.composition import Composition
 from slm.errors import InvalidInput, UsageError
+from slm.ops.request import ChatMessage, GenerationRequest  # noqa: F401  (what a Scheduler runs: slm serve builds them)
 from slm.store import store as _store
+from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
 
 # Each method imports the operation it runs: `slm activate` (a new process each time) must not
 # pay for the importer, the executor, the tokenizer or the distribution code (docs/perf-notes.md).
@@ -30,10 +34,11 @@ if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.results import (AdapterExportResult, Certified, ExportResult, FsckReport, GcPlan, Generation,
-                                 ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport, SignResult,
-                                 Status, Transition, VerifyReport)
+    from slm.ops.results import (AdapterExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
+                                 Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
+                                 SignResult, Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
+    from slm.ops.scheduler import Scheduler
 
 
 class Store:
@@ -63,6 +68,12 @@ class Store:
     @property
     def root(self) -> Path:
         return self._s.root
+
+    @property
+    def active_ref_path(self) -> Path:
+        """The file refs/active: a process that follows switches by others (slm serve) watches
+        its bytes change; `active()` reads what it names."""
+        return self._s.active_ref.path
 
     # -- import ----------------------------------------------------------------------------
     def import_base(self, path: str | os.PathLike, name: str, quant: str | None = None,
@@ -275,14 +286,18 @@ class Runtime:
     """
 
     def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None,
-                 activations: str = "float32") -> None:
-        from slm.ops.run import check_activations
+                 activations: str = "float32", memory_budget: str | None = None) -> None:
+        from slm.ops import budget
+        from slm.ops.run import check_activations, check_threads
         from slm.ops.staging import StagedCompositions
 
+        check_threads(threads)
         check_activations(activations)  # "int8": opt-in, faster, less exact (docs/numerics.md)
         self.store = store
         self._rt = StagedCompositions(store._s, max_staged)
         self.threads, self.activations = threads, activations
+        # bytes, or None: `memory_budget` ("8G"), else config.toml's, as `slm activate` resolves it
+        self.memory_budget: int | None = budget.resolve(store._s, memory_budget)
 
     def session(self, comp: Composition | str | None = None) -> "Session":
         """A session pinned to `comp` (a Composition, an id or prefix), or to the active one."""
@@ -293,6 +308,45 @@ class Runtime:
         else:
             comp_id = comp.id if isinstance(comp, Composition) else compositions.find_id(self.store._s, comp)
         return Session(self, self._rt.stage(comp_id))
+
+    # -- for a long-running server (slm serve; docs/api.md, "Serving") --------------------------
+    def stage(self, comp: Composition | str) -> Loaded:
+        """Stage a composition (a Composition, stored or not: a spec a server was asked for; or
+        an id or prefix) as activating it would check it, the memory budget included, without
+        making it current. The Loaded (`.id`, `.composition`) is what a Scheduler runs on."""
+        from slm.ops import budget, compositions
+
+        loaded = self._rt.stage(comp if isinstance(comp, Composition) else compositions.find_id(self.store._s, comp))
+        budget.check(budget.of_staged(loaded.staged), self.memory_budget, "this composition")
+        return loaded
+
+    def switch(self, comp: Composition | str) -> Loaded:
+        """Stage a composition and make it this process's current one (kept staged while it is)."""
+        return self._rt.switch(self.stage(comp).id)
+
+    def staged(self) -> list[CompositionInfo]:
+        """The compositions staged now, least recently used first."""
+        from slm.ops.results import CompositionInfo
+
+        return [CompositionInfo.of(comp) for comp in self._rt.compositions()]
+
+    def memory_estimate(self, loaded: Loaded) -> dict[str, int]:
+        """A staged composition's memory estimate (the one `slm activate` checks), as JSON."""
+        from slm.ops import budget
+
+        return budget.of_staged(loaded.staged).to_json()
+
+    def scheduler(self, max_batch: int = 8, max_queue: int = 32, prefill_chunk: int | None = None,
+                  metrics: object | None = None, log: Callable[[str], None] = print) -> Scheduler:
+        """The continuous-batching scheduler of slm serve, with this runtime's threads,
+        activations and memory budget: `prepare(loaded, request, sink)` checks a
+        GenerationRequest on a staged composition, `submit(job)` queues it (Busy when full,
+        ShuttingDown once draining); events go to its sink (docs/api.md, "Serving")."""
+        from slm.ops.scheduler import Scheduler
+
+        chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
+        return Scheduler(max_batch, max_queue, self.threads, self.memory_budget, metrics, log, self.activations,
+                         **chunk)
 
 
 class Session:
@@ -373,3 +427,12 @@ class Session:
         cache = model.new_cache(len(ids))
         with np.errstate(over="ignore", invalid="ignore"):
             return np.asarray(model.forward(ids, cache, "all"), dtype=np.float32)  # (T, V)
+
+
+def check_sampling(temperature: float, top_p: float, seed: int, max_temperature: float = math.inf) -> None:
+    """The one check of sampling options (slm run's, the sessions', the server's): InvalidInput
+    naming the option unless temperature is a finite number in [0, max_temperature] (the server
+    takes OpenAI's range, 0 to 2), top_p in (0, 1] and seed an integer in [0, 2^63 - 1]."""
+    from slm.model.sampling import check_sampling as check
+
+    check(temperature, top_p, seed, max_temperature)

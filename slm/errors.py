@@ -74,7 +74,13 @@ class Incompatible(SlmError):
 
 
 class Busy(SlmError):
+    """Try again later: another process holds the store lock, or `slm serve` is full (HTTP 429)."""
+
     code = ExitCode.BUSY
+
+
+class ShuttingDown(Busy):
+    """`slm serve` is stopping and admits nothing new (HTTP 503): not a place to retry."""
 
 
 class BudgetExceeded(SlmError):

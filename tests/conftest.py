@@ -17,6 +17,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+# tests/ is split by kind (unit, cli, real, durability, serve, dist); their shared modules
+# (helpers.py here, fake_registry.py in dist/, ...) import by name from any of them
+for folder in (ROOT / "tests", *sorted(p for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_")))):
+    sys.path.insert(0, str(folder))
 
 import make_tiny_model  # noqa: E402  (scripts/, a fixture generator)
 import smollm2_path  # noqa: E402
@@ -107,8 +111,8 @@ def cli(capsys):
 
 @pytest.fixture(scope="session")
 def smollm2_transformers(smollm2_gguf):
-    """transformers' SmolLM2 in float32 on the bundled GGUF, loaded once: tests/test_run_real.py
-    and tests/test_adapters_real.py share it (and one xdist worker, tests/xdist_scheduling.py).
+    """transformers' SmolLM2 in float32 on the bundled GGUF, loaded once: tests/real/test_run_real.py
+    and tests/real/test_adapters_real.py share it (and one xdist worker, tests/xdist_scheduling.py).
     Nothing may change it: PEFT wraps deep copies of it (scripts/make_adapters.py)."""
     import make_adapters
 
@@ -126,7 +130,7 @@ def gemma_gguf() -> Path:
 @pytest.fixture(scope="session")
 def gemma_transformers(gemma_gguf):
     """transformers' Gemma 3 in float32 on the same GGUF (gguf-py dequantizes it), loaded once:
-    tests/test_gemma_real.py and tests/test_arch_real.py share it (and one xdist worker,
+    tests/real/test_gemma_real.py and tests/real/test_arch_real.py share it (and one xdist worker,
     tests/xdist_scheduling.py). A test that wraps it (PEFT) must hand it back unwrapped."""
     import torch
     from transformers import AutoModelForCausalLM

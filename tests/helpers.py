@@ -37,20 +37,29 @@ def copy_tree(src: Path, dst: Path) -> Path:
     return dst
 
 
-def tiny_store(root: Path, tiny_model: dict, adapters: int = 0, steps=(("activate", "tq"),)) -> Path:
-    """A store at root/store built by the real commands: `tq` (the tiny model's quantized GGUF),
-    random LoRA adapters `a1`..`aN` (seeds 1..N, fitted to the tiny model), then each step
-    (e.g. ("activate", "tq", "a1@0.5")). Build it once per module and copy it per test."""
+# The tiny model's LoRA shape (scripts/make_random_lora.py) as the distribution tests make it
+TINY_LORA = dict(rank=4, alpha=8.0, hidden=64, intermediate=128, layers=2, kv_dim=32, q_dim=64)
+
+
+def tiny_store(root: Path, tiny_model: dict, adapters: int | dict[str, int] = 0, steps=(("activate", "tq"),),
+               *, bases: dict[str, str] | None = None, lora: dict | None = None, store: Path | None = None) -> Path:
+    """A store (root/store unless `store`) built by the real commands: the bases (name -> the
+    tiny_model file: default `tq`, its quantized GGUF), random LoRA adapters (an int N: `a1`..`aN`
+    of seeds 1..N; or name -> seed), each made in root/lora<seed> with make_random_lora's
+    arguments `lora` (default: the tiny model's shape, rank 4), then each step (e.g.
+    ("activate", "tq", "a1@0.5")). Build it once per module and copy it per test."""
     import make_random_lora
 
     from slm.cli import run
 
-    store = root / "store"
-    for seed in range(1, adapters + 1):
-        make_random_lora.make_random_lora(root / f"lora{seed}", rank=4, seed=seed, hidden=64,
-                                          intermediate=128, layers=2, kv_dim=32)
-    imports = [["import", "adapter", root / f"lora{seed}", "--name", f"a{seed}"] for seed in range(1, adapters + 1)]
-    for args in (["init"], ["import", "base", tiny_model["gguf_q"], "--name", "tq"], *imports, *map(list, steps)):
+    store = store or root / "store"
+    named = adapters if isinstance(adapters, dict) else {f"a{seed}": seed for seed in range(1, adapters + 1)}
+    shape = lora or dict(rank=4, hidden=64, intermediate=128, layers=2, kv_dim=32)
+    for seed in named.values():
+        make_random_lora.make_random_lora(root / f"lora{seed}", seed=seed, **shape)
+    imports = [["import", "base", tiny_model[key], "--name", name] for name, key in (bases or {"tq": "gguf_q"}).items()]
+    imports += [["import", "adapter", root / f"lora{seed}", "--name", name] for name, seed in named.items()]
+    for args in (["init"], *imports, *map(list, steps)):
         assert run(["--store", str(store), *map(str, args)]) == 0, args
     return store
 

@@ -15,29 +15,29 @@ Durations measured with `pytest --durations=60` on the 2-core machine (docs/test
 from __future__ import annotations
 
 SAME_WORKER = {
-    "tests/test_gemma_real.py": "gemma3-transformers",  # both load Gemma 3 in transformers
-    "tests/test_arch_real.py": "gemma3-transformers",
-    "tests/test_run_real.py": "smollm2-transformers",  # both load SmolLM2 in transformers
-    "tests/test_adapters_real.py": "smollm2-transformers",
+    "tests/real/test_gemma_real.py": "gemma3-transformers",  # both load Gemma 3 in transformers
+    "tests/real/test_arch_real.py": "gemma3-transformers",
+    "tests/real/test_run_real.py": "smollm2-transformers",  # both load SmolLM2 in transformers
+    "tests/real/test_adapters_real.py": "smollm2-transformers",
 }
 
 LONGEST_FIRST = [
-    "tests/test_gemma_real.py",
-    "tests/test_arch_real.py",
-    "tests/test_run_real.py",
-    "tests/test_adapters_real.py",
-    "tests/test_crash.py",
-    "tests/test_demo_adapters.py",
-    "tests/test_hostile.py",
-    "tests/test_fuzz.py",
-    "tests/test_serve.py",
-    "tests/test_durability.py",
-    "tests/test_serve_real.py",
-    "tests/test_dist_crash.py",
-    "tests/test_dist_registry.py",
-    "tests/test_dist_bundle.py",
-    "tests/test_concurrency.py",
-    "tests/test_quant_kquants.py",
+    "tests/real/test_gemma_real.py",
+    "tests/real/test_arch_real.py",
+    "tests/real/test_run_real.py",
+    "tests/real/test_adapters_real.py",
+    "tests/durability/test_crash.py",
+    "tests/real/test_demo_adapters.py",
+    "tests/cli/test_hostile.py",
+    "tests/unit/test_fuzz.py",
+    "tests/serve/test_serve.py",
+    "tests/durability/test_durability.py",
+    "tests/serve/test_serve_real.py",
+    "tests/distribution/test_dist_crash.py",
+    "tests/distribution/test_dist_registry.py",
+    "tests/distribution/test_dist_bundle.py",
+    "tests/cli/test_concurrency.py",
+    "tests/unit/test_quant_kquants.py",
 ]
 
 

@@ -37,7 +37,7 @@ SCHEMA = "slm.adapter/1"
 # parse or check a manifest (an activation imports no NumPy: slm.ops.compositions.stage)
 DTYPES = {"f32": ("<f4", 4), "i64": ("<i8", 8)}
 # the tensors of each kind (slm.formats.adapter_source.ADAPTER_KINDS: the same kinds, held equal by
-# tests/test_adapters.py; that module is not imported here, as an activation would pay for its classes)
+# tests/unit/test_adapters.py; that module is not imported here, as an activation would pay for its classes)
 KIND_TENSORS = {"lora": ("A", "B"), "ia3": ("vector",), "sparse": ("indices", "values")}
 
 

@@ -6,7 +6,7 @@ the manifests' digests depend on every byte, so the bytes are tomlkit's; for the
 base or adapter manifest has (scalars, then tables of scalars, arrays of tables whose entries
 hold scalars and tables of scalars) `_plain_dumps` writes those same bytes itself, 50x faster
 (tomlkit took 0.1-0.3 s of an import of SmolLM2), and anything else goes to tomlkit, imported
-only then. tests/test_toml_io.py holds the two to the same bytes.
+only then. tests/unit/test_toml_io.py holds the two to the same bytes.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def loads(data: bytes, what: str) -> dict:
 # each time. `_plain_loads` reads the lines `_plain_dumps` writes (and only those: one
 # `key = value` or header per line, bare keys, strings without escapes, no comments, no
 # inline tables) into exactly the document tomllib gives, and returns None for anything else,
-# which tomllib then reads (or refuses). tests/test_toml_io.py compares the two on generated
+# which tomllib then reads (or refuses). tests/unit/test_toml_io.py compares the two on generated
 # and damaged texts.
 _STRING_BODY = re.compile(r"[ !#-\[\]-~]*")  # printable ASCII but the quote and the backslash
 _INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")

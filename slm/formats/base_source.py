@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from slm.formats.jsonfile import canonical_json  # noqa: F401  (importers of a base find it here)
 
@@ -15,6 +15,11 @@ class SourceTensor:
     dtype: str  # codec name of the stored bytes, e.g. "q4_1"
     nbytes: int
     stored_bytes: Callable[[], bytes | memoryview]  # the bytes as they will be stored
+    # a file stored byte for byte (GGUF): the bytes in bounded pieces, each let go of once the
+    # next is asked for (argument: the most bytes a piece may have), and where they lie in the
+    # open source file, (fd, offset), for a copy that never passes through this process
+    pieces: Callable[[int], Iterator[memoryview]] | None = None
+    file_range: Callable[[], tuple[int, int]] | None = None
 
 
 @dataclass
@@ -28,6 +33,9 @@ class BaseSource:
     tokenizer_doc: Callable[[], bytes]
     tensors: list[SourceTensor]
     closers: list[Callable[[], None]] = field(default_factory=list)
+    # with `file_range`s: whether the file still holds what was read (True), was written since
+    # (False), or cannot be told (None: it changed just before it was opened); see GGUFFile
+    unchanged: Callable[[], bool | None] = lambda: True
 
     def close(self) -> None:
         for close in self.closers:

@@ -18,10 +18,12 @@ allocated, so a lying header fails with a one-line InvalidInput, not a MemoryErr
 from __future__ import annotations
 
 import mmap
+import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -36,6 +38,9 @@ MAX_TENSORS = 1 << 20
 MAX_KV = 1 << 20
 MAX_DIMS = 4
 MAX_KEY_LEN = 1 << 16
+# file times are coarse: a file changed less than this before it was opened may change again
+# with the same ctime (slm.store.verified's rule, for the same reason)
+RACY_NS = 100_000_000
 
 # GGUF metadata value types: id -> (struct format, size) for scalars.
 _SCALARS = {
@@ -74,14 +79,51 @@ class GGUFFile:
     data_start: int
     size: int
     _map: mmap.mmap | None
+    fd: int = -1  # the file, open for reading while this is (an import copies ranges of it)
+    opened: os.stat_result | None = None  # the file as it was when it was opened
+    opened_at_ns: int = 0  # time.time_ns() then
 
     def tensor_bytes(self, info: TensorInfo) -> memoryview:
+        self._check_readable(info)
+        return memoryview(self._map)[info.offset:info.offset + info.nbytes]
+
+    def _check_readable(self, info: TensorInfo) -> None:
         if info.nbytes is None:  # the reader's caller did not know this tensor type
             raise InvalidInput(f"{self.path.name}: tensor {info.name} has type {info.type_name}, "
                                "which slm does not read")
         if self._map is None:
             raise ValueError(f"{self.path.name} is closed (a bug: read after close)")
-        return memoryview(self._map)[info.offset:info.offset + info.nbytes]
+
+    def tensor_pieces(self, info: TensorInfo, piece_bytes: int) -> Iterator[memoryview]:
+        """A tensor's bytes in views of at most `piece_bytes`, each one's pages let go of by this
+        process once the next is asked for (madvise MADV_DONTNEED: the kernel's page cache keeps
+        them, this process's resident memory does not), so that reading a whole file through
+        here holds one piece at a time, not the file: an 8B base is 4.3 GB."""
+        self._check_readable(info)
+        mapped = self._map
+        view = memoryview(mapped)
+        for at in range(info.offset, info.offset + info.nbytes, piece_bytes):
+            end = min(at + piece_bytes, info.offset + info.nbytes)
+            piece = view[at:end]
+            try:
+                yield piece
+            finally:
+                try:
+                    piece.release()
+                except BufferError:
+                    pass  # an error's traceback still holds an array over it: dropped with it
+                _drop_pages(mapped, at, end)  # (a page read again later is simply read again)
+
+    def unchanged_since_opened(self) -> bool | None:
+        """Whether the file opened holds what it held then: False if it was written since (its
+        size, mtime or ctime moved), True if not, None if its stamps cannot tell (it had changed
+        less than RACY_NS before it was opened: a write in the same clock tick leaves the same
+        ctime). A file renamed over its path meanwhile does not count: the one opened is read."""
+        if self.opened is None or self.fd < 0:
+            return False
+        if _stamp(os.fstat(self.fd)) != _stamp(self.opened):
+            return False
+        return True if self.opened.st_ctime_ns < self.opened_at_ns - RACY_NS else None
 
     def close(self) -> None:
         if self._map is not None:
@@ -90,12 +132,32 @@ class GGUFFile:
             except BufferError:
                 pass  # a caller still holds a view; the map closes when it is dropped
             self._map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def __enter__(self) -> "GGUFFile":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+_PAGE = mmap.PAGESIZE
+
+
+def _drop_pages(mapped: mmap.mmap, start: int, end: int) -> None:
+    """Let go of this process's pages of [start, end) of a read-only file map (advisory: where
+    madvise is missing or refuses, the pages stay until the map is closed)."""
+    first = start - start % _PAGE
+    try:
+        mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 class _Cursor:
@@ -211,21 +273,32 @@ def read_gguf(path: Path, tensor_nbytes=None) -> GGUFFile:
         raise NotFound(f"no such file: {path}") from err
     except OSError as err:
         raise InvalidInput(f"cannot read {path}: {err.strerror}") from err
-    with f:
+    try:
+        opened_at_ns = time.time_ns()
+        opened = os.fstat(f.fileno())
         size = f.seek(0, 2)
         if size < 24:
             raise InvalidInput(f"{path.name}: not a GGUF file (only {size} bytes)")
         mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    except BaseException:
+        f.close()
+        raise
     view = memoryview(mapped)
     try:
-        return _parse(path, mapped, view, size, tensor_nbytes)
+        parsed = _parse(path, mapped, view, size, tensor_nbytes)
     except BaseException:
         view.release()
+        f.close()
         try:
             mapped.close()
         except BufferError:
             pass  # an error's traceback still holds a view; the map closes when it is freed
         raise
+    # the header's pages (a 128k-token vocabulary: megabytes) are parsed into Python objects
+    _drop_pages(mapped, 0, parsed.data_start)
+    parsed.fd, parsed.opened, parsed.opened_at_ns = os.dup(f.fileno()), opened, opened_at_ns
+    f.close()
+    return parsed
 
 
 def _parse(path: Path, mapped: mmap.mmap, view: memoryview, size: int, tensor_nbytes) -> GGUFFile:

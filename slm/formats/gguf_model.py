@@ -57,6 +57,8 @@ def _source(g: GGUFFile) -> BaseSource:
             dtype=quant.by_ggml_type(t.ggml_type).name,
             nbytes=t.nbytes,
             stored_bytes=(lambda t=t: g.tensor_bytes(t)),
+            pieces=(lambda size, t=t: g.tensor_pieces(t, size)),
+            file_range=(lambda t=t: (g.fd, t.offset)),
         )
         for t in g.tensors
     ]
@@ -68,6 +70,7 @@ def _source(g: GGUFFile) -> BaseSource:
         tokenizer_doc=tokenizer_builder(g),
         tensors=tensors,
         closers=[g.close],
+        unchanged=g.unchanged_since_opened,
     )
 
 

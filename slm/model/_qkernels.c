@@ -23,6 +23,11 @@
  *                         rows of x, in register tiles
  *   qkernels/rows_q8.c    products, int8 path (opt-in): x quantized per 32 values, integer
  *                         dot products per block
+ *   qkernels/rows_q8k.c   the same for the K types Q4_K, Q5_K, Q6_K: integer dot products
+ *                         per 32 values of a super-block, unit scales applied in integers
+ *   qkernels/rows_q4x8.c  the same for Q4_0 rows repacked eight at a time: eight rows'
+ *                         products in one vector
+ *   qkernels/rows_q6kx8.c the same for Q6_K, and slm_pack, the entry point of the packed layouts
  *   qkernels/matmul.c     products over many weights: slm_matmul, slm_matmul_rows (one
  *                         parallel region, LoRA terms added in it), slm_dequantize
  *   qkernels/attention.c  attention: slm_attend_one (a decode step's query), slm_attend_causal
@@ -41,6 +46,9 @@
 #include "qkernels/blocks.h"
 #include "qkernels/rows.c"
 #include "qkernels/rows_q8.c"
+#include "qkernels/rows_q8k.c"
+#include "qkernels/rows_q4x8.c"
+#include "qkernels/rows_q6kx8.c"
 #include "qkernels/matmul.c"
 #include "qkernels/attention.c"
 #include "qkernels/ops.c"

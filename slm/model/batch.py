@@ -9,8 +9,8 @@ block runs per row, or on several rows with a kernel whose rows are independent.
 
 The rule that makes a batched answer identical to the same request run alone (greedy): every
 row goes through exactly the arithmetic the single-sequence forward pass (Decoder.forward with
-one token) gives it. So the step runs Decoder.block and Decoder.logits themselves, over a view
-of the batch (_Batch) that answers their questions row-wise; anything that is not provably
+one token) gives it. So the step runs the same slm.model.block functions a Decoder runs, over
+BatchRows, a second implementation of their Rows interface that answers row-wise; anything that is not provably
 row-independent (a weight type the fused kernel lacks, an IA3 input scale, overlays applied
 after the kernel, NumPy math) is computed one row at a time with the row's own model.
 """
@@ -21,9 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slm.model.decoder import ACTIVATION_KERNELS, Decoder, KVCache
+from slm.model import block
+from slm.model.block import ACTIVATION_KERNELS
+from slm.model.decoder import Config, Decoder, KVCache
 from slm.model.kernels import KernelArgumentError, holding
 from slm.model.mathops import rope_tables
+from slm.model.weights import QuantTensor
 
 
 @dataclass
@@ -66,7 +69,7 @@ def _decode_step(rows: list[Row], kernels) -> np.ndarray:
     x = steps[native[0]].run([(steps[i], rows[i].cache) for i in native], x, kernels.int8)  # (B', H), after the output norm
     for i in native:
         rows[i].cache.length += 1
-    logits = Decoder.logits(_Batch([rows[i] for i in native], kernels), x)  # (B', V)
+    logits = block.logits(BatchRows([rows[i] for i in native], kernels), x)  # (B', V)
     if len(native) == len(rows):
         return logits
     rest = [i for i in range(len(rows)) if i not in native]
@@ -84,9 +87,9 @@ def _embed(rows: list[Row]) -> np.ndarray:
 
 
 def _op_by_op(rows: list[Row], kernels) -> np.ndarray:
-    """Decoder.block and Decoder.logits over the batch view: each op on every row."""
+    """The block and the head (slm.model.block) over the batch's rows: each op on every row."""
     first = rows[0].model
-    batch = _Batch(rows, kernels)
+    batch = BatchRows(rows, kernels)
     cfg = first.cfg
     starts = [r.cache.length for r in rows]
     x = _embed(rows)
@@ -94,17 +97,17 @@ def _op_by_op(rows: list[Row], kernels) -> np.ndarray:
     for base in set(first.rope_bases):  # per row, as the single forward pass computes them
         pairs = [rope_tables(cfg.head_dim, base, np.arange(s, s + 1)) for s in starts]
         tables[base] = (np.concatenate([c for c, _ in pairs]), np.concatenate([s for _, s in pairs]))  # (B, hd/2)
-    cache = _BatchCache(rows, starts)
+    cache = BatchCache(rows, starts)
     for layer in range(cfg.num_layers):
-        x = Decoder.block(batch, layer, x, cache, None, *tables[first.rope_bases[layer]])
+        x = block.block(batch, layer, x, cache, None, *tables[first.rope_bases[layer]])
     for r in rows:
         r.cache.length += 1
     x = batch.kernels.rms_norm(x, first.vectors["output_norm.weight"], cfg.rms_norm_eps)
-    return Decoder.logits(batch, x)
+    return block.logits(batch, x)
 
 
-class _BatchCache:
-    """What Decoder.block asks of its cache, for every row: extend returns per-row lists."""
+class BatchCache:
+    """The BlockCache of a batch: every row's own KVCache; extend returns per-row lists."""
 
     def __init__(self, rows: list[Row], starts: list[int]):
         self.rows, self.starts = rows, starts
@@ -115,15 +118,22 @@ class _BatchCache:
         return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
 
 
-class _Batch:
-    """The attributes of a Decoder that Decoder.block and Decoder.logits read, for B rows."""
+class BatchRows:
+    """slm.model.block's Rows for B sequences of one position each (a Decoder is the other
+    implementation): the shared base's configuration and vectors, and kernels and linear
+    layers that give each row what its own Decoder would."""
+
+    cfg: Config
+    t: dict[str, QuantTensor]
+    vectors: dict[str, np.ndarray]
+    q_scale: np.float32 | None
 
     def __init__(self, rows: list[Row], kernels):
         first = rows[0].model
         self.rows = rows
         self.cfg, self.t, self.vectors, self.bias, self.q_scale = (first.cfg, first.t, first.vectors, first.bias,
                                                                     first.q_scale)
-        self.kernels = _RowKernels(kernels, rows)
+        self.kernels = RowKernels(kernels, rows)
 
     def linear(self, x: np.ndarray, name: str) -> np.ndarray:
         return self.linears(x, [name])[0]
@@ -162,7 +172,7 @@ class _Batch:
         return outs
 
 
-class _RowKernels:
+class RowKernels:
     """The kernel calls of a block for B rows: each call gets exactly the rows it would get in
     the single-sequence pass. The fused C kernels' row-wise functions (RMSNorm, RoPE, SwiGLU)
     take several sequences at once when each sequence is a short batch they take alone; NumPy
@@ -201,11 +211,11 @@ class _RowKernels:
         return self._by_sequence(self.base.geglu, gate, up, c_kernel=True)
 
     def matmul(self, x, w):
-        """The tied output head (Decoder.logits): no overlays."""
+        """The tied output head (block.logits): no overlays."""
         if self.takes([w]):
             return self.base.matmul_rows(x, [w], [[None] * x.shape[0]])[0]
         return np.concatenate([self.base.matmul(x[i:i + 1], w) for i in range(x.shape[0])])
 
 
 if not set(ACTIVATION_KERNELS.values()) <= {"swiglu", "geglu"}:
-    raise ImportError("slm.model.batch: a new activation needs a _RowKernels method")
+    raise ImportError("slm.model.batch: a new activation needs a RowKernels method")

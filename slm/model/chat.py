@@ -16,7 +16,7 @@ from functools import lru_cache
 from slm.errors import InvalidInput
 
 # Gemma 3's turn format, spelled our own way; it renders what Google's template renders for
-# text and image content (tests/test_chat.py compares the two): a system message opens the
+# text and image content (tests/real/test_chat.py compares the two): a system message opens the
 # first user turn, the assistant's role is "model", every content is trimmed.
 GEMMA3_TEMPLATE = r"""
 {%- macro content_text(content) -%}

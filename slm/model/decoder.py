@@ -1,7 +1,9 @@
 """A decoder forward pass in NumPy over quantized weights (float32 activations), for every
 family slm.arch describes (Llama, Gemma 3, Qwen2, Qwen3).
 
-Reads like the math: rms_norm, rope, attention, mlp, block. What differs between families
+Reads like the math: rms_norm, rope, attention, mlp; the block and the logits head are
+functions of the rows they run on (slm.model.block), a Decoder being one sequence's rows.
+What differs between families
 (norms after attention and MLP, q/k norms, biases, activation, embedding scale, sliding
 windows, RoPE bases) comes from the family's description (Config.desc), never from its name.
 Weights are QuantTensors named the GGUF way; every linear layer goes through `linears`, the one
@@ -21,14 +23,12 @@ import numpy as np
 
 from slm import arch as archs
 from slm.arch import Architecture
-from slm.model import mathops
+from slm.model import block, mathops
 from slm.model.kernels import default_kernels
 from slm.model.mathops import rope_tables
 from slm.model.overlays import combined_low_rank
 from slm.model.weights import QuantTensor
 
-# activation of the gated MLP -> the kernel-set method computing act(gate) * up
-ACTIVATION_KERNELS = {"silu": "swiglu", "gelu_tanh": "geglu"}
 
 
 class Overlay(Protocol):
@@ -254,53 +254,16 @@ class Decoder:
         if step is not None and step.takes(cache):  # every layer in one native call, same arithmetic
             x = step.run([(step, cache)], x)  # (1, H), after the output norm (its own RoPE tables)
             cache.length = start + 1
-            return self.logits(x)
+            return block.logits(self, x)
         positions = np.arange(start, start + T)
         tables = {base: rope_tables(cfg.head_dim, base, positions) for base in set(self.rope_bases)}  # (cos, sin)
         for layer in range(cfg.num_layers):
-            x = self.block(layer, x, cache, start, *tables[self.rope_bases[layer]])
+            x = block.block(self, layer, x, cache, start, *tables[self.rope_bases[layer]])
         cache.length = start + T
         if logits_for != "all":
             x = x[-1:]
         x = self.kernels.rms_norm(x, self.vectors["output_norm.weight"], cfg.rms_norm_eps)
-        return self.logits(x)
-
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        if "output.weight" in self.t:
-            y = self.linear(x, "output.weight")  # (T, V)
-        else:  # tied head: the embedding table doubles as the output projection
-            y = self.kernels.matmul(x, self.t["token_embd.weight"])
-        cap = self.cfg.final_logit_softcap
-        if cap:
-            y = np.tanh(y / np.float32(cap)) * np.float32(cap)
-        return y
-
-    def block(self, layer: int, x: np.ndarray, cache: KVCache, start: int,
-              cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        cfg, desc, kern = self.cfg, self.cfg.desc, self.kernels
-        p, eps = f"blk.{layer}.", cfg.rms_norm_eps
-        T, nh, nkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        h = kern.rms_norm(x, self.vectors[p + "attn_norm.weight"], eps)
-        q, k, v = self.linears(h, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
-        if desc.qk_norm:  # one RMSNorm per head: (T * heads, hd) rows
-            q = kern.rms_norm(q.reshape(T * nh, hd), self.vectors[p + "attn_q_norm.weight"], eps)
-            k = kern.rms_norm(k.reshape(T * nkv, hd), self.vectors[p + "attn_k_norm.weight"], eps)
-        q = kern.rope(q.reshape(T, nh, hd), cos, sin, cfg.qk_row_layout)
-        k = kern.rope(k.reshape(T, nkv, hd), cos, sin, cfg.qk_row_layout)
-        if self.q_scale is not None:
-            q *= self.q_scale
-        keys, values, first = cache.extend(layer, start, k, v.reshape(T, nkv, hd))
-        a = self.linear(self.attention(q, keys, values, first, cfg.window(layer)), p + "attn_output.weight")
-        if desc.post_norms:
-            a = kern.rms_norm(a, self.vectors[p + "post_attention_norm.weight"], eps)
-        x = x + a
-        h = kern.rms_norm(x, self.vectors[p + "ffn_norm.weight"], eps)
-        gate, up = self.linears(h, [p + "ffn_gate.weight", p + "ffn_up.weight"])  # (T, F) each
-        act = getattr(kern, ACTIVATION_KERNELS[desc.activation])
-        f = self.linear(act(gate, up), p + "ffn_down.weight")
-        if desc.post_norms:
-            f = kern.rms_norm(f, self.vectors[p + "post_ffw_norm.weight"], eps)
-        return x + f
+        return block.logits(self, x)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int, window: int = 0) -> np.ndarray:
         """Causal attention of q (T, nh, hd) at positions first.. over k, v (S, n_kv, hd),

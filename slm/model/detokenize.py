@@ -9,7 +9,7 @@ around punctuation), so TextStream decodes a window: the last CONTEXT tokens of 
 settled, then the new ones, and appends what the window gained over its settled head. Whenever
 the window's text does not begin with its head's (a character completed across the boundary,
 a space the decoder took back), it decodes the whole list instead: the text is then decode(ids)
-by definition. tests/test_tokenizer.py checks the two agree token by token on both real
+by definition. tests/real/test_tokenizer.py checks the two agree token by token on both real
 tokenizers (random ids, byte tokens, special tokens)."""
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ multiply them with BLAS, two chunks at a time on two threads.
 A weight reaches the C kernels by its codec's GGML type id (NF4, which has none, by slm's
 own), and the C side says which types it has: a type it has works as soon as slm.quant has a
 codec with that id; every other type (F32, F16, BF16, ...) takes the NumPy reference path
-(slm.model.kernels), which stays the ground truth: tests/test_kernels.py and
-tests/test_kernels_kquants.py differential-test the two on every type the C side has (1e-5
+(slm.model.kernels), which stays the ground truth: tests/unit/test_kernels.py and
+tests/unit/test_kernels_kquants.py differential-test the two on every type the C side has (1e-5
 relative). ctypes releases the GIL for every call, which is what lets the prefill threads
 overlap.
 """
@@ -38,6 +38,11 @@ OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T
 # and AVX2 builds and on both SmolLM2 and Gemma 3.
 FUSED_MAX_TOKENS = 32
 MAX_JOBS = 4  # SLM_MAX_JOBS in qkernels/matmul.c
+# In the int8 mode, inputs longer than FUSED_MAX_TOKENS (a prompt's chunks) still take the fused
+# kernel for these types, packed (T_Q4_0, T_Q4_1, T_Q4_K, T_Q6_K): over the dequantized BLAS product it
+# saves the dequantization and multiplies int8 (docs/perf-notes.md; Q6_K's about breaks even, and
+# BLAS would read the weight's own pages again, which the packed copy released: packed_copies).
+INT8_LONG_TYPES = (2, 3, 12, 14)
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
 # between the two threads: a split costs a thread dispatch, about 30k values' work, so each
 # half must be at least that to gain
@@ -49,7 +54,7 @@ class Job(ctypes.Structure):
 
     _fields_ = [("type", ctypes.c_int32), ("rank", ctypes.c_int32), ("data", ctypes.c_void_p),
                 ("rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("out", ctypes.c_void_p),
-                ("lora_a", ctypes.c_void_p), ("lora_bt", ctypes.c_void_p)]
+                ("lora_a", ctypes.c_void_p), ("lora_bt", ctypes.c_void_p), ("packed", ctypes.c_void_p)]
 
 
 class Term(ctypes.Structure):
@@ -77,6 +82,8 @@ def _load() -> ctypes.CDLL | None:
         "slm_matmul": (i32, [i32, p, p, i64, i64, i32]),
         "slm_matmul_rows": (i32, [i32, p, p, p, i64, i64, i32]),
         "slm_dequantize": (i32, [i32, p, i64, i64, i64, i64, p]),
+        "slm_pack": (i32, [i32, p, i64, i64, i64, p]),
+        "slm_packed_bytes": (i64, [i32, i64, i64, i64]),
         "slm_block_size": (i32, [i32, p, p]),
         "slm_threads": (i32, []),
         "slm_set_threads": (None, [i32]),
@@ -162,8 +169,8 @@ class NativeKernels(ReferenceKernels):
 
     def set_activations(self, mode: str) -> None:
         """"float32" (the default: every product in float32, within 1e-5 of the reference
-        kernels) or "int8": the input of every fused product over a 32-value block type (Q4_0,
-        Q4_1, Q5_0, Q5_1, Q8_0) quantized to int8 per 32 values and the block dot products
+        kernels) or "int8": the input of every fused product over a block type that takes it
+        (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) quantized to int8 per 32 values and the block dot products
         taken in integers, as llama.cpp does: faster decoding, logits that move (measured in
         docs/numerics.md). Opt-in."""
         if mode not in ACTIVATION_MODES:
@@ -190,17 +197,22 @@ class NativeKernels(ReferenceKernels):
         B^T (r, out)) float32 C-ordered, B already scaled."""
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)  # (T, in)
-        plan = self._plan(weights, low_rank)
-        if plan is None or x.shape[0] > FUSED_MAX_TOKENS:
-            return [self._long(x, w, term) for w, term in zip(weights, low_rank or [None] * len(weights))]
+        terms = low_rank or [None] * len(weights)
+        take = list(range(len(weights)))  # the weights the fused kernel takes
+        if x.shape[0] > FUSED_MAX_TOKENS:  # a prompt's chunk: BLAS, but INT8_LONG_TYPES in the int8 mode
+            take = [i for i in take if self.int8 and kernel_type(weights[i]) in INT8_LONG_TYPES]
+        plan = self._plan([weights[i] for i in take], [terms[i] for i in take]) if take else None
+        fused = dict(zip(take, self._fused(x, plan, weights[0].name))) if plan is not None else {}
+        return [fused[i] if i in fused else self._long(x, w, t) for i, (w, t) in enumerate(zip(weights, terms))]
+
+    def _fused(self, x: np.ndarray, plan: tuple, name: str) -> list[np.ndarray]:
         jobs, cols, rows = plan
-        check_width(x, cols, weights[0].name)
+        check_width(x, cols, name)
         tokens = x.shape[0]
         outs = [np.empty((tokens, r), dtype=np.float32) for r in rows]  # (T, out) each
         for job, out in zip(jobs, outs):
             job.out = _addr(out)
-        check_status(LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols, self.int8), "slm_matmul",
-                      weights[0].name)
+        check_status(LIB.slm_matmul(len(rows), jobs, _addr(x), tokens, cols, self.int8), "slm_matmul", name)
         return outs
 
     def matmul_rows(self, x: np.ndarray, weights: list[QuantTensor], row_terms: list[list]) -> list[np.ndarray]:
@@ -251,16 +263,20 @@ class NativeKernels(ReferenceKernels):
     def _plan(self, weights: list[QuantTensor], low_rank: list | None):
         """(job descriptors, input width, output widths) for these weights and terms, built
         once (only `out` changes per call); None when the fused kernel cannot take them."""
-        key = (*map(id, weights), *map(id, low_rank or ()))
+        from slm.model import packed_copies  # (it builds on this module)
+
+        key = (self.int8, *map(id, weights), *map(id, low_rank or ()))
         cached = self._jobs.get(key)
         if cached is not None:
             return cached[0]
         low_rank = low_rank or [None] * len(weights)
-        plan = None
+        plan, copies = None, []
         if len(weights) <= MAX_JOBS and all(supports(w) and w.cols == weights[0].cols for w in weights):
             jobs = (Job * len(weights))()
             for job, w, term in zip(jobs, weights, low_rank):
                 job.type, job.data = kernel_type(w), w.data.ctypes.data
+                copies.append(packed_copies.packed(w) if self.int8 else None)
+                job.packed = None if copies[-1] is None else copies[-1].ctypes.data
                 job.rows, job.row_bytes = w.rows, w.data.strides[0]
                 if term is not None:
                     a, b_t = term
@@ -270,7 +286,7 @@ class NativeKernels(ReferenceKernels):
                     job.rank, job.lora_a, job.lora_bt = a.shape[0], a.ctypes.data, b_t.ctypes.data
             plan = (jobs, weights[0].cols, tuple(w.rows for w in weights))
         # the arrays stay alive with the descriptors that point into them
-        self._jobs[key] = (plan, weights, low_rank)
+        self._jobs[key] = (plan, weights, low_rank, copies)
         return plan
 
     def map_parallel(self, fn, items: list) -> list:

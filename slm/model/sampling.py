@@ -21,11 +21,13 @@ def _real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def check_sampling(temperature, top_p, seed) -> None:
+def check_sampling(temperature, top_p, seed, max_temperature: float = math.inf) -> None:
     """Raise InvalidInput (one line naming the option) unless temperature is a finite number
-    >= 0, top_p a number in (0, 1] and seed an integer in [0, MAX_SEED]."""
-    if not (_real(temperature) and math.isfinite(temperature) and temperature >= 0):
-        raise InvalidInput(f"temperature must be a finite number >= 0, not {temperature!r}")
+    in [0, max_temperature] (the server takes OpenAI's range), top_p a number in (0, 1] and
+    seed an integer in [0, MAX_SEED]."""
+    if not (_real(temperature) and math.isfinite(temperature) and 0 <= temperature <= max_temperature):
+        bounds = "a finite number >= 0" if math.isinf(max_temperature) else f"between 0 and {max_temperature:g}"
+        raise InvalidInput(f"temperature must be {bounds}, not {temperature!r}")
     if not (_real(top_p) and 0 < top_p <= 1):
         raise InvalidInput(f"top_p must be a number in (0, 1], not {top_p!r}")
     if not (isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and 0 <= seed <= MAX_SEED):

@@ -1,11 +1,11 @@
 """The decode step in one native call: every layer of one token per sequence (slm_decode_step
 in qkernels/step.c), for one sequence (Decoder.forward) or a batch of them (slm.model.batch).
 
-The op-by-op path (Decoder.block over NativeKernels) crosses into C about ten times per layer
+The op-by-op path (slm.model.block over NativeKernels) crosses into C about ten times per layer
 and opens a parallel region per linear layer; this path crosses once per step and opens one
 region for all layers. It is the same arithmetic: each op inside is the C function the op path
 calls, on the same values, so a sequence's logits are bit for bit the op path's
-(tests/test_step.py checks it for every family and weight type).
+(tests/unit/test_step.py checks it for every family and weight type).
 
 It takes a composition whose every linear layer the fused kernel has and whose overlays are
 plain LoRA (fused as low-rank terms); anything else (an IA3 scale, a sparse delta, a weight
@@ -23,6 +23,7 @@ import threading
 import numpy as np
 
 from slm.model import kernels_native as kn
+from slm.model import packed_copies
 from slm.model.mathops import rope_tables
 
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # P_Q .. P_DOWN
@@ -36,7 +37,8 @@ _p, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 class Linear(ctypes.Structure):
     """slm_linear: one base weight and its bias."""
 
-    _fields_ = [("type", _i32), ("pad", _i32), ("data", _p), ("rows", _i64), ("row_bytes", _i64), ("bias", _p)]
+    _fields_ = [("type", _i32), ("pad", _i32), ("data", _p), ("rows", _i64), ("row_bytes", _i64), ("bias", _p),
+                ("packed", _p)]
 
 
 class Layer(ctypes.Structure):
@@ -102,6 +104,7 @@ class NativeStep:
             layer.window = cfg.window(i)
             layer.table = int(cfg.layer_types[i] == "sliding_attention")
         self.layers = layers
+        self.packed = False  # whether the int8 mode's packed rows are in the descriptor (_pack)
         self.desc = Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                           cfg.intermediate_size, ACTIVATIONS[cfg.desc.activation], cfg.qk_row_layout == "gguf",
                           cfg.rms_norm_eps, 1.0 if model.q_scale is None else float(model.q_scale),
@@ -116,9 +119,20 @@ class NativeStep:
         sliding = any(t == "sliding_attention" for t in cfg.layer_types)
         self.bases = (cfg.rope_theta, cfg.rope_theta_local) if sliding else (cfg.rope_theta,)
 
+    def _pack(self) -> None:
+        """Points the descriptor at the int8 mode's packed rows (packed_copies.packed: built on the
+        first int8 step, the same copies the op path reads)."""
+        for i, layer in enumerate(self.layers):
+            for j, role in enumerate(PROJECTIONS):
+                pk = packed_copies.packed(self.model.t[f"blk.{i}.{role}.weight"])
+                if pk is not None:
+                    self.keep.append(pk)
+                    layer.w[j].packed = pk.ctypes.data
+        self.packed = True
+
     @staticmethod
     def _norms(desc) -> list[str]:
-        """The norms of a block of this family, as Decoder.block reads them."""
+        """The norms of a block of this family, as slm.model.block reads them."""
         return ["attn_norm", "ffn_norm", *(["attn_q_norm", "attn_k_norm"] if desc.qk_norm else []),
                 *(["post_attention_norm", "post_ffw_norm"] if desc.post_norms else [])]
 
@@ -177,6 +191,8 @@ class NativeStep:
                           ctypes.addressof(view.slots), ctypes.addressof(step.terms),
                           rope.ctypes.data + i * rope.strides[0])
         self.desc.int8 = self.model.kernels.int8 if int8 is None else int8
+        if self.desc.int8 and not self.packed:
+            self._pack()
         work = _work(kn.LIB.slm_step_work_bytes(ctypes.byref(self.desc), B, rows))
         status = kn.LIB.slm_decode_step(ctypes.byref(self.desc), B, rows, x.ctypes.data, out.ctypes.data,
                                         work.ctypes.data, work.nbytes)

@@ -9,7 +9,7 @@ decode(ids, special) -> text):
     Hugging Face tokenizer.json             what the file says               HFCodec (HF tokenizers)
 
 A GGUF vocabulary gives the same ids as llama.cpp (src/llama-vocab.cpp) on the same file; that is
-what tests/test_tokenizer_corpus.py checks. Two llama.cpp rules hold for both GGUF kinds:
+what tests/real/test_tokenizer_corpus.py checks. Two llama.cpp rules hold for both GGUF kinds:
   - control, unknown and user-defined tokens are cut out of the text before the merges (control
     and unknown ones only when parsing special tokens); decoding drops control and unknown ones;
   - generation ends at EOS, at the EOT/EOM/FIM ids the file names and at tokens whose text
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+from array import array
 import re
 import threading
 from dataclasses import dataclass, field
@@ -81,13 +82,35 @@ class HFCodec:
 
     def encode(self, text: str, parse_special: bool) -> list[int]:
         with self._lock:
+            if self.tokenizer is None:
+                raise RuntimeError("this tokenizer's encoder was released (a bug: encode after release_encoder)")
             self.tokenizer.encode_special_tokens = not parse_special
             # encode_batch, not encode: the same ids, but it lets go of the GIL while it works,
             # so a long text does not stall the process's other threads (the server's event loop)
             return self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: list[int], special: bool) -> str:
+        if self._pieces is not None:
+            return self._pieces.decode(ids, special)
         return self.tokenizer.decode(ids, skip_special_tokens=not special)
+
+    _pieces: "ByteLevelPieces | None" = None  # set by release_encoder
+
+    def release_encoder(self) -> bool:
+        """Keep only what decoding needs: each token's bytes (ByteLevelPieces), not the Rust
+        tokenizer (its vocabulary, merges and special-token tables: 57 MiB for a 128k-token GGUF
+        vocabulary, beside weights of 0.7 GB at 1B). For a caller that encodes once and then only
+        decodes (`slm run`). Only a byte-level vocabulary whose added tokens are all special is
+        decoded this way (ByteLevelPieces says why); False, and nothing released, otherwise."""
+        with self._lock:
+            if self.tokenizer is None:
+                return True
+            pieces = ByteLevelPieces.of(self.tokenizer)
+            if pieces is None:
+                return False
+            self._pieces, self.tokenizer = pieces, None
+            self.__dict__.pop("_special_pattern", None)
+        return True
 
     def control_texts(self) -> list[str]:
         return [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special and t.content]
@@ -123,6 +146,59 @@ class HFCodec:
             alternatives.append((r"\s*" if t.lstrip else "") + f"(?P<t{k}>{re.escape(t.content)})"
                                 + (r"\s*" if t.rstrip else ""))
         return re.compile("|".join(alternatives)), ids
+
+
+class ByteLevelPieces:
+    """Hugging Face's decode of a byte-level BPE tokenizer (GGUF `gpt2`) without the tokenizer:
+    each token's text mapped back to bytes by GPT-2's byte alphabet (a text with a character
+    outside it, such as an added token's, stands for its own UTF-8 bytes, as the ByteLevel
+    decoder does), special added tokens dropped unless asked for, the bytes decoded as UTF-8
+    with U+FFFD for what is not (Rust's from_utf8_lossy). Only for vocabularies whose added
+    tokens are all special: tests/cli/test_scale.py checks it against the tokenizer's own decode.
+    Kept compact (one bytes object, an offset and a flag per token: ~2 MB at 128k tokens), not
+    as an object per token, whose 128k small allocations would pin the freed heap around them."""
+
+    def __init__(self, blob: bytes, offsets: array, special: bytearray):
+        self.blob, self.offsets, self.special = memoryview(blob), offsets, special
+
+    @classmethod
+    def of(cls, tok: Tokenizer) -> "ByteLevelPieces | None":
+        if type(tok.decoder) is not decoders.ByteLevel or tok.normalizer is not None:
+            return None
+        added = tok.get_added_tokens_decoder()
+        if not all(t.special for t in added.values()):
+            return None
+        char_byte = {token_bytes._byte_level_char(b): b for b in range(256)}
+
+        def piece(text: str) -> bytes:
+            try:
+                return bytes([char_byte[c] for c in text])
+            except KeyError:
+                return text.encode("utf-8", "surrogatepass")
+
+        by_id = tok.get_vocab(with_added_tokens=True)
+        n = max(by_id.values(), default=-1) + 1
+        pieces = [b""] * n
+        for text, token in by_id.items():
+            pieces[token] = piece(text)
+        offsets = array("Q", [0])
+        for p in pieces:
+            offsets.append(offsets[-1] + len(p))
+        special = bytearray(n)
+        for token in added:
+            if 0 <= token < n:
+                special[token] = 1
+        return cls(b"".join(pieces), offsets, special)
+
+    def decode(self, ids: list[int], special: bool) -> str:
+        blob, offsets, skip = self.blob, self.offsets, self.special
+        n = len(skip)  # (an id past the vocabulary, which a padded output row may give, is
+        # skipped, as the tokenizer skips an id it has no token for)
+        out = bytearray()
+        for i in ids:
+            if 0 <= i < n and (special or not skip[i]):
+                out += blob[offsets[i]:offsets[i + 1]]
+        return out.decode("utf-8", "replace")
 
 
 @dataclass
@@ -184,6 +260,18 @@ class TextTokenizer:
 
     def decode(self, ids: list[int], *, special: bool = False) -> str:
         return self.codec.decode(ids, special)
+
+    def release_encoder(self) -> bool:
+        """Free what only encoding needs, for a caller done encoding (HFCodec.release_encoder),
+        and give the memory back to the kernel; False if this vocabulary keeps it (decode stays
+        the same either way). encode after a release that returned True is a bug."""
+        release = getattr(self.codec, "release_encoder", None)
+        if release is None or not release():
+            return False
+        from slm.model.allocator import release_freed_memory
+
+        release_freed_memory()
+        return True
 
 
 def _check_text(text: str) -> None:

@@ -35,6 +35,7 @@ from slm.ops.resolve import load_base
 from slm.quant import get_codec
 from slm.ops.results import ImportResult
 from slm.store import StoreDir, fs
+from slm.store import digest as dg
 
 
 def open_base_source(path: Path, quant: str | None) -> BaseSource:
@@ -115,14 +116,20 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
     try:
         progress.start("importing tensors", sum(t.nbytes for t in tensors))
         records = []
-        for t, (data, finite) in zip(tensors, _prefetched(checker, _checked, tensors)):
-            if len(data) != t.nbytes:
-                raise InvalidInput(f"tensor {t.name}: {len(data)} bytes, expected {t.nbytes}")
+        for t, (data, size, finite) in zip(tensors, _prefetched(checker, _checked, tensors)):
+            if size != t.nbytes:
+                raise InvalidInput(f"tensor {t.name}: {size} bytes, expected {t.nbytes}")
             if not finite:
                 raise InvalidInput(f"tensor {t.name} holds values that are not finite (NaN or inf)")
-            records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, staging.put(data)))
+            if isinstance(data, str):  # streamed: hashed in pieces, copied by the kernel
+                fd, offset = t.file_range()
+                digest = staging.put_range(data, fs.FileRange(fd, offset, size))
+            else:
+                digest = staging.put(data)
+            records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, digest))
             progress.advance(t.nbytes)
         progress.finish()
+        _check_source_unchanged(source, staging)
         manifest = BaseManifest(
             source_format=source.format,
             quant_profile=source.quant_profile,
@@ -151,13 +158,44 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
 
 
 PREFETCH = 2
+# the most bytes of a source file an import holds at once per tensor in flight (PREFETCH + 1):
+# a GGUF is read in pieces of this size, each let go of before the next (docs/perf-notes.md)
+PIECE_BYTES = 16 << 20
 
 
-def _checked(t) -> tuple[bytes | memoryview, bool]:
-    """A source tensor's bytes as they will be stored, and whether they are all finite values
-    (a tensor of the wrong size is left to the size check, which names it)."""
-    data = t.stored_bytes()
-    return data, len(data) != t.nbytes or get_codec(t.dtype).all_finite(data, t.shape)
+def _checked(t) -> tuple[bytes | memoryview | str, int, bool]:
+    """(what to stage, its size, whether its values are all finite) for a source tensor (a
+    tensor of the wrong size is left to the size check, which names it). What to stage: the
+    bytes as they will be stored, or for a tensor stored byte for byte from a file (GGUF) their
+    digest, the bytes read in pieces of at most PIECE_BYTES (never held whole: the file is then
+    copied by the kernel, `_store_base`)."""
+    if t.pieces is None or t.file_range is None:
+        data = t.stored_bytes()
+        return data, len(data), len(data) != t.nbytes or get_codec(t.dtype).all_finite(data, t.shape)
+    codec = get_codec(t.dtype)
+    piece_bytes = max(1, PIECE_BYTES // codec.type_size) * codec.type_size  # whole blocks
+    hasher, size, finite = dg.hasher(), 0, True
+    for piece in t.pieces(piece_bytes):
+        size += len(piece)
+        hasher.update(piece)
+        if finite and len(piece) % codec.type_size == 0:
+            finite = codec.all_finite(piece, (len(piece) // codec.type_size * codec.block_size,))
+    return dg.PREFIX + hasher.hexdigest(), size, finite
+
+
+def _check_source_unchanged(source: BaseSource, staging) -> None:
+    """A tensor streamed from its file was hashed, then copied: once the copies are written,
+    the file must still hold what was hashed, or what was staged may not be what its digest
+    names. Written since it was opened: refused. Not provably unchanged (it changed just
+    before it was opened): staged, but not recorded as verified (the first activation
+    re-hashes it, as it re-hashes any blob it has no record of)."""
+    staging.flush()
+    unchanged = source.unchanged()
+    if unchanged is False:
+        raise InvalidInput("the file was written to while it was imported; nothing was stored "
+                           "(import it again once it is complete)")
+    if unchanged:
+        staging.copies_checked()
 
 
 def _prefetched(pool: ThreadPoolExecutor, fn, items: list):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slm.compose.composition import Composition
+from slm.model.allocator import release_freed_memory
 from slm.model.decoder import Config, Decoder
 from slm.model.tokenizer import TextTokenizer, load_tokenizer
 from slm.model.weights import load_tensors
@@ -37,7 +38,14 @@ def load_composition(store: StoreDir, comp: Composition, verify: bool = True) ->
     tokenizer = load_tokenizer(store.objects.read_verified(base.tokenizer_digest))
     tensors = load_tensors(base.tensors, store.objects.map)
     cfg = Config.from_architecture(base.architecture, base.qk_row_layout)
-    return Loaded(comp, staged, Decoder(cfg, tensors, overlays=staged.overlays), tokenizer)
+    loaded = Loaded(comp, staged, Decoder(cfg, tensors, overlays=staged.overlays), tokenizer)
+    # Building a tokenizer parses its vocabulary into Python objects and hands it to the Rust
+    # library, then frees the Python side: at 128k tokens tens of MB that the C heap keeps
+    # (slm run asks it to keep freed blocks for prompts: slm.model.allocator) and nothing reuses.
+    # Given back before the weights' pages come in: peak RSS is the mapped file plus what is
+    # live, not plus what the loading left behind (docs/perf-notes.md, issue 35).
+    release_freed_memory()
+    return loaded
 
 
 def load_base_model(store: StoreDir, ref: str, verify: bool = True) -> Loaded:

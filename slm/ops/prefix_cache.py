@@ -1,8 +1,14 @@
-"""Prompt KV cache under .slm/cache/prefix/<composition id>/<key>.npz.
+"""The prompt cache on disk (slm.model.prompt_cache's interface): .slm/cache/prefix/<composition
+id>/<key>.npz, within a byte budget for the whole store (`[cache] prompt_bytes` in config.toml).
 
 The key is (composition id, prompt token ids): an entry made under one composition is never
 looked up under another, so a switch can never serve stale state. Entries are derived data:
 a damaged or mismatched one is treated as a miss, and the whole folder is safe to delete.
+
+A prompt's keys and values grow with the model and the prompt (an 8B-shaped model's long prompt
+takes gigabytes), so the cache keeps the newest entries of every composition together within
+the budget: an entry larger than the budget is not written at all, and after each write the
+oldest entries go until the total fits.
 """
 
 from __future__ import annotations
@@ -13,29 +19,50 @@ from pathlib import Path
 
 import numpy as np
 
-from slm.errors import IOFailure
+from slm.compose.memory import parse_size
+from slm.errors import IOFailure, InvalidInput
 from slm.model.decoder import KVCache
 from slm.store import digest as dg
 from slm.store import fs
 
-MAX_ENTRIES = 64  # per composition; the oldest are dropped first
+DEFAULT_PROMPT_BYTES = 1 << 30  # `[cache] prompt_bytes` when config.toml does not set it
 
 
-class PrefixCache:
-    def __init__(self, cache_root: Path, comp_id: str):
-        self.dir = cache_root / "prefix" / dg.hex_of(comp_id)
-        self.comp_id = comp_id
+def budget_of(config: dict) -> int:
+    """`[cache] prompt_bytes` of a store's config (a size: "512M", "1G", or a number of bytes;
+    0 keeps nothing), else DEFAULT_PROMPT_BYTES. InvalidInput (exit 4) for anything else."""
+    table = config.get("cache", {})
+    value = table.get("prompt_bytes") if isinstance(table, dict) else None
+    if value is None:
+        return DEFAULT_PROMPT_BYTES
+    try:
+        size = parse_size(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else -1
+    except InvalidInput:
+        size = -1
+    if size < 0:
+        raise InvalidInput(f'config.toml: cache.prompt_bytes must be a size such as "512M" or "1G" '
+                           f"(or a number of bytes >= 0), not {value!r}")
+    return size
 
-    def _path(self, tokens: list[int]) -> Path:
+
+class DiskPromptCache:
+    """slm.model.prompt_cache.PromptCache on disk: every composition's entries under
+    cache_root/prefix, `max_bytes` of them together at most."""
+
+    def __init__(self, cache_root: Path, max_bytes: int = DEFAULT_PROMPT_BYTES):
+        self.root = cache_root / "prefix"
+        self.max_bytes = max_bytes
+
+    def _path(self, comp_id: str, tokens: list[int]) -> Path:
         key = dg.of_bytes(np.asarray(tokens, dtype="<i8").tobytes())
-        return self.dir / f"{dg.hex_of(key)}.npz"
+        return self.root / dg.hex_of(comp_id) / f"{dg.hex_of(key)}.npz"
 
-    def get(self, tokens: list[int], cache: KVCache) -> np.ndarray | None:
+    def get(self, comp_id: str, tokens: list[int], cache: KVCache) -> np.ndarray | None:
         """Fill `cache` with the prompt's keys/values and return its last logits, or None."""
-        path = self._path(tokens)
+        path = self._path(comp_id, tokens)
         try:
             with np.load(path, allow_pickle=False) as entry:
-                if str(entry["composition"]) != self.comp_id or entry["tokens"].tolist() != list(tokens):
+                if str(entry["composition"]) != comp_id or entry["tokens"].tolist() != list(tokens):
                     return None
                 state = {name: entry[name] for name in entry.files if name[0] in "kv"}
                 logits = entry["logits"]
@@ -45,27 +72,39 @@ class PrefixCache:
             return None
         return logits if cache.restore(state, len(tokens)) else None
 
-    def put(self, tokens: list[int], cache: KVCache, logits: np.ndarray) -> None:
-        """Store an entry, through the fs layer like every store write; a cache that cannot be
-        written (IOFailure: read-only store, disk full) is only a missed speed-up."""
+    def put(self, comp_id: str, tokens: list[int], cache: KVCache, logits: np.ndarray) -> None:
+        """Store an entry, through the fs layer like every store write; an entry over the
+        budget is not written, and a cache that cannot be written (IOFailure: read-only store,
+        disk full) is only a missed speed-up."""
         buf = io.BytesIO()
-        np.savez(buf, composition=np.str_(self.comp_id), tokens=np.asarray(tokens, dtype=np.int64),
+        np.savez(buf, composition=np.str_(comp_id), tokens=np.asarray(tokens, dtype=np.int64),
                  logits=logits, **cache.state())  # k0, v0, k1, ...: each layer's kept positions
+        data = buf.getvalue()
+        if len(data) > self.max_bytes:
+            return
+        path = self._path(comp_id, tokens)
         try:
-            for folder in (self.dir.parent.parent, self.dir.parent, self.dir):  # cache/prefix/<id>
+            for folder in (self.root.parent, self.root, path.parent):  # cache/prefix/<id>
                 fs.mkdir(folder)
-            fs.atomic_replace(self._path(tokens), buf.getvalue())
-            self._trim()
+            fs.atomic_replace(path, data)
+            self._trim(keep=path)
         except IOFailure:
             pass
 
-    def _trim(self) -> None:
-        """Drop the oldest entries beyond MAX_ENTRIES (one removed meanwhile is skipped)."""
+    def _trim(self, keep: Path) -> None:
+        """Drop the oldest entries, of any composition, until the total fits the budget (one
+        removed meanwhile is skipped; the entry just written is the newest, kept)."""
         entries = []
-        for path in self.dir.glob("*.npz"):
+        for path in self.root.glob("*/*.npz"):
             try:
-                entries.append((path.stat().st_mtime, path))
+                stat = path.stat()
             except FileNotFoundError:
                 continue
-        for _, old in sorted(entries)[:-MAX_ENTRIES]:
-            fs.unlink(old)
+            entries.append((stat.st_mtime_ns, stat.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, old in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if old != keep:
+                fs.unlink(old)
+                total -= size

@@ -11,13 +11,13 @@ import numpy as np
 
 from slm.errors import InvalidInput, SlmError
 from slm.model.chat import chat_prompt_ids
-from slm.model.detokenize import TextStream
 from slm.model.generate import generate
 from slm.model.sampling import Sampler, check_sampling
+from slm.model.stops import SWITCHED
 from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.ops.results import CompositionInfo, Generation, Timings
-from slm.ops.prefix_cache import PrefixCache
+from slm.ops.prefix_cache import DiskPromptCache, budget_of
 from slm.store import StoreDir, outputs
 
 
@@ -65,14 +65,19 @@ def _check_options(o: RunOptions) -> None:
         raise InvalidInput(f"max_tokens must be an integer >= 0, not {o.max_tokens!r}")
     if o.on_switch not in ("stop", "finish"):
         raise InvalidInput("--on-switch must be 'stop' or 'finish'")
-    if o.threads is not None and not (_whole(o.threads) and 1 <= o.threads <= MAX_THREADS):
-        raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
+    check_threads(o.threads)
     check_activations(o.activations)
 
 
 def _whole(value) -> bool:
     """An integer, not a bool (True is an Integral) nor a float."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_threads(threads: int | None) -> None:
+    """The kernels' thread count: None (every core) or a whole number in [1, MAX_THREADS]."""
+    if threads is not None and not (_whole(threads) and 1 <= threads <= MAX_THREADS):
+        raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
 
 
 def check_activations(mode: str) -> None:
@@ -126,7 +131,8 @@ def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -
     # Generation is pinned to the composition it started on. When running the active one,
     # each token boundary checks refs/active; a switch stops generation unless told to finish.
     watch = o.base is None and o.on_switch == "stop"
-    result, logits = generate_on(store, loaded, o, on_text, keep_logits=out_file is not None, watch=watch)
+    result, logits = generate_on(store, loaded, o, on_text, keep_logits=out_file is not None, watch=watch,
+                                 encode_once=True)
     if out_file:
         out_file.commit(logits)
         result = replace(result, logits_out=str(o.logits_out))
@@ -134,12 +140,13 @@ def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -
 
 
 def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, keep_logits: bool = False,
-                watch: bool = False) -> tuple[Generation, np.ndarray | None]:
+                watch: bool = False, encode_once: bool = False) -> tuple[Generation, np.ndarray | None]:
     """Generate on a loaded composition: `slm run` and the API's sessions share this.
 
     Returns the result and, with keep_logits, the float32 logits (positions x vocab) of every
     prompt and generated position. watch: stop at a token boundary once refs/active no longer
-    names this composition.
+    names this composition. encode_once: `loaded` serves this generation only (slm run), so its
+    tokenizer keeps only what decoding needs once the prompt is encoded (release_encoder).
     """
     _check_options(o)
     tok, model = loaded.tokenizer, loaded.model
@@ -153,6 +160,8 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         prompt_ids = tok.encode(o.prompt)
     if not prompt_ids:
         raise InvalidInput("the prompt encodes to no tokens")
+    if encode_once:  # (a one-shot run: its tokenizer only decodes from here on; issue 35)
+        tok.release_encoder()
     context = model.cfg.context_length
     if len(prompt_ids) >= context:
         raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}")
@@ -160,16 +169,14 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=keep_logits)
     budget.check(est, budget.resolve(store, o.memory_budget), "this run")
 
-    streamed = _Streamer(tok.decode, on_text)
+    prompt_cache = DiskPromptCache(store.path("cache"), budget_of(store.config))
 
     def on_token(token: int) -> str | None:
-        streamed.push(token)
-        return "switched" if watch and _switched(store, loaded.id) else None
+        return SWITCHED if watch and _switched(store, loaded.id) else None
 
     gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
                    tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
-                   prefix_cache=PrefixCache(store.path("cache"), loaded.id))
-    streamed.flush()
+                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text)
     comp = loaded.composition
     result = Generation(
         composition=loaded.id,
@@ -193,25 +200,3 @@ def _switched(store: StoreDir, pinned: str) -> bool:
         return store.active_ref.read() != pinned
     except SlmError:  # a ref we cannot read (damaged, replaced) is not the one we pinned
         return True
-
-
-class _Streamer:
-    """Turns token ids into text pieces as soon as they decode to whole characters."""
-
-    def __init__(self, decode: Callable[[list[int]], str], sink: Callable[[str], None] | None):
-        self.stream, self.sink = TextStream(decode), sink
-        self.emitted = 0
-
-    def push(self, token: int) -> None:
-        text = self.stream.push(token)
-        if text.endswith("\ufffd"):
-            return  # an incomplete UTF-8 sequence: wait for the next token
-        self._emit(text)
-
-    def flush(self) -> None:
-        self._emit(self.stream.text)
-
-    def _emit(self, text: str) -> None:
-        if self.sink and len(text) > self.emitted:
-            self.sink(text[self.emitted:])
-        self.emitted = max(self.emitted, len(text))

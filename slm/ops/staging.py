@@ -59,3 +59,8 @@ class StagedCompositions:
             loaded = self._stage(comp_id)
             self.active = loaded  # the swap: one reference assignment
             return loaded
+
+    def compositions(self) -> list[Composition]:
+        """The staged compositions, least recently used first (read as one step)."""
+        with self._lock:
+            return [loaded.composition for loaded in self.staged.values()]

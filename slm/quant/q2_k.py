@@ -38,6 +38,8 @@ class Q2_K(DecodeOnlyCodec):
     ggml_type = 10
     block_size = QK_K
     type_size = 84
+    block_dtype = BLOCK
+    scale_fields = ("d", "dmin")
 
     def _decode_blocks(self, raw: np.ndarray, out: np.ndarray) -> None:
         block = raw.view(BLOCK)  # (k,) zero-copy

@@ -47,6 +47,8 @@ class Q3_K(DecodeOnlyCodec):
     ggml_type = 11
     block_size = QK_K
     type_size = 110
+    block_dtype = BLOCK
+    scale_fields = ("d",)
 
     def _decode_blocks(self, raw: np.ndarray, out: np.ndarray) -> None:
         block = raw.view(BLOCK)  # (k,) zero-copy

@@ -107,6 +107,8 @@ class Q4_K(Codec):
     ggml_type = 12
     block_size = QK_K
     type_size = 144
+    block_dtype = BLOCK
+    scale_fields = ("d", "dmin")
 
     def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:
         k = x.shape[0]

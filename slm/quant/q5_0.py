@@ -44,6 +44,8 @@ class Q5_0(Codec):
     ggml_type = 6
     block_size = 32
     type_size = 22
+    block_dtype = BLOCK
+    scale_fields = ("d",)
 
     def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:
         k = x.shape[0]

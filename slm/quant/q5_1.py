@@ -29,6 +29,8 @@ class Q5_1(Codec):
     ggml_type = 7
     block_size = 32
     type_size = 24
+    block_dtype = BLOCK
+    scale_fields = ("d", "m")
 
     def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:
         lo = x.min(axis=1)  # (k,)

@@ -32,6 +32,8 @@ class Q5_K(DecodeOnlyCodec):
     ggml_type = 13
     block_size = QK_K
     type_size = 176
+    block_dtype = BLOCK
+    scale_fields = ("d", "dmin")
 
     def _decode_blocks(self, raw: np.ndarray, out: np.ndarray) -> None:
         block = raw.view(BLOCK)  # (k,) zero-copy

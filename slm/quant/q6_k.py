@@ -39,6 +39,8 @@ class Q6_K(Codec):
     ggml_type = 14
     block_size = QK_K
     type_size = 210
+    block_dtype = BLOCK
+    scale_fields = ("d",)
 
     def _encode_blocks(self, x: np.ndarray, out: np.ndarray) -> None:
         k = x.shape[0]

@@ -1,5 +1,5 @@
 """The HTTP face of the server (Starlette on uvicorn): handlers translate HTTP <-> the catalog
-and the engine, nothing more.
+and the scheduler, nothing more.
 
 Every response carries an `slm-composition` header: the composition a generation ran on,
 else the one active in the server. Errors are {"error": {"message": one line, ...}} with a
@@ -16,7 +16,7 @@ import json
 import sys
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -25,33 +25,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from slm.errors import ExitCode, SlmError
+from slm import SlmError
 from slm.server import protocol
 from slm.server.catalog import Catalog
-from slm.server.engine import Engine
 from slm.server.metrics import CONTENT_TYPE_LATEST, Metrics
 from slm.server.protocol import BadRequest
+
+if TYPE_CHECKING:
+    from slm.api import Scheduler
 
 DEFAULT_BODY_LIMIT = 1 << 20  # 1 MiB: a long prompt fits many times over
 DISCARD_LIMIT = 64 << 20  # an oversized body up to this is read and dropped before the 413
 HEADER = "slm-composition"
 PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (well under a millisecond)
 
-# SlmError exit codes -> HTTP: the client named or sent something wrong (4xx) vs. the store or
-# the machine failing under a good request (5xx)
-STATUS_OF_CODE = {ExitCode.NOT_FOUND: 400, ExitCode.INVALID_INPUT: 400, ExitCode.INCOMPATIBLE: 400,
-                  ExitCode.BUDGET: 400, ExitCode.USAGE: 400, ExitCode.NUMERICS: 422, ExitCode.BUSY: 503}
-
-
 def error_response(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
                    headers: dict | None = None, comp: str | None = None) -> JSONResponse:
     h = {HEADER: comp or "", **(headers or {})}
     return JSONResponse(protocol.error_body(message, kind, code), status_code=status, headers=h)
-
-
-def from_slm_error(err: SlmError) -> BadRequest:
-    status = STATUS_OF_CODE.get(err.code, 500)
-    return BadRequest(str(err), status=status, kind="invalid_request_error" if status < 500 else "server_error")
 
 
 class Guard:
@@ -130,7 +121,7 @@ class Guard:
 KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics"}
 
 
-def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: str | None = None,
+def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_key: str | None = None,
               body_limit: int = DEFAULT_BODY_LIMIT, log: Callable[[str], None] = print):
     def active_id() -> str | None:
         active = catalog.active
@@ -149,15 +140,15 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
         try:
             body = await read_body(request)
             loop = asyncio.get_running_loop()
-            # a large body is parsed on the engine's one preparing thread: the event loop keeps
+            # a large body is parsed on the scheduler's one preparing thread: the event loop keeps
             # answering meanwhile, and it competes for the GIL with one such thread, not many
             doc = protocol.parse_body(body) if len(body) < PARSE_INLINE_BYTES else \
-                await loop.run_in_executor(engine.preparing, protocol.parse_body, body)
+                await loop.run_in_executor(scheduler.preparing, protocol.parse_body, body)
             req = protocol.parse_request(doc, chat)
             events: asyncio.Queue = asyncio.Queue()
-            pieces: list[str] = []  # a whole answer's text, gathered on the engine thread
+            pieces: list[str] = []  # a whole answer's text, gathered on the scheduler's thread
 
-            def sink(event: tuple) -> None:  # called on the engine thread
+            def sink(event: tuple) -> None:  # called on the scheduler's thread
                 if event[0] == "text" and not req.stream:
                     # kept until the end: no wake-up of the event loop a token (on two cores
                     # each one takes CPU from the decode step); read after "done" comes
@@ -170,12 +161,13 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
 
             try:
                 loaded = await run_in_threadpool(catalog.resolve, req.model)
-                # tokenized on the engine's preparing thread (engine.prepare checks the length
+                # tokenized on the scheduler's preparing thread (its prepare checks the length
                 # first: a prompt too long for the context by its bytes alone is not tokenized)
-                job = await loop.run_in_executor(engine.preparing, engine.prepare, loaded, req, sink)
+                job = await loop.run_in_executor(scheduler.preparing, scheduler.prepare, loaded, req.generation(),
+                                                 sink)
+                scheduler.submit(job)
             except SlmError as err:
-                raise from_slm_error(err) from err
-            engine.submit(job)
+                raise protocol.http_error(err) from err
         except BadRequest as err:
             return error_response(err.status, err.message, err.kind, headers=err.headers, comp=active_id())
         comp, model = job.loaded.id, req.model or "active"
@@ -194,13 +186,14 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
                         return Response(status_code=499, headers=headers)
                     continue
                 except asyncio.CancelledError:
-                    # the server's shutdown cancelled this handler before the engine closed the
-                    # request (it should not: the engine stops first): still the 503 of a
+                    # the server's shutdown cancelled this handler before the scheduler closed the
+                    # request (it should not: the scheduler stops first): still the 503 of a
                     # request cut by the shutdown, not uvicorn's plain-text 500
                     return error_response(503, "the server is shutting down; the request was cancelled",
                                           "unavailable", comp=comp)
                 if event[0] == "error":
-                    return error_response(event[1], event[2], comp=comp)
+                    failed = protocol.http_error(event[1])
+                    return error_response(failed.status, failed.message, failed.kind, comp=comp)
                 else:
                     _, reason, n_prompt, n_out = event
                     request.state.log += f" completion={n_out} finish={reason}"
@@ -224,7 +217,8 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
                     yield sse(protocol.chunk(req, job.rid, comp, model, event[1], first=first))
                     first = False
                 elif event[0] == "error":
-                    yield sse(protocol.error_body(event[2], "server_error"))
+                    failed = protocol.http_error(event[1])
+                    yield sse(protocol.error_body(failed.message, failed.kind))
                     break
                 else:
                     _, reason, n_prompt, n_out = event
@@ -252,12 +246,12 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
         return JSONResponse({"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "draining" if engine.draining else "ok"})
+        return JSONResponse({"status": "draining" if scheduler.draining else "ok"})
 
     async def slm_status(request: Request) -> Response:
         status = await run_in_threadpool(catalog.status)
-        status.update(queue_depth=engine.pending.qsize(), running=len(engine.running),
-                      prefilling=len(engine.prefilling), max_batch=engine.max_batch, draining=engine.draining)
+        status.update(queue_depth=scheduler.pending.qsize(), running=len(scheduler.running),
+                      prefilling=len(scheduler.prefilling), max_batch=scheduler.max_batch, draining=scheduler.draining)
         return JSONResponse(status)
 
     async def metrics_endpoint(request: Request) -> Response:
@@ -280,7 +274,7 @@ def build_app(catalog: Catalog, engine: Engine, metrics: Metrics, *, api_key: st
     return Guard(app, api_key, body_limit, active_id, metrics, log)
 
 
-# The request handlers, the engine thread and the refs/active watcher all log: each line is
+# The request handlers, the scheduler's thread and the refs/active watcher all log: each line is
 # written whole under one lock (print() writes the text and its newline separately, so two
 # threads could run two lines together).
 # Re-entrant: the SIGTERM handler (slm.server.serve) logs from the main thread between two

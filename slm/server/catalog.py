@@ -1,5 +1,5 @@
 """The compositions a server runs: the active one, followed from refs/active, and any that
-requests name, staged in one StagedCompositions (validated, re-hashed, one memory map per base).
+requests name, staged in one slm.api.Runtime (validated, re-hashed, one memory map per base).
 
 Hot swap (docs/serve.md): a watcher thread reads refs/active every POLL_S; when it changes
 it takes the id, stages that composition (the checks of `slm activate`: every blob
@@ -15,16 +15,13 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from slm.api import Store
-from slm.compose.composition import Composition
-from slm.errors import InvalidInput, NotFound, SlmError
-from slm.ops import budget
-from slm.ops.loading import Loaded
-from slm.ops.results import CompositionInfo
-from slm.ops.staging import StagedCompositions
-from slm.store import digest as dg
+from slm import Composition, CompositionInfo, InvalidInput, NotFound, SlmError
+from slm.api import Runtime, short_digest, short_digest_pair
+
+if TYPE_CHECKING:
+    from slm.api import Loaded
 
 POLL_S = 0.01  # how often refs/active is read (~80 bytes): a change is seen within ~10 ms
 
@@ -43,18 +40,15 @@ class Switch:
 
 
 class Catalog:
-    def __init__(self, store: Store, memory_budget: int | None, max_staged: int = 8,
-                 log: Callable[[str], None] = print):
-        self.store = store
-        self.budget = memory_budget
-        self.runtime = StagedCompositions(store._s, max_staged)
+    def __init__(self, runtime: Runtime, log: Callable[[str], None] = print):
+        self.runtime = runtime  # stages one composition at a time, and within its memory budget
+        self.store = runtime.store
         self.log = log
-        self.lock = threading.Lock()  # staging: one at a time (StagedCompositions is not thread-safe)
         self.active: Loaded | None = None
         self.active_error: str | None = None  # why what refs/active names is not served
         self.ref_names: str | None = None  # what refs/active named at the last look
         self.switches: list[Switch] = []
-        self._ref_path = store._s.active_ref.path
+        self._ref_path = self.store.active_ref_path
         self._seen: bytes | None = None  # refs/active's bytes at the last look
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -62,11 +56,7 @@ class Catalog:
 
     # -- staging -----------------------------------------------------------------------------
     def stage(self, comp: Composition) -> Loaded:
-        with self.lock:
-            loaded = self.runtime.stage(comp)
-        est = budget.of_staged(loaded.staged)
-        budget.check(est, self.budget, "this composition")
-        return loaded
+        return self.runtime.stage(comp)
 
     def resolve(self, model: str | None) -> Loaded:
         """What a request's `model` names: None ("active") -> the active composition; a
@@ -140,26 +130,24 @@ class Catalog:
         if comp is None:  # nothing active any more (a fresh store): keep serving what we have
             return None
         try:
-            loaded = self.stage(comp)
+            loaded = self.runtime.switch(comp)  # staged, and kept staged while it is active
         except SlmError as err:
             return self._refuse(new_id, str(err), noticed, mtime)
-        with self.lock:
-            self.runtime.switch(loaded.id)  # keeps it staged while it is active
         self.active, self.active_error = loaded, None  # the swap: one reference assignment
         done = time.time()
         if initial:
-            self.log(f"serving {dg.short(new_id)} ({describe(loaded)}), staged in {(done - noticed) * 1e3:.0f} ms")
+            self.log(f"serving {short_digest(new_id)} ({describe(loaded)}), staged in {(done - noticed) * 1e3:.0f} ms")
             return None
         sw = Switch(current, new_id, True, None, round(max(0.0, noticed - mtime) * 1e3, 2),
                     round((done - noticed) * 1e3, 2), done)
         self._record(sw)
-        self.log(f"switched to {dg.short(new_id)} ({describe(loaded)}): seen {sw.noticed_ms:.1f} ms after "
+        self.log(f"switched to {short_digest(new_id)} ({describe(loaded)}): seen {sw.noticed_ms:.1f} ms after "
                  f"refs/active changed, staged in {sw.staged_ms:.0f} ms")
         return sw
 
     def _refuse(self, new_id: str | None, error: str, noticed: float, mtime: float) -> Switch:
         current = None if self.active is None else self.active.id
-        new_short, current_short = dg.short_pair(new_id or "", current or "")
+        new_short, current_short = short_digest_pair(new_id or "", current or "")
         self.active_error = f"refs/active names {new_short if new_id else 'something'} which is not " \
                             f"served: {error}"
         sw = Switch(current, new_id or "", False, error, round(max(0.0, noticed - mtime) * 1e3, 2),
@@ -177,17 +165,16 @@ class Catalog:
     # -- status ------------------------------------------------------------------------------
     def status(self) -> dict:
         active = self.active
-        est = budget.of_staged(active.staged).to_json() if active is not None else None
+        est = self.runtime.memory_estimate(active) if active is not None else None
         last = self.switches[-1] if self.switches else None
-        with self.lock:
-            staged = [CompositionInfo.of(l.composition).to_json() for l in self.runtime.staged.values()]
+        staged = [info.to_json() for info in self.runtime.staged()]
         return {
             "active": CompositionInfo.of(active.composition).to_json() if active is not None else None,
             "active_error": self.active_error,
             "refs_active": self.ref_names,
             "staged": staged,
             "memory_estimate": est,
-            "memory_budget": self.budget,
+            "memory_budget": self.runtime.memory_budget,
             "switches": sum(1 for s in self.switches if s.ok),
             "last_switch": None if last is None else asdict(last),
         }
@@ -195,6 +182,6 @@ class Catalog:
 
 def describe(loaded: Loaded) -> str:
     comp = loaded.composition
-    parts = [comp.base_name or dg.short(comp.base)] + [f"{a.name or dg.short(a.digest)}@{a.weight:g}"
+    parts = [comp.base_name or short_digest(comp.base)] + [f"{a.name or short_digest(a.digest)}@{a.weight:g}"
                                                        for a in comp.adapters]
     return "+".join(parts)

@@ -1,8 +1,9 @@
 """The OpenAI wire format: request bodies checked into typed requests, results into responses.
 
 Every check of a client's input that needs no model lives here (one-line messages, HTTP
-4xx); what needs the model (the prompt's length against the context) is the engine's
-(slm.server.engine.prepare). Unknown fields are ignored, as OpenAI-compatible servers do.
+4xx); what needs the model (the prompt's length against the context) is the scheduler's
+(slm.api.Runtime.scheduler's prepare). Unknown fields are ignored, as OpenAI-compatible servers do.
+Every slm error becomes its HTTP status in one place, http_error.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from slm.errors import InvalidInput
-from slm.model.sampling import check_sampling
+from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
+from slm.api import ChatMessage, GenerationRequest, check_sampling
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 256
@@ -32,10 +33,25 @@ class BadRequest(Exception):
         self.message, self.status, self.kind, self.headers = " ".join(message.split()), status, kind, headers or {}
 
 
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
+# slm's errors (their exit codes) -> HTTP: the client named or sent something wrong (4xx) vs.
+# the store or the machine failing under a good request (5xx)
+STATUS_OF_CODE = {ExitCode.NOT_FOUND: 400, ExitCode.INVALID_INPUT: 400, ExitCode.INCOMPATIBLE: 400,
+                  ExitCode.BUDGET: 400, ExitCode.USAGE: 400, ExitCode.NUMERICS: 422}
+RETRY_AFTER_S = "1"  # a full server: a slot frees when any running request ends
+
+
+def http_error(err: Exception) -> BadRequest:
+    """The one mapping of an slm error to an HTTP answer: ShuttingDown 503, Busy (a full server)
+    429 with Retry-After, a client's mistake 400, non-finite logits 422, any other slm error 500;
+    an exception that is not an slm error is a bug: 500 naming it."""
+    if not isinstance(err, SlmError):
+        return BadRequest(f"internal error: {type(err).__name__}: {err}", status=500, kind="server_error")
+    if isinstance(err, ShuttingDown):
+        return BadRequest(str(err), status=503, kind="unavailable")
+    if isinstance(err, Busy):
+        return BadRequest(str(err), status=429, kind="rate_limit_exceeded", headers={"Retry-After": RETRY_AFTER_S})
+    status = STATUS_OF_CODE.get(err.code, 500)
+    return BadRequest(str(err), status=status, kind="invalid_request_error" if status < 500 else "server_error")
 
 
 @dataclass(frozen=True)
@@ -44,7 +60,7 @@ class GenerateRequest:
 
     chat: bool
     prompt: str  # completions: the prompt text
-    messages: tuple[Message, ...]  # chat: the conversation
+    messages: tuple[ChatMessage, ...]  # chat: the conversation
     model: str | None  # None or "active": the active composition at admission
     max_tokens: int
     max_tokens_given: bool
@@ -54,6 +70,12 @@ class GenerateRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+
+    def generation(self) -> GenerationRequest:
+        """What the scheduler runs: this request without its wire-format fields."""
+        return GenerationRequest(chat=self.chat, prompt=self.prompt, messages=self.messages,
+                                 max_tokens=self.max_tokens, max_tokens_given=self.max_tokens_given,
+                                 temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop)
 
 
 def parse_body(body: bytes) -> dict:
@@ -122,7 +144,7 @@ def _messages(doc: dict) -> tuple[Message, ...]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string")
-        out.append(Message(role, content))
+        out.append(ChatMessage(role, content))
     return tuple(out)
 
 
@@ -150,12 +172,10 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
     if given and max_tokens < 1:
         raise BadRequest(f"{key} must be at least 1, not {max_tokens}")
     temperature = _number(doc, "temperature", 0.0)
-    if not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise BadRequest(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, not {temperature:g}")
     top_p = _number(doc, "top_p", 1.0)
     seed = _integer(doc, "seed", 0)
     try:
-        check_sampling(temperature, top_p, seed)  # slm run's and the API's check, the sampler's own
+        check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # slm run's and the API's check, the sampler's own
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
     stream = doc.get("stream", False)
@@ -183,7 +203,7 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
 # -- responses -------------------------------------------------------------------------------
 
 def finish_reason(stop_reason: str) -> str:
-    """The engine's stop reasons -> OpenAI's finish_reason."""
+    """The scheduler's stop reasons -> OpenAI's finish_reason."""
     return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stop_reason, stop_reason)
 
 

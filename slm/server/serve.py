@@ -1,10 +1,10 @@
-"""`slm serve`: the catalog, the engine and the HTTP app on uvicorn, in the foreground.
+"""`slm serve`: the catalog, the scheduler and the HTTP app on uvicorn, in the foreground.
 
-Shutdown (SIGTERM or SIGINT): uvicorn stops accepting connections and the engine admits
+Shutdown (SIGTERM or SIGINT): uvicorn stops accepting connections and the scheduler admits
 nothing new (503); running requests go on until `grace` seconds less min(1 s, grace / 4),
 then whatever is left is cancelled (its stream ends, a whole answer gets a 503 JSON error)
-and the process exits 0, within about the grace period plus one prefill chunk (the engine
-stops between two chunks; measured in tests/test_serve_real.py, tests/test_hostile_serve.py);
+and the process exits 0, within about the grace period plus one prefill chunk (the scheduler
+stops between two chunks; measured in tests/serve/test_serve_real.py, tests/serve/test_hostile_serve.py);
 a client that stops reading its stream can hold the exit up to STRAGGLER_S longer.
 A second signal cancels at once; the handlers still answer, and the process exits 0.
 """
@@ -16,21 +16,16 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from slm.api import Store
-from slm.compose.memory import parse_size
-from slm.errors import InvalidInput, IOFailure
-from slm.ops import budget
-from slm.model.generate import PREFILL_CHUNK
-from slm.ops.run import MAX_THREADS, check_activations
+from slm import InvalidInput, IOFailure
+from slm.api import Runtime, Store
 from slm.server.app import DEFAULT_BODY_LIMIT, build_app, stderr_log
 from slm.server.catalog import Catalog
-from slm.server.engine import Engine
 from slm.server.metrics import Metrics
 
 MAX_BATCH = 64
 MAX_PREFILL_CHUNK = 8192
 # After the grace period, uvicorn waits this long for the responses still open before it
-# cancels their handlers (a plain-text 500 and a traceback each). The engine has cancelled
+# cancels their handlers (a plain-text 500 and a traceback each). The scheduler has cancelled
 # every request by then, and the handlers answer as soon as it ends its current prefill chunk
 # or decode step (seconds on a loaded machine); only a client that stopped reading its
 # stream can take longer.
@@ -49,7 +44,8 @@ class ServeOptions:
     activations: str = "float32"  # or "int8": opt-in (docs/numerics.md)
     body_limit: int = DEFAULT_BODY_LIMIT
     grace: float = 10.0  # seconds running requests get to finish after SIGTERM
-    prefill_chunk: int = PREFILL_CHUNK  # prompt positions a prefill pass takes between two decode steps
+    prefill_chunk: int | None = None  # prompt positions a prefill pass takes between two decode steps
+    # (None: slm run's chunk)
 
 
 def check(o: ServeOptions) -> None:
@@ -59,14 +55,11 @@ def check(o: ServeOptions) -> None:
         raise InvalidInput(f"--max-batch must be between 1 and {MAX_BATCH}")
     if o.max_queue is not None and o.max_queue < 0:
         raise InvalidInput("--max-queue must be >= 0")
-    if o.threads is not None and not 1 <= o.threads <= MAX_THREADS:
-        raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
-    check_activations(o.activations)
     if o.api_key is not None and (not o.api_key or not all("!" <= c <= "~" for c in o.api_key)):
         # HTTP carries header values as bytes, and clients send a non-ASCII key in one encoding
         # or another (UTF-8, Latin-1): refused here rather than never matching
         raise InvalidInput("the API key must be non-empty printable ASCII without spaces")
-    if not 1 <= o.prefill_chunk <= MAX_PREFILL_CHUNK:
+    if o.prefill_chunk is not None and not 1 <= o.prefill_chunk <= MAX_PREFILL_CHUNK:
         raise InvalidInput(f"--prefill-chunk must be between 1 and {MAX_PREFILL_CHUNK} tokens")
     if o.body_limit < 1024:
         raise InvalidInput("--body-limit must be at least 1024 bytes")
@@ -89,36 +82,37 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
     """Run until SIGTERM/SIGINT (then exit 0); a refused option or port raises its SlmError."""
     check(o)
+    # threads, activations and the memory budget (the flag, else config.toml's) checked here too
+    runtime = Runtime(store, threads=o.threads, activations=o.activations, memory_budget=o.memory_budget)
     import uvicorn
 
     sock = bind(o.host, o.port)  # before anything slow: a taken port fails at once, in one line
-    memory_budget = parse_size(o.memory_budget) if o.memory_budget is not None else budget.resolve(store._s, None)
     metrics = Metrics()
-    catalog = Catalog(store, memory_budget, log=log)
+    catalog = Catalog(runtime, log=log)
     catalog.on_switch = metrics.record_switch
     catalog.start()  # stages what is active now (a failure is logged; the server still starts)
-    engine = Engine(o.max_batch, 4 * o.max_batch if o.max_queue is None else o.max_queue, o.threads,
-                    memory_budget, metrics, log, o.activations, o.prefill_chunk)
-    engine.start()
-    app = build_app(catalog, engine, metrics, api_key=o.api_key, body_limit=o.body_limit, log=log)
+    scheduler = runtime.scheduler(o.max_batch, 4 * o.max_batch if o.max_queue is None else o.max_queue,
+                                  o.prefill_chunk, metrics, log)
+    scheduler.start()
+    app = build_app(catalog, scheduler, metrics, api_key=o.api_key, body_limit=o.body_limit, log=log)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            if not engine.draining:  # the first signal starts the drain
-                log(f"{signal.Signals(sig).name}: no new requests; {engine.busy()} running get up to "
+            if not scheduler.draining:  # the first signal starts the drain
+                log(f"{signal.Signals(sig).name}: no new requests; {scheduler.busy()} running get up to "
                     f"{o.grace:g} s")
-                engine.drain()
+                scheduler.drain()
                 # then cancel what is left, leaving the last part of the grace period (up to 1 s)
                 # for the streams to end and the process to exit
-                timer = threading.Timer(o.grace - min(1.0, o.grace / 4), engine.request_stop)
+                timer = threading.Timer(o.grace - min(1.0, o.grace / 4), scheduler.request_stop)
                 timer.daemon = True
                 timer.start()
                 super().handle_exit(sig, frame)
             else:
                 # a second signal cancels at once. Not passed on to uvicorn: its forced exit
                 # cancels the handlers mid-request (a plain-text 500 and a traceback each)
-                # where the engine's cancel lets each of them answer
-                engine.request_stop()
+                # where the scheduler's cancel lets each of them answer
+                scheduler.request_stop()
 
         async def startup(self, sockets=None):
             await super().startup(sockets)
@@ -138,6 +132,6 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
     try:
         Server(config).run(sockets=[sock])
     finally:
-        engine.stop()
+        scheduler.stop()
         catalog.stop()
     log("stopped")

@@ -8,6 +8,10 @@
     lock_timeout_s = 30.0              how long a writer waits for the store lock
     memory_budget = "2G"               the default of --memory-budget
 
+    [cache]
+    prompt_bytes = "1G"                the on-disk prompt cache's budget, all entries together
+                                       (slm.ops.prefix_cache; 0 keeps none)
+
 Every key slm does not know, and every known key in the wrong place, is refused (InvalidInput,
 exit 4) naming the key, the table it is in and where it belongs. Nothing is ignored: TOML puts
 every `key = value` written after a `[defaults]` line into that table, so `require_signed = true`
@@ -54,6 +58,10 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "defaults": {
         "lock_timeout_s": (_is_number, "a number of seconds"),
         "memory_budget": (lambda v: isinstance(v, str) or _is_number(v), 'a size such as "512M" or "2G"'),
+    },
+    "cache": {
+        "prompt_bytes": (lambda v: isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)),
+                         'a size such as "512M" or "1G", or a number of bytes'),
     },
 }
 TABLES = tuple(t for t in SCHEMA if t)

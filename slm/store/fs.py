@@ -1,5 +1,5 @@
 """The one door through which every store write passes (objects, names, refs, reflog, journal,
-config, and the derived cache/; tests/test_structure.py checks no other module writes files).
+config, and the derived cache/; tests/unit/test_structure.py checks no other module writes files).
 Files outside the store that a user names (`slm export -o`, `slm run --logits-out`, `slm
 verify --certificate`) are written through this layer too, by slm.store.outputs: the same
 temp + fsync + rename protocol, the same fault points and power-cut matrix.
@@ -20,6 +20,7 @@ import errno
 import os
 import shutil
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -133,6 +134,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class FileRange:
+    """`length` bytes at `offset` of the open file `fd` (outside the store: an import's source),
+    to be copied into a new file by the kernel (`NewFile.write` of one): the bytes never pass
+    through this process's memory."""
+
+    fd: int
+    offset: int
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+
+# copy_file_range(2) refusing these means "not between these two files": copy through a buffer
+_NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF)
+_COPY_BUFFER = 1 << 20
+
+
 class NewFile:
     """A file created exclusively (O_EXCL), written, fsynced and closed.
 
@@ -149,11 +169,14 @@ class NewFile:
         self.size = 0
         self._closed = False
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | memoryview | FileRange) -> None:
         _fault_point("write", str(self.path))
         self._write_now(data)
 
-    def _write_now(self, data: bytes | memoryview) -> None:
+    def _write_now(self, data: bytes | memoryview | FileRange) -> None:
+        if isinstance(data, FileRange):
+            self._copy_now(data)
+            return
         view = memoryview(data).cast("B")
         while view:
             try:
@@ -162,6 +185,35 @@ class NewFile:
                 raise _io_error("write", self.path, err) from err
             view = view[n:]
             self.size += n
+
+    def _copy_now(self, source: FileRange) -> None:
+        """Append `source`'s bytes: copy_file_range(2) (the kernel copies page to page), or
+        where it cannot (another filesystem on an old kernel, no such call) through a bounded
+        buffer. A source that ends early is an I/O failure (it shrank under us)."""
+        done = 0
+        kernel_copy = getattr(os, "copy_file_range", None)
+        while done < source.length:
+            at, want = source.offset + done, source.length - done
+            if kernel_copy is not None:
+                try:
+                    n = kernel_copy(source.fd, self.fd, want, at)
+                except OSError as err:
+                    if err.errno not in _NO_KERNEL_COPY:
+                        raise _io_error("write", self.path, err) from err
+                    kernel_copy = None  # through a buffer from here on
+                    continue
+                self.size += n
+            else:
+                try:
+                    chunk = os.pread(source.fd, min(want, _COPY_BUFFER), at)
+                except OSError as err:
+                    raise _io_error("write (reading its source)", self.path, err) from err
+                self._write_now(chunk)
+                n = len(chunk)
+            if n == 0:
+                raise IOFailure(f"cannot write {self.path}: its source ended {want} bytes early "
+                                "(the file shrank while it was read)")
+            done += n
 
     def sync_and_close(self) -> None:
         _fault_point("fsync", str(self.path))
@@ -331,6 +383,18 @@ def write_advisory(path: Path, data: bytes) -> None:
         raise _io_error("write", path, err) from err
     finally:
         os.close(fd)
+
+
+def pin_mtime(path: Path, mtime_ns: int) -> bool:
+    """Set a new file's mtime to `mtime_ns`, a time already past: any later write to it sets
+    the mtime to the present, which the file's key then shows whatever the clock's tick
+    (slm.store.verified: how a blob written by this process is recorded as verified). Advisory:
+    False if it could not be done; no fault point (nothing fails for it)."""
+    try:
+        os.utime(path, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+    except OSError:
+        return False
+    return True
 
 
 def truncate(path: Path, size: int) -> None:

@@ -214,6 +214,9 @@ class ObjectStore:
 
 
 STAGING_LOCK = ".lock"
+# a committed blob's mtime: this far in the past (more than any clock tick), so that a later
+# write, which sets the present time, always changes it (VerifiedCache.record_written)
+PIN_AGE_NS = 1_000_000_000
 
 
 def staging_in_use(folder: Path) -> bool:
@@ -248,6 +251,7 @@ class Staging:
     reused: set[str] = field(default_factory=set)  # already in objects/ when put: not staged again
     dir: Path | None = None
     _lock_fd: int | None = None
+    _copied: set = field(default_factory=set)  # put_range's blobs whose source is not yet checked
     _syncs: Syncs = field(default_factory=Syncs)  # each staged file's fsync, in flight
 
     def _dir(self) -> Path:
@@ -273,6 +277,35 @@ class Staging:
             self._syncs.write_sync_and_close(f, [view[at:at + _CHUNK * 16] for at in range(0, len(view), _CHUNK * 16)])
         self.staged[digest] = path
         return digest
+
+    def put_range(self, digest: str, source: fs.FileRange) -> str:
+        """Stage the bytes of `source` (a range of a file outside the store) as the blob
+        `digest`, which the caller computed from those bytes. The kernel copies them (on the sync
+        threads): this process never holds them. The caller owns the claim that the range still
+        holds what it hashed: it calls `copies_checked()` once it has shown that (an import
+        checks its source file did not change), and only then are the copies recorded as
+        verified at commit."""
+        if digest in self.staged:
+            return digest
+        if self._already_stored(digest):
+            self.reused.add(digest)
+            return digest
+        path = self._dir() / dg.hex_of(digest)
+        with fs.NewFile(path, 0o644) as f:
+            pieces = [fs.FileRange(source.fd, source.offset + at, min(_CHUNK * 16, source.length - at))
+                      for at in range(0, source.length, _CHUNK * 16)]
+            self._syncs.write_sync_and_close(f, pieces)
+        self.staged[digest] = path
+        self._copied.add(digest)
+        return digest
+
+    def flush(self) -> None:
+        """Wait until every staged file is written and fsynced (the first failure is raised)."""
+        self._syncs.wait()
+
+    def copies_checked(self) -> None:
+        """The sources of `put_range` still hold the bytes that were hashed (see put_range)."""
+        self._copied.clear()
 
     def incoming(self) -> "Incoming":
         """A blob to be staged as its bytes arrive (a received bundle's layer), hashed on the
@@ -302,22 +335,41 @@ class Staging:
                        "since (a concurrent gc); run the import again")
         created = fs.mkdir(self.objects.dir, sync_parent=True)
         new: list[str] = []
+        written: list[str] = []  # new blobs this process hashed as it staged them
+        pinned = time.time_ns() - PIN_AGE_NS
         try:
             for digest, path in self.staged.items():
                 target = self.objects.path(digest)
+                vouched = digest not in self._copied and fs.pin_mtime(path, pinned)
                 fs.chmod(path, BLOB_MODE)
                 if fs.link_new(path, target):
                     new.append(digest)
+                    if vouched:
+                        written.append(digest)
             if new or created:
                 fs.fsync_dir(self.objects.dir)
-            self.discard()
+            self.discard()  # (unlinks the staged names: a blob's ctime moves once more)
         except BaseException:
             try:
                 self.objects.remove_new(new)
             except SlmError:
                 pass
             raise
+        self._record_written(written, pinned)  # (advisory: after the commit, outside its undo)
         return new
+
+    def _record_written(self, digests: list[str], pinned: int) -> None:
+        """Blobs this process hashed as it staged them are verified already: recorded so, so
+        that the first activation after an import need not re-hash them (slm.store.verified)."""
+        if self.objects.verified is None or not digests:
+            return
+        for digest in digests:
+            try:
+                info = os.lstat(self.objects.path(digest))
+            except OSError:
+                continue
+            self.objects.verified.record_written(digest, info, pinned)
+        self.objects.save_verified()
 
     def discard(self) -> None:
         self._syncs.close()
@@ -328,6 +380,7 @@ class Staging:
             self._lock_fd = None
         self.dir = None
         self.staged = {}
+        self._copied = set()
 
 
 class Incoming:

@@ -18,7 +18,7 @@ Every such output:
     EIO), or an interrupt, removes its own temporary and nothing else.
 
 Everything goes through slm.store.fs, so the fault hooks and the power-cut simulator see these
-writes as they see the store's (tests/test_durability.py has a case per output kind).
+writes as they see the store's (tests/durability/test_durability.py has a case per output kind).
 """
 
 from __future__ import annotations

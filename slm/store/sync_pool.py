@@ -41,7 +41,8 @@ class Syncs:
         self._held_bytes = 0
 
     def write_sync_and_close(self, f: fs.NewFile, pieces: list) -> None:
-        """Write `pieces` (bytes or memoryviews, in order) to f, then fsync and close it."""
+        """Write `pieces` (bytes, memoryviews or fs.FileRange, in order) to f, then fsync and
+        close it."""
         for _ in pieces:
             fs._fault_point("write", str(f.path))
         fs._fault_point("fsync", str(f.path))
@@ -54,7 +55,8 @@ class Syncs:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(max_workers=self.THREADS, thread_name_prefix="slm-fsync")
-        size = sum(len(piece) for piece in pieces)
+        # (a FileRange holds no memory: the kernel copies it)
+        size = sum(len(piece) for piece in pieces if not isinstance(piece, fs.FileRange))
         while self._held and (self._held[0][0].done() or self._held_bytes + size > self.IN_FLIGHT_BYTES):
             job, n = self._held.popleft()
             job.exception()  # waits for the oldest when over the bound (its failure: at wait())

@@ -88,6 +88,20 @@ class VerifiedCache:
                 records[dg.hex_of(digest)] = spell(key)
                 self._dirty = True
 
+    def record_written(self, digest: str, st: os.stat_result, pinned_mtime_ns: int) -> None:
+        """A blob file this process wrote itself from bytes that hashed to `digest`, its mtime
+        then pinned to `pinned_mtime_ns` (fs.pin_mtime, a time already past), now described by
+        `st`. Recorded at once, with no racy window: a later write sets the mtime to the present,
+        never to the pinned time, so it changes the key whatever the clock's tick."""
+        if st.st_mtime_ns != pinned_mtime_ns:
+            return  # the pin did not hold (or something wrote since): the next reader re-hashes
+        with self._lock:
+            records = self._loaded()
+            spelt = spell(key_of(st))
+            if records.get(dg.hex_of(digest)) != spelt:
+                records[dg.hex_of(digest)] = spelt
+                self._dirty = True
+
     def forget(self, digest: str) -> None:
         """A blob that did not hash to its name (or is gone): no record may vouch for it."""
         with self._lock:

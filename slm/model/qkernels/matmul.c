@@ -4,7 +4,8 @@
  * slm_matmul_rows (the server's batch: each row of x with its own LoRA terms) and
  * slm_dequantize (the prompt path: rows of a weight into floats for BLAS). A product is
  * planned (plan_matmul), then run by a team of threads (team_matmul): rows split between the
- * threads (block_rows, over rows.c and rows_q8.c), the next bytes prefetched, and the
+ * threads (block_rows, over rows.c, rows_q8.c, rows_q8k.c and the packed rows_q4x8.c,
+ * rows_q6kx8.c), the next bytes prefetched, and the
  * low-rank terms added over the rows each thread just wrote (add_low_rank). step.c runs its
  * products through the same team_matmul inside its own parallel region.
  *
@@ -28,6 +29,7 @@ typedef struct {
     float *out;            /* (tokens, rows) */
     const float *lora_a;   /* (rank, n): A */
     const float *lora_bt;  /* (rank, rows): (weight * scale * B)^T */
+    const uint8_t *packed; /* NULL, or the rows repacked for the int8 path (rows_q4x8.c, Q4_0) */
 } slm_job;
 
 /* A low-rank term of one job for one row of x (slm_matmul_rows: each row of a batch brings its
@@ -61,6 +63,7 @@ typedef struct {
     const int8_t *xq;          /* (tokens, n): x as int8 (int8 activations), else NULL */
     const float *xd;           /* (tokens, n / 32): their scales */
     const float *xs;           /* (tokens, n / 32): the sums of x over each 32 values (int8) */
+    const int32_t *xi;         /* (tokens, n / 16): the sums of xq over each 16 values */
     int64_t *claim;            /* shared: rows of the dynamic part taken so far (NULL: static shares; see team_matmul) */
     const char *const *after_at; /* this thread's ranges read after the product (the decode step's */
     const int64_t *after_bytes;  /* keys and values), fetched during its rows after its factors */
@@ -184,12 +187,22 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
         for (int64_t c0 = r0; c0 < r1; c0 += SLM_CHUNK_ROWS) { /* chunks: the prefetches spread over the rows */
             const int64_t c1 = c0 + SLM_CHUNK_ROWS < r1 ? c0 + SLM_CHUNK_ROWS : r1;
             prefetch_some(fetch, per_row * (c1 - c0));
-            if (p->xq != NULL && Q8_TYPE(job->type)) {
+            if (p->xq != NULL && job->packed != NULL && PACKED_TYPE(job->type)) { /* rows_q4x8.c, rows_q6kx8.c */
+                const int64_t group_bytes = packed_group_bytes(job->type, n);
+                for (int64_t g0 = c0 / 8 * 8; g0 < c1; g0 += 8)
+                    dot_group_tiles(job->type, job->packed + g0 / 8 * group_bytes, (int)n, p->xq, p->xd, p->xs, p->xi, tokens,
+                                    job->out, job->rows, g0, g0 > c0 ? g0 : c0, g0 + 8 < c1 ? g0 + 8 : c1);
+                continue;
+            }
+            if (p->xq != NULL && INT8_TYPE(job->type)) {
                 for (int64_t r = c0; r < c1; r++) {
                     const uint8_t *row = job->data + r * job->row_bytes;
                     switch (job->type) {
 #define DOT8(T) case T: dot_tiles_q8(T, row, (int)n, p->xq, p->xd, p->xs, tokens, job->out + r, job->rows); break;
+#define DOT8K(T) case T: dot_tiles_q8k(T, row, (int)n, p->xq, p->xd, p->xs, tokens, job->out + r, job->rows); break;
                         DOT8(T_Q4_0) DOT8(T_Q4_1) DOT8(T_Q5_0) DOT8(T_Q5_1) DOT8(T_Q8_0)
+                        DOT8K(T_Q4_K) DOT8K(T_Q5_K) DOT8K(T_Q6_K)
+#undef DOT8K
 #undef DOT8
                     }
                 }
@@ -275,8 +288,10 @@ static void team_matmul(const matmul_plan *p) {
     for (int64_t t = 0; t < tokens; t++)
         for (int j = 0; j < count; j++) units += p->lead[t * count + j] ? (term_of(p, t, j)->rank + 3) / 4 : 0;
     const int64_t g0 = units * tid / nth, g1 = units * (tid + 1) / nth;
-    /* each thread takes one contiguous range of rows (of all jobs), the same in both loops */
-    const int64_t i0 = p->total * tid / nth, i1 = p->total * (tid + 1) / nth;
+    /* each thread takes one contiguous range of rows (of all jobs), the same in both loops,
+     * starting at a multiple of 8 (a packed group of rows_q4x8.c computed by one thread) */
+    const int64_t i0 = tid == 0 ? 0 : p->total * tid / nth / 8 * 8;
+    const int64_t i1 = tid + 1 == nth ? p->total : p->total * (tid + 1) / nth / 8 * 8;
     /* the factors this thread reads after its rows, fetched while it computes them: its A units,
      * then its columns of every B^T row */
     prefetch_list fetch = {.count = 0};
@@ -308,12 +323,12 @@ static void team_matmul(const matmul_plan *p) {
               * is free: the cores of a VM do not run at one speed, and at a barrier the
               * faster one waits for the other (one row of x, memory-bound, gains nothing and
               * keeps the static shares) */
-        const int64_t fixed = p->total * 3 / (4 * nth) / 4 * 4, rest = fixed * nth;
+        const int64_t fixed = p->total * 3 / (4 * nth) / 8 * 8, rest = fixed * nth;
         block_rows(p, fixed * tid, fixed * (tid + 1), &fetch, per_row);
         for (;;) {
             const int64_t left = p->total - rest - __atomic_load_n(p->claim, __ATOMIC_RELAXED);
             if (left <= 0) break;
-            const int64_t size = ((left / (2 * nth) > 32 ? left / (2 * nth) : 32) + 3) / 4 * 4;
+            const int64_t size = ((left / (2 * nth) > 32 ? left / (2 * nth) : 32) + 7) / 8 * 8;
             const int64_t a = rest + __atomic_fetch_add(p->claim, size, __ATOMIC_RELAXED);
             if (a >= p->total) break;
             block_rows(p, a, a + size < p->total ? a + size : p->total, &fetch, per_row);
@@ -359,8 +374,8 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
     }
     int8 = int8 && n % 32 == 0;
     const int64_t threads = slm_threads(), blocks = int8 ? tokens * (n / 32) : 0;
-    /* rows_scratch (n a thread), u, then with int8 activations xd, xs and xq */
-    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + p.ranks + 2 * blocks) +
+    /* rows_scratch (n a thread), u, then with int8 activations xd, xs, xi and xq */
+    float *scratch = malloc(sizeof(float) * (size_t)(n * threads + p.ranks + 4 * blocks) +
                             (size_t)(int8 ? tokens * n : 0));
     if (scratch == NULL) {
         free(layout);
@@ -381,8 +396,10 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
     }
     if (int8) {
         float *xd = p.u + p.ranks, *xs = xd + blocks;
-        int8_t *xq = (int8_t *)(xs + blocks);
-        quantize_x8(x, tokens, n, xq, xd, xs);
+        int32_t *xi = (int32_t *)(xs + blocks);
+        int8_t *xq = (int8_t *)(xi + 2 * blocks);
+        quantize_x8(x, tokens, n, xq, xd, xs, xi);
+        p.xi = xi;
         p.xq = xq;
         p.xd = xd;
         p.xs = xs;

@@ -22,11 +22,12 @@
 #define SLM_TILE 4 /* rows of int8 x per dot_rows_q8 call */
 #define Q8_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q5_0 || (type) == T_Q5_1 || (type) == T_Q8_0)
 
-/* x (tokens, n), n a multiple of 32 -> q (tokens, n), dx (tokens, n / 32) and the float sums of
- * each 32 values, xs (tokens, n / 32). A block holding a NaN gets dx NaN, so that it reaches the
- * output as it does on the float path. */
+/* x (tokens, n), n a multiple of 32 -> q (tokens, n), dx (tokens, n / 32), the float sums of
+ * each 32 values, xs (tokens, n / 32), and the integer sums of each 16 q, xi (tokens, n / 16:
+ * the packed kernels' code offsets, rows_q4x8.c and rows_q6kx8.c). A block holding a NaN gets
+ * dx NaN, so that it reaches the output as it does on the float path. */
 static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8_t *restrict q,
-                        float *restrict dx, float *restrict xs) {
+                        float *restrict dx, float *restrict xs, int32_t *restrict xi) {
     for (int64_t b = 0; b < tokens * (n / 32); b++) {
         const float *xb = x + b * 32;
         float halves[2] = {0.0f, 0.0f}; /* the block's sum for the min of Q4_1 and Q5_1: its halves in order */
@@ -46,6 +47,7 @@ static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8
         const float max = _mm_cvtss_f32(m4);
         if (_mm256_movemask_ps(nan)) {
             dx[b] = NAN;
+            xi[2 * b] = xi[2 * b + 1] = 0;
             memset(q + b * 32, 0, 32);
             continue;
         }
@@ -68,6 +70,11 @@ static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8
         dx[b] = nan ? NAN : amax / 127.0f;
         for (int i = 0; i < 32; i++) q[b * 32 + i] = nan ? 0 : (int8_t)lrintf(xb[i] * inv);
 #endif
+        for (int h = 0; h < 2; h++) {
+            int32_t sum = 0;
+            for (int i = 0; i < 16; i++) sum += q[b * 32 + 16 * h + i];
+            xi[2 * b + h] = sum;
+        }
     }
 }
 

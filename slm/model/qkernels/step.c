@@ -43,6 +43,7 @@ typedef struct {             /* one linear layer of the base */
     const uint8_t *data;     /* (rows, row_bytes) */
     int64_t rows, row_bytes;
     const float *bias;       /* (rows) or NULL */
+    const uint8_t *packed;   /* NULL, or the rows repacked for the int8 path (rows_q4x8.c) */
 } slm_linear;
 
 typedef struct {             /* mirrored by slm/model/step_native.py's Layer */
@@ -77,6 +78,7 @@ typedef struct {             /* the step's working memory, carved from one calle
     slm_term *terms;         /* (P_COUNT, B): the current layer's terms, job-major */
     int8_t *xq;              /* per thread: a product's input as int8 (int8 activations) */
     float *xd, *xs;          /* per thread: their scales, and the sums of each 32 values */
+    int32_t *xi;             /* per thread: the sums of each 16 int8 values */
     int64_t layout_n, xq_n;  /* per-thread lengths of layout and xq (xd, xs: xq_n / 32) */
     int64_t *claims;         /* (layers, P_COUNT) counters (team_matmul's claim, at a product's first job), a cache line each */
 } step_buffers;
@@ -117,7 +119,7 @@ static int64_t carve(const slm_model *m, int64_t B, int64_t slots, int64_t ranks
     TAKE(u, float, ranks + 1); TAKE(rows, float, N * threads); TAKE(p, float, (4 * slots + m->head_dim) * threads);
     TAKE(layout, int64_t, b->layout_n * threads); TAKE(terms, slm_term, P_COUNT * B);
     TAKE(xq, int8_t, b->xq_n * threads); TAKE(xd, float, b->xq_n / 32 * threads);
-    TAKE(xs, float, b->xq_n / 32 * threads);
+    TAKE(xs, float, b->xq_n / 32 * threads); TAKE(xi, int32_t, b->xq_n / 16 * threads);
     TAKE(claims, int64_t, m->layers * P_COUNT * SLM_CLAIM_STRIDE);
 #undef TAKE
     return at;
@@ -208,14 +210,16 @@ static void step_matmul(const slm_model *m, const step_buffers *b, int64_t layer
     slm_term *terms = b->terms + (int64_t)first * B;
     for (int j = 0; j < count; j++) {
         const slm_linear *w = &m->layer[layer].w[first + j];
-        jobs[j] = (slm_job){w->type, 0, w->data, w->rows, w->row_bytes, outs[j], NULL, NULL};
+        jobs[j] = (slm_job){w->type, 0, w->data, w->rows, w->row_bytes, outs[j], NULL, NULL, w->packed};
     }
     matmul_plan p;
     plan_matmul(&p, count, jobs, terms, B, 1, x, B, n, b->layout + b->layout_n * tid); /* (checked by step_checks) */
     if (m->int8 && n % 32 == 0) { /* each thread quantizes the (small) input itself: no barrier */
         int8_t *xq = b->xq + b->xq_n * tid;
         float *xd = b->xd + b->xq_n / 32 * tid, *xs = b->xs + b->xq_n / 32 * tid;
-        quantize_x8(x, B, n, xq, xd, xs);
+        int32_t *xi = b->xi + b->xq_n / 16 * tid;
+        quantize_x8(x, B, n, xq, xd, xs, xi);
+        p.xi = xi;
         p.xq = xq;
         p.xd = xd;
         p.xs = xs;

@@ -30,7 +30,7 @@ replays exactly from the printed spec. Metadata other than names (a file's mode)
 is at the cut. The writes since a file's last fsync are what differs between its durable and
 its current content, compared block by block at the cut.
 
-In-process sessions (tests/durability_matrix.py) may also record, before each operation, the
+In-process sessions (tests/durability/durability_matrix.py) may also record, before each operation, the
 disk each of several cuts would leave without stopping (`start_recording`), and make one chosen
 operation fail with EIO (`eio_on`). A test hook, not a user feature.
 """
@@ -145,7 +145,7 @@ class PowerCut:
     def start_recording(self, cuts: list[tuple[str, int]]) -> None:
         """From the next operation on, record the image of a cut (mode, seed) before each one,
         without stopping: a cut at op N leaves exactly the disk recorded for N, since nothing
-        before N depends on whether the power goes at N (tests/test_powercut.py checks it)."""
+        before N depends on whether the power goes at N (tests/durability/test_powercut.py checks it)."""
         for mode, _ in cuts:
             if mode not in MODES:
                 raise UsageError(f"unknown power-cut mode {mode!r}")

@@ -1,0 +1,333 @@
+"""The scheduler: continuous batching of every admitted request, one decode step for all.
+
+One engine thread owns the models. Between two steps it admits queued requests, runs one
+chunk of one admitted prompt's prefill (slm.model.generation.prefill_next, the chunks `slm run`
+prefills: prompts take turns, a chunk each, so a long prompt delays the running requests by
+one chunk per step, never by its whole prefill) and drops finished or cancelled ones; each step
+runs the next token of every running request together (slm.model.generation.decode over
+slm.model.batch.decode_step: one kernel call per layer reads each quantized block once for all
+rows, each row adding its own composition's overlays), rows grouped by base. A request keeps the
+Loaded it was admitted with to its end, so it never sees a token of another composition; its KV
+cache is its own, and the prompt cache is keyed by composition id.
+
+Each request is a slm.model.generation.Sequence, driven by the functions `slm run` drives for
+its one sequence (the arithmetic, the sampler, the stop rules and stop sequences of
+slm.model.stops), so a greedy answer here is token for token the answer of `slm run` on the
+same composition. This module's own job: the queue, admission, the prompts' turns,
+cancellation, metrics and the requests' sinks.
+Events go to the request's sink from this thread: ("text", piece), ("done", reason,
+prompt_tokens, completion_tokens) or ("error", exception): an SlmError for what the request
+caused, any other exception for a bug (the server maps both to HTTP in one place).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
+from slm.model.allocator import release_freed_memory
+from slm.model.chat import chat_prompt_ids
+from slm.model.generate import PREFILL_CHUNK
+from slm.model.generation import Sequence, decode, first_token, new_sequence, prefill_next
+from slm.model.kernels import default_kernels
+from slm.model.prompt_cache import MemoryPromptCache
+from slm.model.sampling import Sampler
+from slm.model.stops import CANCELLED, StopRules
+from slm.ops import budget
+from slm.ops.loading import Loaded
+from slm.ops.request import GenerationRequest
+
+__all__ = ["Job", "Scheduler"]
+
+# A prompt of this many characters or more peaks at tens of megabytes while it is tokenized:
+# that memory goes back to the kernel right after
+RELEASE_AFTER_CHARS = 64 << 10
+
+
+@dataclass
+class Job:
+    rid: str
+    req: GenerationRequest
+    loaded: Loaded  # pinned at admission: the composition this request runs on, start to finish
+    prompt_ids: list[int]
+    sink: Callable[[tuple], None]
+    capacity: int
+    admitted: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # the client went away (or the server stops): dropped before the next step
+    finished: bool = False
+    seq: Sequence | None = None  # its generation, from admission on
+    first_token_s: float | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        return self.seq.ids if self.seq is not None else []
+
+    def cancel(self) -> None:
+        self.cancelled = True  # read by the engine thread before each step
+
+
+class Scheduler:
+    def __init__(self, max_batch: int = 8, max_queue: int = 32, threads: int | None = None,
+                 memory_budget: int | None = None, metrics=None, log: Callable[[str], None] = print,
+                 activations: str = "float32", prefill_chunk: int = PREFILL_CHUNK):
+        self.max_batch, self.max_queue, self.threads = max_batch, max_queue, threads
+        self.prefill_chunk = prefill_chunk
+        self.activations = activations  # the batch step's and every request's model's (alike, so
+        # that a batched answer is its request's answer alone)
+        self.budget, self.metrics, self.log = memory_budget, metrics, log
+        self.pending: queue.Queue[Job] = queue.Queue()
+        self.running: list[Job] = []
+        self.prefilling: collections.deque[Job] = collections.deque()  # admitted, prompt not yet all in the cache
+        # Prompts are tokenized (and large bodies parsed) on this one thread: off the event loop
+        # and the engine thread; one thread's allocator arena holds at most one prompt's peak
+        # (each thread that tokenized a long prompt kept its own, slm.model.allocator); and the
+        # event loop competes for the GIL with this thread alone
+        self.preparing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="slm-prepare")
+        self.prompts = MemoryPromptCache()
+        self.draining = False
+        self.inflight = 0  # submitted and not yet closed: queued, being prefilled or running
+        self._count_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._loop, name="slm-engine", daemon=True)
+        self.kernels = None
+
+    # -- called from the server's threads ------------------------------------------------------
+    def prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
+        """Tokenize and check a request against its composition's model (InvalidInput if it
+        cannot run, BudgetExceeded over the memory budget)."""
+        tok, cfg = loaded.tokenizer, loaded.model.cfg
+        messages = [{"role": m.role, "content": m.content} for m in req.messages] if req.chat else None
+        # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
+        text = "".join(m["content"] for m in messages) if req.chat else req.prompt
+        context = cfg.context_length
+        at_least = tok.min_tokens(text)  # from its bytes: a prompt that cannot fit is not tokenized
+        if at_least >= context:
+            raise InvalidInput(f"the prompt is {len(text.encode('utf-8', 'surrogatepass'))} bytes: at least "
+                               f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
+                               f"the context holds {context}")
+        try:  # (message content is text: a control token's text in it stays text)
+            ids = chat_prompt_ids(tok, messages) if req.chat else tok.encode(text)
+        finally:
+            if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
+                release_freed_memory()
+        if not ids:
+            raise InvalidInput("the prompt encodes to no tokens")
+        if len(ids) >= context:
+            raise InvalidInput(f"the prompt has {len(ids)} tokens; the context holds {context}")
+        max_tokens = req.max_tokens if req.max_tokens_given else min(req.max_tokens, context - len(ids))
+        if len(ids) + max_tokens > context:
+            raise InvalidInput(f"max_tokens {max_tokens} is past the context: the prompt has {len(ids)} tokens "
+                               f"and the context holds {context}")
+        if max_tokens != req.max_tokens:
+            from dataclasses import replace
+
+            req = replace(req, max_tokens=max_tokens)
+        est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids))
+        budget.check(est, self.budget, "this request")
+        return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
+                   capacity=len(ids) + max_tokens)
+
+    def submit(self, job: Job) -> None:
+        if self.draining:
+            raise ShuttingDown("the server is shutting down")
+        with self._count_lock:
+            if self.inflight >= self.max_batch + self.max_queue:
+                raise Busy(f"the server is full ({self.max_batch} running, {self.max_queue} waiting); "
+                           "retry shortly")
+            self.inflight += 1  # until _close
+        self.pending.put(job)
+        self._gauge()
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def drain(self) -> None:
+        """Admit nothing new; what is queued or running goes on."""
+        self.draining = True
+
+    def request_stop(self) -> None:
+        """Cancel everything: the engine thread ends what it runs (a decode step or one prefill
+        chunk), then closes every request as cancelled and ends. Returns at once."""
+        self.draining = True
+        self._stop.set()
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel everything and end the thread."""
+        self.request_stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.preparing.shutdown(wait=False, cancel_futures=True)
+
+    def busy(self) -> int:
+        return self.inflight
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        self.kernels = default_kernels()  # the batch step's kernels, owned by this thread
+        if self.threads is not None:
+            self.kernels.set_threads(self.threads)  # OpenMP threads are set per calling thread
+        self.kernels.set_activations(self.activations)
+        while not self._stop.is_set():
+            self._admit()
+            if not self.running and not self.prefilling:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            self._prefill_next()  # one chunk of one prompt, between two decode steps
+            if not self.running or self._stop.is_set():
+                continue
+            try:
+                self._step()
+            except Exception as err:  # a bug: fail the running requests, keep serving
+                self.log(f"engine step failed: {type(err).__name__}: {err}")
+                for job in self.running:
+                    self._fail(job, err)
+                self.running = []
+        for job in [*self.running, *self.prefilling, *self._drain_pending()]:
+            if self._close(job):
+                job.sink(("done", CANCELLED, len(job.prompt_ids), len(job.ids)))
+        self.running = []
+        self.prefilling.clear()
+
+    def _drain_pending(self) -> list[Job]:
+        out = []
+        while True:
+            try:
+                out.append(self.pending.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _admit(self) -> None:
+        while len(self.running) + len(self.prefilling) < self.max_batch:
+            try:
+                job = self.pending.get_nowait()
+            except queue.Empty:
+                break
+            if job.cancelled:
+                self._dropped(job)
+                continue
+            self._guarded(job, self._start, job)
+        self.running = [j for j in self.running if not self._dropped(j)]
+        self._gauge()
+
+    def _guarded(self, job: Job, work: Callable, *args) -> None:
+        """Run one job's prefill work; its failure fails that job only."""
+        try:
+            work(*args)
+        except SlmError as err:
+            self._fail(job, err)
+        except Exception as err:  # a bug: fail this request, keep the engine thread alive
+            self.log(f"engine prefill failed: {type(err).__name__}: {err}")
+            self._fail(job, err)
+
+    def _start(self, job: Job) -> None:
+        """A job's sequence (sampler, cache, stop rules streaming to its sink); a prompt in the
+        prompt cache runs at once, any other waits its turns in self.prefilling."""
+        loaded, req = job.loaded, job.req
+        stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop,
+                          on_text=lambda piece: job.sink(("text", piece)))
+        job.seq = new_sequence(loaded.model, job.prompt_ids, Sampler(req.temperature, req.top_p, req.seed),
+                               stops, job.capacity)
+        logits = self.prompts.get(loaded.id, job.prompt_ids, job.seq.cache)
+        if logits is None:
+            self.prefilling.append(job)
+        else:
+            self._first_token(job, logits)
+
+    def _prefill_next(self) -> None:
+        """One chunk of the first waiting prompt, which then goes to the back of the line (the
+        prompts take turns), or, its prompt complete, samples its first token and runs. It stays
+        in self.prefilling meanwhile (what /v1/slm/status counts)."""
+        while self.prefilling and self._dropped(self.prefilling[0]):
+            self.prefilling.popleft()  # cancelled, or failed in its last chunk
+        if not self.prefilling:
+            return
+        self._guarded(self.prefilling[0], self._advance, self.prefilling[0])
+        self._gauge()
+
+    def _advance(self, job: Job) -> None:
+        model = job.loaded.model
+        if self.threads is not None:
+            model.kernels.set_threads(self.threads)
+        model.kernels.set_activations(self.activations)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            logits = prefill_next(job.seq, self.prefill_chunk)
+        if logits is None:
+            self.prefilling.rotate(-1)  # to the back: the next prompt's turn
+            return
+        self.prefilling.popleft()
+        self.prompts.put(job.loaded.id, job.prompt_ids, job.seq.cache, logits)
+        self._first_token(job, logits)
+
+    def _first_token(self, job: Job, logits: np.ndarray) -> None:
+        first_token(job.seq, logits)
+        job.first_token_s = time.perf_counter() - job.admitted
+        if self.metrics:
+            self.metrics.first_token.observe(job.first_token_s)
+        if job.seq.done:
+            self._finish(job)
+        else:
+            self.running.append(job)
+
+    def _step(self) -> None:
+        groups: dict[int, list[Job]] = {}
+        for job in self.running:
+            groups.setdefault(id(job.loaded.model.t), []).append(job)  # rows of one base share a step
+        if self.metrics:
+            self.metrics.batch_rows.observe(len(self.running))
+        for jobs in groups.values():
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                errors = decode([j.seq for j in jobs], self.kernels)
+            for job, error in zip(jobs, errors):
+                if error is not None:
+                    self._fail(job, error)
+                elif job.seq.done:
+                    self._finish(job)  # dropped below
+        self.running = [j for j in self.running if not self._dropped(j)]
+
+    def _dropped(self, job: Job) -> bool:
+        if job.cancelled and self._close(job):
+            self._count_cancelled()
+        return job.finished
+
+    def _close(self, job: Job) -> bool:
+        """The one exit of a job (finished, failed or cancelled); False if it was closed before."""
+        if job.finished:
+            return False
+        job.finished = True
+        with self._count_lock:
+            self.inflight -= 1
+        return True
+
+    def _finish(self, job: Job) -> None:
+        self._close(job)
+        job.sink(("done", job.seq.reason, len(job.prompt_ids), len(job.ids)))
+        if self.metrics:
+            self.metrics.tokens.labels("prompt").inc(len(job.prompt_ids))
+            self.metrics.tokens.labels("completion").inc(len(job.ids))
+
+    def _fail(self, job: Job, err: Exception) -> None:
+        self._close(job)
+        job.sink(("error", err))
+
+    def _count_cancelled(self) -> None:
+        if self.metrics:
+            self.metrics.cancelled.inc()
+
+    def _gauge(self) -> None:
+        if self.metrics:
+            self.metrics.queue_depth.set(self.pending.qsize())
+            self.metrics.running.set(len(self.running) + len(self.prefilling))
