@@ -50,12 +50,13 @@ def check_sampling(temperature, top_p, seed, max_temperature: float = math.inf) 
 
 def check_processing(top_k=0, min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0, repeat_penalty=1.0,
                      logit_bias=None, logprobs=None, n=1, max_n: int | None = None,
-                     vocab_size: int | None = None) -> None:
+                     vocab_size: int | None = None, logprobs_name: str = "logprobs") -> None:
     """Raise InvalidInput (one line naming the option) unless top_k is an integer >= 0 (0: off),
     min_p in [0, 1], frequency_penalty and presence_penalty in [-2, 2], repeat_penalty a finite
     number > 0 (1: off), logit_bias a mapping of token ids to numbers in [-100, 100] (ids below
     vocab_size when it is known), logprobs None or an integer in [0, 20] (how many
-    alternatives per token) and n an integer in [1, max_n]."""
+    alternatives per token; logprobs_name: the request's name for it, chat's top_logprobs) and
+    n an integer in [1, max_n]."""
     if not (_whole(top_k) and top_k >= 0):
         raise InvalidInput(f"top_k must be an integer >= 0 (0: no limit), not {top_k!r}")
     if not (_real(min_p) and 0 <= min_p <= 1):
@@ -67,7 +68,7 @@ def check_processing(top_k=0, min_p=0.0, frequency_penalty=0.0, presence_penalty
         raise InvalidInput(f"repeat_penalty must be a finite number > 0 (1: off), not {repeat_penalty!r}")
     check_logit_bias(logit_bias, vocab_size)
     if logprobs is not None and not (_whole(logprobs) and 0 <= logprobs <= MAX_TOP_LOGPROBS):
-        raise InvalidInput(f"logprobs must be an integer between 0 and {MAX_TOP_LOGPROBS}, not {logprobs!r}")
+        raise InvalidInput(f"{logprobs_name} must be an integer between 0 and {MAX_TOP_LOGPROBS}, not {logprobs!r}")
     if not (_whole(n) and n >= 1):
         raise InvalidInput(f"n must be an integer >= 1, not {n!r}")
     if max_n is not None and n > max_n:

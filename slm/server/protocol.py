@@ -28,7 +28,6 @@ MAX_MESSAGES = 1024
 ROLES = ("system", "user", "assistant")
 DEFAULT_MAX_TOKENS = 128  # as `slm run`
 MAX_TEMPERATURE = 2.0  # OpenAI's range (slm run takes any finite temperature >= 0)
-MAX_N = 128  # a bound before the scheduler's own (its max_batch)
 
 # Every request field each endpoint implements (the one allowlist: a field is added here when
 # slm implements it). top_k, min_p and repeat_penalty are llama-server's and vLLM's extensions.
@@ -236,9 +235,7 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise BadRequest("model must be a non-empty string: 'active', a composition id or prefix, "
                          "or BASE+ADAPTER@W+...")
-    n = _integer(doc, "n", 1)
-    if not 1 <= n <= MAX_N:
-        raise BadRequest(f"n must be between 1 and {MAX_N} (and at most the server's --max-batch), not {n}")
+    n = _integer(doc, "n", 1)  # (at most the scheduler's max_batch: its prepare_choices checks)
     key = "max_completion_tokens" if chat and doc.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(doc, key, None)
     given = max_tokens is not None
@@ -253,7 +250,8 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
                       repeat_penalty=_number(doc, "repeat_penalty", 1.0), logprobs=_logprobs(doc, chat))
     try:
         check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # slm run's and the API's check, the sampler's own
-        check_processing(**processing, logit_bias=doc.get("logit_bias"), n=n)
+        check_processing(**processing, logit_bias=doc.get("logit_bias"), n=n,
+                         logprobs_name="top_logprobs" if chat else "logprobs")
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
     stream = doc.get("stream", False)

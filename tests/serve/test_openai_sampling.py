@@ -121,20 +121,25 @@ def test_requests_without_a_seed_differ_and_each_is_reproduced_by_its_reported_s
         assert alone.text == text and alone.seed == int(header)  # the API's door
 
 
+def _slm_run_json(store: slm.Store, *args: str) -> dict:
+    """`slm run PROMPT -n MAX_TOKENS ARGS... --json` in-process, its JSON."""
+    import contextlib
+    import io
+
+    from slm.cli import run as cli_run
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli_run(["--store", str(store.root), "run", PROMPT, "-n", str(MAX_TOKENS), *args, "--json"])
+    assert code == 0
+    return json.loads(out.getvalue())
+
+
 def test_session_and_slm_run_report_the_random_seed_they_drew(session, store):
     first, second = (session.generate(PROMPT, MAX_TOKENS, temperature=1.0) for _ in range(2))
     assert first.seed != second.seed
     assert session.generate(PROMPT, MAX_TOKENS, temperature=1.0, seed=first.seed).text == first.text
-    from slm.cli import run as cli_run
-    import contextlib
-    import io
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = cli_run(["--store", str(store.root), "run", PROMPT, "-n", str(MAX_TOKENS), "--temperature", "1",
-                        "--json"])
-    assert code == 0
-    result = json.loads(out.getvalue())
+    result = _slm_run_json(store, "--temperature", "1")
     assert isinstance(result["seed"], int)
     assert session.generate(PROMPT, MAX_TOKENS, temperature=1.0, seed=result["seed"]).text == result["text"]
 
@@ -224,6 +229,13 @@ def test_logprobs_equal_the_log_softmax_of_session_logits_at_every_position(serv
     assert wire.text_offset == list(np.cumsum([0] + [len(t) for t in wire.tokens[:-1]]))
 
 
+def test_slm_run_logprobs_are_the_apis(session, store):
+    api = session.generate(PROMPT, MAX_TOKENS, logprobs=5)
+    cli = _slm_run_json(store, "--logprobs", "5")
+    assert cli["logprobs"] == json.loads(json.dumps([r.to_json() for r in api.logprobs]))
+    assert [r["token"] for r in cli["logprobs"]] == list(api.tokens)
+
+
 def test_chat_logprobs_have_openais_shape_streamed_and_not(server, session):
     client = server.client()
     messages = [{"role": "user", "content": PROMPT}]
@@ -244,6 +256,10 @@ def test_chat_logprobs_have_openais_shape_streamed_and_not(server, session):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="active", messages=messages, max_tokens=2, top_logprobs=2)
     assert "top_logprobs needs logprobs: true" in _error(refused.value)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="active", messages=messages, max_tokens=2, logprobs=True,
+                                       top_logprobs=21)
+    assert _error(refused.value).startswith("top_logprobs must be an integer between 0 and 20")
 
 
 # -- penalties, bias, filters: one implementation, three doors --------------------------------------
