@@ -51,7 +51,11 @@ def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
     wide = logits.astype(np.float64)
     shifted = wide - wide.max()
     logp = shifted - np.log(np.exp(shifted).sum())
-    top = np.argsort(-logp, kind="stable")[:k] if k else np.empty(0, dtype=np.int64)
+    if k:  # (a partition, then a sort of k: not a sort of the whole vocabulary per token)
+        part = np.argpartition(-logp, k - 1)[:k] if k < logp.size else np.arange(logp.size)
+        top = part[np.lexsort((part, -logp[part]))]  # most likely first; a tie: the lower id first
+    else:
+        top = np.empty(0, dtype=np.int64)
     return TokenLogprob(int(token), float(logp[token]), tuple((int(t), float(logp[t])) for t in top))
 
 
