@@ -22,8 +22,9 @@ request caused, any other exception for a bug (the server maps both to HTTP in o
 
 A request with n choices is n Jobs (prepare_choices), one per choice, each with its own seed
 (slm.model.sampling.choice_seeds), sequence and sink, submitted together (submit_all): rows of
-the same batch. Each prefills its own copy of the prompt (the prompt cache serves a later
-choice whose twin finished its prefill first).
+the same batch. The prompt is prefilled once: choice 0 prefills it; the others wait (in
+self.awaiting) and then copy its keys and values from the prompt cache (a prompt too large for
+the cache, or a choice 0 that failed or was cancelled: they prefill their own).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Job:
     index: int = 0  # which choice of its request
     seed: int = 0  # its sampler's seed (the request's, + index; else a fresh random one)
     logprobs_sent: int = 0  # how many of seq.token_logprobs went out with text already
+    twin: "Job | None" = None  # choice 0 of its request, whose prefill the others copy
 
     def take_logprobs(self) -> list[TokenLogprobs]:
         """The logprobs of the tokens not yet handed out (with a text piece, or now)."""
@@ -108,6 +110,7 @@ class Scheduler:
         self.pending: queue.Queue[Job] = queue.Queue()
         self.running: list[Job] = []
         self.prefilling: collections.deque[Job] = collections.deque()  # admitted, prompt not yet all in the cache
+        self.awaiting: list[Job] = []  # admitted choices waiting for their choice 0's prefill (its copy)
         # Prompts are tokenized (and large bodies parsed) on this one thread: off the event loop
         # and the engine thread; one thread's allocator arena holds at most one prompt's peak
         # (each thread that tokenized a long prompt kept its own, slm.model.allocator); and the
@@ -143,7 +146,7 @@ class Scheduler:
         for index in range(1, req.n):
             jobs.append(Job(first.rid, first.req, loaded, first.prompt_ids, sink_of(index), first.capacity))
         for index, (job, seed) in enumerate(zip(jobs, seeds)):
-            job.index, job.seed = index, seed
+            job.index, job.seed, job.twin = index, seed, first if index else None
         return jobs
 
     def _prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
@@ -228,11 +231,12 @@ class Scheduler:
         self.kernels.set_activations(self.activations)
         while not self._stop.is_set():
             self._admit()
-            if not self.running and not self.prefilling:
+            if not self.running and not self.prefilling and not self.awaiting:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
             self._prefill_next()  # one chunk of one prompt, between two decode steps
+            self._resume_awaiting()
             if not self.running or self._stop.is_set():
                 continue
             try:
@@ -242,10 +246,10 @@ class Scheduler:
                 for job in self.running:
                     self._fail(job, err)
                 self.running = []
-        for job in [*self.running, *self.prefilling, *self._drain_pending()]:
+        for job in [*self.running, *self.prefilling, *self.awaiting, *self._drain_pending()]:
             if self._close(job):
                 job.sink(("done", CANCELLED, len(job.prompt_ids), len(job.ids)))
-        self.running = []
+        self.running, self.awaiting = [], []
         self.prefilling.clear()
 
     def _drain_pending(self) -> list[Job]:
@@ -257,7 +261,7 @@ class Scheduler:
                 return out
 
     def _admit(self) -> None:
-        while len(self.running) + len(self.prefilling) < self.max_batch:
+        while len(self.running) + len(self.prefilling) + len(self.awaiting) < self.max_batch:
             try:
                 job = self.pending.get_nowait()
             except queue.Empty:
@@ -290,6 +294,31 @@ class Scheduler:
         job.seq = new_sequence(loaded.model, job.prompt_ids, sampler, stops, job.capacity, processors,
                                logprobs=req.logprobs)
         logits = self.prompts.get(loaded.id, job.prompt_ids, job.seq.cache)
+        if logits is None and self._twin_prefilling(job):
+            self.awaiting.append(job)
+        elif logits is None:
+            self.prefilling.append(job)
+        else:
+            self._first_token(job, logits)
+
+    def _twin_prefilling(self, job: Job) -> bool:
+        return job.twin is not None and not job.twin.finished and job.twin in self.prefilling
+
+    def _resume_awaiting(self) -> None:
+        """Choices whose choice 0 has prefilled the prompt copy its keys and values from the
+        prompt cache and run (or, not found there, prefill their own)."""
+        waiting = []
+        for job in self.awaiting:
+            if self._dropped(job):
+                continue
+            if self._twin_prefilling(job):
+                waiting.append(job)
+                continue
+            self._guarded(job, self._resume, job)
+        self.awaiting = waiting
+
+    def _resume(self, job: Job) -> None:
+        logits = self.prompts.get(job.loaded.id, job.prompt_ids, job.seq.cache)
         if logits is None:
             self.prefilling.append(job)
         else:

@@ -326,3 +326,47 @@ def test_a_seeded_request_is_reproduced_byte_for_byte_inside_a_batch_of_8_mixed_
     assert batched == alone
     assert alone == runtime.session(specs[1]).generate(PROMPT, MAX_TOKENS, temperature=1.0, top_p=0.95,
                                                        seed=4242).text
+
+
+def test_n_choices_prefill_the_prompt_once_and_each_equals_its_seed_alone(store, monkeypatch):
+    """Choice 0 prefills; the others copy its keys and values (the prompt cache) and still give
+    what their seed gives alone."""
+    import slm.ops.scheduler as scheduling
+
+    runtime = slm.Runtime(store, threads=1)
+    loaded = runtime.stage(store.active())
+    prefilled = []
+    real = scheduling.prefill_next
+
+    def counted(seq, chunk):
+        prefilled.append(id(seq))
+        return real(seq, chunk)
+
+    monkeypatch.setattr(scheduling, "prefill_next", counted)
+    prompt = "a prompt that no other test of this module prefills"
+    req = slm.api.GenerationRequest(chat=False, prompt=prompt, messages=(), max_tokens=MAX_TOKENS,
+                                    max_tokens_given=True, temperature=1.0, top_p=1.0, seed=77, stop=(), n=3)
+    scheduler = runtime.scheduler(max_batch=8)
+    texts, done = [[], [], []], [threading.Event() for _ in range(3)]
+
+    def sink_of(index):
+        def sink(event):
+            if event[0] == "text":
+                texts[index].append(event[1])
+            else:
+                assert event[0] == "done", event
+                done[index].set()
+        return sink
+
+    try:
+        jobs = scheduler.prepare_choices(loaded, req, sink_of)
+        assert [(j.index, j.seed) for j in jobs] == [(0, 77), (1, 78), (2, 79)]
+        scheduler.submit_all(jobs)
+        scheduler.start()
+        assert all(d.wait(HANG_S) for d in done)
+    finally:
+        scheduler.stop()
+    assert len(set(prefilled)) == 1  # one sequence prefilled the prompt
+    session = runtime.session()
+    for i in range(3):
+        assert "".join(texts[i]) == session.generate(prompt, MAX_TOKENS, temperature=1.0, seed=77 + i).text
