@@ -144,9 +144,8 @@ class Sampler:
         # whatever T. Dividing l by T first overflows to inf for a tiny T (1e-308: inf - inf is
         # NaN). A T so small that the others' exponents reach -inf leaves weight on the largest
         # logits alone: greedy, a tie between maxima drawn at random.
-        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            probs = np.exp((wide - wide.max()) / self.temperature)
-        probs = np.nan_to_num(probs, nan=0.0)
+        with np.errstate(over="ignore", under="ignore"):
+            probs = np.exp((wide - wide.max()) / self.temperature)  # (a banned token's -inf: 0)
         if 0 < self.top_k < probs.size:
             kth = np.partition(probs, probs.size - self.top_k)[probs.size - self.top_k]
             probs[probs < kth] = 0.0  # (ties with the k-th kept: the same set whatever the order)
