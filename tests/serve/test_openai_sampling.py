@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import slm
-from helpers import HANG_S, copy_store, tiny_store
+from helpers import HANG_S, copy_store, refused, tiny_store
 from serve_helpers import Server
 
 openai = pytest.importorskip("openai")
@@ -278,6 +278,19 @@ def test_penalties_bias_and_filters_give_the_apis_answer(server, session):
     assert banned not in api.tokens
     biased = session.generate(PROMPT, MAX_TOKENS, logit_bias={banned: -100})
     assert biased.tokens[0] != banned  # the bias changes the greedy answer
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--top-k", "-1"], "top_k must be an integer >= 0"),
+    (["--min-p", "2"], "min_p must be a number in [0, 1]"),
+    (["--repeat-penalty", "0"], "repeat_penalty must be a finite number > 0"),
+    (["--frequency-penalty", "3"], "frequency_penalty must be a number between -2 and 2"),
+    (["--presence-penalty", "-2.5"], "presence_penalty must be a number between -2 and 2"),
+    (["--logprobs", "21"], "logprobs must be an integer between 0 and 20"),
+])
+def test_slm_run_refuses_a_bad_sampling_option_in_one_line(cli, store, args, message):
+    r = refused(cli, store.root, slm.ExitCode.INVALID_INPUT, "run", PROMPT, "-n", "2", *args)
+    assert message in r.err
 
 
 def test_a_logit_bias_id_outside_the_vocabulary_is_a_400(server, session):
