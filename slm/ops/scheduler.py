@@ -82,10 +82,10 @@ class Job:
 
     def take_logprobs(self) -> list[TokenLogprobs]:
         """The logprobs of the tokens not yet handed out (with a text piece, or now)."""
-        from slm.ops.run import logprob_view
-
         if self.seq is None or self.seq.logprobs is None:
             return []
+        from slm.ops.run import logprob_view
+
         new = self.seq.token_logprobs[self.logprobs_sent:]
         self.logprobs_sent += len(new)
         return [logprob_view(self.loaded.tokenizer, record) for record in new]
@@ -407,4 +407,4 @@ class Scheduler:
     def _gauge(self) -> None:
         if self.metrics:
             self.metrics.queue_depth.set(self.pending.qsize())
-            self.metrics.running.set(len(self.running) + len(self.prefilling))
+            self.metrics.running.set(len(self.running) + len(self.prefilling) + len(self.awaiting))

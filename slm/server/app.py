@@ -270,7 +270,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
     async def slm_status(request: Request) -> Response:
         status = await run_in_threadpool(catalog.status)
         status.update(queue_depth=scheduler.pending.qsize(), running=len(scheduler.running),
-                      prefilling=len(scheduler.prefilling), max_batch=scheduler.max_batch, draining=scheduler.draining)
+                      prefilling=len(scheduler.prefilling) + len(scheduler.awaiting),  # (choices awaiting a copy)
+                      max_batch=scheduler.max_batch, draining=scheduler.draining)
         return JSONResponse(status)
 
     async def metrics_endpoint(request: Request) -> Response:

@@ -383,3 +383,20 @@ def test_n_choices_prefill_the_prompt_once_and_each_equals_its_seed_alone(store,
     session = runtime.session()
     for i in range(3):
         assert "".join(texts[i]) == session.generate(prompt, MAX_TOKENS, temperature=1.0, seed=77 + i).text
+
+
+def test_streamed_completion_logprobs_join_into_the_whole_answers(server):
+    client = server.client()
+    whole = client.completions.create(model="active", prompt=PROMPT, max_tokens=MAX_TOKENS, logprobs=2)
+    tokens, logprobs, offsets, text = [], [], [], ""
+    for chunk in client.completions.create(model="active", prompt=PROMPT, max_tokens=MAX_TOKENS, logprobs=2,
+                                           stream=True):
+        for choice in chunk.choices:
+            text += choice.text
+            if choice.logprobs is not None:
+                tokens += choice.logprobs.tokens
+                logprobs += choice.logprobs.token_logprobs
+                offsets += choice.logprobs.text_offset
+    wire = whole.choices[0].logprobs
+    assert text == whole.choices[0].text
+    assert (tokens, logprobs, offsets) == (wire.tokens, wire.token_logprobs, wire.text_offset)
