@@ -229,11 +229,20 @@ def test_logprobs_equal_the_log_softmax_of_session_logits_at_every_position(serv
     assert wire.text_offset == list(np.cumsum([0] + [len(t) for t in wire.tokens[:-1]]))
 
 
-def test_slm_run_logprobs_are_the_apis(session, store):
+def test_slm_run_logprobs_are_the_apis_and_the_log_softmax_of_its_own_logits(session, store, tmp_path):
+    """`slm run --logprobs` gives the API's numbers, and they are the float64 log-softmax of the
+    very logits the run sampled from (the rows --logits-out saves), to the last bits."""
     api = session.generate(PROMPT, MAX_TOKENS, logprobs=5)
-    cli = _slm_run_json(store, "--logprobs", "5")
-    assert cli["logprobs"] == json.loads(json.dumps([r.to_json() for r in api.logprobs]))
+    plain = _slm_run_json(store, "--logprobs", "5")["logprobs"]
+    assert plain == json.loads(json.dumps([r.to_json() for r in api.logprobs]))
+    # (--logits-out prefills with every position's logits, whose last row may differ from the
+    # last-row-only pass in the last bits: its own logits are the reference here)
+    cli = _slm_run_json(store, "--logprobs", "5", "--logits-out", str(tmp_path / "logits.npy"))
     assert [r["token"] for r in cli["logprobs"]] == list(api.tokens)
+    rows = _log_softmax(np.load(tmp_path / "logits.npy"))[len(cli["prompt_tokens"]) - 1:]
+    for row, record in zip(rows, cli["logprobs"]):
+        assert abs(record["logprob"] - row[record["token"]]) < 1e-12
+        assert [a["token"] for a in record["top"]] == np.argsort(-row, kind="stable")[:5].tolist()
 
 
 def test_chat_logprobs_have_openais_shape_streamed_and_not(server, session):
