@@ -90,6 +90,9 @@ def check_logit_bias(logit_bias, vocab_size: int | None = None) -> None:
             raise InvalidInput(f"logit_bias: {key!r} is not a token id (an integer >= 0{limit})")
         if not (_real(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
             raise InvalidInput(f"logit_bias[{key}] must be a number between -100 and 100, not {bias!r}")
+    banned = {_token_id(k) for k, b in logit_bias.items() if b <= -MAX_LOGIT_BIAS}
+    if vocab_size is not None and len(banned) >= vocab_size:
+        raise InvalidInput("logit_bias bans every token of the vocabulary (-100 bans a token)")
 
 
 def _token_id(key) -> int | None:

@@ -91,6 +91,7 @@ def test_choice_i_of_a_seeded_request_uses_seed_plus_i():
     ({"logit_bias": {"5": 101}}, r"logit_bias\[5\] must be a number between -100 and 100"),
     ({"logit_bias": {"99": 1}, "vocab_size": 99}, "logit_bias: '99' is not a token id .* below 99"),
     ({"logit_bias": [1, 2]}, "logit_bias must be an object"),
+    ({"logit_bias": {0: -100, "1": -100}, "vocab_size": 2}, "logit_bias bans every token"),
     ({"logprobs": 21}, "logprobs must be an integer between 0 and 20"),
     ({"n": 0}, "n must be an integer >= 1"),
     ({"n": 9, "max_n": 8}, "n is 9; this server decodes at most 8"),
