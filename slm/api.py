@@ -360,31 +360,36 @@ class Session:
     def composition_id(self) -> str:
         return self._loaded.id
 
-    def _options(self, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int,
-                 chat: bool) -> RunOptions:
+    def _options(self, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int | None,
+                 chat: bool, **sampling) -> RunOptions:
         from slm.ops.run import RunOptions
 
-        return RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                          seed=seed, chat=chat, threads=self.runtime.threads,
-                          activations=self.runtime.activations)
+        return RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                          chat=chat, threads=self.runtime.threads, activations=self.runtime.activations, **sampling)
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int = 0, chat: bool = False) -> Generation:
+                 seed: int | None = None, chat: bool = False, *, top_k: int = 0, min_p: float = 0.0,
+                 repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 logit_bias: dict[int, float] | None = None, logprobs: int | None = None) -> Generation:
+        """seed None: a fresh random seed, reported as Generation.seed; logprobs k: each token's
+        logprob and its k likeliest alternatives (docs/api.md, "Sampling")."""
         from slm.ops import run
 
-        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
+        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat, top_k=top_k, min_p=min_p,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs)
         return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
 
     def stream(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int = 0, chat: bool = False) -> Iterator[str]:
-        """The generated text in pieces, each as soon as it decodes to whole characters."""
+               seed: int | None = None, chat: bool = False, **sampling: object) -> Iterator[str]:
+        """The text in pieces, each as soon as it decodes to whole characters (generate's options)."""
         import queue
         import threading
 
         from slm.ops import run
 
         pieces: queue.Queue = queue.Queue()
-        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
+        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat, **sampling)
         failure: list[BaseException] = []
 
         def work() -> None:
@@ -429,10 +434,16 @@ class Session:
             return np.asarray(model.forward(ids, cache, "all"), dtype=np.float32)  # (T, V)
 
 
-def check_sampling(temperature: float, top_p: float, seed: int, max_temperature: float = math.inf) -> None:
+def check_sampling(temperature: float, top_p: float, seed: int | None, max_temperature: float = math.inf) -> None:
     """The one check of sampling options (slm run's, the sessions', the server's): InvalidInput
     naming the option unless temperature is a finite number in [0, max_temperature] (the server
-    takes OpenAI's range, 0 to 2), top_p in (0, 1] and seed an integer in [0, 2^63 - 1]."""
+    takes OpenAI's range, 0 to 2), top_p in (0, 1] and seed None or an integer in [0, 2^63 - 1]."""
     from slm.model.sampling import check_sampling as check
-
     check(temperature, top_p, seed, max_temperature)
+
+
+def check_processing(**options: object) -> None:
+    """The check of the other sampling options (top_k, min_p, the penalties, logit_bias,
+    logprobs, n; slm.model.sampling.check_processing): InvalidInput naming the option."""
+    from slm.model.sampling import check_processing as check
+    check(**options)

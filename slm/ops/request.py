@@ -26,5 +26,13 @@ class GenerationRequest:
     max_tokens_given: bool  # False: max_tokens is a default, lowered to what the context leaves
     temperature: float
     top_p: float
-    seed: int
+    seed: int | None  # None: each choice a fresh random seed; s: choice i uses s + i
     stop: tuple[str, ...]  # stop sequences: the text ends before the first one
+    n: int = 1  # choices, decoded as rows of the batch (at most the scheduler's max_batch)
+    top_k: int = 0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs; ids checked against the vocabulary
+    logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives

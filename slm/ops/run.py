@@ -12,11 +12,12 @@ import numpy as np
 from slm.errors import InvalidInput, SlmError
 from slm.model.chat import chat_prompt_ids
 from slm.model.generate import generate
-from slm.model.sampling import Sampler, check_sampling
+from slm.model.processors import processors_for
+from slm.model.sampling import Sampler, check_processing, check_sampling, logit_bias_items
 from slm.model.stops import SWITCHED
 from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
-from slm.ops.results import CompositionInfo, Generation, Timings
+from slm.ops.results import Alternative, CompositionInfo, Generation, Timings, TokenLogprobs
 from slm.ops.prefix_cache import DiskPromptCache, budget_of
 from slm.store import StoreDir, outputs
 
@@ -31,13 +32,20 @@ class RunOptions:
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
-    seed: int = 0
+    seed: int | None = None  # None: a fresh random seed (reported in the Generation)
     chat: bool = False
     logits_out: Path | None = None
     memory_budget: str | None = None
     on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
     threads: int | None = None  # None: every core
     activations: str = "float32"  # or "int8" (opt-in, faster, logits move: docs/numerics.md)
+    top_k: int = 0  # 0: no limit
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0  # 1: off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict | None = None  # {token id: -100..100}
+    logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives
 
 
 def prompt_from_stdin(stream) -> str:
@@ -61,6 +69,8 @@ def _check_options(o: RunOptions) -> None:
     except UnicodeEncodeError as err:  # undecodable argv bytes arrive as lone surrogates
         raise InvalidInput("the prompt is not UTF-8 text") from err
     check_sampling(o.temperature, o.top_p, o.seed)  # (before the model loads: a fast refusal)
+    check_processing(o.top_k, o.min_p, o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.logit_bias,
+                     o.logprobs)
     if not (_whole(o.max_tokens) and o.max_tokens >= 0):
         raise InvalidInput(f"max_tokens must be an integer >= 0, not {o.max_tokens!r}")
     if o.on_switch not in ("stop", "finish"):
@@ -174,9 +184,14 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     def on_token(token: int) -> str | None:
         return SWITCHED if watch and _switched(store, loaded.id) else None
 
-    gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
+    check_processing(logit_bias=o.logit_bias, vocab_size=model.cfg.vocab_size)
+    sampler = Sampler(o.temperature, o.top_p, o.seed, o.top_k, o.min_p)  # (seed None: a fresh one)
+    processors = processors_for(o.frequency_penalty, o.presence_penalty, o.repeat_penalty,
+                                logit_bias_items(o.logit_bias))
+    gen = generate(model, prompt_ids, o.max_tokens, sampler,
                    tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
-                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text)
+                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text,
+                   processors=processors, logprobs=o.logprobs)
     comp = loaded.composition
     result = Generation(
         composition=loaded.id,
@@ -190,9 +205,18 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         timings=Timings(round(gen.prefill_s, 4), round(gen.decode_s, 4), round(gen.prefill_tok_s, 2),
                         round(gen.decode_tok_s, 2)),
         memory_estimate=est.to_json(),
+        seed=sampler.seed,
+        logprobs=None if o.logprobs is None else tuple(logprob_view(tok, r) for r in gen.logprobs),
     )
     logits = np.stack(gen.logits).astype(np.float32) if keep_logits else None  # (positions, vocab)
     return result, logits
+
+
+def logprob_view(tok, record) -> TokenLogprobs:
+    """A slm.model.generation.TokenLogprob with the tokens' texts (the API's and `--json`'s)."""
+    text = lambda t: tok.decode([t])  # noqa: E731
+    return TokenLogprobs(record.token, text(record.token), record.logprob,
+                         tuple(Alternative(t, text(t), lp) for t, lp in record.top))
 
 
 def _switched(store: StoreDir, pinned: str) -> bool:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 DEFAULT_BODY_LIMIT = 1 << 20  # 1 MiB: a long prompt fits many times over
 DISCARD_LIMIT = 64 << 20  # an oversized body up to this is read and dropped before the 413
 HEADER = "slm-composition"
+SEED_HEADER = "x-slm-seed"  # each choice's sampler seed, comma-separated in choice order
 PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (well under a millisecond)
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
@@ -146,43 +147,47 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                 await loop.run_in_executor(scheduler.preparing, protocol.parse_body, body)
             req = protocol.parse_request(doc, chat)
             events: asyncio.Queue = asyncio.Queue()
-            pieces: list[str] = []  # a whole answer's text, gathered on the scheduler's thread
+            choices: list[protocol.Choice] = []
 
-            def sink(event: tuple) -> None:  # called on the scheduler's thread
-                if event[0] == "text" and not req.stream:
-                    # kept until the end: no wake-up of the event loop a token (on two cores
-                    # each one takes CPU from the decode step); read after "done" comes
-                    pieces.append(event[1])
-                    return
-                try:
-                    loop.call_soon_threadsafe(events.put_nowait, event)
-                except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
-                    pass
+            def sink_of(index: int) -> Callable[[tuple], None]:
+                def sink(event: tuple) -> None:  # called on the scheduler's thread
+                    if event[0] == "text" and not req.stream:
+                        # kept until the end: no wake-up of the event loop a token (on two cores
+                        # each one takes CPU from the decode step); read after "done" comes
+                        choices[index].pieces.append(event[1])
+                        choices[index].logprobs.extend(event[2])
+                        return
+                    try:
+                        loop.call_soon_threadsafe(events.put_nowait, (index, event))
+                    except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
+                        pass
+                return sink
 
             try:
                 loaded = await run_in_threadpool(catalog.resolve, req.model)
                 # tokenized on the scheduler's preparing thread (its prepare checks the length
                 # first: a prompt too long for the context by its bytes alone is not tokenized)
-                job = await loop.run_in_executor(scheduler.preparing, scheduler.prepare, loaded, req.generation(),
-                                                 sink)
-                scheduler.submit(job)
+                jobs = await loop.run_in_executor(scheduler.preparing, scheduler.prepare_choices, loaded,
+                                                  req.generation(), sink_of)
+                choices.extend(protocol.Choice(job.index, job.seed) for job in jobs)
+                scheduler.submit_all(jobs)
             except SlmError as err:
                 raise protocol.http_error(err) from err
         except BadRequest as err:
             return error_response(err.status, err.message, err.kind, headers=err.headers, comp=active_id())
-        comp, model = job.loaded.id, req.model or "active"
-        headers = {HEADER: comp}
-        request.state.log = f"comp={comp[len('blake3:'):][:12]} prompt={len(job.prompt_ids)}"
+        comp, model = jobs[0].loaded.id, req.model or "active"
+        headers = {HEADER: comp, SEED_HEADER: ",".join(str(c.seed) for c in choices)}
+        request.state.log = f"comp={comp[len('blake3:'):][:12]} prompt={len(jobs[0].prompt_ids)}"
         if req.stream:
-            return StreamingResponse(stream(request, req, job, events, comp, model), media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache"})
+            return StreamingResponse(stream(request, req, jobs, choices, events, comp, model),
+                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         try:
-            while True:
+            waiting = len(jobs)
+            while waiting:
                 try:
-                    event = await asyncio.wait_for(events.get(), timeout=0.5)
+                    index, event = await asyncio.wait_for(events.get(), timeout=0.5)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
-                        job.cancel()
                         return Response(status_code=499, headers=headers)
                     continue
                 except asyncio.CancelledError:
@@ -194,42 +199,56 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                 if event[0] == "error":
                     failed = protocol.http_error(event[1])
                     return error_response(failed.status, failed.message, failed.kind, comp=comp)
-                else:
-                    _, reason, n_prompt, n_out = event
-                    request.state.log += f" completion={n_out} finish={reason}"
-                    if reason == "cancelled":
-                        return error_response(503, "the server is shutting down; the request was cancelled",
-                                              "unavailable", comp=comp)
-                    body = protocol.completion(req, job.rid, comp, model, "".join(pieces), reason, n_prompt, n_out)
-                    return JSONResponse(body, headers=headers)
+                _, reason, n_prompt, n_out = event
+                if reason == "cancelled":
+                    return error_response(503, "the server is shutting down; the request was cancelled",
+                                          "unavailable", comp=comp)
+                choice = choices[index]
+                choice.reason, choice.completion_tokens = reason, n_out
+                choice.logprobs.extend(jobs[index].take_logprobs())
+                waiting -= 1
+            request.state.log += (f" completion={sum(c.completion_tokens for c in choices)} "
+                                  f"finish={','.join(c.reason for c in choices)}")
+            body = protocol.completion(req, jobs[0].rid, comp, model, choices, len(jobs[0].prompt_ids))
+            return JSONResponse(body, headers=headers)
         finally:
-            job.cancel()  # no-op once finished; a cancelled handler (client gone) frees the row
+            for job in jobs:
+                job.cancel()  # no-op once finished; a cancelled handler (client gone) frees the rows
 
-    async def stream(request: Request, req, job, events: asyncio.Queue, comp: str, model: str):
+    async def stream(request: Request, req, jobs, choices, events: asyncio.Queue, comp: str, model: str):
         def sse(doc: dict) -> str:
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
         try:
-            first = True
-            while True:
-                event = await events.get()
+            first = [True] * len(jobs)
+            waiting = len(jobs)
+            while waiting:
+                index, event = await events.get()
+                choice = choices[index]
                 if event[0] == "text":
-                    yield sse(protocol.chunk(req, job.rid, comp, model, event[1], first=first))
-                    first = False
+                    yield sse(protocol.chunk(req, jobs[0].rid, comp, model, choice, event[1], first=first[index],
+                                             logprobs=event[2]))
+                    first[index] = False
                 elif event[0] == "error":
                     failed = protocol.http_error(event[1])
                     yield sse(protocol.error_body(failed.message, failed.kind))
                     break
                 else:
                     _, reason, n_prompt, n_out = event
-                    request.state.log += f" completion={n_out} finish={reason}"
-                    yield sse(protocol.chunk(req, job.rid, comp, model, None, reason, first=first))
-                    if req.include_usage:
-                        yield sse(protocol.usage_chunk(req, job.rid, comp, model, n_prompt, n_out))
-                    break
+                    choice.reason, choice.completion_tokens = reason, n_out
+                    yield sse(protocol.chunk(req, jobs[0].rid, comp, model, choice, None, reason, first=first[index],
+                                             logprobs=jobs[index].take_logprobs()))
+                    waiting -= 1
+            else:
+                request.state.log += (f" completion={sum(c.completion_tokens for c in choices)} "
+                                      f"finish={','.join(c.reason for c in choices)}")
+                if req.include_usage:
+                    yield sse(protocol.usage_chunk(req, jobs[0].rid, comp, model, len(jobs[0].prompt_ids),
+                                                   sum(c.completion_tokens for c in choices)))
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel()  # the client went away (the generator is closed): drop the row next step
+            for job in jobs:
+                job.cancel()  # the client went away (the generator is closed): drop the rows next step
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -251,7 +270,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
     async def slm_status(request: Request) -> Response:
         status = await run_in_threadpool(catalog.status)
         status.update(queue_depth=scheduler.pending.qsize(), running=len(scheduler.running),
-                      prefilling=len(scheduler.prefilling), max_batch=scheduler.max_batch, draining=scheduler.draining)
+                      prefilling=len(scheduler.prefilling) + len(scheduler.awaiting),  # (choices awaiting a copy)
+                      max_batch=scheduler.max_batch, draining=scheduler.draining)
         return JSONResponse(status)
 
     async def metrics_endpoint(request: Request) -> Response:

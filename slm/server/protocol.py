@@ -1,9 +1,15 @@
 """The OpenAI wire format: request bodies checked into typed requests, results into responses.
 
 Every check of a client's input that needs no model lives here (one-line messages, HTTP
-4xx); what needs the model (the prompt's length against the context) is the scheduler's
-(slm.api.Runtime.scheduler's prepare). Unknown fields are ignored, as OpenAI-compatible servers do.
-Every slm error becomes its HTTP status in one place, http_error.
+4xx); what needs the model (the prompt's length against the context, logit_bias's token ids
+against the vocabulary, n against max_batch) is the scheduler's (slm.api.Runtime.scheduler's
+prepare_choices). Every slm error becomes its HTTP status in one place, http_error.
+
+No field is ignored silently: FIELDS lists, per endpoint, every request field slm reads;
+IGNORED the few that cannot change an answer (accepted, no effect); any other field is a 400
+naming it, "unsupported field" for one OpenAI defines and slm does not implement
+(UNSUPPORTED), "unknown field" for one nobody defines (a typo must not pass). A field sent as
+null is as if absent. docs/serve.md has the table.
 """
 
 from __future__ import annotations
@@ -11,10 +17,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
-from slm.api import ChatMessage, GenerationRequest, check_sampling
+from slm.api import ChatMessage, GenerationRequest, check_processing, check_sampling
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 256
@@ -22,6 +28,23 @@ MAX_MESSAGES = 1024
 ROLES = ("system", "user", "assistant")
 DEFAULT_MAX_TOKENS = 128  # as `slm run`
 MAX_TEMPERATURE = 2.0  # OpenAI's range (slm run takes any finite temperature >= 0)
+
+# Every request field each endpoint implements (the one allowlist: a field is added here when
+# slm implements it). top_k, min_p and repeat_penalty are llama-server's and vLLM's extensions.
+_SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
+                       "n", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_k", "min_p",
+                       "repeat_penalty"})
+FIELDS = {
+    "completions": _SAMPLING | {"prompt", "echo", "best_of", "suffix"},  # (the last three: only their no-op values)
+    "chat": _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs"},
+}
+# Accepted and ignored: they cannot change an answer (an end-user id, a label, whether OpenAI
+# keeps the request, a billing tier).
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
+# OpenAI defines these; slm does not implement them: 400 "unsupported field".
+UNSUPPORTED = frozenset({"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
+                         "reasoning_effort", "verbosity", "response_format", "tools", "tool_choice",
+                         "parallel_tool_calls", "suffix", "echo", "best_of"})
 
 
 class BadRequest(Exception):
@@ -66,16 +89,28 @@ class GenerateRequest:
     max_tokens_given: bool
     temperature: float
     top_p: float
-    seed: int
+    seed: int | None
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+    n: int = 1
+    top_k: int = 0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     def generation(self) -> GenerationRequest:
         """What the scheduler runs: this request without its wire-format fields."""
         return GenerationRequest(chat=self.chat, prompt=self.prompt, messages=self.messages,
                                  max_tokens=self.max_tokens, max_tokens_given=self.max_tokens_given,
-                                 temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop)
+                                 temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop,
+                                 n=self.n, top_k=self.top_k, min_p=self.min_p,
+                                 frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
+                                 repeat_penalty=self.repeat_penalty, logit_bias=self.logit_bias,
+                                 logprobs=self.logprobs)
 
 
 def parse_body(body: bytes) -> dict:
@@ -159,13 +194,48 @@ def _prompt(doc: dict) -> str:
     return prompt
 
 
+def check_fields(doc: dict, chat: bool) -> None:
+    """400 naming the first field slm neither implements nor may ignore (a null one is absent)."""
+    allowed = FIELDS["chat" if chat else "completions"] | IGNORED
+    for key, value in doc.items():
+        if key in allowed or value is None:
+            continue
+        kind = "unsupported" if key in UNSUPPORTED else "unknown"
+        raise BadRequest(f"{kind} field: {key}" + (" (slm does not implement it; docs/serve.md)"
+                                                     if kind == "unsupported" else ""))
+    # fields whose one no-op value is accepted (clients send their defaults)
+    n = doc.get("n")
+    for key, no_op in (("echo", False), ("suffix", ""), ("best_of", 1 if n is None else n)):
+        if doc.get(key) not in (None, no_op):
+            raise BadRequest(f"unsupported field: {key} (only {json.dumps(no_op)}; slm does not implement it)")
+
+
+def _logprobs(doc: dict, chat: bool) -> int | None:
+    """How many alternatives per token (None: no logprobs): chat's logprobs (bool) with
+    top_logprobs (0..20), completions' logprobs (0..20)."""
+    if not chat:
+        return _integer(doc, "logprobs", None)
+    wanted = doc.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise BadRequest("logprobs must be true or false")
+    top = _integer(doc, "top_logprobs", None)
+    if top is not None and not wanted:
+        raise BadRequest("top_logprobs needs logprobs: true")
+    return (top or 0) if wanted else None
+
+
+def _bias_pairs(logit_bias: dict | None) -> tuple[tuple[int, float], ...]:
+    """A checked logit_bias (check_processing) as sorted (token id, bias) pairs."""
+    return tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))
+
+
 def parse_request(doc: dict, chat: bool) -> GenerateRequest:
+    check_fields(doc, chat)
     model = doc.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise BadRequest("model must be a non-empty string: 'active', a composition id or prefix, "
                          "or BASE+ADAPTER@W+...")
-    if _integer(doc, "n", 1) != 1:
-        raise BadRequest("n must be 1 (one choice per request)")
+    n = _integer(doc, "n", 1)  # (at most the scheduler's max_batch: its prepare_choices checks)
     key = "max_completion_tokens" if chat and doc.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(doc, key, None)
     given = max_tokens is not None
@@ -173,9 +243,15 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         raise BadRequest(f"{key} must be at least 1, not {max_tokens}")
     temperature = _number(doc, "temperature", 0.0)
     top_p = _number(doc, "top_p", 1.0)
-    seed = _integer(doc, "seed", 0)
+    seed = _integer(doc, "seed", None)  # None: a fresh random seed per choice
+    processing = dict(top_k=_integer(doc, "top_k", 0), min_p=_number(doc, "min_p", 0.0),
+                      frequency_penalty=_number(doc, "frequency_penalty", 0.0),
+                      presence_penalty=_number(doc, "presence_penalty", 0.0),
+                      repeat_penalty=_number(doc, "repeat_penalty", 1.0), logprobs=_logprobs(doc, chat))
     try:
         check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # slm run's and the API's check, the sampler's own
+        check_processing(**processing, logit_bias=doc.get("logit_bias"), n=n,
+                         logprobs_name="top_logprobs" if chat else "logprobs")
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
     stream = doc.get("stream", False)
@@ -196,7 +272,7 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         model=None if model in (None, "active") else model.strip(),
         max_tokens=max_tokens if given else DEFAULT_MAX_TOKENS, max_tokens_given=given,
         temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc), stream=stream,
-        include_usage=bool(include_usage),
+        include_usage=bool(include_usage), n=n, logit_bias=_bias_pairs(doc.get("logit_bias")), **processing,
     )
 
 
@@ -212,30 +288,91 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str, reason: str,
-               prompt_tokens: int, completion_tokens: int) -> dict:
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-               "finish_reason": finish_reason(reason)} if req.chat else
-              {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)})
+@dataclass
+class Choice:
+    """One choice of an answer as it is gathered: its text pieces, logprobs (slm.TokenLogprobs),
+    seed and, once done, its finish reason and token count."""
+
+    index: int
+    seed: int
+    pieces: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    reason: str | None = None
+    completion_tokens: int = 0
+    offset: int = 0  # completions' text_offset of the next streamed token
+
+
+def _token_bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8", "surrogatepass"))
+
+
+def chat_logprobs(records) -> dict:
+    """OpenAI chat's choices[].logprobs: content[{token, logprob, bytes, top_logprobs[]}]."""
+    return {"content": [{"token": r.text, "logprob": r.logprob, "bytes": _token_bytes(r.text),
+                         "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": _token_bytes(a.text)}
+                                          for a in r.top]} for r in records], "refusal": None}
+
+
+def completion_logprobs(records, offset: int) -> dict:
+    """OpenAI completions' choices[].logprobs: tokens, token_logprobs, top_logprobs (text ->
+    logprob; two alternatives with one text keep the likelier), text_offset (each token's
+    start in the choice's text, from `offset`)."""
+    offsets = []
+    for r in records:
+        offsets.append(offset)
+        offset += len(r.text)
+    return {"tokens": [r.text for r in records], "token_logprobs": [r.logprob for r in records],
+            "top_logprobs": [_by_text(r.top) for r in records], "text_offset": offsets}
+
+
+def _by_text(alternatives) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for a in alternatives:  # most likely first
+        out.setdefault(a.text, a.logprob)
+    return out
+
+
+def _logprobs_of(req: GenerateRequest, choice: Choice, records) -> dict | None:
+    if req.logprobs is None:
+        return None
+    if req.chat:
+        return chat_logprobs(records)
+    shaped = completion_logprobs(records, choice.offset)
+    choice.offset += sum(len(r.text) for r in records)
+    return shaped
+
+
+def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, choices: list[Choice],
+               prompt_tokens: int) -> dict:
+    """A whole answer: every choice (with its seed, slm's extension), usage over all of them."""
+    out = []
+    for c in choices:
+        text = "".join(c.pieces)
+        logprobs = _logprobs_of(req, c, c.logprobs)
+        out.append({"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": finish_reason(c.reason), "seed": c.seed} if req.chat else
+                   {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(c.reason),
+                    "seed": c.seed})
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
-            "model": model, "system_fingerprint": comp_id, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "model": model, "system_fingerprint": comp_id, "choices": out,
+            "usage": usage(prompt_tokens, sum(c.completion_tokens for c in choices))}
 
 
-def chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str | None,
-          reason: str | None = None, first: bool = False) -> dict:
-    """One streamed piece (text None: only the finish reason)."""
+def chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, choice: Choice, text: str | None,
+          reason: str | None = None, first: bool = False, logprobs=()) -> dict:
+    """One streamed piece of one choice (text None: only the finish reason)."""
+    shaped = _logprobs_of(req, choice, list(logprobs))
     if req.chat:
         delta: dict = {"role": "assistant", "content": ""} if first else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None,
-                  "finish_reason": finish_reason(reason) if reason else None}
+        body = {"index": choice.index, "delta": delta, "logprobs": shaped,
+                "finish_reason": finish_reason(reason) if reason else None}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None,
-                  "finish_reason": finish_reason(reason) if reason else None}
+        body = {"index": choice.index, "text": text or "", "logprobs": shaped,
+                "finish_reason": finish_reason(reason) if reason else None}
     return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-            "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [choice]}
+            "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [body]}
 
 
 def usage_chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, prompt_tokens: int,
