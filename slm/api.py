@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from slm.compose.composition import Composition
 from slm.errors import InvalidInput, UsageError
-from slm.ops.request import ChatMessage, GenerationRequest  # noqa: F401  (what a Scheduler runs: slm serve builds them)
+from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat  # noqa: F401  (what a Scheduler runs: slm serve builds them)
 from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
 
@@ -361,22 +361,27 @@ class Session:
         return self._loaded.id
 
     def _options(self, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int,
-                 chat: bool) -> RunOptions:
+                 chat: bool, response_format: dict | ResponseFormat | None = None) -> RunOptions:
         from slm.ops.run import RunOptions
 
         return RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                           seed=seed, chat=chat, threads=self.runtime.threads,
-                          activations=self.runtime.activations)
+                          activations=self.runtime.activations, response_format=ResponseFormat.of(response_format))
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int = 0, chat: bool = False) -> Generation:
+                 seed: int = 0, chat: bool = False,
+                 response_format: dict | ResponseFormat | None = None) -> Generation:
+        """response_format: OpenAI's object ({"type": "json_object"}, {"type": "json_schema",
+        "json_schema": {"name": ..., "schema": {...}}}) or a ResponseFormat: the answer is
+        decoded under that grammar (docs/serve.md, "Structured output")."""
         from slm.ops import run
 
-        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
+        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat, response_format)
         return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
 
     def stream(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int = 0, chat: bool = False) -> Iterator[str]:
+               seed: int = 0, chat: bool = False,
+               response_format: dict | ResponseFormat | None = None) -> Iterator[str]:
         """The generated text in pieces, each as soon as it decodes to whole characters."""
         import queue
         import threading
@@ -384,7 +389,7 @@ class Session:
         from slm.ops import run
 
         pieces: queue.Queue = queue.Queue()
-        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
+        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat, response_format)
         failure: list[BaseException] = []
 
         def work() -> None:

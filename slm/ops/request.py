@@ -4,7 +4,12 @@ body into one; slm.api exports both types)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+
+from slm.errors import InvalidInput
+
+MAX_SCHEMA_BYTES = 256 << 10  # a schema's JSON text: far above any real one
 
 
 @dataclass(frozen=True)
@@ -14,10 +19,61 @@ class ChatMessage:
 
 
 @dataclass(frozen=True)
+class ResponseFormat:
+    """What the answer must be: any JSON object ("json_object") or a document valid under a
+    JSON schema ("json_schema"); enforced by grammar-constrained decoding (slm.ops.structured).
+    The same for the server's response_format, Session.generate(response_format=...) and
+    `slm run --json-schema FILE`."""
+
+    kind: str  # "json_object" or "json_schema"
+    schema_json: str  # the schema as JSON text ("{"type": "object"}" for json_object)
+    name: str | None = None
+
+    @property
+    def schema(self) -> dict:
+        return json.loads(self.schema_json)
+
+    @classmethod
+    def of(cls, value) -> "ResponseFormat | None":
+        """OpenAI's response_format object ({"type": "text" | "json_object" | "json_schema",
+        "json_schema": {"name", "schema", "strict"}}), checked; None for text (no constraint).
+        A ResponseFormat passes through."""
+        if value is None or isinstance(value, ResponseFormat):
+            return value
+        if not isinstance(value, dict):
+            raise InvalidInput("response_format must be an object with a type")
+        kind = value.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls("json_object", json.dumps({"type": "object"}))
+        if kind != "json_schema":
+            raise InvalidInput("response_format.type must be text, json_object or json_schema")
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise InvalidInput("response_format.json_schema must be an object with name and schema")
+        name, schema, strict = spec.get("name"), spec.get("schema"), spec.get("strict")
+        if name is not None and not isinstance(name, str):
+            raise InvalidInput("response_format.json_schema.name must be a string")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidInput("response_format.json_schema.strict must be true or false")
+        return cls.from_schema(schema, name, "response_format.json_schema.schema")
+
+    @classmethod
+    def from_schema(cls, schema, name: str | None = None, what: str = "the JSON schema") -> "ResponseFormat":
+        if not isinstance(schema, dict):
+            raise InvalidInput(f"{what} must be a JSON object")
+        text = json.dumps(schema, ensure_ascii=False)
+        if len(text.encode()) > MAX_SCHEMA_BYTES:
+            raise InvalidInput(f"{what} is over {MAX_SCHEMA_BYTES >> 10} KiB")
+        return cls("json_schema", text, name)
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """A prompt (or a chat) and its sampling options, checked for everything that needs no
-    model; what needs the model (the prompt's length against the context, the memory budget)
-    the scheduler checks when it prepares the request."""
+    model; what needs the model (the prompt's length against the context, the memory budget,
+    a schema's grammar against the vocabulary) the scheduler checks when it prepares the request."""
 
     chat: bool
     prompt: str  # not chat: the prompt text
@@ -28,3 +84,4 @@ class GenerationRequest:
     top_p: float
     seed: int
     stop: tuple[str, ...]  # stop sequences: the text ends before the first one
+    response_format: ResponseFormat | None = None  # None: free text

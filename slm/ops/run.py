@@ -16,6 +16,8 @@ from slm.model.sampling import Sampler, check_sampling
 from slm.model.stops import SWITCHED
 from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
+from slm.ops.request import ResponseFormat
+from slm.ops.structured import grammar_for, processors_for
 from slm.ops.results import CompositionInfo, Generation, Timings
 from slm.ops.prefix_cache import DiskPromptCache, budget_of
 from slm.store import StoreDir, outputs
@@ -38,6 +40,7 @@ class RunOptions:
     on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
     threads: int | None = None  # None: every core
     activations: str = "float32"  # or "int8" (opt-in, faster, logits move: docs/numerics.md)
+    response_format: ResponseFormat | None = None  # --json-schema: the answer follows it (grammar)
 
 
 def prompt_from_stdin(stream) -> str:
@@ -160,6 +163,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         prompt_ids = tok.encode(o.prompt)
     if not prompt_ids:
         raise InvalidInput("the prompt encodes to no tokens")
+    grammar = grammar_for(loaded, o.response_format)  # (needs the encoder: before its release)
     if encode_once:  # (a one-shot run: its tokenizer only decodes from here on; issue 35)
         tok.release_encoder()
     context = model.cfg.context_length
@@ -176,7 +180,8 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
 
     gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
                    tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
-                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text)
+                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text,
+                   processors=processors_for(loaded, grammar))
     comp = loaded.composition
     result = Generation(
         composition=loaded.id,

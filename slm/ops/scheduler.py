@@ -45,6 +45,7 @@ from slm.model.stops import CANCELLED, StopRules
 from slm.ops import budget
 from slm.ops.loading import Loaded
 from slm.ops.request import GenerationRequest
+from slm.ops.structured import grammar_for, processors_for
 
 __all__ = ["Job", "Scheduler"]
 
@@ -66,6 +67,7 @@ class Job:
     finished: bool = False
     seq: Sequence | None = None  # its generation, from admission on
     first_token_s: float | None = None
+    grammar: str | None = None  # the request's response format, compiled on its vocabulary
 
     @property
     def ids(self) -> list[int]:
@@ -135,8 +137,9 @@ class Scheduler:
             req = replace(req, max_tokens=max_tokens)
         est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids))
         budget.check(est, self.budget, "this request")
+        grammar = grammar_for(loaded, req.response_format)  # (a schema the engine refuses: InvalidInput)
         return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
-                   capacity=len(ids) + max_tokens)
+                   capacity=len(ids) + max_tokens, grammar=grammar)
 
     def submit(self, job: Job) -> None:
         if self.draining:
@@ -240,7 +243,7 @@ class Scheduler:
         stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop,
                           on_text=lambda piece: job.sink(("text", piece)))
         job.seq = new_sequence(loaded.model, job.prompt_ids, Sampler(req.temperature, req.top_p, req.seed),
-                               stops, job.capacity)
+                               stops, job.capacity, processors_for(loaded, job.grammar))
         logits = self.prompts.get(loaded.id, job.prompt_ids, job.seq.cache)
         if logits is None:
             self.prefilling.append(job)
