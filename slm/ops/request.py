@@ -60,6 +60,25 @@ class ResponseFormat:
         return cls.from_schema(schema, name, "response_format.json_schema.schema")
 
     @classmethod
+    def from_file(cls, path) -> "ResponseFormat":
+        """`slm run --json-schema FILE`: a JSON schema read from a file (InvalidInput if it
+        cannot be read or is not a JSON object)."""
+        from pathlib import Path
+
+        try:
+            with open(Path(path), "rb") as f:
+                data = f.read(MAX_SCHEMA_BYTES + 1)
+        except OSError as err:
+            raise InvalidInput(f"--json-schema {path}: {err.strerror or err}") from err
+        if len(data) > MAX_SCHEMA_BYTES:
+            raise InvalidInput(f"--json-schema {path}: over {MAX_SCHEMA_BYTES >> 10} KiB")
+        try:
+            schema = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise InvalidInput(f"--json-schema {path} is not JSON ({type(err).__name__})") from err
+        return cls.from_schema(schema, Path(path).stem, f"--json-schema {path}")
+
+    @classmethod
     def from_schema(cls, schema, name: str | None = None, what: str = "the JSON schema") -> "ResponseFormat":
         if not isinstance(schema, dict):
             raise InvalidInput(f"{what} must be a JSON object")

@@ -40,7 +40,8 @@ class RunOptions:
     on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
     threads: int | None = None  # None: every core
     activations: str = "float32"  # or "int8" (opt-in, faster, logits move: docs/numerics.md)
-    response_format: ResponseFormat | None = None  # --json-schema: the answer follows it (grammar)
+    response_format: ResponseFormat | None = None  # the answer follows it (grammar-constrained)
+    json_schema: Path | None = None  # --json-schema FILE: read into response_format
 
 
 def prompt_from_stdin(stream) -> str:
@@ -114,6 +115,8 @@ class LogitsFile:
 
 def run_prompt(store: StoreDir, o: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
     _check_options(o)
+    if o.json_schema is not None:  # (before the model loads: a bad file is a fast refusal)
+        o = replace(o, response_format=ResponseFormat.from_file(o.json_schema), json_schema=None)
     out_file = LogitsFile(o.logits_out, store.root) if o.logits_out else None
     try:
         # overflow shows as non-finite logits, refused with exit 10: no NumPy warnings on stderr

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from slm import SlmError
-from slm.server import protocol
+from slm.server import discovery, protocol
 from slm.server.catalog import Catalog
 from slm.server.metrics import CONTENT_TYPE_LATEST, Metrics
 from slm.server.protocol import BadRequest
@@ -118,7 +118,8 @@ class Guard:
         return None
 
 
-KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics"}
+KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics",
+               "/tokenize", "/detokenize"}
 
 
 def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_key: str | None = None,
@@ -238,12 +239,38 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         return await generate(request, chat=True)
 
     async def models(request: Request) -> Response:
-        status = await run_in_threadpool(catalog.status)
-        data = [{"id": "active", "object": "model", "created": 0, "owned_by": "slm",
-                 "composition": active_id()}]
-        data += [{"id": s["id"], "object": "model", "created": 0, "owned_by": "slm", "base": s["base_name"],
-                  "adapters": [f"{a['name']}@{a['weight']:g}" for a in s["adapters"]]} for s in status["staged"]]
+        try:
+            data = await run_in_threadpool(discovery.list_models, catalog)
+        except SlmError as err:
+            failed = protocol.http_error(err)
+            return error_response(failed.status, failed.message, failed.kind)
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(request: Request) -> Response:
+        try:
+            return JSONResponse(await run_in_threadpool(discovery.find_model, catalog, request.path_params["model_id"]))
+        except SlmError as err:
+            failed = protocol.http_error(err)
+            status = 404 if failed.status == 400 else failed.status  # (an unknown model: not found)
+            return error_response(status, failed.message, failed.kind, code="model_not_found" if status == 404 else None)
+
+    async def token_endpoint(request: Request, parse, work) -> Response:
+        """/tokenize and /detokenize: the body read under the same limit as the others, checked
+        by protocol, answered by discovery on the named (or active) composition."""
+        try:
+            args = parse(protocol.parse_body(await read_body(request)))
+            try:
+                return JSONResponse(await run_in_threadpool(work, catalog, *args))
+            except SlmError as err:
+                raise protocol.http_error(err) from err
+        except BadRequest as err:
+            return error_response(err.status, err.message, err.kind, headers=err.headers)
+
+    async def tokenize(request: Request) -> Response:
+        return await token_endpoint(request, protocol.parse_tokenize, discovery.tokenize)
+
+    async def detokenize(request: Request) -> Response:
+        return await token_endpoint(request, protocol.parse_detokenize, discovery.detokenize)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "draining" if scheduler.draining else "ok"})
@@ -266,6 +293,9 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/slm/status", slm_status, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
-from slm.api import ChatMessage, GenerationRequest, check_sampling
+from slm.api import ChatMessage, GenerationRequest, ResponseFormat, check_sampling
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 256
@@ -70,12 +70,14 @@ class GenerateRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+    response_format: ResponseFormat | None = None  # None: free text
 
     def generation(self) -> GenerationRequest:
         """What the scheduler runs: this request without its wire-format fields."""
         return GenerationRequest(chat=self.chat, prompt=self.prompt, messages=self.messages,
                                  max_tokens=self.max_tokens, max_tokens_given=self.max_tokens_given,
-                                 temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop)
+                                 temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop,
+                                 response_format=self.response_format)
 
 
 def parse_body(body: bytes) -> dict:
@@ -159,6 +161,15 @@ def _prompt(doc: dict) -> str:
     return prompt
 
 
+def _response_format(doc: dict) -> ResponseFormat | None:
+    """response_format, checked by the one parser the API and `slm run --json-schema` use; the
+    schema's compilation against the vocabulary is the scheduler's (it needs the model)."""
+    try:
+        return ResponseFormat.of(doc.get("response_format"))
+    except InvalidInput as err:
+        raise BadRequest(str(err)) from err
+
+
 def parse_request(doc: dict, chat: bool) -> GenerateRequest:
     model = doc.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip()):
@@ -196,8 +207,41 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         model=None if model in (None, "active") else model.strip(),
         max_tokens=max_tokens if given else DEFAULT_MAX_TOKENS, max_tokens_given=given,
         temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc), stream=stream,
-        include_usage=bool(include_usage),
+        include_usage=bool(include_usage), response_format=_response_format(doc),
     )
+
+
+def _model_field(doc: dict) -> str | None:
+    model = doc.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise BadRequest("model must be a non-empty string: 'active', a composition id or prefix, "
+                         "or BASE+ADAPTER@W+...")
+    return None if model in (None, "active") else model.strip()
+
+
+def _flag(doc: dict, key: str, default: bool) -> bool:
+    value = doc.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"{key} must be true or false")
+    return value
+
+
+def parse_tokenize(doc: dict) -> tuple[str | None, str, bool, bool]:
+    """llama-server's /tokenize body: {"content", "add_special", "with_pieces", "model"}."""
+    content = doc.get("content")
+    if not isinstance(content, str):
+        raise BadRequest("content must be a string")
+    return _model_field(doc), content, _flag(doc, "add_special", False), _flag(doc, "with_pieces", False)
+
+
+def parse_detokenize(doc: dict) -> tuple[str | None, list[int]]:
+    """llama-server's /detokenize body: {"tokens": [ids], "model"}."""
+    tokens = doc.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequest("tokens must be a list of token ids (integers)")
+    return _model_field(doc), tokens
 
 
 # -- responses -------------------------------------------------------------------------------
