@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from slm.compose.composition import Composition
 from slm.errors import InvalidInput, UsageError
-from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat  # noqa: F401  (what a Scheduler runs: slm serve builds them)
+from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401  (what a Scheduler runs: slm serve builds them)
 from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
 

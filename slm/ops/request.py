@@ -13,9 +13,96 @@ MAX_SCHEMA_BYTES = 256 << 10  # a schema's JSON text: far above any real one
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call an assistant made (in a conversation sent back) or makes (parsed from an answer)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI carries it
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system", "user" or "assistant"
-    content: str
+    role: str  # "system", "user", "assistant" or "tool"
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+
+    def to_template(self) -> dict:
+        """The message as chat templates read it (None fields left out by the renderer)."""
+        out: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_json() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A request's functions and how it may use them (OpenAI's tools, tool_choice and
+    parallel_tool_calls), checked for shape; the base's template decides the rest."""
+
+    definitions_json: str  # [{"type": "function", "function": {"name", "description", "parameters"}}]
+    choice: str = "auto"  # "none", "auto", "required" or "function" (the one named)
+    name: str | None = None  # choice "function": the function it must call
+    parallel: bool = True
+
+    @property
+    def definitions(self) -> list[dict]:
+        return json.loads(self.definitions_json)
+
+    @property
+    def parsed(self) -> bool:
+        """Whether calls are read out of the answer (not with tool_choice "none")."""
+        return self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        """Whether the answer must be calls (required or a named function): a grammar says so."""
+        return self.choice in ("required", "function")
+
+    @classmethod
+    def of(cls, tools, choice=None, parallel=None) -> "Tools | None":
+        if tools is None:
+            if choice not in (None, "none", "auto"):
+                raise InvalidInput("tool_choice needs tools")
+            return None
+        if not isinstance(tools, list) or not tools:
+            raise InvalidInput("tools must be a non-empty list of {type: function, function: {...}}")
+        names = []
+        for i, t in enumerate(tools):
+            f = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+            if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+                raise InvalidInput(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}}")
+            if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
+                raise InvalidInput(f"tools[{i}].function.parameters must be a JSON schema object")
+            names.append(f["name"])
+        if len(set(names)) != len(names):
+            raise InvalidInput("tools: two functions have the same name")
+        name = None
+        if choice is None:
+            choice = "auto"
+        elif isinstance(choice, dict):
+            f = choice.get("function") if choice.get("type") == "function" else None
+            name = f.get("name") if isinstance(f, dict) else None
+            if name not in names:
+                raise InvalidInput("tool_choice must name one of the tools: {type: function, function: {name}}")
+            choice = "function"
+        elif choice not in ("none", "auto", "required"):
+            raise InvalidInput("tool_choice must be none, auto, required or {type: function, function: {name}}")
+        if parallel is not None and not isinstance(parallel, bool):
+            raise InvalidInput("parallel_tool_calls must be true or false")
+        text = json.dumps(tools, ensure_ascii=False)
+        if len(text.encode()) > MAX_SCHEMA_BYTES:
+            raise InvalidInput(f"tools are over {MAX_SCHEMA_BYTES >> 10} KiB")
+        return cls(text, choice, name, True if parallel is None else parallel)
 
 
 @dataclass(frozen=True)
@@ -104,3 +191,4 @@ class GenerationRequest:
     seed: int
     stop: tuple[str, ...]  # stop sequences: the text ends before the first one
     response_format: ResponseFormat | None = None  # None: free text
+    tools: Tools | None = None  # chat: functions the model may call (docs/serve.md, "Tools")

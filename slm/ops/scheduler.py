@@ -36,6 +36,7 @@ import numpy as np
 from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
 from slm.model.allocator import release_freed_memory
 from slm.model.chat import chat_prompt_ids
+from slm.model.tools import check_tool_template, template_messages
 from slm.model.generate import PREFILL_CHUNK
 from slm.model.generation import Sequence, decode, first_token, new_sequence, prefill_next
 from slm.model.kernels import default_kernels
@@ -44,8 +45,8 @@ from slm.model.sampling import Sampler
 from slm.model.stops import CANCELLED, StopRules
 from slm.ops import budget
 from slm.ops.loading import Loaded
-from slm.ops.request import GenerationRequest
-from slm.ops.structured import grammar_for, processors_for
+from slm.ops.request import GenerationRequest, ToolCall
+from slm.ops.structured import grammar_for, processors_for, tool_answer
 
 __all__ = ["Job", "Scheduler"]
 
@@ -67,7 +68,9 @@ class Job:
     finished: bool = False
     seq: Sequence | None = None  # its generation, from admission on
     first_token_s: float | None = None
-    grammar: str | None = None  # the request's response format, compiled on its vocabulary
+    grammar: str | None = None  # the request's response format or forced calls, compiled on its vocabulary
+    content: str | None = None  # with tools, once finished: the answer's text outside its calls
+    tool_calls: tuple[ToolCall, ...] = ()  # with tools, once finished: the calls read from the answer
 
     @property
     def ids(self) -> list[int]:
@@ -109,9 +112,13 @@ class Scheduler:
         """Tokenize and check a request against its composition's model (InvalidInput if it
         cannot run, BudgetExceeded over the memory budget)."""
         tok, cfg = loaded.tokenizer, loaded.model.cfg
-        messages = [{"role": m.role, "content": m.content} for m in req.messages] if req.chat else None
+        messages = [m.to_template() for m in req.messages] if req.chat else None
+        tools = req.tools.definitions if req.chat and req.tools is not None else None
+        if tools:
+            check_tool_template(tok.chat_template)  # (a template with no tool support: InvalidInput)
+            messages = template_messages(messages)
         # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
-        text = "".join(m["content"] for m in messages) if req.chat else req.prompt
+        text = "".join(m.get("content") or "" for m in messages) if req.chat else req.prompt
         context = cfg.context_length
         at_least = tok.min_tokens(text)  # from its bytes: a prompt that cannot fit is not tokenized
         if at_least >= context:
@@ -119,7 +126,7 @@ class Scheduler:
                                f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
                                f"the context holds {context}")
         try:  # (message content is text: a control token's text in it stays text)
-            ids = chat_prompt_ids(tok, messages) if req.chat else tok.encode(text)
+            ids = chat_prompt_ids(tok, messages, tools=tools) if req.chat else tok.encode(text)
         finally:
             if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
                 release_freed_memory()
@@ -137,7 +144,7 @@ class Scheduler:
             req = replace(req, max_tokens=max_tokens)
         est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids))
         budget.check(est, self.budget, "this request")
-        grammar = grammar_for(loaded, req.response_format)  # (a schema the engine refuses: InvalidInput)
+        grammar = grammar_for(loaded, req.response_format, req.tools)  # (a schema the engine refuses: InvalidInput)
         return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
                    capacity=len(ids) + max_tokens, grammar=grammar)
 
@@ -316,6 +323,8 @@ class Scheduler:
         return True
 
     def _finish(self, job: Job) -> None:
+        if job.req.tools is not None and job.req.tools.parsed:
+            job.content, job.tool_calls = tool_answer(job.seq.stops.text)
         self._close(job)
         job.sink(("done", job.seq.reason, len(job.prompt_ids), len(job.ids)))
         if self.metrics:

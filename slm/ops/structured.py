@@ -5,17 +5,35 @@ server's response_format all go through these two functions."""
 
 from __future__ import annotations
 
+import uuid
+
+from slm.errors import InvalidInput
 from slm.model.grammar import GrammarMask, compile_grammar, json_schema_grammar
+from slm.model.tools import call_grammar, parse_calls
 from slm.ops.loading import Loaded
-from slm.ops.request import ResponseFormat
+from slm.ops.request import ResponseFormat, ToolCall, Tools
 
 
-def grammar_for(loaded: Loaded, fmt: ResponseFormat | None) -> str | None:
-    """The compiled grammar of a response format on this composition's vocabulary (None: free
-    text); InvalidInput with the engine's reason for a schema it cannot compile."""
-    if fmt is None:
+def grammar_for(loaded: Loaded, fmt: ResponseFormat | None, tools: Tools | None = None) -> str | None:
+    """The compiled grammar of a response format, or of forced tool calls (tool_choice required
+    or a named function), on this composition's vocabulary (None: free text); InvalidInput
+    with the engine's reason for a schema it cannot compile."""
+    forced = tools is not None and tools.forced
+    if fmt is not None and forced:
+        raise InvalidInput("response_format and a forced tool_choice both constrain the answer; give one")
+    if forced:
+        grammar = call_grammar(tools.definitions, tools.name, tools.parallel)
+    elif fmt is not None:
+        grammar = json_schema_grammar(fmt.schema)
+    else:
         return None
-    return compile_grammar(loaded.tokenizer, json_schema_grammar(fmt.schema), loaded.model.cfg.vocab_size)
+    return compile_grammar(loaded.tokenizer, grammar, loaded.model.cfg.vocab_size)
+
+
+def tool_answer(text: str) -> tuple[str | None, tuple[ToolCall, ...]]:
+    """An answer's text outside its tool calls, and the calls (each with a fresh id)."""
+    content, calls = parse_calls(text)
+    return content, tuple(ToolCall(f"call_{uuid.uuid4().hex[:24]}", c.name, c.arguments) for c in calls)
 
 
 def processors_for(loaded: Loaded, grammar: str | None) -> tuple:

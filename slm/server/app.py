@@ -201,7 +201,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                     if reason == "cancelled":
                         return error_response(503, "the server is shutting down; the request was cancelled",
                                               "unavailable", comp=comp)
-                    body = protocol.completion(req, job.rid, comp, model, "".join(pieces), reason, n_prompt, n_out)
+                    text = job.content if parsed_tools(req) else "".join(pieces)
+                    body = protocol.completion(req, job.rid, comp, model, text, reason, n_prompt, n_out, job.tool_calls)
                     return JSONResponse(body, headers=headers)
         finally:
             job.cancel()  # no-op once finished; a cancelled handler (client gone) frees the row
@@ -215,8 +216,9 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
             while True:
                 event = await events.get()
                 if event[0] == "text":
-                    yield sse(protocol.chunk(req, job.rid, comp, model, event[1], first=first))
-                    first = False
+                    if not parsed_tools(req):  # (with tools, the answer goes out whole at its end)
+                        yield sse(protocol.chunk(req, job.rid, comp, model, event[1], first=first))
+                        first = False
                 elif event[0] == "error":
                     failed = protocol.http_error(event[1])
                     yield sse(protocol.error_body(failed.message, failed.kind))
@@ -224,6 +226,10 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                 else:
                     _, reason, n_prompt, n_out = event
                     request.state.log += f" completion={n_out} finish={reason}"
+                    if parsed_tools(req):
+                        yield sse(protocol.tool_chunk(req, job.rid, comp, model, job.content, job.tool_calls))
+                        first = False
+                        reason = protocol.tool_finish(reason, job.tool_calls)
                     yield sse(protocol.chunk(req, job.rid, comp, model, None, reason, first=first))
                     if req.include_usage:
                         yield sse(protocol.usage_chunk(req, job.rid, comp, model, n_prompt, n_out))
@@ -231,6 +237,9 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
             yield "data: [DONE]\n\n"
         finally:
             job.cancel()  # the client went away (the generator is closed): drop the row next step
+
+    def parsed_tools(req) -> bool:
+        return req.tools is not None and req.tools.parsed
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)

@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass
 
 from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
-from slm.api import ChatMessage, GenerationRequest, ResponseFormat, check_sampling
+from slm.api import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools, check_sampling
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_MAX_TOKENS = 128  # as `slm run`
 MAX_TEMPERATURE = 2.0  # OpenAI's range (slm run takes any finite temperature >= 0)
 
@@ -71,13 +71,14 @@ class GenerateRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
     response_format: ResponseFormat | None = None  # None: free text
+    tools: Tools | None = None  # chat: the functions the model may call
 
     def generation(self) -> GenerationRequest:
         """What the scheduler runs: this request without its wire-format fields."""
         return GenerationRequest(chat=self.chat, prompt=self.prompt, messages=self.messages,
                                  max_tokens=self.max_tokens, max_tokens_given=self.max_tokens_given,
                                  temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop,
-                                 response_format=self.response_format)
+                                 response_format=self.response_format, tools=self.tools)
 
 
 def parse_body(body: bytes) -> dict:
@@ -139,6 +140,10 @@ def _messages(doc: dict) -> tuple[Message, ...]:
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise BadRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        calls = _tool_calls(m.get("tool_calls"), i) if role == "assistant" else ()
+        if content is None and calls:  # an assistant turn that only called tools
+            out.append(ChatMessage(role, None, calls))
+            continue
         if isinstance(content, list):  # the content-parts form: text parts only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -146,8 +151,44 @@ def _messages(doc: dict) -> tuple[Message, ...]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string")
-        out.append(ChatMessage(role, content))
+        call_id = m.get("tool_call_id")
+        if role == "tool" and not isinstance(call_id, str):
+            raise BadRequest(f"messages[{i}]: a tool message needs tool_call_id (the call it answers)")
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise BadRequest(f"messages[{i}].name must be a string")
+        out.append(ChatMessage(role, content, calls, call_id if role == "tool" else None, name))
     return tuple(out)
+
+
+def _tool_calls(calls, i: int) -> tuple[ToolCall, ...]:
+    """An assistant message's tool_calls: [{id, type: function, function: {name, arguments}}]."""
+    if calls is None:
+        return ()
+    if not isinstance(calls, list):
+        raise BadRequest(f"messages[{i}].tool_calls must be a list")
+    out = []
+    for k, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not (isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("arguments"), str)
+                and isinstance(c.get("id"), str)):
+            raise BadRequest(f"messages[{i}].tool_calls[{k}] must be {{id, type: function, function: "
+                             "{name, arguments (JSON text)}}")
+        out.append(ToolCall(c["id"], f["name"], f["arguments"]))
+    return tuple(out)
+
+
+def _tools(doc: dict, chat: bool) -> Tools | None:
+    """tools, tool_choice and parallel_tool_calls (chat only), checked by the API's parser."""
+    given = [k for k in ("tools", "tool_choice", "parallel_tool_calls") if doc.get(k) is not None]
+    if not chat:
+        if given:
+            raise BadRequest(f"{given[0]} is for /v1/chat/completions")
+        return None
+    try:
+        return Tools.of(doc.get("tools"), doc.get("tool_choice"), doc.get("parallel_tool_calls"))
+    except InvalidInput as err:
+        raise BadRequest(str(err)) from err
 
 
 def _prompt(doc: dict) -> str:
@@ -207,7 +248,7 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         model=None if model in (None, "active") else model.strip(),
         max_tokens=max_tokens if given else DEFAULT_MAX_TOKENS, max_tokens_given=given,
         temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc), stream=stream,
-        include_usage=bool(include_usage), response_format=_response_format(doc),
+        include_usage=bool(include_usage), response_format=_response_format(doc), tools=_tools(doc, chat),
     )
 
 
@@ -251,14 +292,24 @@ def finish_reason(stop_reason: str) -> str:
     return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stop_reason, stop_reason)
 
 
+def tool_finish(reason: str, tool_calls: tuple) -> str:
+    """The stop reason of an answer that called tools: "tool_calls" when it ended by itself."""
+    return "tool_calls" if tool_calls and finish_reason(reason) == "stop" else reason
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str, reason: str,
-               prompt_tokens: int, completion_tokens: int) -> dict:
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str | None, reason: str,
+               prompt_tokens: int, completion_tokens: int, tool_calls: tuple = ()) -> dict:
+    """A whole answer; with tool calls, text is what the answer says besides them (or None)."""
+    message: dict = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = [c.to_json() for c in tool_calls]
+        reason = tool_finish(reason, tool_calls)
+    choice = ({"index": 0, "message": message, "logprobs": None,
                "finish_reason": finish_reason(reason)} if req.chat else
               {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)})
     return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
@@ -280,6 +331,18 @@ def chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str | 
                   "finish_reason": finish_reason(reason) if reason else None}
     return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
             "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [choice]}
+
+
+def tool_chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str | None,
+               tool_calls: tuple) -> dict:
+    """A streamed request with tools: the answer's text and its calls as one delta, sent when
+    the answer is complete (a call can only be read whole)."""
+    delta: dict = {"role": "assistant", "content": text}
+    if tool_calls:
+        delta["tool_calls"] = [{"index": i, **c.to_json()} for i, c in enumerate(tool_calls)]
+    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "system_fingerprint": comp_id, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                        "finish_reason": None}]}
 
 
 def usage_chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, prompt_tokens: int,
