@@ -20,9 +20,6 @@ class ToolCall:
     name: str
     arguments: str  # JSON text, as OpenAI carries it
 
-    def to_json(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
 
 @dataclass(frozen=True)
 class ChatMessage:
@@ -36,7 +33,8 @@ class ChatMessage:
         """The message as chat templates read it (None fields left out by the renderer)."""
         out: dict = {"role": self.role, "content": self.content}
         if self.tool_calls:
-            out["tool_calls"] = [c.to_json() for c in self.tool_calls]
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:

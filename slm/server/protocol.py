@@ -307,7 +307,7 @@ def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, text: s
     """A whole answer; with tool calls, text is what the answer says besides them (or None)."""
     message: dict = {"role": "assistant", "content": text}
     if tool_calls:
-        message["tool_calls"] = [c.to_json() for c in tool_calls]
+        message["tool_calls"] = [_call(c) for c in tool_calls]
         reason = tool_finish(reason, tool_calls)
     choice = ({"index": 0, "message": message, "logprobs": None,
                "finish_reason": finish_reason(reason)} if req.chat else
@@ -333,13 +333,17 @@ def chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str | 
             "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [choice]}
 
 
+def _call(call: ToolCall) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
 def tool_chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str | None,
                tool_calls: tuple) -> dict:
     """A streamed request with tools: the answer's text and its calls as one delta, sent when
     the answer is complete (a call can only be read whole)."""
     delta: dict = {"role": "assistant", "content": text}
     if tool_calls:
-        delta["tool_calls"] = [{"index": i, **c.to_json()} for i, c in enumerate(tool_calls)]
+        delta["tool_calls"] = [{"index": i, **_call(c)} for i, c in enumerate(tool_calls)]
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
             "system_fingerprint": comp_id, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                                         "finish_reason": None}]}
