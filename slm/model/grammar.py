@@ -33,7 +33,6 @@ JSON_OPTIONS = {"whitespace_flexible": False}
 ANY_JSON_OBJECT = {"type": "object"}
 
 _LOCK = threading.Lock()
-_TOKENIZERS: dict[int, tuple[object, object]] = {}  # id(codec) -> (codec, LLTokenizer)
 
 
 def json_schema_grammar(schema: dict) -> str:
@@ -54,9 +53,9 @@ def grammar_tokenizer(tok: TextTokenizer, n_vocab: int):
     from llguidance import LLTokenizer, TokenizerWrapper
 
     codec = tok.codec
-    with _LOCK:
-        found = _TOKENIZERS.get(id(codec))
-        if found is not None and found[0] is codec:
+    with _LOCK:  # kept on the tokenizer: it lives as long as the base's tokenizer does
+        found = tok.__dict__.get("_grammar_tokenizer")
+        if found is not None and found[0] == n_vocab:
             return found[1]
         eos = sorted(tok.eos_ids) or ([tok.eos_id] if tok.eos_id is not None else [])
         hf = getattr(codec, "tokenizer", None)
@@ -64,7 +63,7 @@ def grammar_tokenizer(tok: TextTokenizer, n_vocab: int):
             lltok = LLTokenizer(hf.to_str(), n_vocab=n_vocab, eos_token=eos)
         else:
             lltok = LLTokenizer(TokenizerWrapper(_PieceVocabulary(tok, eos)), n_vocab=n_vocab, eos_token=eos)
-        _TOKENIZERS[id(codec)] = (codec, lltok)
+        tok.__dict__["_grammar_tokenizer"] = (n_vocab, lltok)
         return lltok
 
 

@@ -178,3 +178,55 @@ def test_session_generate_and_slm_run_json_schema_share_the_grammar(template, tm
     finally:
         assert srv.stop() == 0
     assert served == api.text
+
+
+REAL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "color": {"enum": ["red", "green", "blue"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+        "owner": {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                                   "kind": {"enum": ["cat", "dog"]}},
+                  "required": ["age", "kind"], "additionalProperties": False},
+    },
+    "required": ["name", "color", "tags", "owner"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.real_model
+def test_smollm2_twenty_of_twenty_validate_chat_and_completions_streamed_and_not(cli, store, store_dir,
+                                                                                smollm2_gguf):
+    assert cli("import", "base", smollm2_gguf, "--name", "smol").code == 0
+    assert cli("activate", "smol").code == 0
+    fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": REAL_SCHEMA, "strict": True}}
+    server = Server(store_dir, "--threads", "1")
+    answers = []
+    try:
+        client = server.client()
+        for seed in range(20):
+            kind = ("chat", "completion")[seed % 2]
+            stream = seed % 4 >= 2
+            common = dict(model="active", max_tokens=120, temperature=1.0, seed=seed, stream=stream)
+            if kind == "chat":
+                out = client.chat.completions.create(
+                    messages=[{"role": "user", "content": "Describe a pet as JSON."}], response_format=fmt, **common)
+            else:
+                out = client.completions.create(prompt="A pet, as JSON:", extra_body={"response_format": fmt},
+                                                **common)
+            if stream:
+                parts = [p for p in out if p.choices]
+                text = "".join((p.choices[0].delta.content or "") if kind == "chat" else p.choices[0].text
+                               for p in parts)
+                reason = parts[-1].choices[0].finish_reason
+            else:
+                text = out.choices[0].message.content if kind == "chat" else out.choices[0].text
+                reason = out.choices[0].finish_reason
+            answers.append((kind, stream, reason, text))
+    finally:
+        assert server.stop() == 0
+    for kind, stream, reason, text in answers:
+        assert reason == "stop", (kind, stream, text)
+        jsonschema.validate(json.loads(text), REAL_SCHEMA)
+    assert len(answers) == 20
