@@ -98,6 +98,21 @@ def test_required_tool_choice_gives_calls_whose_arguments_validate(server):
         _check_calls(choice.message.tool_calls)
 
 
+def test_parallel_calls_each_validate(server):
+    """parallel_tool_calls (the default): one call a line, as many as the model writes; each
+    complete one is read and validates (the random model writes calls until max_tokens, and
+    the one it was cut inside stays in content)."""
+    out = server.client().chat.completions.create(model="qt", messages=ASK, tools=TOOLS, tool_choice="required",
+                                                  max_tokens=160)
+    calls = out.choices[0].message.tool_calls
+    assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)
+    _check_calls(calls)
+    if out.choices[0].finish_reason == "length":
+        assert out.choices[0].message.content is None or out.choices[0].message.content.startswith("<tool_call>")
+    else:
+        assert out.choices[0].finish_reason == "tool_calls" and out.choices[0].message.content is None
+
+
 def test_named_tool_choice_calls_that_function(server):
     client = server.client()
     out = client.chat.completions.create(model="qt", messages=ASK, tools=TOOLS, max_tokens=80,
