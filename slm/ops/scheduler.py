@@ -68,7 +68,7 @@ class Job:
     finished: bool = False
     seq: Sequence | None = None  # its generation, from admission on
     first_token_s: float | None = None
-    grammar: str | None = None  # the request's response format or forced calls, compiled on its vocabulary
+    processors: tuple = ()  # its logit processors (a grammar's mask), built off the engine thread
     content: str | None = None  # with tools, once finished: the answer's text outside its calls
     tool_calls: tuple[ToolCall, ...] = ()  # with tools, once finished: the calls read from the answer
 
@@ -146,7 +146,7 @@ class Scheduler:
         budget.check(est, self.budget, "this request")
         grammar = grammar_for(loaded, req.response_format, req.tools)  # (a schema the engine refuses: InvalidInput)
         return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
-                   capacity=len(ids) + max_tokens, grammar=grammar)
+                   capacity=len(ids) + max_tokens, processors=processors_for(loaded, grammar))
 
     def submit(self, job: Job) -> None:
         if self.draining:
@@ -250,7 +250,7 @@ class Scheduler:
         stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop,
                           on_text=lambda piece: job.sink(("text", piece)))
         job.seq = new_sequence(loaded.model, job.prompt_ids, Sampler(req.temperature, req.top_p, req.seed),
-                               stops, job.capacity, processors_for(loaded, job.grammar))
+                               stops, job.capacity, job.processors)
         logits = self.prompts.get(loaded.id, job.prompt_ids, job.seq.cache)
         if logits is None:
             self.prefilling.append(job)
