@@ -265,13 +265,16 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
 
     async def token_endpoint(request: Request, parse, work) -> Response:
         """/tokenize and /detokenize: the body read under the same limit as the others, checked
-        by protocol, answered by discovery on the named (or active) composition."""
+        by protocol, answered by discovery on the named (or active) composition; the text is
+        (de)tokenized on the scheduler's preparing thread, as prompts are."""
         try:
-            args = parse(protocol.parse_body(await read_body(request)))
+            model, *args = parse(protocol.parse_body(await read_body(request)))
             try:
-                return JSONResponse(await run_in_threadpool(work, catalog, *args))
+                loaded = await run_in_threadpool(catalog.resolve, model)
+                answer = await asyncio.get_running_loop().run_in_executor(scheduler.preparing, work, loaded, *args)
             except SlmError as err:
                 raise protocol.http_error(err) from err
+            return JSONResponse(answer)
         except BadRequest as err:
             return error_response(err.status, err.message, err.kind, headers=err.headers)
 

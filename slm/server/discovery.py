@@ -79,9 +79,10 @@ def find_model(catalog: Catalog, model_id: str) -> dict:
     raise NotFound(f"no model {model_id!r}: GET /v1/models lists them")
 
 
-def tokenize(catalog: Catalog, model: str | None, content: str, add_special: bool, with_pieces: bool) -> dict:
-    """llama-server's /tokenize: {"tokens": [ids]} or, with_pieces, [{"id", "piece"}]."""
-    tok = catalog.resolve(model).tokenizer
+def tokenize(loaded, content: str, add_special: bool, with_pieces: bool) -> dict:
+    """llama-server's /tokenize on a staged composition: {"tokens": [ids]} or, with_pieces,
+    [{"id", "piece"}]."""
+    tok = loaded.tokenizer
     ids = tok.encode(content, add_special=add_special)
     if not with_pieces:
         return {"tokens": ids}
@@ -96,9 +97,8 @@ def _piece(data: bytes) -> str | list[int]:
         return list(data)
 
 
-def detokenize(catalog: Catalog, model: str | None, tokens: list[int]) -> dict:
-    """llama-server's /detokenize: {"content": text}."""
-    loaded = catalog.resolve(model)
+def detokenize(loaded, tokens: list[int]) -> dict:
+    """llama-server's /detokenize on a staged composition: {"content": text}."""
     vocab = loaded.model.cfg.vocab_size
     bad = [t for t in tokens if not 0 <= t < vocab]
     if bad:
