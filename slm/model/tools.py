@@ -69,8 +69,9 @@ def call_grammar(tools: list[dict], name: str | None, parallel: bool) -> str:
 
 
 def parse_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
-    """The answer's text outside its calls (None if nothing is left) and its calls, in order.
-    A <tool_call> block that is not a JSON object with a string name stays in the text."""
+    """The answer's text outside its calls (None if nothing is left; trailing whitespace
+    dropped) and its calls, in order. A <tool_call> block that is not a JSON object with a
+    string name stays in the text. What CallGate streamed is always a prefix of this text."""
     calls: list[ParsedCall] = []
     kept: list[str] = []
     last = 0
@@ -86,8 +87,40 @@ def parse_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
         kept.append(text[last:m.start()])
         last = m.end()
     kept.append(text[last:])
-    content = "".join(kept).strip() if calls else text
+    content = "".join(kept).rstrip() if calls else text
     return (content or None), calls
+
+
+class CallGate:
+    """Streams an answer's prose as it comes while holding back what may be a tool call: a tail
+    that could grow into <tool_call>, and trailing whitespace (dropped if a call follows it).
+    From the first <tool_call> on nothing more is sent: the calls are read whole at the end,
+    and rest() is what the answer's content holds beyond what was sent."""
+
+    def __init__(self, emit):
+        self.emit = emit
+        self.text = ""
+        self.sent = 0
+        self.closed = False
+
+    def push(self, piece: str) -> None:
+        self.text += piece
+        if self.closed:
+            return
+        text = self.text
+        found = text.find(CALL_OPEN, max(0, self.sent - len(CALL_OPEN)))
+        if found >= 0:
+            self.closed, upto = True, found
+        else:
+            upto = len(text) - max((k for k in range(1, len(CALL_OPEN)) if text.endswith(CALL_OPEN[:k])), default=0)
+        upto = len(text[:upto].rstrip())
+        if upto > self.sent:
+            self.emit(text[self.sent:upto])
+            self.sent = upto
+
+    def rest(self, content: str | None) -> str | None:
+        """The part of the answer's content (parse_calls') not streamed yet."""
+        return (content or "")[self.sent:] or None
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

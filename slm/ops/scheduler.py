@@ -36,7 +36,7 @@ import numpy as np
 from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
 from slm.model.allocator import release_freed_memory
 from slm.model.chat import chat_prompt_ids
-from slm.model.tools import check_tool_template, template_messages
+from slm.model.tools import CallGate, check_tool_template, template_messages
 from slm.model.generate import PREFILL_CHUNK
 from slm.model.generation import Sequence, decode, first_token, new_sequence, prefill_next
 from slm.model.kernels import default_kernels
@@ -70,6 +70,8 @@ class Job:
     first_token_s: float | None = None
     processors: tuple = ()  # its logit processors (a grammar's mask), built off the engine thread
     content: str | None = None  # with tools, once finished: the answer's text outside its calls
+    content_rest: str | None = None  # ... and the part of it not sent as ("text", piece) events
+    gate: CallGate | None = None  # with tools: what of the answer streams before its calls
     tool_calls: tuple[ToolCall, ...] = ()  # with tools, once finished: the calls read from the answer
 
     @property
@@ -247,8 +249,11 @@ class Scheduler:
         """A job's sequence (sampler, cache, stop rules streaming to its sink); a prompt in the
         prompt cache runs at once, any other waits its turns in self.prefilling."""
         loaded, req = job.loaded, job.req
-        stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop,
-                          on_text=lambda piece: job.sink(("text", piece)))
+        send = lambda piece: job.sink(("text", piece))  # noqa: E731
+        if req.tools is not None and req.tools.parsed:  # calls are read whole: prose streams, calls wait
+            job.gate = CallGate(send)
+            send = job.gate.push
+        stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop, on_text=send)
         job.seq = new_sequence(loaded.model, job.prompt_ids, Sampler(req.temperature, req.top_p, req.seed),
                                stops, job.capacity, job.processors)
         logits = self.prompts.get(loaded.id, job.prompt_ids, job.seq.cache)
@@ -323,8 +328,9 @@ class Scheduler:
         return True
 
     def _finish(self, job: Job) -> None:
-        if job.req.tools is not None and job.req.tools.parsed:
+        if job.gate is not None:
             job.content, job.tool_calls = tool_answer(job.seq.stops.text)
+            job.content_rest = job.gate.rest(job.content)
         self._close(job)
         job.sink(("done", job.seq.reason, len(job.prompt_ids), len(job.ids)))
         if self.metrics:

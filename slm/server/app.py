@@ -216,9 +216,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
             while True:
                 event = await events.get()
                 if event[0] == "text":
-                    if not parsed_tools(req):  # (with tools, the answer goes out whole at its end)
-                        yield sse(protocol.chunk(req, job.rid, comp, model, event[1], first=first))
-                        first = False
+                    yield sse(protocol.chunk(req, job.rid, comp, model, event[1], first=first))
+                    first = False
                 elif event[0] == "error":
                     failed = protocol.http_error(event[1])
                     yield sse(protocol.error_body(failed.message, failed.kind))
@@ -226,9 +225,10 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                 else:
                     _, reason, n_prompt, n_out = event
                     request.state.log += f" completion={n_out} finish={reason}"
-                    if parsed_tools(req):
-                        yield sse(protocol.tool_chunk(req, job.rid, comp, model, job.content, job.tool_calls))
+                    if parsed_tools(req) and (job.content_rest or job.tool_calls):
+                        yield sse(protocol.tool_chunk(req, job.rid, comp, model, job.content_rest, job.tool_calls))
                         first = False
+                    if parsed_tools(req):
                         reason = protocol.tool_finish(reason, job.tool_calls)
                     yield sse(protocol.chunk(req, job.rid, comp, model, None, reason, first=first))
                     if req.include_usage:

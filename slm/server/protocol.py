@@ -339,8 +339,8 @@ def _call(call: ToolCall) -> dict:
 
 def tool_chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str | None,
                tool_calls: tuple) -> dict:
-    """A streamed request with tools: the answer's text and its calls as one delta, sent when
-    the answer is complete (a call can only be read whole)."""
+    """A streamed request with tools, once the answer is complete: the part of its content not
+    streamed yet (held back as it might have begun a call) and its calls, as one delta."""
     delta: dict = {"role": "assistant", "content": text}
     if tool_calls:
         delta["tool_calls"] = [{"index": i, **_call(c)} for i, c in enumerate(tool_calls)]

@@ -108,7 +108,7 @@ def test_parallel_calls_each_validate(server):
     assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)
     _check_calls(calls)
     if out.choices[0].finish_reason == "length":
-        assert out.choices[0].message.content is None or out.choices[0].message.content.startswith("<tool_call>")
+        assert out.choices[0].message.content is None or out.choices[0].message.content.lstrip().startswith("<tool_call>")
     else:
         assert out.choices[0].finish_reason == "tool_calls" and out.choices[0].message.content is None
 
@@ -195,3 +195,24 @@ def test_tools_refused_where_they_cannot_work(server):
     code, doc = server.json("POST", "/v1/chat/completions", {"model": "qt", "messages": [
         {"role": "tool", "content": "x"}]})
     assert code == 400 and "tool_call_id" in doc["error"]["message"]
+
+
+@pytest.mark.parametrize("answer, streamed", [
+    ('Let me check.  \n<tool_call>\n{"name": "get_time", "arguments": {"zone": "cet"}}\n</tool_call>',
+     "Let me check."),
+    ("No call: a < b and <tool but not a call.\n", "No call: a < b and <tool but not a call."),
+    ('\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\nDone.', ""),
+])
+def test_streamed_prose_stops_where_a_call_begins_and_the_rest_follows(answer, streamed):
+    """CallGate, piece by piece (every split of the answer into 3-character pieces): what it
+    sends is the prose before the first call, never a part of <tool_call>; what it sent plus
+    rest() is the content parse_calls reads, so a streamed answer adds up to the whole one."""
+    from slm.model.tools import CallGate, parse_calls
+
+    sent: list[str] = []
+    gate = CallGate(sent.append)
+    for i in range(0, len(answer), 3):
+        gate.push(answer[i:i + 3])
+    content, calls = parse_calls(answer)
+    assert "".join(sent) == streamed and "<tool_call" not in "".join(sent)
+    assert "".join(sent) + (gate.rest(content) or "") == (content or "")
