@@ -120,6 +120,15 @@ def test_uncompilable_or_malformed_response_format_is_400(server):
         code, body = server.json("POST", "/v1/chat/completions", {
             "messages": [{"role": "user", "content": "hi"}], "response_format": fmt})
         assert code == 400 and word in body["error"]["message"], (fmt, body)
+    nested: dict = {"type": "string"}
+    for _ in range(300):
+        nested = {"type": "object", "properties": {"a": nested}, "required": ["a"]}
+    for schema, word in (({"type": "frob"}, "frob"), ({"allOf": [{"type": "string"}, {"type": "integer"}]},
+                                                      "Unsatisfiable"), (nested, "recursion")):
+        code, body = server.json("POST", "/v1/completions", {"prompt": "hi", "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        message = body["error"]["message"]
+        assert code == 400 and "cannot be compiled" in message and word in message and "\n" not in message
     assert server.status()["staged"]  # the server still serves
     out = client.completions.create(model="active", prompt="hi", max_tokens=2)
     assert out.choices[0].finish_reason == "length"
