@@ -51,6 +51,9 @@ def run_cmd(
         None, "--logits-out", metavar="FILE.npy",
         help="Save float32 logits (positions x vocab) for every prompt and generated position.",
     ),
+    json_schema: Optional[Path] = typer.Option(
+        None, "--json-schema", metavar="FILE",
+        help="The answer is JSON valid under this JSON schema (grammar-constrained decoding)."),
     memory_budget: Optional[str] = MemoryBudgetOpt,
     on_switch: str = typer.Option(
         "stop", "--on-switch", metavar="stop|finish",
@@ -77,7 +80,7 @@ def run_cmd(
                          memory_budget=memory_budget, on_switch=on_switch, threads=threads,
                          activations=activations, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
                          frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                         logprobs=logprobs)
+                         logprobs=logprobs, json_schema=json_schema)
     result = store.run(options, on_text=None if json_out else render.stream_text)
     show_result(result, json_out, render.run_footer)
 

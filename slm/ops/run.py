@@ -18,6 +18,8 @@ from slm.model.stops import SWITCHED
 from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.ops.results import Alternative, CompositionInfo, Generation, Timings, TokenLogprobs
+from slm.ops.request import ResponseFormat
+from slm.ops.structured import grammar_for, grammar_masks
 from slm.ops.prefix_cache import DiskPromptCache, budget_of
 from slm.store import StoreDir, outputs
 
@@ -46,6 +48,8 @@ class RunOptions:
     presence_penalty: float = 0.0
     logit_bias: dict | None = None  # {token id: -100..100}
     logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives
+    response_format: ResponseFormat | None = None  # the answer follows it (grammar-constrained)
+    json_schema: Path | None = None  # --json-schema FILE: read into response_format
 
 
 def prompt_from_stdin(stream) -> str:
@@ -121,6 +125,8 @@ class LogitsFile:
 
 def run_prompt(store: StoreDir, o: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
     _check_options(o)
+    if o.json_schema is not None:  # (before the model loads: a bad file is a fast refusal)
+        o = replace(o, response_format=ResponseFormat.from_file(o.json_schema), json_schema=None)
     out_file = LogitsFile(o.logits_out, store.root) if o.logits_out else None
     try:
         # overflow shows as non-finite logits, refused with exit 10: no NumPy warnings on stderr
@@ -170,6 +176,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         prompt_ids = tok.encode(o.prompt)
     if not prompt_ids:
         raise InvalidInput("the prompt encodes to no tokens")
+    grammar = grammar_for(loaded, o.response_format)  # (needs the encoder: before its release)
     if encode_once:  # (a one-shot run: its tokenizer only decodes from here on; issue 35)
         tok.release_encoder()
     context = model.cfg.context_length
@@ -191,7 +198,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     gen = generate(model, prompt_ids, o.max_tokens, sampler,
                    tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
                    prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text,
-                   processors=processors, logprobs=o.logprobs)
+                   processors=processors + grammar_masks(loaded, grammar), logprobs=o.logprobs)
     comp = loaded.composition
     result = Generation(
         composition=loaded.id,
@@ -224,3 +231,28 @@ def _switched(store: StoreDir, pinned: str) -> bool:
         return store.active_ref.read() != pinned
     except SlmError:  # a ref we cannot read (damaged, replaced) is not the one we pinned
         return True
+
+
+def logits_of(loaded: Loaded, token_ids, activations: str) -> np.ndarray:
+    """Float32 logits (positions x vocab) of a token sequence, computed from scratch (the API's
+    Session.logits): the ids checked first (integers, in the vocabulary, within the context)."""
+    model = loaded.model
+    with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
+        model.kernels.set_activations(activations)
+    values = list(token_ids)
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):
+        raise InvalidInput("logits needs token ids (integers)")
+    try:
+        ids = np.asarray(values, dtype=np.int64)
+    except OverflowError as err:
+        raise InvalidInput("a token id is beyond int64") from err
+    if ids.ndim != 1 or ids.size == 0:
+        raise InvalidInput("logits needs a non-empty sequence of token ids")
+    vocab, context = model.cfg.vocab_size, model.cfg.context_length
+    if ids.min() < 0 or ids.max() >= vocab:  # a negative id would index from the end
+        raise InvalidInput(f"token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
+    if ids.size > context:
+        raise InvalidInput(f"{ids.size} token ids; the context holds {context}")
+    cache = model.new_cache(len(ids))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(model.forward(ids, cache, "all"), dtype=np.float32)  # (T, V)

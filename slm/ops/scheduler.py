@@ -43,6 +43,7 @@ import numpy as np
 from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
 from slm.model.allocator import release_freed_memory
 from slm.model.chat import chat_prompt_ids
+from slm.model.tools import CallGate, check_tool_template, template_messages
 from slm.model.generate import PREFILL_CHUNK
 from slm.model.generation import Sequence, decode, first_token, new_sequence, prefill_next
 from slm.model.kernels import default_kernels
@@ -52,8 +53,9 @@ from slm.model.sampling import Sampler, check_processing, choice_seeds
 from slm.model.stops import CANCELLED, StopRules
 from slm.ops import budget
 from slm.ops.loading import Loaded
-from slm.ops.request import GenerationRequest
+from slm.ops.request import GenerationRequest, ToolCall
 from slm.ops.results import TokenLogprobs
+from slm.ops.structured import grammar_for, grammar_masks, tool_answer
 
 __all__ = ["Job", "Scheduler"]
 
@@ -79,6 +81,12 @@ class Job:
     seed: int = 0  # its sampler's seed (the request's, + index; else a fresh random one)
     logprobs_sent: int = 0  # how many of seq.token_logprobs went out with text already
     twin: "Job | None" = None  # choice 0 of its request, whose prefill the others copy
+    processors: tuple = ()  # its logit processors (a grammar's mask), built off the engine thread
+    content: str | None = None  # with tools, once finished: the answer's text outside its calls
+    content_rest: str | None = None  # ... and the part of it not sent as ("text", piece) events
+    gate: CallGate | None = None  # with tools: what of the answer streams before its calls
+    tool_calls: tuple[ToolCall, ...] = ()  # with tools, once finished: the calls read from the answer
+    grammar: str | None = None  # the grammar its answer follows (each choice gets its own mask of it)
 
     def take_logprobs(self) -> list[TokenLogprobs]:
         """The logprobs of the tokens not yet handed out (with a text piece, or now)."""
@@ -144,16 +152,21 @@ class Scheduler:
         first = self._prepare(loaded, req, sink_of(0))
         jobs = [first]
         for index in range(1, req.n):
-            jobs.append(Job(first.rid, first.req, loaded, first.prompt_ids, sink_of(index), first.capacity))
+            jobs.append(Job(first.rid, first.req, loaded, first.prompt_ids, sink_of(index), first.capacity,
+                            processors=grammar_masks(loaded, first.grammar), grammar=first.grammar))
         for index, (job, seed) in enumerate(zip(jobs, seeds)):
             job.index, job.seed, job.twin = index, seed, first if index else None
         return jobs
 
     def _prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
         tok, cfg = loaded.tokenizer, loaded.model.cfg
-        messages = [{"role": m.role, "content": m.content} for m in req.messages] if req.chat else None
+        messages = [m.to_template() for m in req.messages] if req.chat else None
+        tools = req.tools.definitions if req.chat and req.tools is not None else None
+        if tools:
+            check_tool_template(tok.chat_template)  # (a template with no tool support: InvalidInput)
+            messages = template_messages(messages)
         # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
-        text = "".join(m["content"] for m in messages) if req.chat else req.prompt
+        text = "".join(m.get("content") or "" for m in messages) if req.chat else req.prompt
         context = cfg.context_length
         at_least = tok.min_tokens(text)  # from its bytes: a prompt that cannot fit is not tokenized
         if at_least >= context:
@@ -161,7 +174,7 @@ class Scheduler:
                                f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
                                f"the context holds {context}")
         try:  # (message content is text: a control token's text in it stays text)
-            ids = chat_prompt_ids(tok, messages) if req.chat else tok.encode(text)
+            ids = chat_prompt_ids(tok, messages, tools=tools) if req.chat else tok.encode(text)
         finally:
             if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
                 release_freed_memory()
@@ -179,8 +192,9 @@ class Scheduler:
             req = replace(req, max_tokens=max_tokens)
         est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids))
         budget.check(est, self.budget, "this request")
+        grammar = grammar_for(loaded, req.response_format, req.tools)  # (a schema the engine refuses: InvalidInput)
         return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
-                   capacity=len(ids) + max_tokens)
+                   capacity=len(ids) + max_tokens, processors=grammar_masks(loaded, grammar), grammar=grammar)
 
     def submit(self, job: Job) -> None:
         self.submit_all([job])
@@ -287,10 +301,15 @@ class Scheduler:
         """A job's sequence (sampler, cache, stop rules streaming to its sink); a prompt in the
         prompt cache runs at once, any other waits its turns in self.prefilling."""
         loaded, req = job.loaded, job.req
-        stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop,
-                          on_text=lambda piece: job.sink(("text", piece, job.take_logprobs())))
+        send = lambda piece: job.sink(("text", piece, job.take_logprobs()))  # noqa: E731
+        if req.tools is not None and req.tools.parsed:  # calls are read whole: prose streams, calls wait
+            job.gate = CallGate(send)
+            send = job.gate.push
+        stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop, on_text=send)
         sampler = Sampler(req.temperature, req.top_p, job.seed, req.top_k, req.min_p)
-        processors = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty, req.logit_bias)
+        # penalties and bias first; a grammar's mask last (what it forbids stays forbidden)
+        processors = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty,
+                                    req.logit_bias) + job.processors
         job.seq = new_sequence(loaded.model, job.prompt_ids, sampler, stops, job.capacity, processors,
                                logprobs=req.logprobs)
         logits = self.prompts.get(loaded.id, job.prompt_ids, job.seq.cache)
@@ -390,6 +409,9 @@ class Scheduler:
         return True
 
     def _finish(self, job: Job) -> None:
+        if job.gate is not None:
+            job.content, job.tool_calls = tool_answer(job.seq.stops.text)
+            job.content_rest = job.gate.rest(job.content)
         self._close(job)
         job.sink(("done", job.seq.reason, len(job.prompt_ids), len(job.ids)))
         if self.metrics:

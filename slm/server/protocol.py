@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import json
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
-from slm.api import ChatMessage, GenerationRequest, check_processing, check_sampling
+from slm.api import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools, check_processing, check_sampling
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_MAX_TOKENS = 128  # as `slm run`
 MAX_TEMPERATURE = 2.0  # OpenAI's range (slm run takes any finite temperature >= 0)
 
@@ -33,18 +32,20 @@ MAX_TEMPERATURE = 2.0  # OpenAI's range (slm run takes any finite temperature >=
 # slm implements it). top_k, min_p and repeat_penalty are llama-server's and vLLM's extensions.
 _SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
                        "n", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_k", "min_p",
-                       "repeat_penalty"})
+                       "repeat_penalty", "response_format"})
 FIELDS = {
     "completions": _SAMPLING | {"prompt", "echo", "best_of", "suffix"},  # (the last three: only their no-op values)
-    "chat": _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs"},
+    "chat": _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                         "parallel_tool_calls"},
 }
 # Accepted and ignored: they cannot change an answer (an end-user id, a label, whether OpenAI
 # keeps the request, a billing tier).
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
-# OpenAI defines these; slm does not implement them: 400 "unsupported field".
+# OpenAI defines these; slm does not implement them (the tool fields: not on completions): 400
+# "unsupported field".
 UNSUPPORTED = frozenset({"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
-                         "reasoning_effort", "verbosity", "response_format", "tools", "tool_choice",
-                         "parallel_tool_calls", "suffix", "echo", "best_of"})
+                         "reasoning_effort", "verbosity", "tools", "tool_choice", "parallel_tool_calls", "suffix",
+                         "echo", "best_of"})
 
 
 class BadRequest(Exception):
@@ -101,6 +102,8 @@ class GenerateRequest:
     repeat_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
+    response_format: ResponseFormat | None = None  # None: free text
+    tools: Tools | None = None  # chat: the functions the model may call
 
     def generation(self) -> GenerationRequest:
         """What the scheduler runs: this request without its wire-format fields."""
@@ -110,7 +113,8 @@ class GenerateRequest:
                                  n=self.n, top_k=self.top_k, min_p=self.min_p,
                                  frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
                                  repeat_penalty=self.repeat_penalty, logit_bias=self.logit_bias,
-                                 logprobs=self.logprobs)
+                                 logprobs=self.logprobs,
+                                 response_format=self.response_format, tools=self.tools)
 
 
 def parse_body(body: bytes) -> dict:
@@ -159,7 +163,7 @@ def _stop(doc: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _messages(doc: dict) -> tuple[Message, ...]:
+def _messages(doc: dict) -> tuple[ChatMessage, ...]:
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {role, content} objects")
@@ -172,6 +176,10 @@ def _messages(doc: dict) -> tuple[Message, ...]:
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise BadRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        calls = _tool_calls(m.get("tool_calls"), i) if role == "assistant" else ()
+        if content is None and calls:  # an assistant turn that only called tools
+            out.append(ChatMessage(role, None, calls))
+            continue
         if isinstance(content, list):  # the content-parts form: text parts only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -179,8 +187,44 @@ def _messages(doc: dict) -> tuple[Message, ...]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string")
-        out.append(ChatMessage(role, content))
+        call_id = m.get("tool_call_id")
+        if role == "tool" and not isinstance(call_id, str):
+            raise BadRequest(f"messages[{i}]: a tool message needs tool_call_id (the call it answers)")
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise BadRequest(f"messages[{i}].name must be a string")
+        out.append(ChatMessage(role, content, calls, call_id if role == "tool" else None, name))
     return tuple(out)
+
+
+def _tool_calls(calls, i: int) -> tuple[ToolCall, ...]:
+    """An assistant message's tool_calls: [{id, type: function, function: {name, arguments}}]."""
+    if calls is None:
+        return ()
+    if not isinstance(calls, list):
+        raise BadRequest(f"messages[{i}].tool_calls must be a list")
+    out = []
+    for k, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not (isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("arguments"), str)
+                and isinstance(c.get("id"), str)):
+            raise BadRequest(f"messages[{i}].tool_calls[{k}] must be {{id, type: function, function: "
+                             "{name, arguments (JSON text)}}")
+        out.append(ToolCall(c["id"], f["name"], f["arguments"]))
+    return tuple(out)
+
+
+def _tools(doc: dict, chat: bool) -> Tools | None:
+    """tools, tool_choice and parallel_tool_calls (chat only), checked by the API's parser."""
+    given = [k for k in ("tools", "tool_choice", "parallel_tool_calls") if doc.get(k) is not None]
+    if not chat:
+        if given:
+            raise BadRequest(f"{given[0]} is for /v1/chat/completions")
+        return None
+    try:
+        return Tools.of(doc.get("tools"), doc.get("tool_choice"), doc.get("parallel_tool_calls"))
+    except InvalidInput as err:
+        raise BadRequest(str(err)) from err
 
 
 def _prompt(doc: dict) -> str:
@@ -229,6 +273,15 @@ def _bias_pairs(logit_bias: dict | None) -> tuple[tuple[int, float], ...]:
     return tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))
 
 
+def _response_format(doc: dict) -> ResponseFormat | None:
+    """response_format, checked by the one parser the API and `slm run --json-schema` use; the
+    schema's compilation against the vocabulary is the scheduler's (it needs the model)."""
+    try:
+        return ResponseFormat.of(doc.get("response_format"))
+    except InvalidInput as err:
+        raise BadRequest(str(err)) from err
+
+
 def parse_request(doc: dict, chat: bool) -> GenerateRequest:
     check_fields(doc, chat)
     model = doc.get("model")
@@ -273,114 +326,41 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         max_tokens=max_tokens if given else DEFAULT_MAX_TOKENS, max_tokens_given=given,
         temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc), stream=stream,
         include_usage=bool(include_usage), n=n, logit_bias=_bias_pairs(doc.get("logit_bias")), **processing,
+        response_format=_response_format(doc), tools=_tools(doc, chat),
     )
 
 
+def _model_field(doc: dict) -> str | None:
+    model = doc.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise BadRequest("model must be a non-empty string: 'active', a composition id or prefix, "
+                         "or BASE+ADAPTER@W+...")
+    return None if model in (None, "active") else model.strip()
+
+
+def _flag(doc: dict, key: str, default: bool) -> bool:
+    value = doc.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"{key} must be true or false")
+    return value
+
+
+def parse_tokenize(doc: dict) -> tuple[str | None, str, bool, bool]:
+    """llama-server's /tokenize body: {"content", "add_special", "with_pieces", "model"}."""
+    content = doc.get("content")
+    if not isinstance(content, str):
+        raise BadRequest("content must be a string")
+    return _model_field(doc), content, _flag(doc, "add_special", False), _flag(doc, "with_pieces", False)
+
+
+def parse_detokenize(doc: dict) -> tuple[str | None, list[int]]:
+    """llama-server's /detokenize body: {"tokens": [ids], "model"}."""
+    tokens = doc.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequest("tokens must be a list of token ids (integers)")
+    return _model_field(doc), tokens
+
+
 # -- responses -------------------------------------------------------------------------------
-
-def finish_reason(stop_reason: str) -> str:
-    """The scheduler's stop reasons -> OpenAI's finish_reason."""
-    return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stop_reason, stop_reason)
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-@dataclass
-class Choice:
-    """One choice of an answer as it is gathered: its text pieces, logprobs (slm.TokenLogprobs),
-    seed and, once done, its finish reason and token count."""
-
-    index: int
-    seed: int
-    pieces: list = field(default_factory=list)
-    logprobs: list = field(default_factory=list)
-    reason: str | None = None
-    completion_tokens: int = 0
-    offset: int = 0  # completions' text_offset of the next streamed token
-
-
-def _token_bytes(text: str) -> list[int]:
-    return list(text.encode("utf-8", "surrogatepass"))
-
-
-def chat_logprobs(records) -> dict:
-    """OpenAI chat's choices[].logprobs: content[{token, logprob, bytes, top_logprobs[]}]."""
-    return {"content": [{"token": r.text, "logprob": r.logprob, "bytes": _token_bytes(r.text),
-                         "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": _token_bytes(a.text)}
-                                          for a in r.top]} for r in records], "refusal": None}
-
-
-def completion_logprobs(records, offset: int) -> dict:
-    """OpenAI completions' choices[].logprobs: tokens, token_logprobs, top_logprobs (text ->
-    logprob; two alternatives with one text keep the likelier), text_offset (each token's
-    start in the choice's text, from `offset`)."""
-    offsets = []
-    for r in records:
-        offsets.append(offset)
-        offset += len(r.text)
-    return {"tokens": [r.text for r in records], "token_logprobs": [r.logprob for r in records],
-            "top_logprobs": [_by_text(r.top) for r in records], "text_offset": offsets}
-
-
-def _by_text(alternatives) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for a in alternatives:  # most likely first
-        out.setdefault(a.text, a.logprob)
-    return out
-
-
-def _logprobs_of(req: GenerateRequest, choice: Choice, records) -> dict | None:
-    if req.logprobs is None:
-        return None
-    if req.chat:
-        return chat_logprobs(records)
-    shaped = completion_logprobs(records, choice.offset)
-    choice.offset += sum(len(r.text) for r in records)
-    return shaped
-
-
-def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, choices: list[Choice],
-               prompt_tokens: int) -> dict:
-    """A whole answer: every choice (with its seed, slm's extension), usage over all of them."""
-    out = []
-    for c in choices:
-        text = "".join(c.pieces)
-        logprobs = _logprobs_of(req, c, c.logprobs)
-        out.append({"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                    "finish_reason": finish_reason(c.reason), "seed": c.seed} if req.chat else
-                   {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(c.reason),
-                    "seed": c.seed})
-    return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
-            "model": model, "system_fingerprint": comp_id, "choices": out,
-            "usage": usage(prompt_tokens, sum(c.completion_tokens for c in choices))}
-
-
-def chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, choice: Choice, text: str | None,
-          reason: str | None = None, first: bool = False, logprobs=()) -> dict:
-    """One streamed piece of one choice (text None: only the finish reason)."""
-    shaped = _logprobs_of(req, choice, list(logprobs))
-    if req.chat:
-        delta: dict = {"role": "assistant", "content": ""} if first else {}
-        if text is not None:
-            delta["content"] = text
-        body = {"index": choice.index, "delta": delta, "logprobs": shaped,
-                "finish_reason": finish_reason(reason) if reason else None}
-    else:
-        body = {"index": choice.index, "text": text or "", "logprobs": shaped,
-                "finish_reason": finish_reason(reason) if reason else None}
-    return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-            "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [body]}
-
-
-def usage_chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, prompt_tokens: int,
-                completion_tokens: int) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-            "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}

@@ -72,6 +72,8 @@ def _error(err: openai.BadRequestError) -> str:
     ("completions", {"best_of": 3}, "unsupported field: best_of"),
     ("completions", {"top_logprobs": 2}, "unknown field: top_logprobs"),
     ("completions", {"max_completion_tokens": 4}, "unknown field: max_completion_tokens"),
+    ("completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     "unsupported field: tools"),
 ])
 def test_a_field_slm_does_not_implement_is_a_400_naming_it(server, endpoint, fields, named):
     client = server.client()

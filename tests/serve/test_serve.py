@@ -262,7 +262,7 @@ def test_status_models_metrics(cli, tiny_store):
         assert status["active"]["base_name"] == "tq" and status["memory_estimate"]["total"] > 0
         code, models = server.json("GET", "/v1/models")
         assert code == 200 and models["data"][0]["id"] == "active"
-        assert models["data"][0]["composition"] == status["active"]["id"]
+        assert models["data"][0]["slm"]["composition"] == status["active"]["id"]
         code, hdrs, body = server.http("GET", "/metrics")
         assert code == 200 and b"slm_requests_total" in body and b"slm_queue_depth" in body
         assert hdrs["slm-composition"] == status["active"]["id"]
