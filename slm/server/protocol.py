@@ -244,6 +244,8 @@ def check_fields(doc: dict, chat: bool) -> None:
     for key, value in doc.items():
         if key in allowed or value is None:
             continue
+        if not chat and key in FIELDS["chat"]:
+            raise BadRequest(f"unsupported field: {key} (on chat completions only)")
         kind = "unsupported" if key in UNSUPPORTED else "unknown"
         raise BadRequest(f"{kind} field: {key}" + (" (slm does not implement it; docs/serve.md)"
                                                      if kind == "unsupported" else ""))

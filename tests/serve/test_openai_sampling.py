@@ -70,10 +70,10 @@ def _error(err: openai.BadRequestError) -> str:
     ("completions", {"echo": True}, "unsupported field: echo"),
     ("completions", {"suffix": "the end"}, "unsupported field: suffix"),
     ("completions", {"best_of": 3}, "unsupported field: best_of"),
-    ("completions", {"top_logprobs": 2}, "unknown field: top_logprobs"),
-    ("completions", {"max_completion_tokens": 4}, "unknown field: max_completion_tokens"),
+    ("completions", {"top_logprobs": 2}, "unsupported field: top_logprobs (on chat completions only)"),
+    ("completions", {"max_completion_tokens": 4}, "unsupported field: max_completion_tokens (on chat"),
     ("completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-     "unsupported field: tools"),
+     "unsupported field: tools (on chat completions only)"),
 ])
 def test_a_field_slm_does_not_implement_is_a_400_naming_it(server, endpoint, fields, named):
     client = server.client()
