@@ -12,7 +12,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 peers=${1:-$root/.peers}
 pip=${PIP:-$root/.venv/bin/pip}
-[ -x "$pip" ] || pip=/work/main/.venv/bin/pip
 [ -x "$pip" ] || pip="python3 -m pip"
 jobs=${JOBS:-2}
 stamp=$peers/tools.stamp
