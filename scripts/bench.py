@@ -1,4 +1,4 @@
-"""Benchmarks: slm against llama.cpp (llama-cpp-python) and transformers + PEFT, in one run.
+"""Benchmarks: slm against llama.cpp (its own llama-bench, and llama-cpp-python) and transformers + PEFT, in one run.
 
     python scripts/bench.py [--runs 5] [--decode 128] [--prefill 512] [--out docs]
 
@@ -14,8 +14,10 @@ whose logits error against the default is measured too (int8_error). Each system
 environment setting of one can slow another; slm's sets one OpenBLAS thread, torch's two),
 driven by this process one request at a time (SETTLE_S of quiet before each), so the
 systems are interleaved run by run and never run at once; medians of --runs (every sample
-in throughput_samples). Peers that are not installed are skipped and said
-so. Writes docs/bench.json; prints the Markdown tables that docs/benchmarks.md quotes.
+in throughput_samples). llama.cpp's own llama-bench (built by `make peers`,
+scripts/bench_peers.py) runs as one more system, base only (it takes no LoRA), one repetition
+per request. Peers that are not installed are skipped and said so. The same against
+llama-bench at deployment sizes (1B and 8B shapes): scripts/bench_scale.py. Writes docs/bench.json; prints the Markdown tables that docs/benchmarks.md quotes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import compileall
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,20 +43,13 @@ import numpy as np  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench_peers  # noqa: E402
 import gemma3_path  # noqa: E402
 import make_random_lora  # noqa: E402
 import smollm2_path  # noqa: E402
-
-PROMPT = "Once upon a time, in a small village,"
-# Seconds between one worker's answer and the next request: a system's idle threads spin on
-# the cores for a while after its last operation (torch's and llama.cpp's OpenMP-style pools,
-# slm's OpenMP team): measured, the first ~0.3 s of an slm decode right after a torch
-# product burst ran at half speed. Each request starts on quiet cores.
-SETTLE_S = 1.0
-
-
-def med(xs):
-    return statistics.median(xs) if xs else None
+from bench_common import PROMPT, SETTLE_S, cpu_kind, cpu_model, med, peak_rss, slm_cli  # noqa: E402
+from bench_inprocess import bench_batching, bench_serve_http, int8_error, lora_overhead_ab  # noqa: E402
+from bench_tables import print_tables  # noqa: E402
 
 
 class SlmSystem:
@@ -191,7 +185,27 @@ def worker(name: str, plan_path: Path) -> int:
     return 0
 
 
+class LlamaBenchPeer:
+    """llama.cpp's own llama-bench, driven like a worker: each request runs it once (-r 1) on the
+    base's GGUF with 2 threads. It takes no LoRA, so it answers for the base only."""
+
+    name = "llama-bench"
+    takes_lora = False
+
+    def __init__(self, gguf: Path, prefill: int):
+        self.gguf, self.prefill = gguf, prefill
+
+    def ask(self, op: str, which: str, n: int | None = None) -> float:
+        time.sleep(SETTLE_S)
+        return bench_peers.llama_bench(self.gguf, op, n if op == "decode" else self.prefill)
+
+    def close(self) -> None:
+        pass
+
+
 class Worker:
+    takes_lora = True
+
     def __init__(self, name: str, plan_path: Path):
         self.name = name
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", name, "--plan", str(plan_path)],
@@ -213,21 +227,6 @@ class Worker:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait()
-
-
-def slm_cli(store, *args) -> float:
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "slm", "--store", str(store), *map(str, args)], check=True,
-                   capture_output=True)
-    return time.perf_counter() - t
-
-
-def peak_rss(store, *args) -> int:
-    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True);"
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")
-    out = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "slm", "--store", str(store),
-                          *map(str, args)], capture_output=True, text=True, check=True)
-    return int(out.stdout)
 
 
 def main() -> int:
@@ -261,37 +260,6 @@ def main() -> int:
     (a.out / ("bench-batching.json" if a.batching_only else "bench.json")).write_text(json.dumps(results, indent=2) + "\n")
     print_tables(results)
     return 0
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-# The vector extensions that pick the kernels' paths (the hypervisor names every AMD host "AMD
-# EPYC": family and model tell Zen 3 from Zen 4).
-ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
-             "amx_tile")
-
-
-def cpu_kind() -> dict:
-    fields: dict = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = (part.strip() for part in line.partition(":"))
-            if key in ("cpu family", "model") and key.replace(" ", "_") not in fields:
-                fields[key.replace(" ", "_")] = value
-            elif key == "flags":
-                fields["isa"] = [f for f in ISA_FLAGS if f in value.split()]
-                break
-    except OSError:
-        pass
-    return fields
 
 
 # base -> (GGUF locator, make_random_lora shape arguments, GGUF LoRA architecture, heads, kv heads)
@@ -357,11 +325,17 @@ def bench_base(base: str, a) -> dict:
             w.close()
         else:
             workers.append(w)
+    if not a.skip_peers:
+        try:
+            bench_peers.tool("llama-bench")
+            workers.append(LlamaBenchPeer(gguf, len(long_ids)))
+        except FileNotFoundError as err:
+            skipped["llama-bench"] = str(err)
 
     samples: dict = {}
     for run in range(a.runs):
         for w in workers:
-            for which in ("base", "lora"):
+            for which in ("base", "lora") if w.takes_lora else ("base",):
                 samples.setdefault((w.name, which, "decode"), []).append(w.ask(op="decode", which=which, n=a.decode))
                 samples.setdefault((w.name, which, "prefill"), []).append(w.ask(op="prefill", which=which))
         print(f"{base}: run {run + 1}/{a.runs} done", file=sys.stderr, flush=True)
@@ -414,247 +388,6 @@ def bench_base(base: str, a) -> dict:
                  peak_rss(work / "store", "run", PROMPT, "-n", "16"))[1],
     }
     return results
-
-
-def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: int = 10,
-                     activations: str = "float32") -> dict:
-    """The LoRA's decode overhead, interleaved in one process (the honest measure: the bench
-    medians compare runs minutes apart): blocks of `steps` greedy decode steps alternate
-    between the base and the LoRA composition, both staged; the 20th percentile of each side's
-    block times (the quietest blocks) gives the overhead."""
-    models = {w: rt.switch(comp_ids[w]).model for w in ("base", "lora")}
-    for m in models.values():
-        m.kernels.set_activations(activations)
-    state = {}
-    for w, m in models.items():
-        cache = m.new_cache(len(prompt) + blocks * steps + 1)
-        state[w] = (cache, int(np.argmax(m.forward(np.asarray(prompt), cache, "last")[-1])))
-    times: dict = {"base": [], "lora": []}
-    for i in range(2 * blocks):
-        w = ("base", "lora")[i % 2]
-        m, (cache, token) = models[w], state[w]
-        t = time.perf_counter()
-        for _ in range(steps):
-            token = int(np.argmax(m.forward(np.asarray([token]), cache, "last")[-1]))
-        times[w].append((time.perf_counter() - t) / steps)
-        state[w] = (cache, token)
-    p20 = {w: float(np.percentile(v, 20)) for w, v in times.items()}
-    for m in models.values():
-        m.kernels.set_activations("float32")
-    return {"base_ms_per_token": p20["base"] * 1e3, "lora_ms_per_token": p20["lora"] * 1e3,
-            "overhead": p20["lora"] / p20["base"] - 1, "blocks": blocks, "steps_per_block": steps}
-
-
-def int8_error(rt, comp_ids: dict, tok, positions: int = 96, greedy: int = 64) -> dict:
-    """What the opt-in int8 activations cost in fidelity, on this base, base and LoRA: a fixed
-    text fed one token at a time (every product then takes int8 inputs) in both modes, the
-    largest logit difference against the default and against the logits' spread (max - min),
-    how often the top token agrees; and how many of `greedy` greedy tokens after PROMPT are the
-    same text."""
-    text = tok.encode(" ".join(["The quick brown fox jumps over the lazy dog while the farmer "
-                                "counts his sheep in the morning light."] * 8))[:positions]
-    out = {}
-    for which in ("base", "lora"):
-        m = rt.switch(comp_ids[which]).model
-        logits, tokens = {}, {}
-        for mode in ("float32", "int8"):
-            m.kernels.set_activations(mode)
-            cache = m.new_cache(len(text))
-            logits[mode] = np.concatenate([m.forward(np.asarray([t]), cache, "last") for t in text])  # (P, V)
-            ids = tok.encode(PROMPT)
-            cache = m.new_cache(len(ids) + greedy)
-            last = m.forward(np.asarray(ids), cache, "last")[-1]
-            tokens[mode] = []
-            for _ in range(greedy):
-                tokens[mode].append(int(np.argmax(last)))
-                last = m.forward(np.asarray([tokens[mode][-1]]), cache, "last")[-1]
-        m.kernels.set_activations("float32")
-        f, q = logits["float32"], logits["int8"]
-        diff = np.abs(q - f).max(axis=1)  # (P,)
-        spread = f.max(axis=1) - f.min(axis=1)
-        same = next((i for i, (x, y) in enumerate(zip(tokens["float32"], tokens["int8"])) if x != y), greedy)
-        out[which] = {"positions": len(text), "max_abs_logit_diff": float(diff.max()),
-                      "median_abs_logit_diff": float(np.median(diff)),
-                      "max_diff_over_spread": float((diff / spread).max()),
-                      "top1_agreement": float(np.mean(f.argmax(1) == q.argmax(1))),
-                      "greedy_tokens_identical": same, "greedy_tokens": greedy}
-    print(f"int8 activations' error: {out}", file=sys.stderr, flush=True)
-    return out
-
-
-def interleaved_medians(sample, rounds: int, configs: dict) -> dict:
-    """{name: median of `rounds` sample(config)}, the configurations taking turns in each round:
-    the host's speed drifts within a minute, and a ratio of figures sampled minutes apart
-    measures the drift as much as the batching."""
-    samples: dict = {name: [] for name in configs}
-    for _ in range(rounds):
-        for name, config in configs.items():
-            samples[name].append(sample(config))
-    return {name: med(values) for name, values in samples.items()}
-
-
-def bench_batching(store, base: str, adapters: list[str], a, activations: str = "float32") -> dict:
-    """Aggregate decode tok/s of 8 sequences decoded together (slm.model.batch.decode_step, the
-    step `slm serve` runs), on one composition and on 4 (the base and three LoRAs r=16), against
-    one sequence alone (Decoder.forward token by token, as `slm run`). Each sample: 8 short
-    prompts prefilled, then --batch-steps greedy steps; medians of min(--runs, 3) samples
-    (interleaved_medians).
-    activations: the kernels' mode for every product (both sides of each ratio)."""
-    from slm.model.batch import Row, decode_step
-    from slm.model.kernels import default_kernels
-    from slm.ops import compositions
-    from slm.ops.staging import StagedCompositions
-
-    rt = StagedCompositions(store)
-    loaded = [rt.stage(compositions.build(store, base, spec)) for spec in ([], *([x] for x in adapters))]
-    kernels = default_kernels()
-    for k in (kernels, *(x.model.kernels for x in loaded)):
-        k.set_activations(activations)
-    tok = loaded[0].tokenizer
-    prompts = [tok.encode(f"{PROMPT} Chapter {i + 1}.") for i in range(8)]
-
-    def sample(models) -> float:
-        caches = [m.model.new_cache(len(p) + a.batch_steps + 1) for m, p in zip(models, prompts)]
-        last = [int(np.argmax(m.model.forward(np.asarray(p), c, "last")[-1])) for m, p, c in zip(models, prompts, caches)]
-        t = time.perf_counter()
-        for _ in range(a.batch_steps):
-            if len(models) == 1:
-                logits = models[0].model.forward(np.asarray([last[0]]), caches[0], "last")
-            else:
-                logits = decode_step([Row(m.model, c, x) for m, c, x in zip(models, caches, last)], kernels)
-            last = [int(np.argmax(row)) for row in logits]
-        return len(models) * a.batch_steps / (time.perf_counter() - t)
-
-    figures = interleaved_medians(sample, min(a.runs, 3), {
-        "one_base": [loaded[0]], "one_lora": [loaded[1]], "eight_base": [loaded[0]] * 8,
-        "eight_on_4_compositions": [loaded[i % 4] for i in range(8)]})
-    figures["ratio_eight_base"] = figures["eight_base"] / figures["one_base"]
-    figures["ratio_eight_on_4_compositions"] = figures["eight_on_4_compositions"] / figures["one_base"]
-    print(f"{base}: batching ({activations}) {figures}", file=sys.stderr, flush=True)
-    return figures
-
-
-def bench_serve_http(store_root: Path, base: str, adapters: list[str], a) -> dict:
-    """The same through a real `slm serve` (HTTP, JSON, the scheduler): tokens per second of
-    one greedy /v1/completions request alone, of 8 at once on the active composition, and of
-    8 at once on 4 compositions (named by spec); end to end (short prompts: the prefill is a
-    small part); medians of min(--runs, 3), interleaved (interleaved_medians)."""
-    import threading
-    import urllib.request
-
-    slm_cli(store_root, "activate", base)
-    proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store_root), "serve", "--port", "0",
-                             "--max-batch", "8"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    try:
-        for line in proc.stderr:
-            if "listening on " in line:
-                url = line.split("listening on ")[1].split()[0]
-                break
-        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep the pipe drained
-
-        def ask(model: str, i: int, out: list) -> None:
-            body = json.dumps({"model": model, "prompt": f"{PROMPT} Chapter {i + 1}.",
-                               "max_tokens": a.batch_steps}).encode()
-            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=600) as r:
-                out.append(json.loads(r.read())["usage"]["completion_tokens"])
-
-        def sample(models: list[str]) -> float:
-            out: list = []
-            threads = [threading.Thread(target=ask, args=(m, i, out)) for i, m in enumerate(models)]
-            t = time.perf_counter()
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            return sum(out) / (time.perf_counter() - t)
-
-        specs = [base] + [f"{base}+{x}" for x in adapters]
-        sample(specs)  # stage the compositions, warm the prompt cache
-        figures = interleaved_medians(sample, min(a.runs, 3), {
-            "one": ["active"], "eight": ["active"] * 8, "eight_on_4_compositions": [specs[i % 4] for i in range(8)]})
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    figures["ratio_eight"] = figures["eight"] / figures["one"]
-    figures["ratio_eight_on_4_compositions"] = figures["eight_on_4_compositions"] / figures["one"]
-    print(f"{base}: slm serve over HTTP {figures}", file=sys.stderr, flush=True)
-    return figures
-
-
-def print_tables(results: dict) -> None:
-    print(f"CPU: {results['machine']['cpu']} ({results['machine']['cpus']} cores)")
-    for base, r in results["bases"].items():
-        print(f"\n### {base}\n")
-        if "skipped" in r and "throughput_tok_s" not in r:
-            print(f"skipped: {r['skipped']}")
-            continue
-        print_base_tables(r)
-
-
-def print_base_tables(r: dict) -> None:
-    for key, mode in (("batching", ""), ("batching_int8", " (int8 activations)")):
-        if r.get(key):
-            print_batching(r[key], r.get("batching_http") if key == "batching" else None, mode)
-    if "throughput_tok_s" not in r:
-        return
-    print_throughput(r)
-
-
-def print_batching(b: dict, h: dict | None, mode: str) -> None:
-    if b:
-        print(f"| decode (slm serve's batched step){mode} | aggregate tok/s | vs one request alone |")
-        print("|---|---:|---:|")
-        print(f"| one request, base | {b['one_base']:.1f} | 1.00 |")
-        print(f"| one request, LoRA r=16 | {b['one_lora']:.1f} | {b['one_lora'] / b['one_base']:.2f} |")
-        print(f"| 8 requests, base | {b['eight_base']:.1f} | {b['ratio_eight_base']:.2f} |")
-        print(f"| 8 requests on 4 compositions (base + 3 LoRAs) | {b['eight_on_4_compositions']:.1f} | "
-              f"{b['ratio_eight_on_4_compositions']:.2f} |")
-        if h:
-            print(f"| through `slm serve` (HTTP): one / 8 / 8 on 4 compositions | {h['one']:.1f} / {h['eight']:.1f} / "
-                  f"{h['eight_on_4_compositions']:.1f} | {h['ratio_eight']:.2f} / "
-                  f"{h['ratio_eight_on_4_compositions']:.2f} |")
-        print()
-
-
-def print_throughput(r: dict) -> None:
-    t = r["throughput_tok_s"]
-    names = sorted({k.split("|")[0] for k in t}, key=lambda n: (not n.startswith("slm"), n))
-    ours = [n for n in names if n.startswith("slm")]
-    print("| system | decode base | decode LoRA | prefill base | prefill LoRA | LoRA decode overhead |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for n in names:
-        db, dl, pb, pl = (t[f"{n}|{w}|{k}"] for k, w in
-                          (("decode", "base"), ("decode", "lora"), ("prefill", "base"), ("prefill", "lora")))
-        print(f"| {n} | {db:.1f} | {dl:.1f} | {pb:.0f} | {pl:.0f} | {100 * (db / dl - 1):.1f}% |")
-    print("\nslm's speed over each peer's (slm / peer; > 1 means slm is faster):\n")
-    print("| slm mode / peer | decode base | decode LoRA | prefill base | prefill LoRA |")
-    print("|---|---:|---:|---:|---:|")
-    for mine in ours:
-        for n in (n for n in names if n not in ours):
-            cells = [t[f"{mine}|{w}|{k}"] / t[f"{n}|{w}|{k}"] for k, w in
-                     (("decode", "base"), ("decode", "lora"), ("prefill", "base"), ("prefill", "lora"))]
-            print(f"| {mine} / {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-    for key, mode in (("lora_overhead_ab", ""), ("lora_overhead_ab_int8", ", int8 activations")):
-        ab = r.get(key)
-        if ab:
-            print(f"\nLoRA decode overhead{mode}, interleaved in-process A/B ({ab['blocks']} blocks of "
-                  f"{ab['steps_per_block']} steps each, 20th percentile): {100 * ab['overhead']:.1f}% "
-                  f"({ab['base_ms_per_token']:.2f} vs {ab['lora_ms_per_token']:.2f} ms per token)")
-    for which, e in (r.get("int8_error") or {}).items():
-        print(f"\nint8 activations vs float32, {which}, {e['positions']} positions one token at a time: "
-              f"largest |logit difference| {e['max_abs_logit_diff']:.3f} (median {e['median_abs_logit_diff']:.3f}; "
-              f"at most {100 * e['max_diff_over_spread']:.2f}% of the logits' spread), top token agrees at "
-              f"{100 * e['top1_agreement']:.1f}% of positions, greedy text identical for "
-              f"{e['greedy_tokens_identical']} of {e['greedy_tokens']} tokens")
-    s = r["switch_s"]
-    print(f"\nswitch: in-process warm {s['in_process_warm'] * 1e3:.3f} ms, in-process cold (stage the "
-          f"adapter) {s['in_process_cold_adapter'] * 1e3:.1f} ms, `slm activate` wall "
-          f"{s['slm_activate_wall'] * 1e3:.0f} ms")
-    rss, est = r["peak_rss_bytes"], r["memory_estimate_bytes"]
-    print(f"import: {r['import_mb_s']:.0f} MB/s; peak RSS base {rss['base'] / 2**20:.0f} MiB "
-          f"(estimate {est['base'] / 2**20:.0f}), LoRA {rss['lora'] / 2**20:.0f} MiB (estimate "
-          f"{est['lora'] / 2**20:.0f}); skipped: {r['skipped'] or 'none'}")
 
 
 if __name__ == "__main__":

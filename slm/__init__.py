@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_RESULTS = ("AdapterEntry", "AdapterExportResult", "Certified", "CompositionInfo", "ExportResult", "Finding",
-            "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "PushResult", "ReceiveResult",
-            "Result", "SignResult", "SignatureCheck", "SignatureReport", "Status", "Timings", "Transition",
-            "VerifyReport")
+_RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "Certified", "CompositionInfo", "ExportResult",
+            "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "PushResult", "ReceiveResult",
+            "Result", "SignResult", "SignatureCheck", "SignatureReport", "Status", "Timings", "TokenLogprobs",
+            "Transition", "VerifyReport")
 _EXPORTS = {
     "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api",
     "Composition": "slm.compose.composition",

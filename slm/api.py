@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from slm.compose.composition import Composition
 from slm.errors import InvalidInput, UsageError
-from slm.ops.request import ChatMessage, GenerationRequest  # noqa: F401  (what a Scheduler runs: slm serve builds them)
+from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401  (what a Scheduler runs: slm serve builds them)
 from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
 
@@ -364,32 +364,42 @@ class Session:
     def composition_id(self) -> str:
         return self._loaded.id
 
-    def _options(self, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int,
-                 chat: bool) -> RunOptions:
+    def _options(self, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int | None,
+                 chat: bool, response_format: dict | ResponseFormat | None = None, **sampling) -> RunOptions:
         from slm.model import modes
         from slm.ops.run import RunOptions
 
-        return RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                          seed=seed, chat=chat, threads=self.runtime.threads,
-                          exact=self.runtime.mode == modes.EXACT)
+        return RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                          chat=chat, threads=self.runtime.threads, exact=self.runtime.mode == modes.EXACT,
+                          response_format=ResponseFormat.of(response_format), **sampling)
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int = 0, chat: bool = False) -> Generation:
+                 seed: int | None = None, chat: bool = False, *, top_k: int = 0, min_p: float = 0.0,
+                 repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+                 response_format: dict | ResponseFormat | None = None) -> Generation:
+        """seed None: a fresh random seed, reported as Generation.seed; logprobs k: each token's
+        logprob and its k likeliest alternatives (docs/api.md, "Sampling"); response_format:
+        OpenAI's object or a ResponseFormat, the answer decoded under that grammar (docs/serve.md,
+        "Structured output")."""
         from slm.ops import run
 
-        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
+        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat, response_format, top_k=top_k,
+                                min_p=min_p, repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs)
         return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
 
     def stream(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int = 0, chat: bool = False) -> Iterator[str]:
-        """The generated text in pieces, each as soon as it decodes to whole characters."""
+               seed: int | None = None, chat: bool = False, response_format: dict | ResponseFormat | None = None,
+               **sampling: object) -> Iterator[str]:
+        """The text in pieces, each as soon as it decodes to whole characters (generate's options)."""
         import queue
         import threading
 
         from slm.ops import run
 
         pieces: queue.Queue = queue.Queue()
-        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat)
+        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat, response_format, **sampling)
         failure: list[BaseException] = []
 
         def work() -> None:
@@ -410,36 +420,23 @@ class Session:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Float32 logits (positions x vocab) of a token sequence, computed from scratch."""
-        import numpy as np
+        from slm.ops import run
 
-        from slm.model import modes
-
-        model = self._loaded.model
-        with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
-            modes.use(model.kernels, self.runtime.mode)
-        values = list(token_ids)
-        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):
-            raise InvalidInput("logits needs token ids (integers)")
-        try:
-            ids = np.asarray(values, dtype=np.int64)
-        except OverflowError as err:
-            raise InvalidInput("a token id is beyond int64") from err
-        if ids.ndim != 1 or ids.size == 0:
-            raise InvalidInput("logits needs a non-empty sequence of token ids")
-        vocab, context = model.cfg.vocab_size, model.cfg.context_length
-        if ids.min() < 0 or ids.max() >= vocab:  # a negative id would index from the end
-            raise InvalidInput(f"token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
-        if ids.size > context:
-            raise InvalidInput(f"{ids.size} token ids; the context holds {context}")
-        cache = model.new_cache(len(ids))
-        with np.errstate(over="ignore", invalid="ignore"):
-            return np.asarray(model.forward(ids, cache, "all"), dtype=np.float32)  # (T, V)
+        return run.logits_of(self._loaded, token_ids, self.runtime.mode)
 
 
-def check_sampling(temperature: float, top_p: float, seed: int, max_temperature: float = math.inf) -> None:
+def check_sampling(temperature: float, top_p: float, seed: int | None, max_temperature: float = math.inf) -> None:
     """The one check of sampling options (slm run's, the sessions', the server's): InvalidInput
     naming the option unless temperature is a finite number in [0, max_temperature] (the server
-    takes OpenAI's range, 0 to 2), top_p in (0, 1] and seed an integer in [0, 2^63 - 1]."""
+    takes OpenAI's range, 0 to 2), top_p in (0, 1] and seed None or an integer in [0, 2^63 - 1]."""
     from slm.model.sampling import check_sampling as check
 
     check(temperature, top_p, seed, max_temperature)
+
+
+def check_processing(**options: object) -> None:
+    """The check of the other sampling options (top_k, min_p, the penalties, logit_bias,
+    logprobs, n; slm.model.sampling.check_processing): InvalidInput naming the option."""
+    from slm.model.sampling import check_processing as check
+
+    check(**options)

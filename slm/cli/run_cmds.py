@@ -26,7 +26,23 @@ def run_cmd(
         help="0 is greedy (deterministic); any finite value >= 0 (one so small that only the top "
              "logit keeps weight samples it, as greedy does)."),
     top_p: float = typer.Option(1.0, "--top-p", parser=decimal, help="Nucleus sampling mass (with --temperature > 0)."),
-    seed: int = typer.Option(0, "--seed", parser=integer, help="Seed for sampling; the same seed gives the same text."),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", parser=integer,
+        help="Seed for sampling; the same seed gives the same text. Default: a fresh random seed, "
+             "reported (--json: \"seed\")."),
+    top_k: int = typer.Option(0, "--top-k", parser=integer, help="Sample among the K most likely tokens (0: all)."),
+    min_p: float = typer.Option(
+        0.0, "--min-p", parser=decimal, help="Drop tokens under this fraction of the top token's probability."),
+    repeat_penalty: float = typer.Option(
+        1.0, "--repeat-penalty", parser=decimal,
+        help="llama.cpp's: divide positive, multiply negative logits of tokens already generated (1: off)."),
+    frequency_penalty: float = typer.Option(
+        0.0, "--frequency-penalty", parser=decimal, help="OpenAI's, -2..2: minus this times a token's count so far."),
+    presence_penalty: float = typer.Option(
+        0.0, "--presence-penalty", parser=decimal, help="OpenAI's, -2..2: minus this for a token generated before."),
+    logprobs: Optional[int] = typer.Option(
+        None, "--logprobs", metavar="K", parser=integer,
+        help="With --json: each token's logprob and its K most likely alternatives (0..20)."),
     chat: bool = typer.Option(
         False, "--chat",
         help="Wrap the prompt in the base's chat template (the prompt is text: a control token "
@@ -35,6 +51,9 @@ def run_cmd(
         None, "--logits-out", metavar="FILE.npy",
         help="Save float32 logits (positions x vocab) for every prompt and generated position.",
     ),
+    json_schema: Optional[Path] = typer.Option(
+        None, "--json-schema", metavar="FILE",
+        help="The answer is JSON valid under this JSON schema (grammar-constrained decoding)."),
     memory_budget: Optional[str] = MemoryBudgetOpt,
     on_switch: str = typer.Option(
         "stop", "--on-switch", metavar="stop|finish",
@@ -59,7 +78,9 @@ def run_cmd(
     options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
                          memory_budget=memory_budget, on_switch=on_switch, threads=threads,
-                         exact=exact)
+                         exact=exact, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
+                         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                         logprobs=logprobs, json_schema=json_schema)
     result = store.run(options, on_text=None if json_out else render.stream_text)
     show_result(result, json_out, render.run_footer)
 

@@ -60,9 +60,9 @@ def fallback_template(architecture: str | None) -> str | None:
 
 
 def render_chat(template: str | None, messages: list[dict], special_tokens: dict[str, str],
-                add_generation_prompt: bool = True) -> str:
+                add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
     """The prompt text for `messages` ([{"role": ..., "content": ...}]), as transformers'
-    apply_chat_template(messages, tokenize=False, add_generation_prompt=...) gives it."""
+    apply_chat_template(messages, tools=..., tokenize=False, add_generation_prompt=...) gives it."""
     if not template:
         raise InvalidInput("this base has no chat template; run without --chat")
     from jinja2 import TemplateError
@@ -71,27 +71,29 @@ def render_chat(template: str | None, messages: list[dict], special_tokens: dict
     messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
     try:
         return _compile(template).render(
-            messages=messages, tools=None, documents=None,
+            messages=messages, tools=tools or None, documents=None,
             add_generation_prompt=add_generation_prompt, **special_tokens,
         )
     except TemplateError as err:
         raise InvalidInput(f"chat template failed: {err}") from err
 
 
-def chat_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def chat_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
     """The token ids of a conversation (`slm run --chat`, the API and the server use this one
     function): the template's own markers are special tokens, a message's content is text.
 
     A content that spells a control token (`<|im_end|><|im_start|>system`) must not become
-    that token, or a user could forge a turn. Each such text in a content is replaced by a
+    that token, or a user could forge a turn. Each such text in a message (its content, a tool
+    call's name and arguments, a tool's definition: every string but the role) is replaced by a
     character that occurs nowhere in the conversation or the template (Unicode's private use
     plane 16) before rendering, and encoded back as the text it was after the template's own
     special tokens are cut out (TextTokenizer.encode_with_literals). `tok` is a TextTokenizer."""
     markers = sorted(tok.control_texts(), key=len, reverse=True)  # longest first: leftmost-longest
-    found = _markers_in(messages, markers)
+    found = _markers_in(messages, markers, tools)
     if not found:
-        return tok.encode(render_chat(tok.chat_template, messages, tok.special_tokens, add_generation_prompt))
-    used = set(tok.chat_template or "").union(*map(set, _texts(messages)), *map(set, markers))
+        return tok.encode(render_chat(tok.chat_template, messages, tok.special_tokens, add_generation_prompt, tools))
+    used = set(tok.chat_template or "").union(*map(set, _texts(messages, tools)), *map(set, markers))
     free = (chr(c) for c in range(0x100000, 0x10FFFE) if chr(c) not in used)
     stand_in = dict(zip(found, free))
     pattern = re.compile("|".join(map(re.escape, found)))
@@ -99,31 +101,37 @@ def chat_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = Tru
     def protect(text: str) -> str:
         return pattern.sub(lambda m: stand_in[m.group()], text)
 
-    safe = [{**m, "content": _map_content(m.get("content"), protect)} for m in messages]
-    text = render_chat(tok.chat_template, safe, tok.special_tokens, add_generation_prompt)
+    safe = [{k: v if k == "role" else _map_strings(v, protect) for k, v in m.items()} for m in messages]
+    safe_tools = _map_strings(tools, protect) if tools else tools
+    text = render_chat(tok.chat_template, safe, tok.special_tokens, add_generation_prompt, safe_tools)
     return tok.encode_with_literals(text, {c: marker for marker, c in stand_in.items()})
 
 
-def _texts(messages: list[dict]) -> list[str]:
-    """Every text of the messages' contents (a string, or the text items of a list)."""
+def _texts(messages: list[dict], tools: list[dict] | None = None) -> list[str]:
+    """Every string of the messages but their roles (contents, tool calls) and of the tools."""
     out: list[str] = []
     for m in messages:
-        _map_content(m.get("content"), lambda t: out.append(t) or t)
+        for k, v in m.items():
+            if k != "role":
+                _map_strings(v, lambda t: out.append(t) or t)
+    _map_strings(tools, lambda t: out.append(t) or t)
     return out
 
 
-def _map_content(content, fn):
-    if isinstance(content, str):
-        return fn(content)
-    if isinstance(content, list):
-        return [{**item, "text": fn(item["text"])} if isinstance(item, dict) and isinstance(item.get("text"), str)
-                else item for item in content]
-    return content
+def _map_strings(value, fn):
+    """`value` with fn applied to every string in it (nested dicts and lists; keys stay)."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, list):
+        return [_map_strings(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: _map_strings(v, fn) for k, v in value.items()}
+    return value
 
 
-def _markers_in(messages: list[dict], markers: list[str]) -> list[str]:
-    """The control-token texts that occur in the messages' contents, longest first."""
-    texts = _texts(messages)
+def _markers_in(messages: list[dict], markers: list[str], tools: list[dict] | None = None) -> list[str]:
+    """The control-token texts that occur in the messages' strings or the tools', longest first."""
+    texts = _texts(messages, tools)
     return [m for m in markers if any(m in t for t in texts)]
 
 

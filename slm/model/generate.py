@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from slm.model.decoder import Decoder
-from slm.model.generation import LogitProcessor, decode, first_token, new_sequence, prefill_next
+from slm.model.generation import LogitProcessor, TokenLogprob, decode, first_token, new_sequence, prefill_next
 from slm.model.prompt_cache import PromptCache
 from slm.model.sampling import Sampler
 from slm.model.stops import LENGTH, StopRules
@@ -34,6 +34,7 @@ class TokenGeneration:
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)  # generated tokens
     logits: list[np.ndarray] = field(default_factory=list)  # rows (V,) when kept
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # each answer token's, when asked
     stop_reason: str = LENGTH  # slm.model.stops' reasons, or what the caller's on_token said
     prefix_hit: bool = False  # the prompt's keys/values came from the prefix cache
     prefill_s: float = 0.0
@@ -56,15 +57,16 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
              prompt_cache: PromptCache | None = None, comp_id: str = "",
              decode_text: Callable[[list[int]], str] | None = None,
              on_text: Callable[[str], None] | None = None, stop_sequences: tuple[str, ...] = (),
-             processors: tuple[LogitProcessor, ...] = ()) -> TokenGeneration:
+             processors: tuple[LogitProcessor, ...] = (), logprobs: int | None = None) -> TokenGeneration:
     """on_token(id) may return a stop reason (a string) to end generation after that token.
     prompt_cache: consulted under comp_id (the composition's id) when all prompt logits are
     not wanted. decode_text: the tokenizer's decode, to stream the answer's text to on_text
-    (and to find stop_sequences in it). processors: slm.model.generation's logit processors."""
+    (and to find stop_sequences in it). processors: slm.model.generation's logit processors.
+    logprobs: None, or record each answer token's logprob and its k alternatives'."""
     gen = TokenGeneration(list(prompt_ids))
     capacity = min(model.cfg.context_length, len(prompt_ids) + max_tokens)
     stops = StopRules(eos_ids, max_tokens, decode_text, stop_sequences, on_text, caller=on_token)
-    seq = new_sequence(model, prompt_ids, sampler, stops, capacity, processors, keep_logits)
+    seq = new_sequence(model, prompt_ids, sampler, stops, capacity, processors, keep_logits, logprobs)
     use_cache = prompt_cache is not None and not keep_logits
     started = time.perf_counter()
     logits = prompt_cache.get(comp_id, seq.prompt_ids, seq.cache) if use_cache else None
@@ -81,5 +83,5 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
         if error is not None:
             raise error
     gen.decode_s = time.perf_counter() - started
-    gen.ids, gen.logits, gen.stop_reason = seq.ids, seq.kept, seq.reason
+    gen.ids, gen.logits, gen.stop_reason, gen.logprobs = seq.ids, seq.kept, seq.reason, seq.token_logprobs
     return gen

@@ -15,6 +15,12 @@ drive the same functions, so a greedy answer is token for token the same whereve
 A sequence may carry logit processors, callables (generated ids, logits row) -> logits row
 applied in order before sampling (penalties, a bias, a grammar's mask); the non-finite check
 runs on the model's own logits before them.
+
+A sequence asked for logprobs (k alternatives, 0..20) records, for each answer token (not an
+end-of-generation one), a TokenLogprob: the log-softmax, in float64, of the model's own logits
+for that position (before the processors and the sampler's temperature and filters: the
+numbers Session.logits gives, whatever penalties or bias the request had), and the k most
+likely tokens with theirs.
 """
 
 from __future__ import annotations
@@ -33,6 +39,26 @@ from slm.model.stops import LENGTH, StopRules
 LogitProcessor = Callable[[list[int], np.ndarray], np.ndarray]
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the k most likely (id, logprob), most likely first
+
+
+def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
+    """The log-softmax (float64) of a logits row at `token`, and its k most likely entries."""
+    wide = logits.astype(np.float64)
+    shifted = wide - wide.max()
+    logp = shifted - np.log(np.exp(shifted).sum())
+    if k:  # (a partition, then a sort of k: not a sort of the whole vocabulary per token)
+        part = np.argpartition(-logp, k - 1)[:k] if k < logp.size else np.arange(logp.size)
+        top = part[np.lexsort((part, -logp[part]))]  # most likely first; a tie: the lower id first
+    else:
+        top = np.empty(0, dtype=np.int64)
+    return TokenLogprob(int(token), float(logp[token]), tuple((int(t), float(logp[t])) for t in top))
+
+
 @dataclass(eq=False)
 class Sequence:
     """One generation's state: its model (composition), KV cache, sampler, prompt, stop state
@@ -46,6 +72,8 @@ class Sequence:
     processors: tuple[LogitProcessor, ...] = ()
     keep_logits: bool = False
     kept: list[np.ndarray] = field(default_factory=list)  # (V,) rows: every prompt position, then each step's
+    logprobs: int | None = None  # None: no logprobs; k: each answer token's and its k alternatives'
+    token_logprobs: list[TokenLogprob] = field(default_factory=list)
     next_token: int = -1  # the token the next decode step runs
 
     @property
@@ -66,10 +94,11 @@ class Sequence:
 
 
 def new_sequence(model: Decoder, prompt_ids: list[int], sampler: Sampler, stops: StopRules, capacity: int,
-                 processors: tuple[LogitProcessor, ...] = (), keep_logits: bool = False) -> Sequence:
+                 processors: tuple[LogitProcessor, ...] = (), keep_logits: bool = False,
+                 logprobs: int | None = None) -> Sequence:
     """A sequence with a fresh KV cache of `capacity` positions (prompt and answer)."""
     return Sequence(model, model.new_cache(capacity), sampler, list(prompt_ids), stops, tuple(processors),
-                    keep_logits)
+                    keep_logits, logprobs=logprobs)
 
 
 def prefill_next(seq: Sequence, chunk: int) -> np.ndarray | None:
@@ -114,10 +143,13 @@ def decode(seqs: list[Sequence], kernels) -> list[NumericsError | None]:
 
 
 def _take(seq: Sequence, logits: np.ndarray) -> str | None:
+    raw = logits
     for process in seq.processors:
         logits = process(seq.ids, logits)
     token = seq.sampler(logits)
     seq.next_token = token
+    if seq.logprobs is not None and token not in seq.stops.eos_ids:
+        seq.token_logprobs.append(token_logprob(raw, token, seq.logprobs))  # (before on_text hears of it)
     return seq.stops.take(token, cache_full=seq.cache.length >= seq.cache.capacity)
 
 

@@ -261,6 +261,21 @@ class TextTokenizer:
     def decode(self, ids: list[int], *, special: bool = False) -> str:
         return self.codec.decode(ids, special)
 
+    def piece_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (a special token's text included): a piece of a
+        multi-byte character is not text on its own (llama-server's /tokenize with_pieces)."""
+        piece = getattr(self.codec, "_piece", None)
+        if piece is not None:  # SentencePieceBPE
+            return piece(token, True)
+        tok = self.codec.tokenizer
+        text = tok.id_to_token(token) if tok is not None else None
+        if text is None:
+            return self.codec.decode([token], True).encode()
+        if type(tok.decoder) is decoders.ByteLevel and token not in tok.get_added_tokens_decoder():
+            table = _byte_level_table()
+            return bytes(table[c] for c in text) if all(c in table for c in text) else text.encode()
+        return tok.decode([token], skip_special_tokens=False).encode()
+
     def release_encoder(self) -> bool:
         """Free what only encoding needs, for a caller done encoding (HFCodec.release_encoder),
         and give the memory back to the kernel; False if this vocabulary keeps it (decode stays
@@ -272,6 +287,11 @@ class TextTokenizer:
 
         release_freed_memory()
         return True
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_level_table() -> dict[str, int]:
+    return {token_bytes._byte_level_char(b): b for b in range(256)}
 
 
 def _check_text(text: str) -> None:

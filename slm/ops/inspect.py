@@ -14,20 +14,23 @@ from slm.store import digest as dg
 def list_entries(store: StoreDir) -> list[dict]:
     out = []
     for name, digest in store.names.items("bases"):
-        out.append(_entry("base", name, digest, store, _base_details))
+        out.append(_entry("base", name, digest, store, _base_details, store.names.committed_at("bases", name)))
     for name, digest in store.names.items("adapters"):
-        out.append(_entry("adapter", name, digest, store, _adapter_details))
+        out.append(_entry("adapter", name, digest, store, _adapter_details,
+                          store.names.committed_at("adapters", name)))
     active = store.active_ref.read()
     for hex_id, _ in store.names.items("compositions"):
         comp_id = dg.PREFIX + hex_id
-        entry = _entry("composition", hex_id[:12], comp_id, store, _composition_details)
+        entry = _entry("composition", hex_id[:12], comp_id, store, _composition_details,
+                       store.names.committed_at("compositions", hex_id))
         entry["active"] = comp_id == active
         out.append(entry)
     return out
 
 
-def _entry(kind: str, name: str, digest: str, store: StoreDir, details) -> dict:
-    entry = {"kind": kind, "name": name, "digest": digest}
+def _entry(kind: str, name: str, digest: str, store: StoreDir, details, created: float | None) -> dict:
+    # created: when the store committed the name (unix seconds), what /v1/models reports
+    entry = {"kind": kind, "name": name, "digest": digest, "created": None if created is None else int(created)}
     try:
         entry.update(details(store, digest))
     except SlmError as err:  # a broken (damaged, unreadable) entry must not hide the others

@@ -82,6 +82,24 @@ class Timings(Result):
 
 
 @dataclass(frozen=True)
+class Alternative(Result):
+    token: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprobs(Result):
+    """One answer token's logprob (log-softmax of the model's logits at its position, before
+    penalties, bias, temperature and filters) and the most likely alternatives there."""
+
+    token: int
+    text: str  # the token's text alone (a part of a character shows as U+FFFD)
+    logprob: float
+    top: tuple[Alternative, ...]
+
+
+@dataclass(frozen=True)
 class Generation(Result):
     """One generation: the text, the token ids, and the composition it ran on."""
 
@@ -97,6 +115,8 @@ class Generation(Result):
     mode: str  # what the numbers were computed in: "int8" or "exact" (slm.model.modes)
     logits_out: str | None = None
     memory_estimate: dict[str, Any] | None = None
+    seed: int | None = None  # the sampler's seed: the one given, else the fresh random one drawn
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # each answer token's, when asked
 
     @property
     def composition_id(self) -> str:

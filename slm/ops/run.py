@@ -13,11 +13,14 @@ from slm.errors import InvalidInput, SlmError
 from slm.model import modes
 from slm.model.chat import chat_prompt_ids
 from slm.model.generate import generate
-from slm.model.sampling import Sampler, check_sampling
+from slm.model.processors import processors_for
+from slm.model.sampling import Sampler, check_processing, check_sampling, logit_bias_items
 from slm.model.stops import SWITCHED
 from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
-from slm.ops.results import CompositionInfo, Generation, Timings
+from slm.ops.results import Alternative, CompositionInfo, Generation, Timings, TokenLogprobs
+from slm.ops.request import ResponseFormat
+from slm.ops.structured import grammar_for, grammar_masks
 from slm.ops.prefix_cache import DiskPromptCache, budget_of
 from slm.store import StoreDir, outputs
 
@@ -32,13 +35,22 @@ class RunOptions:
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
-    seed: int = 0
+    seed: int | None = None  # None: a fresh random seed (reported in the Generation)
     chat: bool = False
     logits_out: Path | None = None
     memory_budget: str | None = None
     on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
     threads: int | None = None  # None: every core
     exact: bool = False  # float32 products (slm.model.modes); the default is int8 where the kernels have it
+    top_k: int = 0  # 0: no limit
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0  # 1: off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict | None = None  # {token id: -100..100}
+    logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives
+    response_format: ResponseFormat | None = None  # the answer follows it (grammar-constrained)
+    json_schema: Path | None = None  # --json-schema FILE: read into response_format
 
 
 def prompt_from_stdin(stream) -> str:
@@ -62,6 +74,8 @@ def _check_options(o: RunOptions) -> None:
     except UnicodeEncodeError as err:  # undecodable argv bytes arrive as lone surrogates
         raise InvalidInput("the prompt is not UTF-8 text") from err
     check_sampling(o.temperature, o.top_p, o.seed)  # (before the model loads: a fast refusal)
+    check_processing(o.top_k, o.min_p, o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.logit_bias,
+                     o.logprobs)
     if not (_whole(o.max_tokens) and o.max_tokens >= 0):
         raise InvalidInput(f"max_tokens must be an integer >= 0, not {o.max_tokens!r}")
     if o.on_switch not in ("stop", "finish"):
@@ -103,6 +117,8 @@ class LogitsFile:
 
 def run_prompt(store: StoreDir, o: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
     _check_options(o)
+    if o.json_schema is not None:  # (before the model loads: a bad file is a fast refusal)
+        o = replace(o, response_format=ResponseFormat.from_file(o.json_schema), json_schema=None)
     out_file = LogitsFile(o.logits_out, store.root) if o.logits_out else None
     try:
         # overflow shows as non-finite logits, refused with exit 10: no NumPy warnings on stderr
@@ -153,6 +169,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         prompt_ids = tok.encode(o.prompt)
     if not prompt_ids:
         raise InvalidInput("the prompt encodes to no tokens")
+    grammar = grammar_for(loaded, o.response_format)  # (needs the encoder: before its release)
     if encode_once:  # (a one-shot run: its tokenizer only decodes from here on; issue 35)
         tok.release_encoder()
     context = model.cfg.context_length
@@ -167,9 +184,14 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     def on_token(token: int) -> str | None:
         return SWITCHED if watch and _switched(store, loaded.id) else None
 
-    gen = generate(model, prompt_ids, o.max_tokens, Sampler(o.temperature, o.top_p, o.seed),
+    check_processing(logit_bias=o.logit_bias, vocab_size=model.cfg.vocab_size)
+    sampler = Sampler(o.temperature, o.top_p, o.seed, o.top_k, o.min_p)  # (seed None: a fresh one)
+    processors = processors_for(o.frequency_penalty, o.presence_penalty, o.repeat_penalty,
+                                logit_bias_items(o.logit_bias))
+    gen = generate(model, prompt_ids, o.max_tokens, sampler,
                    tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
-                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text)
+                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text,
+                   processors=processors + grammar_masks(loaded, grammar), logprobs=o.logprobs)
     comp = loaded.composition
     result = Generation(
         composition=loaded.id,
@@ -183,10 +205,19 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         timings=Timings(round(gen.prefill_s, 4), round(gen.decode_s, 4), round(gen.prefill_tok_s, 2),
                         round(gen.decode_tok_s, 2)),
         memory_estimate=est.to_json(),
+        seed=sampler.seed,
+        logprobs=None if o.logprobs is None else tuple(logprob_view(tok, r) for r in gen.logprobs),
         mode=mode,
     )
     logits = np.stack(gen.logits).astype(np.float32) if keep_logits else None  # (positions, vocab)
     return result, logits
+
+
+def logprob_view(tok, record) -> TokenLogprobs:
+    """A slm.model.generation.TokenLogprob with the tokens' texts (the API's and `--json`'s)."""
+    text = lambda t: tok.decode([t])  # noqa: E731
+    return TokenLogprobs(record.token, text(record.token), record.logprob,
+                         tuple(Alternative(t, text(t), lp) for t, lp in record.top))
 
 
 def _switched(store: StoreDir, pinned: str) -> bool:
@@ -194,3 +225,29 @@ def _switched(store: StoreDir, pinned: str) -> bool:
         return store.active_ref.read() != pinned
     except SlmError:  # a ref we cannot read (damaged, replaced) is not the one we pinned
         return True
+
+
+def logits_of(loaded: Loaded, token_ids, mode: str) -> np.ndarray:
+    """Float32 logits (positions x vocab) of a token sequence, computed from scratch in `mode`
+    (slm.model.modes; the API's Session.logits): the ids checked first (integers, in the
+    vocabulary, within the context)."""
+    model = loaded.model
+    with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
+        modes.use(model.kernels, mode)
+    values = list(token_ids)
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):
+        raise InvalidInput("logits needs token ids (integers)")
+    try:
+        ids = np.asarray(values, dtype=np.int64)
+    except OverflowError as err:
+        raise InvalidInput("a token id is beyond int64") from err
+    if ids.ndim != 1 or ids.size == 0:
+        raise InvalidInput("logits needs a non-empty sequence of token ids")
+    vocab, context = model.cfg.vocab_size, model.cfg.context_length
+    if ids.min() < 0 or ids.max() >= vocab:  # a negative id would index from the end
+        raise InvalidInput(f"token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
+    if ids.size > context:
+        raise InvalidInput(f"{ids.size} token ids; the context holds {context}")
+    cache = model.new_cache(len(ids))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(model.forward(ids, cache, "all"), dtype=np.float32)  # (T, V)

@@ -15,9 +15,16 @@ its one sequence (the arithmetic, the sampler, the stop rules and stop sequences
 slm.model.stops), so a greedy answer here is token for token the answer of `slm run` on the
 same composition. This module's own job: the queue, admission, the prompts' turns,
 cancellation, metrics and the requests' sinks.
-Events go to the request's sink from this thread: ("text", piece), ("done", reason,
-prompt_tokens, completion_tokens) or ("error", exception): an SlmError for what the request
-caused, any other exception for a bug (the server maps both to HTTP in one place).
+Events go to the request's sink from this thread: ("text", piece, logprobs) (logprobs: the
+slm.TokenLogprobs of the tokens since the last piece, empty unless the request asked), ("done",
+reason, prompt_tokens, completion_tokens) or ("error", exception): an SlmError for what the
+request caused, any other exception for a bug (the server maps both to HTTP in one place).
+
+A request with n choices is n Jobs (prepare_choices), one per choice, each with its own seed
+(slm.model.sampling.choice_seeds), sequence and sink, submitted together (submit_all): rows of
+the same batch. The prompt is prefilled once: choice 0 prefills it; the others wait (in
+self.awaiting) and then copy its keys and values from the prompt cache (a prompt too large for
+the cache, or a choice 0 that failed or was cancelled: they prefill their own).
 """
 
 from __future__ import annotations
@@ -36,15 +43,19 @@ import numpy as np
 from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
 from slm.model.allocator import release_freed_memory
 from slm.model.chat import chat_prompt_ids
+from slm.model.tools import CallGate, check_tool_template, template_messages
 from slm.model.generate import PREFILL_CHUNK
 from slm.model.generation import Sequence, decode, first_token, new_sequence, prefill_next
 from slm.model.kernels import default_kernels
 from slm.model.prompt_cache import MemoryPromptCache
-from slm.model.sampling import Sampler
+from slm.model.processors import processors_for
+from slm.model.sampling import Sampler, check_processing, choice_seeds
 from slm.model.stops import CANCELLED, StopRules
 from slm.ops import budget
 from slm.ops.loading import Loaded
-from slm.ops.request import GenerationRequest
+from slm.ops.request import GenerationRequest, ToolCall
+from slm.ops.results import TokenLogprobs
+from slm.ops.structured import grammar_for, grammar_masks, tool_answer
 
 __all__ = ["Job", "Scheduler"]
 
@@ -66,6 +77,26 @@ class Job:
     finished: bool = False
     seq: Sequence | None = None  # its generation, from admission on
     first_token_s: float | None = None
+    index: int = 0  # which choice of its request
+    seed: int = 0  # its sampler's seed (the request's, + index; else a fresh random one)
+    logprobs_sent: int = 0  # how many of seq.token_logprobs went out with text already
+    twin: "Job | None" = None  # choice 0 of its request, whose prefill the others copy
+    processors: tuple = ()  # its logit processors (a grammar's mask), built off the engine thread
+    content: str | None = None  # with tools, once finished: the answer's text outside its calls
+    content_rest: str | None = None  # ... and the part of it not sent as ("text", piece) events
+    gate: CallGate | None = None  # with tools: what of the answer streams before its calls
+    tool_calls: tuple[ToolCall, ...] = ()  # with tools, once finished: the calls read from the answer
+    grammar: str | None = None  # the grammar its answer follows (each choice gets its own mask of it)
+
+    def take_logprobs(self) -> list[TokenLogprobs]:
+        """The logprobs of the tokens not yet handed out (with a text piece, or now)."""
+        if self.seq is None or self.seq.logprobs is None:
+            return []
+        from slm.ops.run import logprob_view
+
+        new = self.seq.token_logprobs[self.logprobs_sent:]
+        self.logprobs_sent += len(new)
+        return [logprob_view(self.loaded.tokenizer, record) for record in new]
 
     @property
     def ids(self) -> list[int]:
@@ -87,6 +118,7 @@ class Scheduler:
         self.pending: queue.Queue[Job] = queue.Queue()
         self.running: list[Job] = []
         self.prefilling: collections.deque[Job] = collections.deque()  # admitted, prompt not yet all in the cache
+        self.awaiting: list[Job] = []  # admitted choices waiting for their choice 0's prefill (its copy)
         # Prompts are tokenized (and large bodies parsed) on this one thread: off the event loop
         # and the engine thread; one thread's allocator arena holds at most one prompt's peak
         # (each thread that tokenized a long prompt kept its own, slm.model.allocator); and the
@@ -104,12 +136,37 @@ class Scheduler:
 
     # -- called from the server's threads ------------------------------------------------------
     def prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
-        """Tokenize and check a request against its composition's model (InvalidInput if it
-        cannot run, BudgetExceeded over the memory budget)."""
+        """Tokenize and check a one-choice request against its composition's model (InvalidInput
+        if it cannot run, BudgetExceeded over the memory budget)."""
+        if req.n != 1:
+            raise InvalidInput(f"n is {req.n}: a request with several choices goes through prepare_choices")
+        return self.prepare_choices(loaded, req, lambda index: sink)[0]
+
+    def prepare_choices(self, loaded: Loaded, req: GenerationRequest,
+                        sink_of: Callable[[int], Callable[[tuple], None]]) -> list[Job]:
+        """prepare for each of the request's n choices: choice i's events go to sink_of(i)
+        (InvalidInput if n is over max_batch: a request's choices are rows of one batch)."""
+        check_processing(n=req.n, max_n=self.max_batch, logit_bias=dict(req.logit_bias),
+                         vocab_size=loaded.model.cfg.vocab_size)
+        seeds = choice_seeds(req.seed, req.n)
+        first = self._prepare(loaded, req, sink_of(0))
+        jobs = [first]
+        for index in range(1, req.n):
+            jobs.append(Job(first.rid, first.req, loaded, first.prompt_ids, sink_of(index), first.capacity,
+                            processors=grammar_masks(loaded, first.grammar), grammar=first.grammar))
+        for index, (job, seed) in enumerate(zip(jobs, seeds)):
+            job.index, job.seed, job.twin = index, seed, first if index else None
+        return jobs
+
+    def _prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
         tok, cfg = loaded.tokenizer, loaded.model.cfg
-        messages = [{"role": m.role, "content": m.content} for m in req.messages] if req.chat else None
+        messages = [m.to_template() for m in req.messages] if req.chat else None
+        tools = req.tools.definitions if req.chat and req.tools is not None else None
+        if tools:
+            check_tool_template(tok.chat_template)  # (a template with no tool support: InvalidInput)
+            messages = template_messages(messages)
         # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
-        text = "".join(m["content"] for m in messages) if req.chat else req.prompt
+        text = "".join(m.get("content") or "" for m in messages) if req.chat else req.prompt
         context = cfg.context_length
         at_least = tok.min_tokens(text)  # from its bytes: a prompt that cannot fit is not tokenized
         if at_least >= context:
@@ -117,7 +174,7 @@ class Scheduler:
                                f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
                                f"the context holds {context}")
         try:  # (message content is text: a control token's text in it stays text)
-            ids = chat_prompt_ids(tok, messages) if req.chat else tok.encode(text)
+            ids = chat_prompt_ids(tok, messages, tools=tools) if req.chat else tok.encode(text)
         finally:
             if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
                 release_freed_memory()
@@ -135,18 +192,24 @@ class Scheduler:
             req = replace(req, max_tokens=max_tokens)
         est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids))
         budget.check(est, self.budget, "this request")
+        grammar = grammar_for(loaded, req.response_format, req.tools)  # (a schema the engine refuses: InvalidInput)
         return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
-                   capacity=len(ids) + max_tokens)
+                   capacity=len(ids) + max_tokens, processors=grammar_masks(loaded, grammar), grammar=grammar)
 
     def submit(self, job: Job) -> None:
+        self.submit_all([job])
+
+    def submit_all(self, jobs: list[Job]) -> None:
+        """Queue a request's jobs (its choices) together, or none (Busy, ShuttingDown)."""
         if self.draining:
             raise ShuttingDown("the server is shutting down")
         with self._count_lock:
-            if self.inflight >= self.max_batch + self.max_queue:
+            if self.inflight + len(jobs) > self.max_batch + self.max_queue:
                 raise Busy(f"the server is full ({self.max_batch} running, {self.max_queue} waiting); "
                            "retry shortly")
-            self.inflight += 1  # until _close
-        self.pending.put(job)
+            self.inflight += len(jobs)  # each until its _close
+        for job in jobs:
+            self.pending.put(job)
         self._gauge()
         self._wake.set()
 
@@ -182,11 +245,12 @@ class Scheduler:
         self.kernels.set_activations(self.activations)
         while not self._stop.is_set():
             self._admit()
-            if not self.running and not self.prefilling:
+            if not self.running and not self.prefilling and not self.awaiting:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
             self._prefill_next()  # one chunk of one prompt, between two decode steps
+            self._resume_awaiting()
             if not self.running or self._stop.is_set():
                 continue
             try:
@@ -196,10 +260,10 @@ class Scheduler:
                 for job in self.running:
                     self._fail(job, err)
                 self.running = []
-        for job in [*self.running, *self.prefilling, *self._drain_pending()]:
+        for job in [*self.running, *self.prefilling, *self.awaiting, *self._drain_pending()]:
             if self._close(job):
                 job.sink(("done", CANCELLED, len(job.prompt_ids), len(job.ids)))
-        self.running = []
+        self.running, self.awaiting = [], []
         self.prefilling.clear()
 
     def _drain_pending(self) -> list[Job]:
@@ -211,7 +275,7 @@ class Scheduler:
                 return out
 
     def _admit(self) -> None:
-        while len(self.running) + len(self.prefilling) < self.max_batch:
+        while len(self.running) + len(self.prefilling) + len(self.awaiting) < self.max_batch:
             try:
                 job = self.pending.get_nowait()
             except queue.Empty:
@@ -237,11 +301,43 @@ class Scheduler:
         """A job's sequence (sampler, cache, stop rules streaming to its sink); a prompt in the
         prompt cache runs at once, any other waits its turns in self.prefilling."""
         loaded, req = job.loaded, job.req
-        stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop,
-                          on_text=lambda piece: job.sink(("text", piece)))
-        job.seq = new_sequence(loaded.model, job.prompt_ids, Sampler(req.temperature, req.top_p, req.seed),
-                               stops, job.capacity)
+        send = lambda piece: job.sink(("text", piece, job.take_logprobs()))  # noqa: E731
+        if req.tools is not None and req.tools.parsed:  # calls are read whole: prose streams, calls wait
+            job.gate = CallGate(send)
+            send = job.gate.push
+        stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop, on_text=send)
+        sampler = Sampler(req.temperature, req.top_p, job.seed, req.top_k, req.min_p)
+        # penalties and bias first; a grammar's mask last (what it forbids stays forbidden)
+        processors = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty,
+                                    req.logit_bias) + job.processors
+        job.seq = new_sequence(loaded.model, job.prompt_ids, sampler, stops, job.capacity, processors,
+                               logprobs=req.logprobs)
         logits = self.prompts.get(loaded.id, job.prompt_ids, job.seq.cache)
+        if logits is None and self._twin_prefilling(job):
+            self.awaiting.append(job)
+        elif logits is None:
+            self.prefilling.append(job)
+        else:
+            self._first_token(job, logits)
+
+    def _twin_prefilling(self, job: Job) -> bool:
+        return job.twin is not None and not job.twin.finished and job.twin in self.prefilling
+
+    def _resume_awaiting(self) -> None:
+        """Choices whose choice 0 has prefilled the prompt copy its keys and values from the
+        prompt cache and run (or, not found there, prefill their own)."""
+        waiting = []
+        for job in self.awaiting:
+            if self._dropped(job):
+                continue
+            if self._twin_prefilling(job):
+                waiting.append(job)
+                continue
+            self._guarded(job, self._resume, job)
+        self.awaiting = waiting
+
+    def _resume(self, job: Job) -> None:
+        logits = self.prompts.get(job.loaded.id, job.prompt_ids, job.seq.cache)
         if logits is None:
             self.prefilling.append(job)
         else:
@@ -313,6 +409,9 @@ class Scheduler:
         return True
 
     def _finish(self, job: Job) -> None:
+        if job.gate is not None:
+            job.content, job.tool_calls = tool_answer(job.seq.stops.text)
+            job.content_rest = job.gate.rest(job.content)
         self._close(job)
         job.sink(("done", job.seq.reason, len(job.prompt_ids), len(job.ids)))
         if self.metrics:
@@ -330,4 +429,4 @@ class Scheduler:
     def _gauge(self) -> None:
         if self.metrics:
             self.metrics.queue_depth.set(self.pending.qsize())
-            self.metrics.running.set(len(self.running) + len(self.prefilling))
+            self.metrics.running.set(len(self.running) + len(self.prefilling) + len(self.awaiting))

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from slm import SlmError
-from slm.server import protocol
+from slm.server import discovery, protocol, responses
 from slm.server.catalog import Catalog
 from slm.server.metrics import CONTENT_TYPE_LATEST, Metrics
 from slm.server.protocol import BadRequest
@@ -38,12 +38,13 @@ DEFAULT_BODY_LIMIT = 1 << 20  # 1 MiB: a long prompt fits many times over
 DISCARD_LIMIT = 64 << 20  # an oversized body up to this is read and dropped before the 413
 HEADER = "slm-composition"
 MODE_HEADER = "slm-mode"  # the runtime's numerics mode, "int8" or "exact", on every response
+SEED_HEADER = "x-slm-seed"  # each choice's sampler seed, comma-separated in choice order
 PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (well under a millisecond)
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
                    headers: dict | None = None, comp: str | None = None) -> JSONResponse:
     h = {HEADER: comp or "", **(headers or {})}
-    return JSONResponse(protocol.error_body(message, kind, code), status_code=status, headers=h)
+    return JSONResponse(responses.error_body(message, kind, code), status_code=status, headers=h)
 
 
 class Guard:
@@ -122,7 +123,8 @@ class Guard:
         return None
 
 
-KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics"}
+KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics",
+               "/tokenize", "/detokenize"}
 
 
 def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_key: str | None = None,
@@ -150,43 +152,47 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                 await loop.run_in_executor(scheduler.preparing, protocol.parse_body, body)
             req = protocol.parse_request(doc, chat)
             events: asyncio.Queue = asyncio.Queue()
-            pieces: list[str] = []  # a whole answer's text, gathered on the scheduler's thread
+            choices: list[responses.Choice] = []
 
-            def sink(event: tuple) -> None:  # called on the scheduler's thread
-                if event[0] == "text" and not req.stream:
-                    # kept until the end: no wake-up of the event loop a token (on two cores
-                    # each one takes CPU from the decode step); read after "done" comes
-                    pieces.append(event[1])
-                    return
-                try:
-                    loop.call_soon_threadsafe(events.put_nowait, event)
-                except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
-                    pass
+            def sink_of(index: int) -> Callable[[tuple], None]:
+                def sink(event: tuple) -> None:  # called on the scheduler's thread
+                    if event[0] == "text" and not req.stream:
+                        # kept until the end: no wake-up of the event loop a token (on two cores
+                        # each one takes CPU from the decode step); read after "done" comes
+                        choices[index].pieces.append(event[1])
+                        choices[index].logprobs.extend(event[2])
+                        return
+                    try:
+                        loop.call_soon_threadsafe(events.put_nowait, (index, event))
+                    except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
+                        pass
+                return sink
 
             try:
                 loaded = await run_in_threadpool(catalog.resolve, req.model)
                 # tokenized on the scheduler's preparing thread (its prepare checks the length
                 # first: a prompt too long for the context by its bytes alone is not tokenized)
-                job = await loop.run_in_executor(scheduler.preparing, scheduler.prepare, loaded, req.generation(),
-                                                 sink)
-                scheduler.submit(job)
+                jobs = await loop.run_in_executor(scheduler.preparing, scheduler.prepare_choices, loaded,
+                                                  req.generation(), sink_of)
+                choices.extend(responses.Choice(job.index, job.seed) for job in jobs)
+                scheduler.submit_all(jobs)
             except SlmError as err:
                 raise protocol.http_error(err) from err
         except BadRequest as err:
             return error_response(err.status, err.message, err.kind, headers=err.headers, comp=active_id())
-        comp, model = job.loaded.id, req.model or "active"
-        headers = {HEADER: comp}
-        request.state.log = f"comp={comp[len('blake3:'):][:12]} prompt={len(job.prompt_ids)}"
+        comp, model = jobs[0].loaded.id, req.model or "active"
+        headers = {HEADER: comp, SEED_HEADER: ",".join(str(c.seed) for c in choices)}
+        request.state.log = f"comp={comp[len('blake3:'):][:12]} prompt={len(jobs[0].prompt_ids)}"
         if req.stream:
-            return StreamingResponse(stream(request, req, job, events, comp, model), media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache"})
+            return StreamingResponse(stream(request, req, jobs, choices, events, comp, model),
+                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         try:
-            while True:
+            waiting = len(jobs)
+            while waiting:
                 try:
-                    event = await asyncio.wait_for(events.get(), timeout=0.5)
+                    index, event = await asyncio.wait_for(events.get(), timeout=0.5)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
-                        job.cancel()
                         return Response(status_code=499, headers=headers)
                     continue
                 except asyncio.CancelledError:
@@ -198,42 +204,68 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                 if event[0] == "error":
                     failed = protocol.http_error(event[1])
                     return error_response(failed.status, failed.message, failed.kind, comp=comp)
-                else:
-                    _, reason, n_prompt, n_out = event
-                    request.state.log += f" completion={n_out} finish={reason}"
-                    if reason == "cancelled":
-                        return error_response(503, "the server is shutting down; the request was cancelled",
-                                              "unavailable", comp=comp)
-                    body = protocol.completion(req, job.rid, comp, model, "".join(pieces), reason, n_prompt, n_out)
-                    return JSONResponse(body, headers=headers)
+                _, reason, n_prompt, n_out = event
+                if reason == "cancelled":
+                    return error_response(503, "the server is shutting down; the request was cancelled",
+                                          "unavailable", comp=comp)
+                choice = choices[index]
+                choice.reason, choice.completion_tokens = reason, n_out
+                choice.logprobs.extend(jobs[index].take_logprobs())
+                if parsed_tools(req):  # the text outside the calls, and the calls
+                    choice.content, choice.tool_calls = jobs[index].content, jobs[index].tool_calls
+                waiting -= 1
+            request.state.log += (f" completion={sum(c.completion_tokens for c in choices)} "
+                                  f"finish={','.join(c.reason for c in choices)}")
+            body = responses.completion(req, jobs[0].rid, comp, model, choices, len(jobs[0].prompt_ids))
+            return JSONResponse(body, headers=headers)
         finally:
-            job.cancel()  # no-op once finished; a cancelled handler (client gone) frees the row
+            for job in jobs:
+                job.cancel()  # no-op once finished; a cancelled handler (client gone) frees the rows
 
-    async def stream(request: Request, req, job, events: asyncio.Queue, comp: str, model: str):
+    async def stream(request: Request, req, jobs, choices, events: asyncio.Queue, comp: str, model: str):
         def sse(doc: dict) -> str:
             return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
 
         try:
-            first = True
-            while True:
-                event = await events.get()
+            first = [True] * len(jobs)
+            waiting = len(jobs)
+            while waiting:
+                index, event = await events.get()
+                choice = choices[index]
                 if event[0] == "text":
-                    yield sse(protocol.chunk(req, job.rid, comp, model, event[1], first=first))
-                    first = False
+                    yield sse(responses.chunk(req, jobs[0].rid, comp, model, choice, event[1], first=first[index],
+                                             logprobs=event[2]))
+                    first[index] = False
                 elif event[0] == "error":
                     failed = protocol.http_error(event[1])
-                    yield sse(protocol.error_body(failed.message, failed.kind))
+                    yield sse(responses.error_body(failed.message, failed.kind))
                     break
                 else:
                     _, reason, n_prompt, n_out = event
-                    request.state.log += f" completion={n_out} finish={reason}"
-                    yield sse(protocol.chunk(req, job.rid, comp, model, None, reason, first=first))
-                    if req.include_usage:
-                        yield sse(protocol.usage_chunk(req, job.rid, comp, model, n_prompt, n_out))
-                    break
+                    job = jobs[index]
+                    choice.reason, choice.completion_tokens = reason, n_out
+                    if parsed_tools(req) and (job.content_rest or job.tool_calls):
+                        yield sse(responses.tool_chunk(req, job.rid, comp, model, choice, job.content_rest,
+                                                      job.tool_calls))
+                        first[index] = False
+                    if parsed_tools(req):
+                        reason = responses.tool_finish(reason, job.tool_calls)
+                    yield sse(responses.chunk(req, jobs[0].rid, comp, model, choice, None, reason, first=first[index],
+                                             logprobs=job.take_logprobs()))
+                    waiting -= 1
+            else:
+                request.state.log += (f" completion={sum(c.completion_tokens for c in choices)} "
+                                      f"finish={','.join(c.reason for c in choices)}")
+                if req.include_usage:
+                    yield sse(responses.usage_chunk(req, jobs[0].rid, comp, model, len(jobs[0].prompt_ids),
+                                                   sum(c.completion_tokens for c in choices)))
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel()  # the client went away (the generator is closed): drop the row next step
+            for job in jobs:
+                job.cancel()  # the client went away (the generator is closed): drop the rows next step
+
+    def parsed_tools(req) -> bool:
+        return req.tools is not None and req.tools.parsed
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -242,12 +274,41 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         return await generate(request, chat=True)
 
     async def models(request: Request) -> Response:
-        status = await run_in_threadpool(catalog.status)
-        data = [{"id": "active", "object": "model", "created": 0, "owned_by": "slm",
-                 "composition": active_id()}]
-        data += [{"id": s["id"], "object": "model", "created": 0, "owned_by": "slm", "base": s["base_name"],
-                  "adapters": [f"{a['name']}@{a['weight']:g}" for a in s["adapters"]]} for s in status["staged"]]
+        try:
+            data = await run_in_threadpool(discovery.list_models, catalog)
+        except SlmError as err:
+            failed = protocol.http_error(err)
+            return error_response(failed.status, failed.message, failed.kind)
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(request: Request) -> Response:
+        try:
+            return JSONResponse(await run_in_threadpool(discovery.find_model, catalog, request.path_params["model_id"]))
+        except SlmError as err:
+            failed = protocol.http_error(err)
+            status = 404 if failed.status == 400 else failed.status  # (an unknown model: not found)
+            return error_response(status, failed.message, failed.kind, code="model_not_found" if status == 404 else None)
+
+    async def token_endpoint(request: Request, parse, work) -> Response:
+        """/tokenize and /detokenize: the body read under the same limit as the others, checked
+        by protocol, answered by discovery on the named (or active) composition; the text is
+        (de)tokenized on the scheduler's preparing thread, as prompts are."""
+        try:
+            model, *args = parse(protocol.parse_body(await read_body(request)))
+            try:
+                loaded = await run_in_threadpool(catalog.resolve, model)
+                answer = await asyncio.get_running_loop().run_in_executor(scheduler.preparing, work, loaded, *args)
+            except SlmError as err:
+                raise protocol.http_error(err) from err
+            return JSONResponse(answer)
+        except BadRequest as err:
+            return error_response(err.status, err.message, err.kind, headers=err.headers)
+
+    async def tokenize(request: Request) -> Response:
+        return await token_endpoint(request, protocol.parse_tokenize, discovery.tokenize)
+
+    async def detokenize(request: Request) -> Response:
+        return await token_endpoint(request, protocol.parse_detokenize, discovery.detokenize)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "draining" if scheduler.draining else "ok"})
@@ -255,7 +316,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
     async def slm_status(request: Request) -> Response:
         status = await run_in_threadpool(catalog.status)
         status.update(queue_depth=scheduler.pending.qsize(), running=len(scheduler.running),
-                      prefilling=len(scheduler.prefilling), max_batch=scheduler.max_batch, draining=scheduler.draining)
+                      prefilling=len(scheduler.prefilling) + len(scheduler.awaiting),  # (choices awaiting a copy)
+                      max_batch=scheduler.max_batch, draining=scheduler.draining)
         return JSONResponse(status)
 
     async def metrics_endpoint(request: Request) -> Response:
@@ -270,6 +332,9 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/slm/status", slm_status, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),

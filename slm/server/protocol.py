@@ -1,27 +1,51 @@
 """The OpenAI wire format: request bodies checked into typed requests, results into responses.
 
 Every check of a client's input that needs no model lives here (one-line messages, HTTP
-4xx); what needs the model (the prompt's length against the context) is the scheduler's
-(slm.api.Runtime.scheduler's prepare). Unknown fields are ignored, as OpenAI-compatible servers do.
-Every slm error becomes its HTTP status in one place, http_error.
+4xx); what needs the model (the prompt's length against the context, logit_bias's token ids
+against the vocabulary, n against max_batch) is the scheduler's (slm.api.Runtime.scheduler's
+prepare_choices). Every slm error becomes its HTTP status in one place, http_error.
+
+No field is ignored silently: FIELDS lists, per endpoint, every request field slm reads;
+IGNORED the few that cannot change an answer (accepted, no effect); any other field is a 400
+naming it, "unsupported field" for one OpenAI defines and slm does not implement
+(UNSUPPORTED), "unknown field" for one nobody defines (a typo must not pass). A field sent as
+null is as if absent. docs/serve.md has the table.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass
 
 from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
-from slm.api import ChatMessage, GenerationRequest, check_sampling
+from slm.api import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools, check_processing, check_sampling
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_MAX_TOKENS = 128  # as `slm run`
 MAX_TEMPERATURE = 2.0  # OpenAI's range (slm run takes any finite temperature >= 0)
+
+# Every request field each endpoint implements (the one allowlist: a field is added here when
+# slm implements it). top_k, min_p and repeat_penalty are llama-server's and vLLM's extensions.
+_SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
+                       "n", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_k", "min_p",
+                       "repeat_penalty", "response_format"})
+FIELDS = {
+    "completions": _SAMPLING | {"prompt", "echo", "best_of", "suffix"},  # (the last three: only their no-op values)
+    "chat": _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                         "parallel_tool_calls"},
+}
+# Accepted and ignored: they cannot change an answer (an end-user id, a label, whether OpenAI
+# keeps the request, a billing tier).
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
+# OpenAI defines these; slm does not implement them (the tool fields: not on completions): 400
+# "unsupported field".
+UNSUPPORTED = frozenset({"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
+                         "reasoning_effort", "verbosity", "tools", "tool_choice", "parallel_tool_calls", "suffix",
+                         "echo", "best_of"})
 
 
 class BadRequest(Exception):
@@ -66,16 +90,31 @@ class GenerateRequest:
     max_tokens_given: bool
     temperature: float
     top_p: float
-    seed: int
+    seed: int | None
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+    n: int = 1
+    top_k: int = 0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    response_format: ResponseFormat | None = None  # None: free text
+    tools: Tools | None = None  # chat: the functions the model may call
 
     def generation(self) -> GenerationRequest:
         """What the scheduler runs: this request without its wire-format fields."""
         return GenerationRequest(chat=self.chat, prompt=self.prompt, messages=self.messages,
                                  max_tokens=self.max_tokens, max_tokens_given=self.max_tokens_given,
-                                 temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop)
+                                 temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop,
+                                 n=self.n, top_k=self.top_k, min_p=self.min_p,
+                                 frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
+                                 repeat_penalty=self.repeat_penalty, logit_bias=self.logit_bias,
+                                 logprobs=self.logprobs,
+                                 response_format=self.response_format, tools=self.tools)
 
 
 def parse_body(body: bytes) -> dict:
@@ -124,7 +163,7 @@ def _stop(doc: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _messages(doc: dict) -> tuple[Message, ...]:
+def _messages(doc: dict) -> tuple[ChatMessage, ...]:
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {role, content} objects")
@@ -137,6 +176,10 @@ def _messages(doc: dict) -> tuple[Message, ...]:
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise BadRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        calls = _tool_calls(m.get("tool_calls"), i) if role == "assistant" else ()
+        if content is None and calls:  # an assistant turn that only called tools
+            out.append(ChatMessage(role, None, calls))
+            continue
         if isinstance(content, list):  # the content-parts form: text parts only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -144,8 +187,44 @@ def _messages(doc: dict) -> tuple[Message, ...]:
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string")
-        out.append(ChatMessage(role, content))
+        call_id = m.get("tool_call_id")
+        if role == "tool" and not isinstance(call_id, str):
+            raise BadRequest(f"messages[{i}]: a tool message needs tool_call_id (the call it answers)")
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise BadRequest(f"messages[{i}].name must be a string")
+        out.append(ChatMessage(role, content, calls, call_id if role == "tool" else None, name))
     return tuple(out)
+
+
+def _tool_calls(calls, i: int) -> tuple[ToolCall, ...]:
+    """An assistant message's tool_calls: [{id, type: function, function: {name, arguments}}]."""
+    if calls is None:
+        return ()
+    if not isinstance(calls, list):
+        raise BadRequest(f"messages[{i}].tool_calls must be a list")
+    out = []
+    for k, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not (isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("arguments"), str)
+                and isinstance(c.get("id"), str)):
+            raise BadRequest(f"messages[{i}].tool_calls[{k}] must be {{id, type: function, function: "
+                             "{name, arguments (JSON text)}}")
+        out.append(ToolCall(c["id"], f["name"], f["arguments"]))
+    return tuple(out)
+
+
+def _tools(doc: dict, chat: bool) -> Tools | None:
+    """tools, tool_choice and parallel_tool_calls (chat only), checked by the API's parser."""
+    given = [k for k in ("tools", "tool_choice", "parallel_tool_calls") if doc.get(k) is not None]
+    if not chat:
+        if given:
+            raise BadRequest(f"{given[0]} is for /v1/chat/completions")
+        return None
+    try:
+        return Tools.of(doc.get("tools"), doc.get("tool_choice"), doc.get("parallel_tool_calls"))
+    except InvalidInput as err:
+        raise BadRequest(str(err)) from err
 
 
 def _prompt(doc: dict) -> str:
@@ -159,13 +238,59 @@ def _prompt(doc: dict) -> str:
     return prompt
 
 
+def check_fields(doc: dict, chat: bool) -> None:
+    """400 naming the first field slm neither implements nor may ignore (a null one is absent)."""
+    allowed = FIELDS["chat" if chat else "completions"] | IGNORED
+    for key, value in doc.items():
+        if key in allowed or value is None:
+            continue
+        if not chat and key in FIELDS["chat"]:
+            raise BadRequest(f"unsupported field: {key} (on chat completions only)")
+        kind = "unsupported" if key in UNSUPPORTED else "unknown"
+        raise BadRequest(f"{kind} field: {key}" + (" (slm does not implement it; docs/serve.md)"
+                                                     if kind == "unsupported" else ""))
+    # fields whose one no-op value is accepted (clients send their defaults)
+    n = doc.get("n")
+    for key, no_op in (("echo", False), ("suffix", ""), ("best_of", 1 if n is None else n)):
+        if doc.get(key) not in (None, no_op):
+            raise BadRequest(f"unsupported field: {key} (only {json.dumps(no_op)}; slm does not implement it)")
+
+
+def _logprobs(doc: dict, chat: bool) -> int | None:
+    """How many alternatives per token (None: no logprobs): chat's logprobs (bool) with
+    top_logprobs (0..20), completions' logprobs (0..20)."""
+    if not chat:
+        return _integer(doc, "logprobs", None)
+    wanted = doc.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise BadRequest("logprobs must be true or false")
+    top = _integer(doc, "top_logprobs", None)
+    if top is not None and not wanted:
+        raise BadRequest("top_logprobs needs logprobs: true")
+    return (top or 0) if wanted else None
+
+
+def _bias_pairs(logit_bias: dict | None) -> tuple[tuple[int, float], ...]:
+    """A checked logit_bias (check_processing) as sorted (token id, bias) pairs."""
+    return tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))
+
+
+def _response_format(doc: dict) -> ResponseFormat | None:
+    """response_format, checked by the one parser the API and `slm run --json-schema` use; the
+    schema's compilation against the vocabulary is the scheduler's (it needs the model)."""
+    try:
+        return ResponseFormat.of(doc.get("response_format"))
+    except InvalidInput as err:
+        raise BadRequest(str(err)) from err
+
+
 def parse_request(doc: dict, chat: bool) -> GenerateRequest:
+    check_fields(doc, chat)
     model = doc.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise BadRequest("model must be a non-empty string: 'active', a composition id or prefix, "
                          "or BASE+ADAPTER@W+...")
-    if _integer(doc, "n", 1) != 1:
-        raise BadRequest("n must be 1 (one choice per request)")
+    n = _integer(doc, "n", 1)  # (at most the scheduler's max_batch: its prepare_choices checks)
     key = "max_completion_tokens" if chat and doc.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(doc, key, None)
     given = max_tokens is not None
@@ -173,9 +298,15 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         raise BadRequest(f"{key} must be at least 1, not {max_tokens}")
     temperature = _number(doc, "temperature", 0.0)
     top_p = _number(doc, "top_p", 1.0)
-    seed = _integer(doc, "seed", 0)
+    seed = _integer(doc, "seed", None)  # None: a fresh random seed per choice
+    processing = dict(top_k=_integer(doc, "top_k", 0), min_p=_number(doc, "min_p", 0.0),
+                      frequency_penalty=_number(doc, "frequency_penalty", 0.0),
+                      presence_penalty=_number(doc, "presence_penalty", 0.0),
+                      repeat_penalty=_number(doc, "repeat_penalty", 1.0), logprobs=_logprobs(doc, chat))
     try:
         check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # slm run's and the API's check, the sampler's own
+        check_processing(**processing, logit_bias=doc.get("logit_bias"), n=n,
+                         logprobs_name="top_logprobs" if chat else "logprobs")
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
     stream = doc.get("stream", False)
@@ -196,54 +327,42 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         model=None if model in (None, "active") else model.strip(),
         max_tokens=max_tokens if given else DEFAULT_MAX_TOKENS, max_tokens_given=given,
         temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc), stream=stream,
-        include_usage=bool(include_usage),
+        include_usage=bool(include_usage), n=n, logit_bias=_bias_pairs(doc.get("logit_bias")), **processing,
+        response_format=_response_format(doc), tools=_tools(doc, chat),
     )
 
 
+def _model_field(doc: dict) -> str | None:
+    model = doc.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise BadRequest("model must be a non-empty string: 'active', a composition id or prefix, "
+                         "or BASE+ADAPTER@W+...")
+    return None if model in (None, "active") else model.strip()
+
+
+def _flag(doc: dict, key: str, default: bool) -> bool:
+    value = doc.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"{key} must be true or false")
+    return value
+
+
+def parse_tokenize(doc: dict) -> tuple[str | None, str, bool, bool]:
+    """llama-server's /tokenize body: {"content", "add_special", "with_pieces", "model"}."""
+    content = doc.get("content")
+    if not isinstance(content, str):
+        raise BadRequest("content must be a string")
+    return _model_field(doc), content, _flag(doc, "add_special", False), _flag(doc, "with_pieces", False)
+
+
+def parse_detokenize(doc: dict) -> tuple[str | None, list[int]]:
+    """llama-server's /detokenize body: {"tokens": [ids], "model"}."""
+    tokens = doc.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequest("tokens must be a list of token ids (integers)")
+    return _model_field(doc), tokens
+
+
 # -- responses -------------------------------------------------------------------------------
-
-def finish_reason(stop_reason: str) -> str:
-    """The scheduler's stop reasons -> OpenAI's finish_reason."""
-    return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(stop_reason, stop_reason)
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str, reason: str,
-               prompt_tokens: int, completion_tokens: int) -> dict:
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-               "finish_reason": finish_reason(reason)} if req.chat else
-              {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)})
-    return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
-            "model": model, "system_fingerprint": comp_id, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, text: str | None,
-          reason: str | None = None, first: bool = False) -> dict:
-    """One streamed piece (text None: only the finish reason)."""
-    if req.chat:
-        delta: dict = {"role": "assistant", "content": ""} if first else {}
-        if text is not None:
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None,
-                  "finish_reason": finish_reason(reason) if reason else None}
-    else:
-        choice = {"index": 0, "text": text or "", "logprobs": None,
-                  "finish_reason": finish_reason(reason) if reason else None}
-    return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-            "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [choice]}
-
-
-def usage_chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, prompt_tokens: int,
-                completion_tokens: int) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk" if req.chat else "text_completion",
-            "created": int(time.time()), "model": model, "system_fingerprint": comp_id, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}

@@ -71,6 +71,14 @@ class Names:
             fs.unlink(path)
             fs.fsync_dir(path.parent)
 
+    def committed_at(self, kind: str, name: str) -> float | None:
+        """When a name was last set (its file is replaced whole at each commit, so its
+        modification time is that commit's); None if there is no such name."""
+        try:
+            return self._path(kind, name).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
     def items(self, kind: str) -> list[tuple[str, str]]:
         """(name, digest) of every name of a kind; IntegrityError at the first damaged one."""
         out = []

@@ -202,7 +202,10 @@ def test_bad_requests_get_4xx_and_change_nothing(cli, tiny_store):
         ("top_p 1.5", "POST", "/v1/completions", {**good, "top_p": 1.5}, auth, 400),
         ("negative seed", "POST", "/v1/completions", {**good, "seed": -1}, auth, 400),
         ("five stops", "POST", "/v1/completions", {**good, "stop": list("abcde")}, auth, 400),
-        ("n = 2", "POST", "/v1/completions", {**good, "n": 2}, auth, 400),
+        ("n = 0", "POST", "/v1/completions", {**good, "n": 0}, auth, 400),
+        ("n over --max-batch", "POST", "/v1/completions", {**good, "n": 9}, auth, 400),
+        ("a field slm does not implement", "POST", "/v1/completions", {**good, "echo": True}, auth, 400),
+        ("a field nobody defines", "POST", "/v1/completions", {**good, "temprature": 1}, auth, 400),
         ("empty prompt", "POST", "/v1/completions", {"prompt": ""}, auth, 400),
         ("prompt over the context", "POST", "/v1/completions", {"prompt": long_prompt, "max_tokens": 1}, auth, 400),
         ("no messages", "POST", "/v1/chat/completions", {"max_tokens": 4}, auth, 400),
@@ -259,7 +262,7 @@ def test_status_models_metrics(cli, tiny_store):
         assert status["active"]["base_name"] == "tq" and status["memory_estimate"]["total"] > 0
         code, models = server.json("GET", "/v1/models")
         assert code == 200 and models["data"][0]["id"] == "active"
-        assert models["data"][0]["composition"] == status["active"]["id"]
+        assert models["data"][0]["slm"]["composition"] == status["active"]["id"]
         code, hdrs, body = server.http("GET", "/metrics")
         assert code == 200 and b"slm_requests_total" in body and b"slm_queue_depth" in body
         assert hdrs["slm-composition"] == status["active"]["id"]

@@ -1,0 +1,290 @@
+"""The benchmark at deployment sizes: slm against llama.cpp's own tools, on the same GGUF files.
+
+    python scripts/bench_scale.py [--models smollm2-q4_1,...] [--runs 3] [--decode 128] [--prefill 512]
+
+For each file (MODELS: the bundled SmolLM2 Q4_1 and its Q4_0 requantization, Gemma 3 270M
+Q4_K_M, and random-weight files with the shapes of Llama 3.2 1B and Llama 3.1 8B written by
+scripts/make_shape_gguf.py; made once into .peers/models): decode tok/s (-n 128 from an empty
+context for llama-bench, 128 greedy steps after an 8-token prompt for slm), prefill tok/s of a
+512-token prompt, and aggregate decode tok/s of 8 sequences decoded together (slm's batched
+step, the one `slm serve` runs, against llama-batched-bench -npl 8). slm runs in its default
+mode and with int8 activations, in a worker process of its own (the mechanism of
+scripts/bench.py); llama-bench runs once (-r 1) per sample; every sample is preceded by
+SETTLE_S of quiet, the systems take turns within each run, and the tables give medians. The
+machine's read bandwidth with the same 2 threads (scripts/read_bandwidth.c) is sampled in
+every run too, so that the decode figures can be read as a share of it. Each sample records
+the 1-minute load average. Writes the "scale" section of docs/bench.json after each model (the
+rest of the file, and the models not measured in this run, are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the `slm` command sets it (slm/entry.py)
+
+import numpy as np  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_peers  # noqa: E402
+import gemma3_path  # noqa: E402
+import smollm2_path  # noqa: E402
+from bench_common import SETTLE_S, cpu_kind, cpu_model, med  # noqa: E402
+
+MODELS_DIR = bench_peers.PEERS / "models"
+BATCH = 8  # sequences decoded together
+BATCH_PROMPT = 16  # tokens of each batched sequence's prompt
+
+
+def shape_gguf(shape: str, qtype: str) -> Path | None:
+    """A random-weight GGUF with the dims of a real model (scripts/make_shape_gguf.py), made once."""
+    maker = HERE / "make_shape_gguf.py"
+    if not maker.exists():
+        return None
+    out = MODELS_DIR / f"{shape}-{qtype.lower()}.gguf"
+    if not out.exists():
+        MODELS_DIR.mkdir(parents=True, exist_ok=True)
+        part = out.with_name(out.name + ".part")  # an interrupted run leaves no half file behind
+        subprocess.run([sys.executable, str(maker), str(part), "--shape", shape, "--type", qtype], check=True)
+        part.rename(out)
+    return out
+
+
+def smollm2_q4_0() -> Path | None:
+    src = smollm2_path.locate()
+    if src is None:
+        return None
+    MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    return bench_peers.requantize(src, MODELS_DIR / "smollm2-135m-q4_0.gguf", "Q4_0")
+
+
+# label -> (what it is, how to get the file: a Path, or None when it cannot be had here)
+MODELS = {
+    "smollm2-q4_1": ("SmolLM2 135M Q4_1 (bundled)", smollm2_path.locate),
+    "smollm2-q4_0": ("SmolLM2 135M Q4_0 (requantized)", smollm2_q4_0),
+    "gemma3-q4_k_m": ("Gemma 3 270M Q4_K_M", gemma3_path.locate),
+    "llama1b-q4_0": ("Llama 3.2 1B shape, Q4_0", lambda: shape_gguf("llama-3.2-1b", "Q4_0")),
+    "llama1b-q4_k_m": ("Llama 3.2 1B shape, Q4_K_M", lambda: shape_gguf("llama-3.2-1b", "Q4_K_M")),
+    "llama8b-q4_0": ("Llama 3.1 8B shape, Q4_0", lambda: shape_gguf("llama-3.1-8b", "Q4_0")),
+}
+
+
+def streamed_bytes(gguf: Path) -> int:
+    """Bytes of weights one decode step reads: every tensor, except the token embedding table
+    when the file has its own output matrix (then only one row of the table is read)."""
+    import gguf as gguf_py
+
+    tensors = {t.name: int(t.n_bytes) for t in gguf_py.GGUFReader(str(gguf)).tensors}
+    total = sum(tensors.values())
+    return total - tensors.get("token_embd.weight", 0) if "output.weight" in tensors else total
+
+
+class SlmScaleWorker:
+    """In the worker process: the base staged once; decode, prefill and the batched step in
+    either activation mode (set per request, as `--activations` sets it per run)."""
+
+    def __init__(self, plan: dict):
+        import slm
+        from slm.ops.staging import StagedCompositions
+        from slm.store import StoreDir
+
+        slm.keep_freed_memory()  # as `slm run` does
+        self.loaded = StagedCompositions(StoreDir(Path(plan["store"]))).switch(plan["comp_id"])
+        self.model = self.loaded.model
+        self.short, self.long = plan["short"], plan["long"]
+
+    def _mode(self, mode: str):
+        self.model.kernels.set_activations(mode)
+        return self.model
+
+    def decode(self, mode: str, n: int) -> float:
+        m = self._mode(mode)
+        cache = m.new_cache(len(self.short) + n)
+        logits = m.forward(np.asarray(self.short), cache, "last")
+        t = time.perf_counter()
+        for _ in range(n):
+            logits = m.forward(np.asarray([int(np.argmax(logits[-1]))]), cache, "last")
+        return n / (time.perf_counter() - t)
+
+    def prefill(self, mode: str, n: int) -> float:
+        m = self._mode(mode)
+        ids = self.long[:n]
+        t = time.perf_counter()
+        m.forward(np.asarray(ids), m.new_cache(len(ids)), "last")
+        return len(ids) / (time.perf_counter() - t)
+
+    def batched(self, mode: str, n: int) -> float:
+        """Aggregate decode tok/s of BATCH sequences through slm.model.batch.decode_step (the
+        step `slm serve` runs), each after its own BATCH_PROMPT-token prompt; only the steps
+        are timed, as llama-batched-bench's speed_tg."""
+        from slm.model.batch import Row, decode_step
+
+        m = self._mode(mode)
+        prompts = [self.long[i * BATCH_PROMPT:(i + 1) * BATCH_PROMPT] for i in range(BATCH)]
+        caches = [m.new_cache(BATCH_PROMPT + n + 1) for _ in prompts]
+        last = [int(np.argmax(m.forward(np.asarray(p), c, "last")[-1])) for p, c in zip(prompts, caches)]
+        t = time.perf_counter()
+        for _ in range(n):
+            logits = decode_step([Row(m, c, x) for c, x in zip(caches, last)], m.kernels)
+            last = [int(np.argmax(row)) for row in logits]
+        return BATCH * n / (time.perf_counter() - t)
+
+
+def worker(plan_path: Path) -> int:
+    """A JSON request per line on stdin ({"op", "mode", "n"}), a JSON answer per line on stdout."""
+    w = SlmScaleWorker(json.loads(plan_path.read_text()))
+    for mode in ("float32", "int8"):  # warm-up: the pages mapped, the scratch allocated
+        w.prefill(mode, 64), w.decode(mode, 4)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        value = getattr(w, req["op"])(req["mode"], req["n"])
+        print(json.dumps({"value": value}), flush=True)
+    return 0
+
+
+class Worker:
+    """The driver's end of one worker process (as scripts/bench.py's Worker)."""
+
+    def __init__(self, plan_path: Path):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", "--plan", str(plan_path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"slm worker exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, **req) -> float:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["value"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def sample(fn) -> dict:
+    """One figure after SETTLE_S of quiet, with the 1-minute load average when it started."""
+    time.sleep(SETTLE_S)
+    load = os.getloadavg()[0]
+    return {"value": fn(), "load": round(load, 2)}
+
+
+def bench_model(label: str, gguf: Path, a) -> dict:
+    from slm.ops.activation import activate
+    from slm.ops.importing import import_base
+    from slm.store import init_store
+
+    work = Path(tempfile.mkdtemp(prefix=f"scale-{label}-", dir=bench_peers.PEERS))
+    try:
+        store, _ = init_store(work / "store")
+        t = time.perf_counter()
+        imported = import_base(store, gguf, "base")
+        import_s = time.perf_counter() - t
+        comp_id = activate(store, "base", []).active.id
+        # token ids, not text: the random-weight files' vocabularies say nothing; every vocabulary
+        # here has more than 1000 entries
+        ids = [int(x) for x in np.random.default_rng(0).integers(10, 1000, size=max(a.prefill, BATCH * BATCH_PROMPT))]
+        plan = {"store": str(store.root), "comp_id": comp_id, "short": ids[:8], "long": ids}
+        plan_path = work / "plan.json"
+        plan_path.write_text(json.dumps(plan))
+        return measure(label, gguf, Worker(plan_path), a) | {"import_mb_s": imported.total_bytes / 2**20 / import_s}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
+    samples: dict = {}
+
+    def add(key: str, fn) -> None:
+        samples.setdefault(key, []).append(sample(fn))
+        print(f"{label}: {key} {samples[key][-1]}", file=sys.stderr, flush=True)
+
+    try:
+        for run in range(a.runs):
+            add("read_bandwidth_gb_s", lambda: bench_peers.read_bandwidth(repetitions=5)["median_gb_s"])
+            for op, n in (("decode", a.decode), ("prefill", a.prefill)):
+                add(f"slm|{op}", lambda: slm.ask(op=op, mode="float32", n=n))
+                add(f"slm int8|{op}", lambda: slm.ask(op=op, mode="int8", n=n))
+                add(f"llama-bench|{op}", lambda: bench_peers.llama_bench(gguf, op, n))
+            if run < a.batch_runs:
+                add("slm|batch8", lambda: slm.ask(op="batched", mode="float32", n=a.batch_steps))
+                add("slm int8|batch8", lambda: slm.ask(op="batched", mode="int8", n=a.batch_steps))
+                add("llama-batched-bench|batch8", lambda: bench_peers.llama_batched_bench(
+                    gguf, BATCH, BATCH_PROMPT, a.batch_steps)["decode_tok_s"])
+            print(f"{label}: run {run + 1}/{a.runs} done", file=sys.stderr, flush=True)
+    finally:
+        slm.close()
+    medians = {k: med([s["value"] for s in v]) for k, v in samples.items()}
+    weights = streamed_bytes(gguf)
+    out = {"file": gguf.name, "file_bytes": gguf.stat().st_size, "streamed_bytes_per_token": weights,
+           "tok_s": medians, "samples": samples,
+           "load_median": med([s["load"] for v in samples.values() for s in v])}
+    bw = medians["read_bandwidth_gb_s"]
+    # the share of the read bandwidth a decode rate uses: weight bytes per token x tok/s
+    out["bandwidth_share"] = {k.split("|")[0]: weights * v / 1e9 / bw for k, v in medians.items()
+                              if k.endswith("|decode")}
+    print(f"{label}: {json.dumps(medians)}", file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--batch-runs", type=int, default=2, help="runs that also take the batched figures")
+    p.add_argument("--decode", type=int, default=128)
+    p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--batch-steps", type=int, default=32, help="decode steps of each batched sequence")
+    p.add_argument("--out", type=Path, default=HERE.parent / "docs")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        return worker(a.plan)
+    path = a.out / "bench.json"
+    results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), **cpu_kind()},
+                     "peer_build": bench_peers.build_info(), "models": {}}
+    for label in a.models.split(","):
+        what, locate = MODELS[label]
+        gguf = locate()
+        if gguf is None:
+            print(f"{label}: its file is not available here; skipped", file=sys.stderr)
+            entry = {"what": what, "skipped": "file not available"}
+        else:
+            settings = {k: v for k, v in vars(a).items() if k not in ("worker", "plan", "out", "models")}
+            entry = {"what": what, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     "settings": settings} | bench_model(label, gguf, a)
+        results["models"][label] = entry
+        # written after every model, into the models measured before (a long run that stops
+        # keeps what it measured; one model can be re-measured alone)
+        a.out.mkdir(exist_ok=True)
+        doc = json.loads(path.read_text()) if path.exists() else {}
+        kept = doc.get("scale", {}).get("models", {})
+        merged = {**kept, **results["models"]}
+        order = sorted(merged, key=lambda k: list(MODELS).index(k) if k in MODELS else len(MODELS))
+        doc["scale"] = results | {"models": {k: merged[k] for k in order}}
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    results = json.loads(path.read_text())["scale"]
+    import bench_scale_tables
+
+    bench_scale_tables.print_tables(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

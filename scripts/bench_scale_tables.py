@@ -1,0 +1,64 @@
+"""The Markdown tables of docs/benchmarks.md "At deployment sizes", from the "scale" section of
+docs/bench.json (written by scripts/bench_scale.py).
+
+    python scripts/bench_scale_tables.py [docs/bench.json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _num(x, digits: int = 1) -> str:
+    return f"{x:.{digits}f}" if x is not None else "-"
+
+
+def print_tables(results: dict) -> None:
+    m = results["machine"]
+    dates = sorted(r["date"] for r in results["models"].values() if "date" in r)
+    print(f"{dates[0]} to {dates[-1]}; {m['cpu']} (family {m.get('cpu_family')}, model {m.get('model')}), "
+          f"{m['cpus']} cores, {', '.join(m.get('isa', []))}; llama.cpp: {results['peer_build'].splitlines()[0]}")
+    models = {k: v for k, v in results["models"].items() if "tok_s" in v}
+    if not models:
+        return
+    for op, title in (("decode", "decode tok/s"), ("prefill", "prefill tok/s")):
+        print(f"\n| model (file) | slm {title} | slm int8 | llama-bench | slm / llama-bench | slm int8 / llama-bench "
+              f"| runs x tokens | load |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in models.values():
+            t, cfg = r["tok_s"], r.get("settings", {})
+            s, q, ll = t.get(f"slm|{op}"), t.get(f"slm int8|{op}"), t.get(f"llama-bench|{op}")
+            digits = 2 if op == "decode" else 1
+            print(f"| {r['what']} | {_num(s, digits)} | {_num(q, digits)} | {_num(ll, digits)} | {_ratio(s, ll)} | "
+                  f"{_ratio(q, ll)} | {cfg.get('runs', '?')} x {cfg.get(op, '?')} | {r['load_median']:.1f} |")
+    print("\n| model (file) | weights read per token | read bandwidth (2 threads) | slm | slm int8 | llama-bench |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in models.values():
+        share = r["bandwidth_share"]
+        print(f"| {r['what']} | {r['streamed_bytes_per_token'] / 1e9:.2f} GB | "
+              f"{r['tok_s']['read_bandwidth_gb_s']:.1f} GB/s | " +
+              " | ".join(f"{100 * share[k]:.0f}%" if k in share else "-" for k in ("slm", "slm int8", "llama-bench"))
+              + " |")
+    print("\n| model (file) | slm 8 sequences, aggregate decode tok/s | slm int8 | llama-batched-bench -npl 8 "
+          "| slm / llama | slm int8 / llama |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in models.values():
+        t = r["tok_s"]
+        s, q, ll = t.get("slm|batch8"), t.get("slm int8|batch8"), t.get("llama-batched-bench|batch8")
+        if ll is None and s is None:
+            continue
+        print(f"| {r['what']} | {_num(s)} | {_num(q)} | {_num(ll)} | {_ratio(s, ll)} | {_ratio(q, ll)} |")
+    skipped = [f"{k} ({v['skipped']})" for k, v in results["models"].items() if "skipped" in v]
+    if skipped:
+        print(f"\nskipped: {', '.join(skipped)}")
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent / "docs" / "bench.json"
+    print_tables(json.loads(path.read_text())["scale"])
