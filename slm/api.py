@@ -286,16 +286,19 @@ class Runtime:
     """
 
     def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None,
-                 activations: str = "float32", memory_budget: str | None = None) -> None:
+                 exact: bool = False, memory_budget: str | None = None) -> None:
+        from slm.model import modes
         from slm.ops import budget
-        from slm.ops.run import check_activations, check_threads
+        from slm.ops.run import check_threads
         from slm.ops.staging import StagedCompositions
 
         check_threads(threads)
-        check_activations(activations)  # "int8": opt-in, faster, less exact (docs/numerics.md)
+        # the numerics mode, part of the runtime's identity: "int8" by default where the C
+        # kernels have it, "exact" (float32 products) with exact=True (docs/numerics.md)
+        self.mode: str = modes.resolve(exact)
         self.store = store
         self._rt = StagedCompositions(store._s, max_staged)
-        self.threads, self.activations = threads, activations
+        self.threads = threads
         # bytes, or None: `memory_budget` ("8G"), else config.toml's, as `slm activate` resolves it
         self.memory_budget: int | None = budget.resolve(store._s, memory_budget)
 
@@ -339,14 +342,15 @@ class Runtime:
     def scheduler(self, max_batch: int = 8, max_queue: int = 32, prefill_chunk: int | None = None,
                   metrics: object | None = None, log: Callable[[str], None] = print) -> Scheduler:
         """The continuous-batching scheduler of slm serve, with this runtime's threads,
-        activations and memory budget: `prepare(loaded, request, sink)` checks a
+        numerics mode and memory budget: `prepare(loaded, request, sink)` checks a
         GenerationRequest on a staged composition, `submit(job)` queues it (Busy when full,
         ShuttingDown once draining); events go to its sink (docs/api.md, "Serving")."""
+        from slm.model import modes
         from slm.ops.scheduler import Scheduler
 
         chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
-        return Scheduler(max_batch, max_queue, self.threads, self.memory_budget, metrics, log, self.activations,
-                         **chunk)
+        return Scheduler(max_batch, max_queue, self.threads, self.memory_budget, metrics, log,
+                         modes.activations_of(self.mode), **chunk)
 
 
 class Session:
@@ -362,10 +366,11 @@ class Session:
 
     def _options(self, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int | None,
                  chat: bool, response_format: dict | ResponseFormat | None = None, **sampling) -> RunOptions:
+        from slm.model import modes
         from slm.ops.run import RunOptions
 
         return RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                          chat=chat, threads=self.runtime.threads, activations=self.runtime.activations,
+                          chat=chat, threads=self.runtime.threads, exact=self.runtime.mode == modes.EXACT,
                           response_format=ResponseFormat.of(response_format), **sampling)
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
@@ -417,7 +422,7 @@ class Session:
         """Float32 logits (positions x vocab) of a token sequence, computed from scratch."""
         from slm.ops import run
 
-        return run.logits_of(self._loaded, token_ids, self.runtime.activations)
+        return run.logits_of(self._loaded, token_ids, self.runtime.mode)
 
 
 def check_sampling(temperature: float, top_p: float, seed: int | None, max_temperature: float = math.inf) -> None:

@@ -249,7 +249,7 @@ def run_footer(result: dict) -> None:
     err().print(
         f"[dim]{len(result['prompt_tokens'])} prompt tokens ({prefill}), "
         f"{len(result['tokens'])} generated at {t['decode_tok_s']:.1f} tok/s "
-        f"(stopped: {result['stop_reason']}, seed {result['seed']})[/]"
+        f"(stopped: {result['stop_reason']}, seed {result['seed']}; mode {result['mode']})[/]"
     )
 
 

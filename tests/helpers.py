@@ -179,3 +179,13 @@ def blocked_reading_stdin(pid: int) -> bool:
     except OSError:  # not started, or gone
         return False
     return len(fields) > 1 and fields[0] == str(number) and int(fields[1], 16) == 0
+
+
+def exact(model):
+    """`model` with its kernels in the exact mode (float32 products, slm.model.modes): what a
+    test comparing with transformers or the float64 oracle within 1e-3 asserts, chosen here
+    rather than left to the kernels' initial setting (the default mode is int8)."""
+    from slm.model import modes
+
+    modes.use(model.kernels, modes.EXACT)
+    return model

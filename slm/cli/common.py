@@ -36,11 +36,11 @@ MemoryBudgetOpt = typer.Option(
          "default: memory_budget in the store's config.toml, else no limit.",
 )
 
-ActivationsOpt = typer.Option(
-    "float32", "--activations", metavar="float32|int8",
-    help="int8: faster decoding, OPT-IN and less exact: the input of each quantized product is "
-         "rounded to int8 per 32 values, as llama.cpp does, so logits move (measured in "
-         "docs/numerics.md). float32 (default): within 1e-5 of the reference kernels.")
+ExactOpt = typer.Option(
+    False, "--exact",
+    help="Compute every product in float32 (within 1e-3 of transformers; what `slm verify` "
+         "checks). Default: integer products over int8-rounded activations where the C kernels "
+         "have them, as llama.cpp does: faster, logits move (docs/numerics.md).")
 
 InsecureOpt = typer.Option(False, "--insecure", help="Allow plain HTTP to a registry that is not on loopback.")
 

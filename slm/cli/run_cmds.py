@@ -10,7 +10,7 @@ import typer
 
 from slm import render
 from slm.cli.common import (
-    ActivationsOpt, JsonOpt, MemoryBudgetOpt, app, decimal, integer, open_store, show_result,
+    ExactOpt, JsonOpt, MemoryBudgetOpt, app, decimal, integer, open_store, show_result,
 )
 
 
@@ -63,7 +63,7 @@ def run_cmd(
         None, "--threads", metavar="N",
         parser=integer, help="Threads for the kernels (default: every core; 1 is faster when another program "
              "keeps a core busy). The text does not depend on it."),
-    activations: str = ActivationsOpt,
+    exact: bool = ExactOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Generate text on the active composition (or --base), streaming it."""
@@ -78,7 +78,7 @@ def run_cmd(
     options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
                          memory_budget=memory_budget, on_switch=on_switch, threads=threads,
-                         activations=activations, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
+                         exact=exact, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
                          frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                          logprobs=logprobs, json_schema=json_schema)
     result = store.run(options, on_text=None if json_out else render.stream_text)
@@ -98,7 +98,7 @@ def serve(
         None, "--max-queue", metavar="N", parser=integer, help="Requests waiting beyond the batch before HTTP 429 (default 4 x N)."),
     memory_budget: Optional[str] = MemoryBudgetOpt,
     threads: Optional[int] = typer.Option(None, "--threads", metavar="N", parser=integer, help="Threads for the kernels (default: every core)."),
-    activations: str = ActivationsOpt,
+    exact: bool = ExactOpt,
     body_limit: int = typer.Option(1 << 20, "--body-limit", metavar="BYTES", parser=integer, help="Largest request body accepted."),
     grace: float = typer.Option(10.0, "--grace", metavar="SECONDS",
                                 parser=decimal, help="On SIGTERM/SIGINT, how long running requests get to finish."),
@@ -119,6 +119,6 @@ def serve(
     slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
 
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
-                           memory_budget=memory_budget, threads=threads, activations=activations,
+                           memory_budget=memory_budget, threads=threads, exact=exact,
                            body_limit=body_limit, grace=grace, prefill_chunk=prefill_chunk)
     run_server(open_store(ctx), options, log=json_log if json_out else stderr_log)

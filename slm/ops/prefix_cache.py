@@ -1,9 +1,12 @@
 """The prompt cache on disk (slm.model.prompt_cache's interface): .slm/cache/prefix/<composition
-id>/<key>.npz, within a byte budget for the whole store (`[cache] prompt_bytes` in config.toml).
+id>/<mode>-<key>.npz, within a byte budget for the whole store (`[cache] prompt_bytes` in
+config.toml).
 
-The key is (composition id, prompt token ids): an entry made under one composition is never
-looked up under another, so a switch can never serve stale state. Entries are derived data:
-a damaged or mismatched one is treated as a miss, and the whole folder is safe to delete.
+The key is (composition id, numerics mode, prompt token ids): an entry made under one
+composition is never looked up under another, so a switch can never serve stale state, and
+one made in the default int8 mode never answers an `--exact` run (whose logits it would not
+be). Entries are derived data: a damaged or mismatched one is treated as a miss, and the whole
+folder is safe to delete.
 
 A prompt's keys and values grow with the model and the prompt (an 8B-shaped model's long prompt
 takes gigabytes), so the cache keeps the newest entries of every composition together within
@@ -21,6 +24,7 @@ import numpy as np
 
 from slm.compose.memory import parse_size
 from slm.errors import IOFailure, InvalidInput
+from slm.model import modes
 from slm.model.decoder import KVCache
 from slm.store import digest as dg
 from slm.store import fs
@@ -49,20 +53,22 @@ class DiskPromptCache:
     """slm.model.prompt_cache.PromptCache on disk: every composition's entries under
     cache_root/prefix, `max_bytes` of them together at most."""
 
-    def __init__(self, cache_root: Path, max_bytes: int = DEFAULT_PROMPT_BYTES):
+    def __init__(self, cache_root: Path, max_bytes: int = DEFAULT_PROMPT_BYTES, mode: str = modes.EXACT):
         self.root = cache_root / "prefix"
         self.max_bytes = max_bytes
+        self.mode = mode  # the numerics mode of the entries this cache reads and writes
 
     def _path(self, comp_id: str, tokens: list[int]) -> Path:
         key = dg.of_bytes(np.asarray(tokens, dtype="<i8").tobytes())
-        return self.root / dg.hex_of(comp_id) / f"{dg.hex_of(key)}.npz"
+        return self.root / dg.hex_of(comp_id) / f"{self.mode}-{dg.hex_of(key)}.npz"
 
     def get(self, comp_id: str, tokens: list[int], cache: KVCache) -> np.ndarray | None:
         """Fill `cache` with the prompt's keys/values and return its last logits, or None."""
         path = self._path(comp_id, tokens)
         try:
             with np.load(path, allow_pickle=False) as entry:
-                if str(entry["composition"]) != comp_id or entry["tokens"].tolist() != list(tokens):
+                if (str(entry["composition"]) != comp_id or str(entry["mode"]) != self.mode
+                        or entry["tokens"].tolist() != list(tokens)):
                     return None
                 state = {name: entry[name] for name in entry.files if name[0] in "kv"}
                 logits = entry["logits"]
@@ -77,8 +83,9 @@ class DiskPromptCache:
         budget is not written, and a cache that cannot be written (IOFailure: read-only store,
         disk full) is only a missed speed-up."""
         buf = io.BytesIO()
-        np.savez(buf, composition=np.str_(comp_id), tokens=np.asarray(tokens, dtype=np.int64),
-                 logits=logits, **cache.state())  # k0, v0, k1, ...: each layer's kept positions
+        np.savez(buf, composition=np.str_(comp_id), mode=np.str_(self.mode),
+                 tokens=np.asarray(tokens, dtype=np.int64), logits=logits,
+                 **cache.state())  # k0, v0, k1, ...: each layer's kept positions
         data = buf.getvalue()
         if len(data) > self.max_bytes:
             return

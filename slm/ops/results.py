@@ -112,6 +112,7 @@ class Generation(Result):
     text: str
     stop_reason: str  # "eos", "length", "context", "switched"
     timings: Timings
+    mode: str  # what the numbers were computed in: "int8" or "exact" (slm.model.modes)
     logits_out: str | None = None
     memory_estimate: dict[str, Any] | None = None
     seed: int | None = None  # the sampler's seed: the one given, else the fresh random one drawn

@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from slm.errors import InvalidInput, SlmError
+from slm.model import modes
 from slm.model.chat import chat_prompt_ids
 from slm.model.generate import generate
 from slm.model.processors import processors_for
@@ -40,7 +41,7 @@ class RunOptions:
     memory_budget: str | None = None
     on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
     threads: int | None = None  # None: every core
-    activations: str = "float32"  # or "int8" (opt-in, faster, logits move: docs/numerics.md)
+    exact: bool = False  # float32 products (slm.model.modes); the default is int8 where the kernels have it
     top_k: int = 0  # 0: no limit
     min_p: float = 0.0
     repeat_penalty: float = 1.0  # 1: off
@@ -80,7 +81,7 @@ def _check_options(o: RunOptions) -> None:
     if o.on_switch not in ("stop", "finish"):
         raise InvalidInput("--on-switch must be 'stop' or 'finish'")
     check_threads(o.threads)
-    check_activations(o.activations)
+    modes.resolve(o.exact)
 
 
 def _whole(value) -> bool:
@@ -92,15 +93,6 @@ def check_threads(threads: int | None) -> None:
     """The kernels' thread count: None (every core) or a whole number in [1, MAX_THREADS]."""
     if threads is not None and not (_whole(threads) and 1 <= threads <= MAX_THREADS):
         raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
-
-
-def check_activations(mode: str) -> None:
-    from slm.model.kernel_choice import ACTIVATION_MODES, fused_selected
-
-    if mode not in ACTIVATION_MODES:
-        raise InvalidInput(f"--activations must be one of {', '.join(ACTIVATION_MODES)}")
-    if mode != "float32" and not fused_selected():
-        raise InvalidInput(f"--activations {mode} needs slm's C kernels (not built, or SLM_KERNELS=reference)")
 
 
 class LogitsFile:
@@ -166,10 +158,11 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     """
     _check_options(o)
     tok, model = loaded.tokenizer, loaded.model
+    mode = modes.resolve(o.exact)
     with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
         if o.threads is not None:
             model.kernels.set_threads(o.threads)  # OpenMP threads: this thread's own setting
-        model.kernels.set_activations(o.activations)
+        modes.use(model.kernels, mode)
     if o.chat:
         prompt_ids = chat_prompt_ids(tok, [{"role": "user", "content": o.prompt}])
     else:
@@ -186,7 +179,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=keep_logits)
     budget.check(est, budget.resolve(store, o.memory_budget), "this run")
 
-    prompt_cache = DiskPromptCache(store.path("cache"), budget_of(store.config))
+    prompt_cache = DiskPromptCache(store.path("cache"), budget_of(store.config), mode)
 
     def on_token(token: int) -> str | None:
         return SWITCHED if watch and _switched(store, loaded.id) else None
@@ -214,6 +207,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         memory_estimate=est.to_json(),
         seed=sampler.seed,
         logprobs=None if o.logprobs is None else tuple(logprob_view(tok, r) for r in gen.logprobs),
+        mode=mode,
     )
     logits = np.stack(gen.logits).astype(np.float32) if keep_logits else None  # (positions, vocab)
     return result, logits
@@ -233,12 +227,13 @@ def _switched(store: StoreDir, pinned: str) -> bool:
         return True
 
 
-def logits_of(loaded: Loaded, token_ids, activations: str) -> np.ndarray:
-    """Float32 logits (positions x vocab) of a token sequence, computed from scratch (the API's
-    Session.logits): the ids checked first (integers, in the vocabulary, within the context)."""
+def logits_of(loaded: Loaded, token_ids, mode: str) -> np.ndarray:
+    """Float32 logits (positions x vocab) of a token sequence, computed from scratch in `mode`
+    (slm.model.modes; the API's Session.logits): the ids checked first (integers, in the
+    vocabulary, within the context)."""
     model = loaded.model
     with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
-        model.kernels.set_activations(activations)
+        modes.use(model.kernels, mode)
     values = list(token_ids)
     if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):
         raise InvalidInput("logits needs token ids (integers)")

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 DEFAULT_BODY_LIMIT = 1 << 20  # 1 MiB: a long prompt fits many times over
 DISCARD_LIMIT = 64 << 20  # an oversized body up to this is read and dropped before the 413
 HEADER = "slm-composition"
+MODE_HEADER = "slm-mode"  # the runtime's numerics mode, "int8" or "exact", on every response
 SEED_HEADER = "x-slm-seed"  # each choice's sampler seed, comma-separated in choice order
 PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (well under a millisecond)
 
@@ -48,12 +49,14 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 class Guard:
     """API key (every path but /health), body size (by Content-Length; handlers also count what
-    they read), the composition header default, metrics and the one log line per request."""
+    they read), the composition header default, the mode header, metrics and the one log line
+    per request."""
 
     def __init__(self, app, api_key: str | None, body_limit: int, active_id: Callable[[], str | None],
-                 metrics: Metrics, log: Callable[[str], None]):
+                 metrics: Metrics, log: Callable[[str], None], mode: str):
         self.app, self.api_key, self.body_limit = app, api_key, body_limit
         self.active_id, self.metrics, self.log = active_id, metrics, log
+        self.mode = mode
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -70,6 +73,7 @@ class Guard:
                 if not any(k.lower() == HEADER.encode() and v for k, v in headers):
                     headers = [(k, v) for k, v in headers if k.lower() != HEADER.encode()]
                     headers.append((HEADER.encode(), (self.active_id() or "").encode()))
+                headers.append((MODE_HEADER.encode(), self.mode.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -336,7 +340,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
-    return Guard(app, api_key, body_limit, active_id, metrics, log)
+    return Guard(app, api_key, body_limit, active_id, metrics, log, catalog.runtime.mode)
 
 
 # The request handlers, the scheduler's thread and the refs/active watcher all log: each line is

@@ -175,6 +175,7 @@ class Catalog:
             "staged": staged,
             "memory_estimate": est,
             "memory_budget": self.runtime.memory_budget,
+            "mode": self.runtime.mode,  # "int8" or "exact": every answer's numerics (docs/numerics.md)
             "switches": sum(1 for s in self.switches if s.ok),
             "last_switch": None if last is None else asdict(last),
         }

@@ -41,7 +41,7 @@ class ServeOptions:
     max_queue: int | None = None  # None: 4 x max_batch
     memory_budget: str | None = None
     threads: int | None = None
-    activations: str = "float32"  # or "int8": opt-in (docs/numerics.md)
+    exact: bool = False  # float32 products; the default is int8 where the kernels have it (docs/numerics.md)
     body_limit: int = DEFAULT_BODY_LIMIT
     grace: float = 10.0  # seconds running requests get to finish after SIGTERM
     prefill_chunk: int | None = None  # prompt positions a prefill pass takes between two decode steps
@@ -82,8 +82,8 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
     """Run until SIGTERM/SIGINT (then exit 0); a refused option or port raises its SlmError."""
     check(o)
-    # threads, activations and the memory budget (the flag, else config.toml's) checked here too
-    runtime = Runtime(store, threads=o.threads, activations=o.activations, memory_budget=o.memory_budget)
+    # threads, the mode and the memory budget (the flag, else config.toml's) checked here too
+    runtime = Runtime(store, threads=o.threads, exact=o.exact, memory_budget=o.memory_budget)
     import uvicorn
 
     sock = bind(o.host, o.port)  # before anything slow: a taken port fails at once, in one line
@@ -121,7 +121,8 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
                     host, port = sock.getsockname()[:2]
                     active = catalog.active
                     log(f"listening on http://{host}:{port} (active: {active.id if active else 'none'}; "
-                        f"max batch {o.max_batch}{', API key required' if o.api_key else ''})")
+                        f"mode {runtime.mode}; max batch {o.max_batch}"
+                        f"{', API key required' if o.api_key else ''})")
 
     config = uvicorn.Config(app, host=o.host, port=o.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=o.grace + STRAGGLER_S, lifespan="off")

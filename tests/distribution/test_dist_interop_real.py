@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import exact
+
 pytestmark = [pytest.mark.real_model, pytest.mark.oracle]
 
 PROMPT = "Once upon a time, in a small village,"
@@ -38,7 +40,7 @@ def _slm_logits(store, *adapters):
     from slm.ops import compositions
     from slm.ops.loading import load_composition
 
-    model = load_composition(store, compositions.build(store, "smollm2", list(adapters))).model
+    model = exact(load_composition(store, compositions.build(store, "smollm2", list(adapters))).model)
     ids = _slm_logits.ids
     return np.asarray(model.forward(np.asarray(ids), model.new_cache(len(ids)), "all"), np.float32)
 

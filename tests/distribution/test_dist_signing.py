@@ -166,6 +166,7 @@ def test_verify_writes_a_signed_certificate_bound_to_the_id(cli, tmp_path, signe
     got = check_certificate(cert, [keys["ci"][1]])
     assert got["composition_id"] == comp_id and got["trusted"]
     assert got["result"]["numerics"]["ok"] and got["result"]["integrity"]["ok"]
+    assert got["result"]["numerics"]["mode"] == "exact"  # the mode is part of what was certified
     doc = json.loads(cert.read_text())
     doc["result"]["numerics"]["max_abs_error"] = 0.0
     cert.write_text(json.dumps(doc))

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 
-from helpers import one_line, snapshot
+from helpers import exact, one_line, snapshot
 
 pytestmark = [pytest.mark.real_model, pytest.mark.oracle]
 
@@ -50,7 +50,7 @@ def _logits(store, base, *adapter_specs):
     from slm.ops import compositions
     from slm.ops.loading import load_composition
 
-    model = load_composition(store, compositions.build(store, base, list(adapter_specs))).model
+    model = exact(load_composition(store, compositions.build(store, base, list(adapter_specs))).model)
     ids = _logits.ids
     return model.forward(np.asarray(ids), model.new_cache(len(ids)), "all")
 

@@ -29,9 +29,12 @@ def gemma_store(tmp_path_factory, gemma_gguf):
 
 
 def _run(cli, store, tmp_path, *args):
+    """`slm run --exact`: these tests hold slm to transformers within 1e-3, the exact mode's promise."""
     out = tmp_path / "logits.npy"
-    r = cli("--store", store, "run", "--json", "--temperature", "0", "-n", "32", "--logits-out", out, *args)
+    r = cli("--store", store, "run", "--exact", "--json", "--temperature", "0", "-n", "32", "--logits-out", out,
+            *args)
     assert r.code == 0, r.err
+    assert r.json()["mode"] == "exact"
     return r.json(), np.load(out)
 
 

@@ -48,9 +48,10 @@ def reference(smollm2_gguf, smollm2_transformers):
 def test_prompt_logits_and_64_greedy_tokens_match_transformers(cli, real_store, reference, tmp_path):
     logits_path = tmp_path / "logits.npy"
     r = cli("--store", real_store.root, "run", PROMPT, "--base", "smollm2", "--max-tokens", "64",
-            "--logits-out", logits_path, "--json")
+            "--logits-out", logits_path, "--json", "--exact")  # within 1e-3: the exact mode's promise
     assert r.code == 0, r.err
     result = r.json()
+    assert result["mode"] == "exact"
     assert result["prompt_tokens"] == reference["ids"]
     ours = np.load(logits_path)
     n_prompt = len(reference["ids"])
@@ -64,10 +65,14 @@ def test_prompt_logits_and_64_greedy_tokens_match_transformers(cli, real_store, 
 
 
 def test_chat_answers_paris(cli, real_store):
+    """In the exact mode. The first answer token is a near tie on this base that int8
+    activations flip: llama.cpp on the same GGUF answers "L'Etoile, la Marseillaise...", and so
+    does slm's default (int8) mode (docs/numerics.md, "Agreement")."""
     r = cli("--store", real_store.root, "run", "--chat", "What is the capital of France?",
-            "--base", "smollm2", "--max-tokens", "24")
+            "--base", "smollm2", "--max-tokens", "24", "--json", "--exact")
     assert r.code == 0, r.err
-    assert "Paris" in r.out
+    assert r.json()["mode"] == "exact"
+    assert "Paris" in r.json()["text"]
 
 
 def test_streaming_text_equals_json_text(cli, real_store):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import one_line, snapshot
+from helpers import exact, one_line, snapshot
 
 pytestmark = pytest.mark.oracle
 
@@ -47,7 +47,7 @@ def _logits(cli, *composition):
 
     assert cli("activate", *composition).code == 0
     store = StoreDir.open(find_store())
-    model = load_composition(store, active(store)).model
+    model = exact(load_composition(store, active(store)).model)  # compared with PEFT within 1e-4
     return model.forward(np.asarray(IDS), model.new_cache(len(IDS)), "all")
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import random_overlay
 
-from slm.model import kernels_native
+from slm.model import kernels_native, modes
 
 pytestmark = pytest.mark.skipif(not kernels_native.available(), reason="C kernels not built")
 
@@ -85,12 +85,13 @@ def test_matmul_rows_slm_codecs(codec):
         assert kern.matmul(x[i:i + 1], t)[0].tobytes() == out[i].tobytes()
 
 
-def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
+@pytest.mark.parametrize("mode", modes.MODES)
+def test_decode_step_rows_equal_their_single_runs(mode, tiny_model, store):
     """Eight sequences on six compositions of one base (none; a LoRA; two LoRAs; a LoRA then an
     IA3 output scale; an IA3 input scale on the MLP; a sparse delta; the two-LoRA and the LoRA
     compositions again, sharing their factors with those rows), prompts of different lengths,
     decoded together for 6 greedy steps, rows joining late: every row's logits are bit for bit
-    those of its own model decoding alone."""
+    those of its own model decoding alone, in the default mode (int8) and in the exact one."""
     from slm.model.decoder import Decoder
     from slm.ops.importing import import_base
     from slm.ops.loading import load_base_model
@@ -109,14 +110,17 @@ def test_decode_step_rows_equal_their_single_runs(tiny_model, store):
     models = [Decoder(base.cfg, base.t, overlays=o) for o in overlays]
     models += [models[2], models[1]]
     prompts = [rng.integers(0, base.cfg.vocab_size, n) for n in (3, 7, 1, 12, 5, 9, 4, 2)]
-    _check_rows_equal_single_runs(models, prompts, steps=6)
+    _check_rows_equal_single_runs(models, prompts, steps=6, mode=mode)
 
 
-def _check_rows_equal_single_runs(models, prompts, steps: int, activations: str = "float32") -> None:
+def _check_rows_equal_single_runs(models, prompts, steps: int, mode: str = modes.EXACT) -> None:
     """Row i (models[i] on prompts[i]) joins the batch at step i; each row's logits at every
     step must be bit for bit those of its model decoding alone (the models' kernels and the
-    batch's in the same activations mode)."""
+    batch's all in `mode`, slm.model.modes)."""
     from slm.model.batch import Row, decode_step
+
+    for m in models:
+        modes.use(m.kernels, mode)
 
     def alone(model, prompt):
         cache = model.new_cache(len(prompt) + steps + 2)
@@ -127,7 +131,7 @@ def _check_rows_equal_single_runs(models, prompts, steps: int, activations: str 
 
     expected = [alone(m, p) for m, p in zip(models, prompts)]
     kern = kernels_native.NativeKernels()
-    kern.set_activations(activations)
+    modes.use(kern, mode)
     caches, last, seen = [], [], []
     for _ in range(len(models) + steps + 2):  # bounded: the last row joins at step len(models) - 1
         if len(caches) < len(models):  # one row joins per step (continuous batching)
@@ -150,10 +154,12 @@ def _check_rows_equal_single_runs(models, prompts, steps: int, activations: str 
 
 
 @pytest.mark.oracle  # the fixtures are built with transformers' own classes
+@pytest.mark.parametrize("mode", modes.MODES)
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
-def test_decode_step_other_families(arch, tmp_path, store):
+def test_decode_step_other_families(arch, mode, tmp_path, store):
     """Gemma 3 (GeGLU, post-norms, sliding windows of 4 crossed by every row, a tied softcapped
-    head) and Qwen3 (q/k norms per head): batched rows equal their single runs bit for bit."""
+    head) and Qwen3 (q/k norms per head): batched rows equal their single runs bit for bit, in
+    either mode."""
     import make_tiny_model
 
     from slm.model.decoder import Decoder
@@ -168,4 +174,4 @@ def test_decode_step_other_families(arch, tmp_path, store):
     models = [base, Decoder(base.cfg, base.t, overlays=[random_overlay("lora", base, rng, linear)]),
               Decoder(base.cfg, base.t, overlays=[random_overlay("ia3", base, rng, [n for n in linear if "attn_v" in n])])]
     prompts = [rng.integers(0, base.cfg.vocab_size, n) for n in (2, 6, 9)]
-    _check_rows_equal_single_runs(models, prompts, steps=6)
+    _check_rows_equal_single_runs(models, prompts, steps=6, mode=mode)

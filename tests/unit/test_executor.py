@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import exact
 
 from slm.model.kernels import ReferenceKernels
 from slm.model.mathops import rope, rope_tables
@@ -29,9 +30,8 @@ def tiny_store(tmp_path_factory, tiny_model):
 
 
 def _logits(store, name, ids=PROMPT_IDS):
-    loaded = load_base_model(store, name)
-    cache = loaded.model.new_cache(len(ids))
-    return loaded.model.forward(np.asarray(ids), cache, "all")
+    model = exact(load_base_model(store, name).model)  # the float32 promise these tests check
+    return model.forward(np.asarray(ids), model.new_cache(len(ids)), "all")
 
 
 def test_gguf_and_hf_row_layouts_give_the_same_logits(tiny_store):
@@ -43,6 +43,7 @@ def test_gguf_and_hf_row_layouts_give_the_same_logits(tiny_store):
 
 def test_incremental_decode_matches_batched_prefill(tiny_store):
     loaded = load_base_model(tiny_store, "gguf-q")
+    exact(loaded.model)
     full = loaded.model.forward(np.asarray(PROMPT_IDS), loaded.model.new_cache(len(PROMPT_IDS)), "all")
     cache = loaded.model.new_cache(len(PROMPT_IDS))
     rows = [loaded.model.forward(np.asarray([t]), cache, "last")[0] for t in PROMPT_IDS]

@@ -263,28 +263,6 @@ def test_run_threads_option(cli, store, tiny_model, tmp_path):
     assert r.code == 4 and "--threads" in r.err and r.err.count("\n") <= 1
 
 
-def test_run_activations_option(cli, store, tiny_model, tmp_path, monkeypatch):
-    """`slm run --activations int8` runs the opt-in mode (its logits are not float32's, and
-    close to them); a mode that does not exist, or int8 without the C kernels, is exit 4."""
-    from slm.ops.importing import import_base
-
-    import_base(store, tiny_model["gguf_q"], "tq")
-    logits = {}
-    for mode in ("float32", "int8"):
-        out = tmp_path / f"{mode}.npy"
-        r = cli("--store", store.root, "run", "hello there", "--base", "tq", "-n", "4", "--activations", mode,
-                "--logits-out", out)
-        assert r.code == 0, r.err
-        logits[mode] = np.load(out)
-    moved = np.abs(logits["int8"] - logits["float32"]).max() / np.abs(logits["float32"]).max()
-    assert 0.0 < moved < 0.1, moved
-    r = cli("--store", store.root, "run", "hello", "--base", "tq", "--activations", "int4")
-    assert r.code == 4 and "--activations" in r.err and r.err.count("\n") <= 1
-    monkeypatch.setenv("SLM_KERNELS", "reference")
-    r = cli("--store", store.root, "run", "hello", "--base", "tq", "--activations", "int8")
-    assert r.code == 4 and "C kernels" in r.err and r.err.count("\n") <= 1
-
-
 # ------------------------------------------------ the finite check an activation runs (no NumPy)
 
 @pytest.mark.parametrize("path", ["c", "numpy"])

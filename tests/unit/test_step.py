@@ -222,4 +222,4 @@ def test_int8_batch_rows_equal_their_single_runs(family, type_name):
     comps = _int8(_compositions(base, seed=5))
     models = [comps[0], comps[1], comps[2], comps[1]]
     prompts = [rng.integers(0, VOCAB, n) for n in (2, 6, 3, 5)]
-    _check_rows_equal_single_runs(models, prompts, steps=5, activations="int8")
+    _check_rows_equal_single_runs(models, prompts, steps=5, mode="int8")
