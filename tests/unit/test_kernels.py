@@ -340,7 +340,7 @@ def _int8_inputs(x: np.ndarray):
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 @pytest.mark.parametrize("tokens", [1, 3, 4, kernels_native.FUSED_MAX_TOKENS])
 def test_int8_activations_are_integer_dot_products(name, tokens):
-    """Each output is sum over blocks of dw * dx * (qw . qx) (+ m * the float sum of x): the
+    """Each output is sum over blocks of dw * dx * (qw . qx) (+ m * dx * sum(qx), the rounded block's sum): the
     integer products exact, against this independent NumPy evaluation in float64 (adversarial
     blocks included: zero rows, extreme codes and scales); each row alone gives the same bits."""
     import gguf
@@ -356,7 +356,7 @@ def test_int8_activations_are_integer_dot_products(name, tokens):
     got = kern.matmul(x, w)  # (T, 37)
     d, m, q = _int8_codes(T, raw)
     qx, dx = _int8_inputs(x)
-    sums = x.reshape(tokens, -1, 32).astype(np.float64).sum(-1)  # (T, blocks)
+    sums = dx * qx.sum(-1)  # (T, blocks): the rounded blocks' sums, as the min term takes them
     terms = np.einsum("rbi,tbi->trb", q, qx) * d[None] * dx[:, None] + m[None] * sums[:, None]  # (T, rows, blocks)
     want = terms.sum(-1)
     assert np.all(np.abs(got - want) <= 1e-5 * np.abs(terms).sum(-1) + 1e-30)

@@ -63,7 +63,7 @@ def _k_units(ggml_type, raw: np.ndarray):
 @pytest.mark.parametrize("name,rows", [(n, 37) for n in K_TYPES] + [("Q4_K", 40), ("Q6_K", 40)])
 @pytest.mark.parametrize("tokens", [1, 3, 4, 5, kernels_native.FUSED_MAX_TOKENS])
 def test_k_types_take_int8_activations_as_integer_dot_products(name, rows, tokens):
-    """Each output is the sum over units of d * dx * (q . qx) (+ m * the float sum of x): the
+    """Each output is the sum over units of d * dx * (q . qx) (+ m * dx * sum(qx), the rounded sum): the
     integer products exact, against the NumPy evaluation in float64 (adversarial blocks
     included); each row of x alone gives the same bits; the float32 mode gives other ones.
     (Q4_K and Q6_K with rows in eights: the packed kernels, qkernels/rows_q4x8.c, rows_q6kx8.c.)"""
@@ -81,7 +81,7 @@ def test_k_types_take_int8_activations_as_integer_dot_products(name, rows, token
     qx, dx = _int8_inputs(x)
     qx16 = qx.reshape(tokens, -1, 16)
     dx16 = np.repeat(dx, 2, axis=-1)  # (T, units of 16)
-    sums = x.reshape(tokens, -1, 16).astype(np.float64).sum(-1)
+    sums = dx16 * qx16.sum(-1)  # the rounded runs' sums, as the min term takes them
     terms = np.einsum("rui,tui->tru", q, qx16) * d[None] * dx16[:, None] + m[None] * sums[:, None]
     want = terms.sum(-1)
     assert np.all(np.abs(got - want) <= 1e-5 * np.abs(terms).sum(-1) + 1e-30)
@@ -135,7 +135,7 @@ def test_k_type_int8_passes_nan_through_and_keeps_long_inputs_in_float32(rows):
 @pytest.mark.parametrize("tokens", [1, 3, 5, kernels_native.FUSED_MAX_TOKENS])
 def test_packed_q4_rows_are_integer_dot_products(name, tokens):
     """Q4_0 and Q4_1 weights whose rows come in eights take the packed kernel in the int8 mode:
-    each output is sum over blocks of d * dx * (q . qx) (+ m * the float sum of x), the integer
+    each output is sum over blocks of d * dx * (q . qx) (+ m * dx * sum(qx), the rounded sum), the integer
     part exact against the NumPy evaluation (adversarial blocks included), and each row of x
     alone gives the same bits."""
     from test_kernels import _int8_codes
@@ -151,7 +151,7 @@ def test_packed_q4_rows_are_integer_dot_products(name, tokens):
     assert id(w) in packed_copies._PACKED  # the packed kernel took it (built it)
     d, m, q = _int8_codes(GT[name], raw)
     qx, dx = _int8_inputs(x)
-    sums = x.reshape(tokens, -1, 32).astype(np.float64).sum(-1)
+    sums = dx * qx.sum(-1)  # the rounded blocks' sums, as the min term takes them
     terms = np.einsum("rbi,tbi->trb", q, qx) * d[None] * dx[:, None] + m[None] * sums[:, None]
     assert np.all(np.abs(got - terms.sum(-1)) <= 1e-5 * np.abs(terms).sum(-1) + 1e-30)
     for t in range(tokens):

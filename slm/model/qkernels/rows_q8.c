@@ -15,24 +15,23 @@
  *
  * The faster mode that moves results (docs/numerics.md): x quantized once per product, per
  * 32 values, to q = round(x / dx) in -127..127 with dx = max|x| / 127, and each block's dot
- * product taken in integers, exactly: x . w over a block = dw * dx * (q . qw) (+ m * sum(x),
- * the float sum, for the types with a min). Only the 32-value types (Q4_0, Q4_1, Q5_0, Q5_1,
+ * product taken in integers, exactly: x . w over a block = dw * dx * (q . qw) (+ m * xs for the
+ * types with a min, xs = dx * sum(q): the rounded block's own sum, as llama.cpp takes it; the
+ * float sum instead weights x's rounding errors by uncentred codes, and they add up instead of
+ * cancelling: docs/numerics.md). Only the 32-value types (Q4_0, Q4_1, Q5_0, Q5_1,
  * Q8_0) take it; the others keep float activations in the same call. A row's result is the
  * same sequence of operations whatever rows share the call, as on the float path. */
 #define SLM_TILE 4 /* rows of int8 x per dot_rows_q8 call */
 #define Q8_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q5_0 || (type) == T_Q5_1 || (type) == T_Q8_0)
 
-/* x (tokens, n), n a multiple of 32 -> q (tokens, n), dx (tokens, n / 32), the float sums of
- * each 32 values, xs (tokens, n / 32), and the integer sums of each 16 q, xi (tokens, n / 16:
+/* x (tokens, n), n a multiple of 32 -> q (tokens, n), dx (tokens, n / 32), the sums of each 32
+ * rounded values, xs = dx * sum(q) (tokens, n / 32), and the integer sums of each 16 q, xi (tokens, n / 16:
  * the packed kernels' code offsets, rows_q4x8.c and rows_q6kx8.c). A block holding a NaN gets
  * dx NaN, so that it reaches the output as it does on the float path. */
 static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8_t *restrict q,
                         float *restrict dx, float *restrict xs, int32_t *restrict xi) {
     for (int64_t b = 0; b < tokens * (n / 32); b++) {
         const float *xb = x + b * 32;
-        float halves[2] = {0.0f, 0.0f}; /* the block's sum for the min of Q4_1 and Q5_1: its halves in order */
-        for (int i = 0; i < 32; i++) halves[i / 16] += xb[i];
-        xs[b] = halves[0] + halves[1];
 #if defined(__AVX2__)
         __m256 v[4], amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
         const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -46,7 +45,7 @@ static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         const float max = _mm_cvtss_f32(m4);
         if (_mm256_movemask_ps(nan)) {
-            dx[b] = NAN;
+            dx[b] = xs[b] = NAN;
             xi[2 * b] = xi[2 * b + 1] = 0;
             memset(q + b * 32, 0, 32);
             continue;
@@ -75,6 +74,7 @@ static void quantize_x8(const float *restrict x, int64_t tokens, int64_t n, int8
             for (int i = 0; i < 16; i++) sum += q[b * 32 + 16 * h + i];
             xi[2 * b + h] = sum;
         }
+        xs[b] = dx[b] * (float)(xi[2 * b] + xi[2 * b + 1]); /* (NaN with dx) */
     }
 }
 

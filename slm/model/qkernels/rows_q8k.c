@@ -7,7 +7,7 @@
  * values, each against one dx: per run the integer dot product with the unit scales applied
  * in integers (Q6_K's two 16-value units, Q4_K's and Q5_K's one 32-value unit), one float
  * conversion and one multiply-add by d * dx; the mins of Q4_K and Q5_K as one 8-lane
- * multiply-add of the super-block's mins by the float sums of x over its runs (xs).
+ * multiply-add of the super-block's mins by the sums of the rounded x over its runs (xs = dx * sum(q)).
  * Called by matmul.c's block_rows for Q8K_TYPE weights when a product runs with int8
  * activations. Uses rows_q8.c's sum8 and SLM_TILE (included before this file).
  *
