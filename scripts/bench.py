@@ -8,9 +8,9 @@ Workloads on each base (--bases: SmolLM2-135M-Instruct Q4_1, Gemma 3 270M Q4_K_M
 switch latency (in-process Runtime warm and cold; wall time of `slm activate`), import
 throughput, peak RSS, and the batching of `slm serve` (aggregate decode tok/s of 8 sequences
 decoded together in one step, on one composition and on 4, against one alone; in-process,
-through the server's batched step; `--batching-only` runs just that). slm runs twice: as it
-does by default, and as "slm int8" with the opt-in int8 activations (--activations int8),
-whose logits error against the default is measured too (int8_error). Each system runs in a worker process of its own (no thread pool or
+through the server's batched step; `--batching-only` runs just that). slm runs twice: as "slm",
+its exact mode (`--exact`: float32 products), and as "slm int8", its default mode (integer
+products), whose logits error against the exact mode is measured too (int8_error). Each system runs in a worker process of its own (no thread pool or
 environment setting of one can slow another; slm's sets one OpenBLAS thread, torch's two),
 driven by this process one request at a time (SETTLE_S of quiet before each), so the
 systems are interleaved run by run and never run at once; medians of --runs (every sample

@@ -91,7 +91,7 @@ def streamed_bytes(gguf: Path) -> int:
 
 class SlmScaleWorker:
     """In the worker process: the base staged once; decode, prefill and the batched step in
-    either activation mode (set per request, as `--activations` sets it per run)."""
+    either mode (set per request, as `--exact` sets it per run)."""
 
     def __init__(self, plan: dict):
         import slm
