@@ -47,7 +47,7 @@ import bench_peers  # noqa: E402
 import gemma3_path  # noqa: E402
 import make_random_lora  # noqa: E402
 import smollm2_path  # noqa: E402
-from bench_common import PROMPT, SETTLE_S, cpu_kind, cpu_model, med, peak_rss, slm_cli  # noqa: E402
+from bench_common import PROMPT, SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med, peak_rss, slm_cli  # noqa: E402
 from bench_inprocess import bench_batching, bench_serve_http, int8_error, lora_overhead_ab  # noqa: E402
 from bench_tables import print_tables  # noqa: E402
 
@@ -203,30 +203,11 @@ class LlamaBenchPeer:
         pass
 
 
-class Worker:
+class Worker(WorkerProcess):
     takes_lora = True
 
     def __init__(self, name: str, plan_path: Path):
-        self.name = name
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", name, "--plan", str(plan_path)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.hello = self._read()
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{self.name} worker exited ({self.proc.wait()})")
-        return json.loads(line)
-
-    def ask(self, **req) -> float:
-        time.sleep(SETTLE_S)
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        return self._read()["value"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
+        super().__init__(name, [sys.executable, __file__, "--worker", name, "--plan", str(plan_path)], SETTLE_S)
 
 
 def main() -> int:

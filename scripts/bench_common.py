@@ -1,8 +1,10 @@
 """What scripts/bench.py and scripts/bench_scale.py share: the settle time between samples, the
-prompt, medians, the `slm` command, and the description of the machine."""
+prompt, medians, the `slm` command, the description of the machine, and the driver's end of a
+worker process."""
 
 from __future__ import annotations
 
+import json
 import platform
 import statistics
 import subprocess
@@ -66,3 +68,30 @@ def cpu_kind() -> dict:
     except OSError:
         pass
     return fields
+
+
+class WorkerProcess:
+    """The driver's end of one benchmark worker: a process started with `argv` that answers each
+    request line (JSON) with one line {"value": ...} (scripts/bench.py, scripts/bench_scale.py),
+    after a first line of its own once it is ready. settle: seconds of quiet before each request."""
+
+    def __init__(self, name: str, argv: list[str], settle: float = 0.0):
+        self.name, self.settle = name, settle
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.hello = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} worker exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, **req) -> float:
+        time.sleep(self.settle)
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["value"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()

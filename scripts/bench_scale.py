@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE))
 import bench_peers  # noqa: E402
 import gemma3_path  # noqa: E402
 import smollm2_path  # noqa: E402
-from bench_common import SETTLE_S, cpu_kind, cpu_model, med  # noqa: E402
+from bench_common import SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med  # noqa: E402
 
 MODELS_DIR = bench_peers.PEERS / "models"
 BATCH = 8  # sequences decoded together
@@ -153,28 +153,11 @@ def worker(plan_path: Path) -> int:
     return 0
 
 
-class Worker:
-    """The driver's end of one worker process (as scripts/bench.py's Worker)."""
+class Worker(WorkerProcess):
+    """The driver's end of the slm worker process (its samples take their quiet in sample())."""
 
     def __init__(self, plan_path: Path):
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", "--plan", str(plan_path)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._read()
-
-    def _read(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"slm worker exited ({self.proc.wait()})")
-        return json.loads(line)
-
-    def ask(self, **req) -> float:
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        return self._read()["value"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
+        super().__init__("slm", [sys.executable, __file__, "--worker", "--plan", str(plan_path)])
 
 
 def sample(fn) -> dict:
