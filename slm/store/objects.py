@@ -265,17 +265,8 @@ class Staging:
     def put(self, data: bytes | memoryview) -> str:
         """Stage one blob; returns its digest. Bytes already stored are not written again."""
         digest = dg.of_bytes(data)
-        if digest in self.staged:
-            return digest
-        if self._already_stored(digest):
-            self.reused.add(digest)
-            return digest
-        path = self._dir() / dg.hex_of(digest)
         view = memoryview(data).cast("B")
-        with fs.NewFile(path, 0o644) as f:
-            # written and fsynced on the sync threads, durable before commit links it (Syncs.wait)
-            self._syncs.write_sync_and_close(f, [view[at:at + _CHUNK * 16] for at in range(0, len(view), _CHUNK * 16)])
-        self.staged[digest] = path
+        self._stage(digest, [view[at:at + _CHUNK * 16] for at in range(0, len(view), _CHUNK * 16)])
         return digest
 
     def put_range(self, digest: str, source: fs.FileRange) -> str:
@@ -285,19 +276,26 @@ class Staging:
         holds what it hashed: it calls `copies_checked()` once it has shown that (an import
         checks its source file did not change), and only then are the copies recorded as
         verified at commit."""
+        pieces = [fs.FileRange(source.fd, source.offset + at, min(_CHUNK * 16, source.length - at))
+                  for at in range(0, source.length, _CHUNK * 16)]
+        if self._stage(digest, pieces):
+            self._copied.add(digest)
+        return digest
+
+    def _stage(self, digest: str, pieces: list) -> bool:
+        """Write the blob `digest` from `pieces` (bytes or file ranges), written and fsynced on
+        the sync threads, durable before commit links it (Syncs.wait); False, nothing written,
+        when it is staged or stored already."""
         if digest in self.staged:
-            return digest
+            return False
         if self._already_stored(digest):
             self.reused.add(digest)
-            return digest
+            return False
         path = self._dir() / dg.hex_of(digest)
         with fs.NewFile(path, 0o644) as f:
-            pieces = [fs.FileRange(source.fd, source.offset + at, min(_CHUNK * 16, source.length - at))
-                      for at in range(0, source.length, _CHUNK * 16)]
             self._syncs.write_sync_and_close(f, pieces)
         self.staged[digest] = path
-        self._copied.add(digest)
-        return digest
+        return True
 
     def flush(self) -> None:
         """Wait until every staged file is written and fsynced (the first failure is raised)."""

@@ -198,17 +198,24 @@ static inline void dot_rows_q8(const int type, const int NT, const uint8_t *rest
 }
 #endif
 
-static inline __attribute__((always_inline)) void dot_tiles_q8(const int type, const uint8_t *restrict row, const int n,
-                                                               const int8_t *restrict xq, const float *restrict dx,
-                                                               const float *restrict xs, const int64_t tokens,
-                                                               float *restrict out, const int64_t out_n) {
-    const int64_t blocks = n / 32;
-    int64_t t = 0;
-    for (; t + SLM_TILE <= tokens; t += SLM_TILE)
-        dot_rows_q8(type, SLM_TILE, row, n, xq + t * n, dx + t * blocks, xs + t * blocks, out + t * out_n, out_n);
-    switch (tokens - t) {
-#define REST(k) case k: dot_rows_q8(type, k, row, n, xq + t * n, dx + t * blocks, xs + t * blocks, out + t * out_n, out_n); break;
-    REST(1) REST(2) REST(3)
-#undef REST
+/* name(type, row, n, xq, dx, xs, tokens, out, out_n): `dot_rows` (rows_q8.c's or rows_q8k.c's:
+ * both take x per 32 values) over every row of x, SLM_TILE at a time, then the rest, each call
+ * with a constant row count so that its loops unroll. */
+#define SLM_INT8_TILES(name, dot_rows)                                                                          \
+    static inline __attribute__((always_inline)) void name(const int type, const uint8_t *restrict row,       \
+                                                           const int n, const int8_t *restrict xq,            \
+                                                           const float *restrict dx, const float *restrict xs, \
+                                                           const int64_t tokens, float *restrict out,          \
+                                                           const int64_t out_n) {                             \
+        const int64_t blocks = n / 32;                                                                      \
+        int64_t t = 0;                                                                                      \
+        for (; t + SLM_TILE <= tokens; t += SLM_TILE)                                                       \
+            dot_rows(type, SLM_TILE, row, n, xq + t * n, dx + t * blocks, xs + t * blocks, out + t * out_n, out_n); \
+        switch (tokens - t) {                                                                               \
+        case 1: dot_rows(type, 1, row, n, xq + t * n, dx + t * blocks, xs + t * blocks, out + t * out_n, out_n); break; \
+        case 2: dot_rows(type, 2, row, n, xq + t * n, dx + t * blocks, xs + t * blocks, out + t * out_n, out_n); break; \
+        case 3: dot_rows(type, 3, row, n, xq + t * n, dx + t * blocks, xs + t * blocks, out + t * out_n, out_n); break; \
+        }                                                                                                   \
     }
-}
+
+SLM_INT8_TILES(dot_tiles_q8, dot_rows_q8)

@@ -139,17 +139,4 @@ static inline void dot_rows_q8k(const int type, const int NT, const uint8_t *res
 }
 #endif
 
-static inline __attribute__((always_inline)) void dot_tiles_q8k(const int type, const uint8_t *restrict row, const int n,
-                                                                const int8_t *restrict xq, const float *restrict dx,
-                                                                const float *restrict xs, const int64_t tokens,
-                                                                float *restrict out, const int64_t out_n) {
-    const int64_t runs = n / 32;
-    int64_t t = 0;
-    for (; t + SLM_TILE <= tokens; t += SLM_TILE)
-        dot_rows_q8k(type, SLM_TILE, row, n, xq + t * n, dx + t * runs, xs + t * runs, out + t * out_n, out_n);
-    switch (tokens - t) {
-#define REST(k) case k: dot_rows_q8k(type, k, row, n, xq + t * n, dx + t * runs, xs + t * runs, out + t * out_n, out_n); break;
-    REST(1) REST(2) REST(3)
-#undef REST
-    }
-}
+SLM_INT8_TILES(dot_tiles_q8k, dot_rows_q8k) /* (rows_q8.c) */
