@@ -4,7 +4,7 @@ No `from __future__ import annotations` in slm/cli (typer reads the annotations)
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -20,6 +20,15 @@ def run_cmd(
     prompt: str = typer.Argument(..., help="The prompt; '-' reads it from standard input."),
     base: Optional[str] = typer.Option(
         None, "--base", "-b", help="Run this base alone instead of the active composition."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="SPEC",
+        help="Run this composition without activating it: @active, an id or prefix, or "
+             "BASE+ADAPTER@W+... (checked as `slm activate` checks it; refs/active is not touched)."),
+    system: Optional[str] = typer.Option(
+        None, "--system", metavar="TEXT", help="A system message before the prompt (implies --chat)."),
+    stop: Optional[List[str]] = typer.Option(
+        None, "--stop", metavar="TEXT",
+        help="Stop before this text (repeatable, up to 4); the text ends before it."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", parser=integer, help="Stop after this many new tokens."),
     temperature: float = typer.Option(
         0.0, "--temperature", "-t", parser=decimal,
@@ -66,7 +75,7 @@ def run_cmd(
     exact: bool = ExactOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Generate text on the active composition (or --base), streaming it."""
+    """Generate text on the active composition (or --model SPEC, --base), streaming it."""
     import slm
     from slm.ops.run import RunOptions, prompt_from_stdin
 
@@ -75,7 +84,8 @@ def run_cmd(
     if prompt == "-":  # read during start-up: Ctrl-C while it waits exits at once (slm/entry.py)
         prompt = prompt_from_stdin(sys.stdin)
     store = open_store(ctx)
-    options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
+    options = RunOptions(prompt=prompt, base=base, model=model, system=system, stop=tuple(stop or ()),
+                         max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
                          memory_budget=memory_budget, on_switch=on_switch, threads=threads,
                          exact=exact, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
