@@ -248,7 +248,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         prefix_cache="hit" if gen.prefix_hit else "miss",
         prompt_tokens=tuple(prompt_ids),
         tokens=tuple(gen.ids),
-        text=tok.decode([t for t in gen.ids if t not in tok.eos_ids]),
+        text=tok.decode([t for t in gen.ids if t not in tok.eos_ids]) if gen.stop_cut is None else gen.stop_cut,
         stop_reason=gen.stop_reason,
         timings=Timings(round(gen.prefill_s, 4), round(gen.decode_s, 4), round(gen.prefill_tok_s, 2),
                         round(gen.decode_tok_s, 2)),
