@@ -17,7 +17,7 @@ _RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "Certified", "
             "Result", "SignResult", "SignatureCheck", "SignatureReport", "Status", "Timings", "TokenLogprobs",
             "Transition", "VerifyReport")
 _EXPORTS = {
-    "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api",
+    "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api", "Conversation": "slm.conversation",
     "Composition": "slm.compose.composition",
     **{name: "slm.ops.results" for name in _RESULTS},  # every typed result (docs/api.md)
     "ExitCode": "slm.errors", "SlmError": "slm.errors", "UsageError": "slm.errors", "NotFound": "slm.errors",
@@ -46,6 +46,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from slm.api import Runtime, Session, Store  # noqa: F401
     from slm.compose.composition import Composition  # noqa: F401
+    from slm.conversation import Conversation  # noqa: F401
     from slm.errors import *  # noqa: F401,F403
     from slm.model.allocator import keep_freed_memory  # noqa: F401
     from slm.ops.results import *  # noqa: F401,F403

@@ -240,6 +240,31 @@ def stream_text(piece: str) -> None:
     sys.stdout.flush()
 
 
+class ChatPrinter:
+    """`slm chat`'s view (slm.conversation.ChatView): answers on stdout as they stream, notices
+    and errors on stderr, one line each."""
+
+    prompt = ">>> "
+
+    def read_line(self) -> str:
+        return input(self.prompt)
+
+    def text(self, piece: str) -> None:
+        stream_text(piece)
+
+    def answered(self, generation) -> None:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if generation.stop_reason == "cancelled":
+            print("(stopped)", file=sys.stderr, flush=True)
+
+    def notice(self, message: str) -> None:
+        print(printable(message), file=sys.stderr, flush=True)
+
+    def error(self, message: str) -> None:
+        print(f"slm: error: {printable(' '.join(message.split()))}", file=sys.stderr, flush=True)
+
+
 @sanitized(markup=True)
 def run_footer(result: dict) -> None:
     sys.stdout.write("\n")
