@@ -25,7 +25,7 @@ _EXPORTS = {
     "Busy": "slm.errors", "BudgetExceeded": "slm.errors", "NeedsRecovery": "slm.errors",
     "NumericsError": "slm.errors", "Switched": "slm.errors", "IOFailure": "slm.errors",
     "CommittedIncomplete": "slm.errors", "ShuttingDown": "slm.errors",
-    "keep_freed_memory": "slm.model.allocator",
+    "keep_freed_memory": "slm.model.allocator", "version_info": "slm.ops.about",
 }
 __all__ = sorted([*_EXPORTS, "__version__"])
 
@@ -49,4 +49,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from slm.conversation import Conversation  # noqa: F401
     from slm.errors import *  # noqa: F401,F403
     from slm.model.allocator import keep_freed_memory  # noqa: F401
+    from slm.ops.about import version_info  # noqa: F401
     from slm.ops.results import *  # noqa: F401,F403
