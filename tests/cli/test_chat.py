@@ -1,4 +1,4 @@
-"""`slm chat` (issue 32) driven through a pseudo-terminal as a person drives it: turns that
+"""`slm chat` (issue 32) driven through a pseudo-terminal (os.openpty) as a person drives it: turns that
 carry the conversation, a /model switch, Ctrl-C during an answer (the answer stops, the chat
 goes on), leaving with Ctrl-C twice or Ctrl-D. The expected answers come from slm.Conversation,
 the public API the command is a printer over."""
@@ -6,7 +6,6 @@ the public API the command is a printer over."""
 from __future__ import annotations
 
 import os
-import pty  # noqa: F401  (the standard library's pseudo-terminals: os.openpty)
 import re
 import signal
 import subprocess
