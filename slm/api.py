@@ -416,7 +416,7 @@ class Session:
             finally:
                 pieces.put(None)
 
-        worker = threading.Thread(target=work, daemon=True)
+        worker = threading.Thread(target=work, name="slm-session-stream", daemon=True)
         worker.start()
         try:
             while (piece := pieces.get()) is not None:

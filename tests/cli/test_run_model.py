@@ -130,6 +130,12 @@ def test_run_model_refuses_what_activate_refuses_with_its_error(cli, store_dir, 
     assert (run.code, run.err) == (activation.code, activation.err)
     assert one_line(run.err)
     assert _refs(store_dir) == refs
+    import slm  # the API's sessions: the same refusal
+
+    with pytest.raises(slm.SlmError) as refusal:
+        slm.Runtime(slm.Store.open(store_dir)).session(f"{base}+{adapter}")
+    assert refusal.value.code == code and f"slm: error: {refusal.value}\n" == activation.err
+    assert _refs(store_dir) == refs
 
 
 def test_run_model_with_base_is_a_usage_error(cli, store_dir):
@@ -174,3 +180,22 @@ def test_run_sampler_options_are_checked_as_the_server_checks_them(cli, store_di
     r = cli("--store", store_dir, "run", "hi", *args)
     assert r.code == ExitCode.INVALID_INPUT and message in r.err and one_line(r.err), r.err
     assert _refs(store_dir) == refs
+
+
+def test_closing_a_stream_early_ends_its_generation(store_dir):
+    """Session.stream's worker stops at its next token once the consumer closes the iterator
+    (it used to generate on to max_tokens, unseen)."""
+    import threading
+
+    import slm
+
+    session = slm.Runtime(slm.Store.open(store_dir)).session("tq")
+
+    def workers():
+        return [t for t in threading.enumerate() if t.name == "slm-session-stream"]
+
+    pieces = session.stream("Once upon a time", max_tokens=200)
+    next(pieces)
+    assert len(workers()) == 1  # the worker generates
+    pieces.close()
+    assert workers() == []  # closed: the worker has ended
