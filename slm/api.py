@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.results import (AdapterExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
+    from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
                                  Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
@@ -198,9 +198,11 @@ class Store:
 
     # -- distribution (docs/distribution.md) ---------------------------------------------------
     def export(self, ref: str | None, out: str | os.PathLike, format: str = "slm", base: str | None = None,
-               tag: str | None = None, progress: Progress | None = None) -> ExportResult | AdapterExportResult:
-        """A composition as an OCI image layout (format "slm"), or one LoRA adapter as a
-        llama.cpp GGUF LoRA ("gguf-lora") or a PEFT directory ("peft"). Writes files only."""
+               tag: str | None = None,
+               progress: Progress | None = None) -> ExportResult | AdapterExportResult | BaseExportResult:
+        """A composition as an OCI image layout (format "slm"), a base as the GGUF file it was
+        imported from ("gguf"), or one LoRA adapter as a llama.cpp GGUF LoRA ("gguf-lora") or a
+        PEFT directory ("peft"). Writes files only."""
         from slm.ops import exporting
 
         return exporting.export(self._s, ref, Path(out), format, base, tag, progress)

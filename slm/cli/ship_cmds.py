@@ -18,14 +18,15 @@ def export_cmd(
     out: Path = typer.Option(..., "-o", "--output", metavar="DIR|FILE.tar|FILE.gguf",
                              help="Where to write it (must not exist)."),
     fmt: str = typer.Option(
-        "slm", "--format", metavar="slm|gguf-lora|peft",
-        help="slm: an OCI image layout bundle (a .tar name writes a tar); gguf-lora: one LoRA adapter for "
+        "slm", "--format", metavar="slm|gguf|gguf-lora|peft",
+        help="slm: an OCI image layout bundle (a .tar name writes a tar); gguf: a BASE as the GGUF file it was "
+             "imported from, byte for byte; gguf-lora: one LoRA adapter for "
              "llama.cpp; peft: one LoRA adapter as a PEFT directory."),
     base: Optional[str] = typer.Option(None, "--base", help="gguf-lora / peft of an ADAPTER: the base it is for."),
     tag: Optional[str] = typer.Option(None, "--tag", help="slm: the ref name in index.json (default: short id)."),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Export a composition as a bundle, or a LoRA adapter for llama.cpp or PEFT."""
+    """Export a composition as a bundle, a base as its GGUF file, or a LoRA adapter for llama.cpp or PEFT."""
     from slm import render_dist
 
     show_result(open_store(ctx).export(ref, out, fmt, base, tag, progress_bar(json_out)), json_out, render_dist.exported)

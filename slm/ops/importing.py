@@ -23,7 +23,8 @@ from slm.compose.base_manifest import BaseManifest, TensorRecord, tensor_order
 from slm.compose.validate import check_adapter_fits
 from slm.errors import InvalidInput, NotFound
 from slm.formats.adapter_source import AdapterSource
-from slm.formats.base_source import BaseSource
+from slm.formats.base_source import BaseSource, canonical_json
+from slm.formats.gguf_frame import SCHEMA as FRAME_SCHEMA
 from slm.formats.gguf import MAGIC
 from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
 from slm.formats.gguf_model import open_gguf_base
@@ -63,15 +64,22 @@ def _check_name_free(store: StoreDir, kind: str, name: str) -> None:
     store.names.get(kind + "s", name)  # validates the name, reads the file if there is one
 
 
-def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: bytes) -> tuple[str, list[str]]:
+def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: bytes,
+                  side_names: tuple[tuple[str, str], ...] = ()) -> tuple[str, list[str]]:
     """Stage the manifest, then under the store lock: journal the intent, commit every staged
     blob, set the name. Staging ran without the lock (a checkpoint may take minutes to
     quantize; activations must not wait for it). Returns (manifest digest, digests new to the
-    store)."""
+    store). `side_names` ((kind, digest) of SIDE_KINDS, slm.store.names) are set to their
+    digest under the manifest's hex after the commit point, still under the lock (so no gc
+    sees their blobs unnamed): a crash between the two leaves the import without them, which
+    importing the file again sets."""
     digest = staging.put(manifest)
     fs.point("import.staged")
     with store.locked():
-        return _commit_locked(store, staging, kind, name, digest)
+        committed = _commit_locked(store, staging, kind, name, digest)
+        for side_kind, side_digest in side_names:
+            store.names.set(side_kind, dg.hex_of(digest), side_digest)
+        return committed
 
 
 def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) -> tuple[str, list[str]]:
@@ -129,6 +137,7 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
             records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, digest))
             progress.advance(t.nbytes)
         progress.finish()
+        side_names = _stage_gguf_frame(source, staging)
         _check_source_unchanged(source, staging)
         manifest = BaseManifest(
             source_format=source.format,
@@ -139,7 +148,7 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
             tokenizer_source=source.format,
             tensors=tuple(records),
         )
-        digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes())
+        digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes(), side_names)
     finally:
         checker.shutdown(cancel_futures=True)
         staging.discard()
@@ -155,6 +164,16 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
         new_bytes=sum(store.objects.size(d) for d in new),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def _stage_gguf_frame(source: BaseSource, staging) -> tuple[tuple[str, str], ...]:
+    """Stage what else a GGUF file holds (slm.formats.gguf_frame), so `slm export --format gguf`
+    gives the file back byte for byte: its header blob and a record naming it."""
+    frame = source.gguf_frame()
+    if frame is None:
+        return ()
+    record = canonical_json({"schema": FRAME_SCHEMA, "header": staging.put(frame.header), "size": frame.size})
+    return (("gguf", staging.put(record)),)
 
 
 PREFETCH = 2
