@@ -215,12 +215,13 @@ class Store:
         return bundles.import_bundle(self._s, Path(path), tag, progress)
 
     def push(self, reference: str, comp: Composition | str | None = None, insecure: bool = False,
-             progress: Progress | None = None) -> PushResult:
-        """Upload a composition (default: the active one) to host[:port]/repo[:tag]."""
+             progress: Progress | None = None, as_format: str = "slm") -> PushResult:
+        """Upload a composition (default: the active one) to host[:port]/repo[:tag]: as slm's own
+        bundle, or (`as_format` "modelpack" / "docker") as a model artifact of GGUF files."""
         from slm.ops import registry_ops
 
         ref = comp.id if isinstance(comp, Composition) else comp
-        return registry_ops.push(self._s, reference, ref, insecure, progress)
+        return registry_ops.push(self._s, reference, ref, insecure, progress, as_format)
 
     def pull(self, reference: str, insecure: bool = False, progress: Progress | None = None) -> ReceiveResult:
         """Receive a composition from host[:port]/repo[:tag|@sha256:..]; only missing blobs move."""

@@ -37,13 +37,18 @@ def push(
     ctx: typer.Context,
     reference: str = typer.Argument(..., metavar="HOST[:PORT]/REPO[:TAG]", help="Where to push (tag default: short id)."),
     ref: Optional[str] = typer.Argument(None, metavar="[COMPOSITION]", help="Default: the active composition."),
+    as_format: str = typer.Option(
+        "slm", "--as", metavar="slm|modelpack|docker",
+        help="slm: slm's own bundle; modelpack / docker: a model artifact of GGUF files (the base's original "
+             "GGUF, each LoRA as a GGUF LoRA) that ModelPack tools and Docker Model Runner read."),
     insecure: bool = InsecureOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Upload a composition to an OCI registry (only the blobs it lacks)."""
     from slm import render_dist
 
-    show_result(open_store(ctx).push(reference, ref, insecure, progress_bar(json_out)), json_out, render_dist.pushed)
+    show_result(open_store(ctx).push(reference, ref, insecure, progress_bar(json_out), as_format), json_out,
+                render_dist.pushed)
 
 
 @app.command()

@@ -114,9 +114,32 @@ def import_base(store: StoreDir, path: Path, name: str, quant: str | None = None
 
 def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progress,
                 started: float) -> ImportResult:
+    staging = store.objects.staging()
+    try:
+        manifest, side_names = stage_base(staging, source, progress)
+        digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes(), side_names)
+    finally:
+        staging.discard()
+    return ImportResult(
+        kind="base",
+        name=name,
+        digest=digest,
+        source_format=source.format,
+        tensors=len(manifest.tensors),
+        dtype_counts=manifest.dtype_counts(),
+        total_bytes=manifest.total_bytes,
+        new_blobs=len(new),
+        new_bytes=sum(store.objects.size(d) for d in new),
+        seconds=round(time.perf_counter() - started, 3),
+    )
+
+
+def stage_base(staging, source: BaseSource, progress: Progress) -> tuple[BaseManifest, tuple[tuple[str, str], ...]]:
+    """Stage a base's tensors, tokenizer and GGUF frame (not its manifest) into `staging`: its
+    manifest and side names (see _commit_named). The one path from a BaseSource to blobs, for
+    `slm import base` and a GGUF pulled from a registry (slm.ops.model_pull) alike."""
     order = tensor_order(source.architecture)
     tensors = sorted(source.tensors, key=lambda t: order[t.name])
-    staging = store.objects.staging()
     # The next tensors' bytes are produced (read, or quantized from a checkpoint) and checked
     # finite on a thread (NumPy releases the GIL) while this one is hashed and written; errors
     # still come in tensor order, and at most PREFETCH tensors wait in memory.
@@ -148,22 +171,9 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
             tokenizer_source=source.format,
             tensors=tuple(records),
         )
-        digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes(), side_names)
+        return manifest, side_names
     finally:
         checker.shutdown(cancel_futures=True)
-        staging.discard()
-    return ImportResult(
-        kind="base",
-        name=name,
-        digest=digest,
-        source_format=source.format,
-        tensors=len(records),
-        dtype_counts=manifest.dtype_counts(),
-        total_bytes=manifest.total_bytes,
-        new_blobs=len(new),
-        new_bytes=sum(store.objects.size(d) for d in new),
-        seconds=round(time.perf_counter() - started, 3),
-    )
 
 
 def _stage_gguf_frame(source: BaseSource, staging) -> tuple[tuple[str, str], ...]:
@@ -255,21 +265,8 @@ def import_adapter(store: StoreDir, path: Path, name: str, progress: Progress | 
     # staged without the store lock; _commit_named takes it to commit
     staging = store.objects.staging()
     try:
-        targets = []
-        progress.start("importing adapter", len(source.targets))
-        for t in sorted(source.targets, key=lambda t: t.module):
-            refs = {}
-            for key, arr in t.tensors.items():
-                if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-                    raise InvalidInput(f"{path}: tensor {key} of {t.module} has non-finite values")
-                dtype, raw = tensor_bytes(arr)
-                refs[key] = TensorRef(staging.put(raw), dtype, tuple(arr.shape))
-            targets.append(TargetRecord(t.module, t.out_features, t.in_features,
-                                        float(t.scale), refs, t.rank, t.ia3_on))
-            progress.advance(1)
-        progress.finish()
-        manifest = AdapterManifest(source.kind, source.format, source.row_layout,
-                                   dict(source.requires), tuple(targets))
+        manifest = stage_adapter(staging, source, str(path), progress)
+        targets = manifest.targets
         if base_manifest is not None:
             check_adapter_fits(f"{path} (for base {base})", manifest, base_manifest, shapes)
         digest, new = _commit_named(store, staging, "adapter", name, manifest.to_bytes())
@@ -287,3 +284,21 @@ def import_adapter(store: StoreDir, path: Path, name: str, progress: Progress | 
         new_bytes=sum(store.objects.size(d) for d in new),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def stage_adapter(staging, source: AdapterSource, label: str, progress: Progress) -> AdapterManifest:
+    """Stage an adapter's tensors (not its manifest) into `staging`; its manifest."""
+    targets = []
+    progress.start("importing adapter", len(source.targets))
+    for t in sorted(source.targets, key=lambda t: t.module):
+        refs = {}
+        for key, arr in t.tensors.items():
+            if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                raise InvalidInput(f"{label}: tensor {key} of {t.module} has non-finite values")
+            dtype, raw = tensor_bytes(arr)
+            refs[key] = TensorRef(staging.put(raw), dtype, tuple(arr.shape))
+        targets.append(TargetRecord(t.module, t.out_features, t.in_features,
+                                    float(t.scale), refs, t.rank, t.ia3_on))
+        progress.advance(1)
+    progress.finish()
+    return AdapterManifest(source.kind, source.format, source.row_layout, dict(source.requires), tuple(targets))

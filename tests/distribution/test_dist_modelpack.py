@@ -1,0 +1,149 @@
+"""ModelPack artifacts both ways. One built without slm (an OCI layout written by hand, copied
+by skopeo) with a GGUF weight layer and a GGUF LoRA layer is pulled by slm into exactly the
+base and adapter `slm import` makes of those files; `slm push --as modelpack` writes the
+ModelPack media types (read back by skopeo) and the base's original GGUF bytes; what the format
+cannot say is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from dist_fixtures import local_registry, registry, skopeo  # noqa: F401  (fixtures)
+from helpers import refused, snapshot, tiny_store
+from model_artifact_helpers import inspect_raw, publish
+
+ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
+CONFIG = "application/vnd.cncf.model.config.v1+json"
+WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
+DOC = "application/vnd.cncf.model.doc.v1.raw"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_model):
+    """A store that imported the tiny GGUF base and a LoRA, the LoRA exported as a GGUF LoRA
+    file: the files a publisher would have, and the digests `slm import` gives them."""
+    from slm.cli import run
+
+    root = tmp_path_factory.mktemp("modelpack")
+    store = tiny_store(root, tiny_model, {"demo": 1}, steps=(("activate", "tq", "demo"),))
+    lora = root / "demo.gguf"
+    assert run(["--store", str(store), "export", "demo", "--base", "tq", "--format", "gguf-lora", "-o", str(lora)]) == 0
+    assert run(["--store", str(store), "import", "adapter", str(lora), "--name", "demo-gguf"]) == 0
+    from slm.store import StoreDir
+
+    names = StoreDir(store).names
+    return {"store": store, "gguf": tiny_model["gguf_q"], "lora": lora, "base": names.get("bases", "tq"),
+            "adapter": names.get("adapters", "demo-gguf")}
+
+
+def _config(name="tiny"):
+    return {"descriptor": {"name": name}, "config": {"format": "gguf"}, "modelfs": {}}
+
+
+def _pull(cli, store, ref):
+    r = cli("--store", store, "pull", ref, "--json")
+    assert r.code == 0, r.err
+    return r.json()
+
+
+def test_pull_modelpack_gguf_gives_the_base_slm_import_gives(cli, tmp_path, registry, skopeo, world):  # noqa: F811
+    from slm.store import StoreDir
+
+    ref = f"{registry.host}/mp/tiny:v1"
+    publish(skopeo, tmp_path / "layout", ref, CONFIG, _config(), [
+        (WEIGHT, world["gguf"].read_bytes(), {"org.cncf.model.filepath": "model-q.gguf"}),
+        (WEIGHT, world["lora"].read_bytes(), {"org.cncf.model.filepath": "demo.gguf"}),  # told by its header
+        (DOC, b"# tiny\n", {"org.cncf.model.filepath": "README.md"})], ARTIFACT)
+    store = tmp_path / "b"
+    assert cli("--store", store, "init").code == 0
+    got = _pull(cli, store, ref)
+    names = StoreDir(store).names
+    assert got["base_name"] == "tiny" and names.get("bases", "tiny") == world["base"]
+    assert got["adapter_names"] == ["demo"] and names.get("adapters", "demo") == world["adapter"]
+    assert cli("--store", store, "activate", got["composition_id"]).code == 0
+    again = _pull(cli, store, ref)  # the same artifact again: the same composition, nothing new
+    assert again["composition_id"] == got["composition_id"] and again["new_blobs"] == 0
+
+
+def test_pull_modelpack_refuses_a_tampered_weight_and_changes_nothing(cli, tmp_path, skopeo, world):  # noqa: F811
+    (tmp_path / "reg").mkdir()
+    with local_registry(tmp_path / "reg") as own:  # its own: the tampered blob is the base's sha256
+        ref = f"{own.host}/mp/tampered:v1"
+        manifest = publish(skopeo, tmp_path / "layout", ref, CONFIG, _config(),
+                           [(WEIGHT, world["gguf"].read_bytes(), {})], ARTIFACT)
+        blob = own.blob_path(manifest["layers"][0]["digest"])
+        data = bytearray(blob.read_bytes())
+        data[-1] ^= 1
+        blob.write_bytes(bytes(data))
+        store = tmp_path / "b"
+        assert cli("--store", store, "init").code == 0
+        r = refused(cli, store, 5, "pull", ref)
+    assert "does not hash" in r.err
+
+
+def test_pull_refuses_an_artifact_with_a_safetensors_layer(cli, tmp_path, registry, skopeo, world):  # noqa: F811
+    ref = f"{registry.host}/mp/mixed:v1"
+    publish(skopeo, tmp_path / "layout", ref, CONFIG, _config(), [
+        (WEIGHT, world["gguf"].read_bytes(), {}),
+        ("application/vnd.docker.ai.safetensors", b"\0" * 16, {})], ARTIFACT)
+    store = tmp_path / "b"
+    assert cli("--store", store, "init").code == 0
+    r = refused(cli, store, 4, "pull", ref)
+    assert "safetensors" in r.err
+
+
+def test_pull_refuses_a_weight_layer_claiming_more_than_a_blob_can_be(cli, tmp_path, world):
+    from slm.distribution.bundle import MAX_BLOB_BYTES
+    from slm.distribution.model_artifacts import parse_model_manifest
+    from slm.errors import InvalidInput
+
+    doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "artifactType": ARTIFACT,
+           "config": {"mediaType": CONFIG, "digest": "sha256:" + "0" * 64, "size": 10},
+           "layers": [{"mediaType": WEIGHT, "digest": "sha256:" + "1" * 64, "size": MAX_BLOB_BYTES + 1}]}
+    with pytest.raises(InvalidInput, match="more than a blob of its kind can be"):
+        parse_model_manifest(json.dumps(doc).encode(), "m")
+
+
+def test_push_as_modelpack_shows_modelpack_types_and_the_original_gguf(cli, tmp_path, registry, skopeo, world):  # noqa: F811
+    ref = f"{registry.host}/mp/pushed:v1"
+    r = cli("--store", world["store"], "push", "--as", "modelpack", ref, "tq", "--json")
+    assert r.code == 0, r.err
+    manifest = inspect_raw(skopeo, ref)
+    assert manifest["artifactType"] == ARTIFACT and manifest["config"]["mediaType"] == CONFIG
+    assert [l["mediaType"] for l in manifest["layers"]] == [WEIGHT]
+    layer = manifest["layers"][0]
+    want = hashlib.sha256(world["gguf"].read_bytes()).hexdigest()
+    assert layer["digest"] == f"sha256:{want}" and layer["size"] == world["gguf"].stat().st_size
+    assert registry.blob_path(layer["digest"]).read_bytes() == world["gguf"].read_bytes()
+    assert layer["annotations"]["org.opencontainers.image.title"] == "tq.gguf"
+
+
+def test_push_as_modelpack_of_a_composition_round_trips_through_slm_pull(cli, tmp_path, registry, skopeo, world):  # noqa: F811
+    from slm.store import StoreDir
+
+    ref = f"{registry.host}/mp/comp:v1"
+    src = tmp_path / "a"
+    tiny_store(tmp_path, {"gguf_q": world["gguf"]}, {}, steps=(
+        ("import", "adapter", world["lora"], "--name", "demo"), ("activate", "tq", "demo")), store=src)
+    r = cli("--store", src, "push", "--as", "modelpack", ref, "--json")
+    assert r.code == 0, r.err
+    manifest = inspect_raw(skopeo, ref)
+    assert [l["annotations"].get("org.slm.adapter.name") for l in manifest["layers"]] == [None, "demo"]
+    assert manifest["annotations"]["org.slm.composition.id"] == r.json()["composition_id"]
+    store = tmp_path / "b"
+    assert cli("--store", store, "init").code == 0
+    got = _pull(cli, store, ref)
+    assert got["composition_id"] == r.json()["composition_id"]
+    assert StoreDir(store).names.get("bases", "tq") == world["base"]
+
+
+def test_push_as_modelpack_refuses_an_adapter_weight_other_than_1(cli, tmp_path, registry, world):  # noqa: F811
+    src = tmp_path / "a"
+    tiny_store(tmp_path, {"gguf_q": world["gguf"]}, {"demo": 1}, steps=(("activate", "tq", "demo@0.5"),), store=src)
+    before = snapshot(src)
+    r = cli("--store", src, "push", "--as", "modelpack", f"{registry.host}/mp/weighted:v1")
+    assert r.code == 6 and "weight 0.5" in r.err, r.err
+    assert snapshot(src) == before
