@@ -25,9 +25,9 @@ def publish(skopeo: str, layout: Path, ref: str, config_media: str, config: dict
     (layout / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
     descs = [{"mediaType": media, **_blob(layout, data), **({"annotations": notes} if notes else {})}
              for media, data, notes in layers]
-    if "modelfs" in config:
+    if config.get("modelfs") == {}:  # {}: filled with the layers' digests, as the specs say
         config = {**config, "modelfs": {"type": "layers", "diffIds": [d["digest"] for d in descs]}}
-    if "rootfs" in config:
+    if config.get("rootfs") == {}:
         config = {**config, "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in descs]}}
     manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
                 "config": {"mediaType": config_media, **_blob(layout, json.dumps(config).encode())},
