@@ -147,3 +147,54 @@ def test_push_as_modelpack_refuses_an_adapter_weight_other_than_1(cli, tmp_path,
     r = cli("--store", src, "push", "--as", "modelpack", f"{registry.host}/mp/weighted:v1")
     assert r.code == 6 and "weight 0.5" in r.err, r.err
     assert snapshot(src) == before
+
+
+@pytest.mark.parametrize("extra", [b"x" * 4096, b""])
+def test_a_weight_layer_served_longer_or_altered_is_refused_and_leaves_nothing(cli, tmp_path, world, extra):
+    """A registry (the fake one: it serves what it is told) sends the GGUF layer with bytes past
+    its descriptor's size, or the right size with one byte changed: exit 5, the store unchanged,
+    nothing left in tmp/."""
+    from fake_registry import FakeRegistry
+
+    gguf = world["gguf"].read_bytes()
+    digest = "sha256:" + hashlib.sha256(gguf).hexdigest()
+    config = json.dumps({"descriptor": {"name": "x"}, "config": {"format": "gguf"},
+                         "modelfs": {"type": "layers", "diffIds": [digest]}}).encode()
+    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "artifactType": ARTIFACT,
+                           "config": {"mediaType": CONFIG, "digest": config_digest, "size": len(config)},
+                           "layers": [{"mediaType": WEIGHT, "digest": digest, "size": len(gguf)}]}).encode()
+    served = gguf + extra if extra else gguf[:-1] + bytes([gguf[-1] ^ 1])
+    store = tmp_path / "b"
+    assert cli("--store", store, "init").code == 0
+    with FakeRegistry(manifest, {digest: served, config_digest: config}) as reg:
+        r = refused(cli, store, 5, "pull", f"{reg.host}/mp/liar:v1")
+    assert ("longer than" if extra else "does not hash") in r.err
+    assert not any((store / "tmp").iterdir())
+
+
+@pytest.mark.real_model
+def test_smollm2_goes_out_as_its_own_gguf_and_comes_back_as_the_same_base(cli, tmp_path, registry, skopeo,  # noqa: F811
+                                                                          smollm2_gguf):
+    """The real SmolLM2 Q4_1: pushed as ModelPack its one layer is the original file (sha256 of
+    the file; streamed in chunks), and pulled into another store it is the base `slm import
+    base` made."""
+    from slm.store import StoreDir
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert cli("--store", a, "init").code == 0
+    assert cli("--store", a, "import", "base", smollm2_gguf, "--name", "smollm2").code == 0
+    ref = f"{registry.host}/mp/smollm2:q4_1"
+    r = cli("--store", a, "push", "--as", "modelpack", ref, "smollm2", "--json")
+    assert r.code == 0, r.err
+    sha = hashlib.sha256()
+    with open(smollm2_gguf, "rb") as f:
+        while chunk := f.read(1 << 24):
+            sha.update(chunk)
+    layer = inspect_raw(skopeo, ref)["layers"][0]
+    assert layer["digest"] == f"sha256:{sha.hexdigest()}" and layer["size"] == smollm2_gguf.stat().st_size
+    assert cli("--store", b, "init").code == 0
+    got = _pull(cli, b, ref)
+    assert got["base_name"] == "smollm2"
+    assert StoreDir(b).names.get("bases", "smollm2") == StoreDir(a).names.get("bases", "smollm2")
