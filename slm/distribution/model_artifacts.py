@@ -8,7 +8,8 @@ Both are plain OCI image manifests whose weights are whole files, one per layer:
                     {"descriptor": {...}, "config": {"format": "gguf", ...},
                      "modelfs": {"type": "layers", "diffIds": [<sha256 of each layer>]}}
       weights       application/vnd.cncf.model.weight.v1.raw (the file itself)
-                    application/vnd.cncf.model.weight.v1.tar (refused: a GGUF is published raw)
+                    application/vnd.cncf.model.weight.v1.tar (a tar of that one file, as modctl
+                    packs it; compressed tars are refused)
   Docker model (github.com/docker/model-distribution types/config.go; the model-spec
   compat/docker/v0 types)
       config        application/vnd.docker.ai.model.config.v0.1+json
@@ -57,6 +58,7 @@ _MODELPACK_PREFIX = "application/vnd.cncf.model."
 _MODELPACK_OTHER = ("weight.config.", "doc.", "code.", "dataset.")
 
 DOCKER_CONFIG = "application/vnd.docker.ai.model.config.v0.1+json"
+DOCKER_CONFIG_V02 = "application/vnd.docker.ai.model.config.v0.2+json"  # the fields slm reads are v0.1's
 _DOCKER_CONFIG_PREFIX = "application/vnd.docker.ai.model.config."
 DOCKER_GGUF = "application/vnd.docker.ai.gguf.v3"
 DOCKER_LORA = "application/vnd.docker.ai.gguf.v3.lora"
@@ -131,13 +133,13 @@ def _role(kind: str, media: str, notes: dict, where: str) -> str | None:
         return BASE
     if media in _DOCKER_OTHER or media in _OLLAMA_OTHER:
         return None
-    if kind == MODELPACK and media == MODELPACK_WEIGHT:
+    if kind == MODELPACK and media in (MODELPACK_WEIGHT, MODELPACK_WEIGHT_TAR):
         return ADAPTER if ADAPTER_NAME_ANNOTATION in notes else EITHER
     if media.startswith(_MODELPACK_PREFIX) and media[len(_MODELPACK_PREFIX):].startswith(_MODELPACK_OTHER):
         return None
-    if media.startswith(MODELPACK_WEIGHT_TAR):
-        raise InvalidInput(f"{where}: mediaType {media}: slm reads a GGUF weight layer published as the file "
-                           f"itself ({MODELPACK_WEIGHT}), not in a tar")
+    if media.startswith(MODELPACK_WEIGHT_TAR + "+"):
+        raise InvalidInput(f"{where}: mediaType {media}: a compressed weight layer (slm reads a GGUF published "
+                           f"as the file itself, {MODELPACK_WEIGHT}, or in a plain tar, {MODELPACK_WEIGHT_TAR})")
     raise InvalidInput(f"{where}: mediaType {media!r} is not a layer slm can read (a GGUF model or GGUF LoRA; "
                        "safetensors and multimodal projectors are not supported)")
 
@@ -149,9 +151,9 @@ def parse_model_manifest(data: bytes, what: str) -> ModelArtifact:
     if kind is None or doc.get("schemaVersion") != 2 or doc.get("mediaType") != mt.OCI_MANIFEST:
         raise InvalidInput(f"{what}: not a ModelPack or Docker model OCI image manifest")
     config, _ = _descriptor(doc.get("config"), f"{what} config")
-    if config.media_type not in (MODELPACK_CONFIG, DOCKER_CONFIG):
+    if config.media_type not in (MODELPACK_CONFIG, DOCKER_CONFIG, DOCKER_CONFIG_V02):
         raise InvalidInput(f"{what}: config mediaType {config.media_type!r} is not {MODELPACK_CONFIG} or "
-                           f"{DOCKER_CONFIG}")
+                           f"{DOCKER_CONFIG} (or v0.2)")
     if config.size > MAX_CONFIG_BYTES:
         raise InvalidInput(f"{what} config: {config.size} bytes claimed, more than a config can be "
                            f"({MAX_CONFIG_BYTES})")
@@ -187,7 +189,8 @@ def parse_model_manifest(data: bytes, what: str) -> ModelArtifact:
 def check_config(data: bytes, artifact: ModelArtifact, what: str) -> dict:
     """The config blob (already verified against its digest): a JSON object whose format, if
     given, is gguf, and whose list of layer digests (ModelPack modelfs.diffIds, Docker
-    rootfs.diff_ids), if given, names every weight layer (raw layers: the digest is the diff id)."""
+    rootfs.diff_ids), if given, names every weight layer (uncompressed layers, raw or tar: the
+    layer's digest is its diff id)."""
     doc = parse_json_object(data, what, MAX_CONFIG_BYTES)
     inner = doc.get("config", {})
     fmt = inner.get("format") if isinstance(inner, dict) else None

@@ -3,7 +3,8 @@
     read the manifest (every size bounded) -> fetch the config, check it (sha256, format,
     the layer digests it lists) -> stream each weight layer into the store's staging area,
     refused at its first byte past its descriptor's size, sha256 checked at its end -> the
-    GGUF model staged exactly as `slm import base` of that file stages it (the same base
+    GGUF model (a tar layer's one file, slm.distribution.weight_tar) staged exactly as
+    `slm import base` of that file stages it (the same base
     digest), each GGUF LoRA as `slm import adapter` does, checked to fit the base -> one
     composition (the base, the adapters at weight 1) -> the receive transaction's commit
     (slm.ops.receive.commit: names and composition record, recovered by fsck as a pulled bundle).
@@ -25,6 +26,7 @@ from slm.compose.validate import check_adapter_fits
 from slm.distribution import model_artifacts as ma
 from slm.distribution.bundle import SHA256, sha256_of
 from slm.distribution.reference import Reference
+from slm.distribution.weight_tar import copy_single_file
 from slm.errors import IntegrityError, InvalidInput
 from slm.formats.gguf_lora import is_gguf_lora
 from slm.ops import receive
@@ -98,8 +100,13 @@ def pull_model(store: StoreDir, artifact: ma.ModelArtifact, manifest_data: bytes
             progress.start("receiving", sum(w.descriptor.size for w in artifact.weights))
             paths = []
             for w in artifact.weights:
+                label = f"{where} layer {w.index}"
                 incoming = files.enter_context(staging.incoming())  # removed at exit: never kept
-                _download(source, incoming, w.descriptor, f"{where} layer {w.index}", progress)
+                _download(source, incoming, w.descriptor, label, progress)
+                if w.descriptor.media_type == ma.MODELPACK_WEIGHT_TAR:
+                    inner = files.enter_context(staging.incoming())
+                    copy_single_file(Path(incoming.path), inner, label)
+                    incoming = inner
                 paths.append(Path(incoming.path))
             progress.finish()
             base_at, adapters_at = _classify(artifact, paths, where)

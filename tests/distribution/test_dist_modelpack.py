@@ -7,7 +7,9 @@ cannot say is refused."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import tarfile
 
 import pytest
 
@@ -18,6 +20,7 @@ from model_artifact_helpers import inspect_raw, publish
 ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG = "application/vnd.cncf.model.config.v1+json"
 WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
+WEIGHT_TAR = "application/vnd.cncf.model.weight.v1.tar"
 DOC = "application/vnd.cncf.model.doc.v1.raw"
 
 
@@ -198,3 +201,41 @@ def test_smollm2_goes_out_as_its_own_gguf_and_comes_back_as_the_same_base(cli, t
     got = _pull(cli, b, ref)
     assert got["base_name"] == "smollm2"
     assert StoreDir(b).names.get("bases", "smollm2") == StoreDir(a).names.get("bases", "smollm2")
+
+
+def _tar(*files: tuple[str, bytes]) -> bytes:
+    """A tar as modctl packs a weight file: the file under its path (a directory entry first)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("weights")
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+        for name, data in files:
+            info = tarfile.TarInfo(f"weights/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_pull_modelpack_weight_tar_gives_the_base_of_the_file_inside(cli, tmp_path, registry, skopeo, world):  # noqa: F811
+    from slm.store import StoreDir
+
+    ref = f"{registry.host}/mp/tarred:v1"
+    publish(skopeo, tmp_path / "layout", ref, CONFIG, _config("tarred"), [
+        (WEIGHT_TAR, _tar(("model-q.gguf", world["gguf"].read_bytes())), {"org.cncf.model.filepath": "weights"})],
+        ARTIFACT)
+    store = tmp_path / "b"
+    assert cli("--store", store, "init").code == 0
+    got = _pull(cli, store, ref)
+    assert StoreDir(store).names.get("bases", got["base_name"]) == world["base"]
+    assert not any((store / "tmp").iterdir())
+
+
+def test_pull_refuses_a_weight_tar_of_two_files(cli, tmp_path, registry, skopeo, world):  # noqa: F811
+    ref = f"{registry.host}/mp/tar2:v1"
+    publish(skopeo, tmp_path / "layout", ref, CONFIG, _config(), [
+        (WEIGHT_TAR, _tar(("a.gguf", world["gguf"].read_bytes()), ("b.gguf", b"GGUF")), {})], ARTIFACT)
+    store = tmp_path / "b"
+    assert cli("--store", store, "init").code == 0
+    r = refused(cli, store, 4, "pull", ref)
+    assert "more than one file" in r.err
