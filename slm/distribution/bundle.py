@@ -140,7 +140,7 @@ def _only(doc: dict, allowed: set[str], what: str) -> None:
         raise InvalidInput(f"{what}: unknown field {unknown[0]!r}")
 
 
-def _size(value: object, what: str) -> int:
+def byte_count(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInput(f"{what}: size {value!r} is not a byte count")
     _bounded(value, MAX_BLOB_BYTES, what)
@@ -166,7 +166,7 @@ def parse_descriptor(doc: object, what: str, annotations: set[str] = frozenset()
     if not isinstance(notes, dict) or not all(isinstance(v, str) for v in notes.values()):
         raise InvalidInput(f"{what}: annotations must map strings to strings")
     _only(notes, set(annotations), f"{what} annotations")
-    return Descriptor(media, digest, _size(doc.get("size"), what)), notes
+    return Descriptor(media, digest, byte_count(doc.get("size"), what)), notes
 
 
 def parse_manifest(data: bytes, what: str = "bundle manifest") -> Manifest:

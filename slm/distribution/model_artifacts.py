@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from slm.distribution import mediatypes as mt
 from slm.distribution import titles
-from slm.distribution.bundle import (MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES, Descriptor, _size, canonical,
+from slm.distribution.bundle import (MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES, Descriptor, byte_count, canonical,
                                      is_sha256, sha256_of)
 from slm.errors import InvalidInput
 from slm.formats.jsonfile import parse_json_object
@@ -121,7 +121,7 @@ def _descriptor(raw: object, what: str) -> tuple[Descriptor, dict]:
     notes = raw.get("annotations", {})
     if not isinstance(notes, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in notes.items()):
         raise InvalidInput(f"{what}: annotations must map strings to strings")
-    return Descriptor(media, digest, _size(raw.get("size"), what)), notes
+    return Descriptor(media, digest, byte_count(raw.get("size"), what)), notes
 
 
 def _role(kind: str, media: str, notes: dict, where: str) -> str | None:
