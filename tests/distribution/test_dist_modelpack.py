@@ -239,3 +239,40 @@ def test_pull_refuses_a_weight_tar_of_two_files(cli, tmp_path, registry, skopeo,
     assert cli("--store", store, "init").code == 0
     r = refused(cli, store, 4, "pull", ref)
     assert "more than one file" in r.err
+
+
+@pytest.mark.parametrize("point", ["journal.before-intent", "bundle.before-commit", "bundle.before-record",
+                                   "journal.before-clear"])
+def test_a_crash_while_committing_a_pulled_model_leaves_old_or_new(cli, tmp_path, registry, skopeo, world, point):  # noqa: F811
+    """The pull of a model artifact commits through the receive transaction: a crash at each of
+    its points leaves, after `slm fsck --repair`, the store as it was or with the pulled
+    composition (then activatable); `slm fsck` is clean either way. (The GGUF frame's side name
+    is set after the transaction: a crash loses only it, and pulling again sets it.)"""
+    import os
+    import subprocess
+    import sys
+
+    ref = f"{registry.host}/mp/crash:v1"
+    publish(skopeo, tmp_path / "layout", ref, CONFIG, _config("crash"), [
+        (WEIGHT, world["gguf"].read_bytes(), {}), (WEIGHT, world["lora"].read_bytes(), {"org.slm.adapter.name": "s"})],
+        ARTIFACT)
+    store = tmp_path / "s"
+    assert cli("--store", store, "init").code == 0
+    old = sorted(p.relative_to(store) for p in (store / "names").rglob("*") if p.is_file())
+    r = subprocess.run([sys.executable, "-m", "slm", "--store", str(store), "pull", ref], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "SLM_FAULTS": f"crash@point={point}"})
+    assert r.returncode == 86, r.stderr
+    assert cli("--store", store, "fsck", "--repair").code == 0
+    assert cli("--store", store, "fsck").code == 0
+    names = sorted(str(p.relative_to(store / "names")) for p in (store / "names").rglob("*") if p.is_file())
+    if point in ("bundle.before-record", "journal.before-clear"):
+        assert [n.split("/")[0] for n in names] == ["adapters", "bases", "compositions"]
+        comp = next(n for n in names if n.startswith("compositions/")).split("/")[1]
+        assert cli("--store", store, "activate", comp).code == 0
+        again = _pull(cli, store, ref)  # pulling again sets the frame's name: exportable as GGUF
+        assert again["composition_id"].endswith(comp)
+        out = tmp_path / "back.gguf"
+        assert cli("--store", store, "export", "crash", "--format", "gguf", "-o", out).code == 0
+        assert out.read_bytes() == world["gguf"].read_bytes()
+    else:
+        assert sorted(p.relative_to(store) for p in (store / "names").rglob("*") if p.is_file()) == old
