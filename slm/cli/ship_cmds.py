@@ -58,7 +58,8 @@ def pull(
     insecure: bool = InsecureOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Receive a composition from an OCI registry (only the blobs the store lacks; all verified)."""
+    """Receive a composition from an OCI registry (only the blobs the store lacks; all verified), or a
+    ModelPack / Docker model artifact of GGUF files (imported as a base and its LoRA adapters)."""
     from slm import render_dist
 
     show_result(open_store(ctx).pull(reference, insecure, progress_bar(json_out)), json_out, render_dist.received)
