@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.results import (AdapterExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
+    from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
                                  Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
@@ -198,9 +198,11 @@ class Store:
 
     # -- distribution (docs/distribution.md) ---------------------------------------------------
     def export(self, ref: str | None, out: str | os.PathLike, format: str = "slm", base: str | None = None,
-               tag: str | None = None, progress: Progress | None = None) -> ExportResult | AdapterExportResult:
-        """A composition as an OCI image layout (format "slm"), or one LoRA adapter as a
-        llama.cpp GGUF LoRA ("gguf-lora") or a PEFT directory ("peft"). Writes files only."""
+               tag: str | None = None,
+               progress: Progress | None = None) -> ExportResult | AdapterExportResult | BaseExportResult:
+        """A composition as an OCI image layout (format "slm"), a base as the GGUF file it was
+        imported from ("gguf"), or one LoRA adapter as a llama.cpp GGUF LoRA ("gguf-lora") or a
+        PEFT directory ("peft"). Writes files only."""
         from slm.ops import exporting
 
         return exporting.export(self._s, ref, Path(out), format, base, tag, progress)
@@ -213,12 +215,13 @@ class Store:
         return bundles.import_bundle(self._s, Path(path), tag, progress)
 
     def push(self, reference: str, comp: Composition | str | None = None, insecure: bool = False,
-             progress: Progress | None = None) -> PushResult:
-        """Upload a composition (default: the active one) to host[:port]/repo[:tag]."""
+             progress: Progress | None = None, as_format: str = "slm") -> PushResult:
+        """Upload a composition (default: the active one) to host[:port]/repo[:tag]: as slm's own
+        bundle, or (`as_format` "modelpack" / "docker") as a model artifact of GGUF files."""
         from slm.ops import registry_ops
 
         ref = comp.id if isinstance(comp, Composition) else comp
-        return registry_ops.push(self._s, reference, ref, insecure, progress)
+        return registry_ops.push(self._s, reference, ref, insecure, progress, as_format)
 
     def pull(self, reference: str, insecure: bool = False, progress: Progress | None = None) -> ReceiveResult:
         """Receive a composition from host[:port]/repo[:tag|@sha256:..]; only missing blobs move."""

@@ -13,6 +13,9 @@ def exported(r: dict) -> None:
     if r["format"] == "slm":
         print(f"exported composition {r['composition_id']} to {r['path']}")
         print(f"  {r['blobs']} blobs, {human_bytes(r['bytes'])}; manifest {r['manifest_digest']}")
+    elif r["format"] == "gguf":
+        print(f"exported base {dg.short(r['base'])} as gguf to {r['path']}")
+        print(f"  {human_bytes(r['bytes'])}, sha256:{r['sha256']}")
     else:
         print(f"exported adapter {r['adapter']} as {r['format']} to {r['path']}")
         extra = f" (apply it with scale {r['weight']:g}, its weight in the composition)" if r["weight"] != 1.0 else ""

@@ -18,14 +18,15 @@ def export_cmd(
     out: Path = typer.Option(..., "-o", "--output", metavar="DIR|FILE.tar|FILE.gguf",
                              help="Where to write it (must not exist)."),
     fmt: str = typer.Option(
-        "slm", "--format", metavar="slm|gguf-lora|peft",
-        help="slm: an OCI image layout bundle (a .tar name writes a tar); gguf-lora: one LoRA adapter for "
+        "slm", "--format", metavar="slm|gguf|gguf-lora|peft",
+        help="slm: an OCI image layout bundle (a .tar name writes a tar); gguf: a BASE as the GGUF file it was "
+             "imported from, byte for byte; gguf-lora: one LoRA adapter for "
              "llama.cpp; peft: one LoRA adapter as a PEFT directory."),
     base: Optional[str] = typer.Option(None, "--base", help="gguf-lora / peft of an ADAPTER: the base it is for."),
     tag: Optional[str] = typer.Option(None, "--tag", help="slm: the ref name in index.json (default: short id)."),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Export a composition as a bundle, or a LoRA adapter for llama.cpp or PEFT."""
+    """Export a composition as a bundle, a base as its GGUF file, or a LoRA adapter for llama.cpp or PEFT."""
     from slm import render_dist
 
     show_result(open_store(ctx).export(ref, out, fmt, base, tag, progress_bar(json_out)), json_out, render_dist.exported)
@@ -36,13 +37,18 @@ def push(
     ctx: typer.Context,
     reference: str = typer.Argument(..., metavar="HOST[:PORT]/REPO[:TAG]", help="Where to push (tag default: short id)."),
     ref: Optional[str] = typer.Argument(None, metavar="[COMPOSITION]", help="Default: the active composition."),
+    as_format: str = typer.Option(
+        "slm", "--as", metavar="slm|modelpack|docker",
+        help="slm: slm's own bundle; modelpack / docker: a model artifact of GGUF files (the base's original "
+             "GGUF, each LoRA as a GGUF LoRA) that ModelPack tools and Docker Model Runner read."),
     insecure: bool = InsecureOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Upload a composition to an OCI registry (only the blobs it lacks)."""
     from slm import render_dist
 
-    show_result(open_store(ctx).push(reference, ref, insecure, progress_bar(json_out)), json_out, render_dist.pushed)
+    show_result(open_store(ctx).push(reference, ref, insecure, progress_bar(json_out), as_format), json_out,
+                render_dist.pushed)
 
 
 @app.command()
@@ -52,7 +58,8 @@ def pull(
     insecure: bool = InsecureOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Receive a composition from an OCI registry (only the blobs the store lacks; all verified)."""
+    """Receive a composition from an OCI registry (only the blobs the store lacks; all verified), or a
+    ModelPack / Docker model artifact of GGUF files (imported as a base and its LoRA adapters)."""
     from slm import render_dist
 
     show_result(open_store(ctx).pull(reference, insecure, progress_bar(json_out)), json_out, render_dist.received)

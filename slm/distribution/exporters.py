@@ -31,7 +31,7 @@ from slm.errors import Incompatible
 from slm.formats.llama import gguf_to_hf_module, permute_gguf_to_hf, permute_hf_to_gguf
 from slm.store.objects import ObjectStore
 
-FORMATS = ("slm", "gguf-lora", "peft")
+FORMATS = ("slm", "gguf", "gguf-lora", "peft")
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,41 @@ class Registry:
         if resp.status != 201:
             raise self._fail(resp, f"upload blob {digest[:19]}")
 
+    def upload_stream(self, digest: str, size: int, chunks) -> None:
+        """Upload a blob too big to hold whole (a GGUF rebuilt from the store) from an iterator
+        of its bytes: PATCHed in pieces of at most CHUNK as they come, then the digest PUT; at
+        most CHUNK bytes held. The registry checks the digest; `size` must be the bytes' count."""
+        resp = self.request("POST", self._url("blobs", "uploads/"), body=b"", headers={"Content-Length": "0"})
+        if resp.status != 202 or "location" not in resp.headers:
+            raise self._fail(resp, "start an upload")
+        location, _ = self._redirect(self.base + "/", resp.headers["location"])
+        start, held = 0, bytearray()
+
+        def send(part: bytes) -> str:
+            resp = self.request("PATCH", location, body=part, headers={
+                "Content-Type": "application/octet-stream",
+                "Content-Range": f"{start}-{start + len(part) - 1}", "Content-Length": str(len(part))})
+            if resp.status != 202 or "location" not in resp.headers:
+                raise self._fail(resp, f"upload chunk of {digest[:19]}")
+            return self._redirect(self.base + "/", resp.headers["location"])[0]
+
+        for chunk in chunks:
+            held += chunk
+            while len(held) >= CHUNK:
+                location = send(bytes(held[:CHUNK]))
+                start += CHUNK
+                del held[:CHUNK]
+        if held:
+            location = send(bytes(held))
+            start += len(held)
+        if start != size:
+            raise IntegrityError(f"blob {digest[:19]}: {start} bytes to upload, expected {size}")
+        sep = "&" if "?" in location else "?"
+        resp = self.request("PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", body=b"",
+                            headers={"Content-Type": "application/octet-stream", "Content-Length": "0"})
+        if resp.status != 201:
+            raise self._fail(resp, f"upload blob {digest[:19]}")
+
     def get_blob(self, digest: str, size: int) -> bytes:
         """At most `size` bytes (more is refused); the caller verifies the digests."""
         resp = self.request("GET", self._url("blobs", digest), limit=size)

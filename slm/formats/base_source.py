@@ -36,6 +36,8 @@ class BaseSource:
     # with `file_range`s: whether the file still holds what was read (True), was written since
     # (False), or cannot be told (None: it changed just before it was opened); see GGUFFile
     unchanged: Callable[[], bool | None] = lambda: True
+    # a GGUF file's frame (slm.formats.gguf_frame.GGUFFrame), or None: what else the file holds
+    gguf_frame: Callable[[], Any] = lambda: None
 
     def close(self) -> None:
         for close in self.closers:

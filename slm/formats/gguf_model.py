@@ -15,6 +15,7 @@ from slm.errors import InvalidInput
 from slm.formats import llama
 from slm.formats.base_source import BaseSource, SourceTensor, canonical_json
 from slm.formats.gguf import GGUFFile, read_gguf
+from slm.formats.gguf_frame import frame_of
 
 TOKENIZER_FORMAT = "slm-tokenizer/1"
 
@@ -71,6 +72,7 @@ def _source(g: GGUFFile) -> BaseSource:
         tensors=tensors,
         closers=[g.close],
         unchanged=g.unchanged_since_opened,
+        gguf_frame=lambda: frame_of(g),
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
+from slm.formats.gguf_frame import parse_frame_record
 from dataclasses import replace
 
 from slm.errors import NeedsRecovery
@@ -28,6 +29,10 @@ def _reachable(store: StoreDir) -> tuple[set[str], set[str]]:
     def base(digest: str) -> None:
         keep.add(digest)
         keep.update(parse_base_manifest(store.objects.read_verified(digest)).blob_digests())
+        frame = store.names.get("gguf", dg.hex_of(digest))  # the GGUF file it came from
+        if frame is not None and store.objects.has(frame):
+            keep.add(frame)
+            keep.add(parse_frame_record(store.objects.read_verified(frame), "gguf frame record")[0])
 
     def adapter(digest: str) -> None:
         keep.add(digest)
@@ -78,6 +83,10 @@ def gc(store: StoreDir, dry_run: bool = False, on_plan=None) -> GcPlan:
         with store.transaction("gc", "gc", dg.of_bytes(repr(p).encode()), undoable=False):
             for hex_id in p.composition_records:
                 store.names.remove("compositions", hex_id)
+            removed = {entry["digest"] for entry in p.blobs}
+            for hex_id, frame in store.names.items("gguf"):  # the GGUF frame of a base gc removes
+                if dg.PREFIX + hex_id in removed or frame in removed:
+                    store.names.remove("gguf", hex_id)
             for entry in p.blobs:
                 fs.point("gc.before-unlink")
                 fs.unlink(store.objects.path(entry["digest"]))

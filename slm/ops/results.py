@@ -257,6 +257,18 @@ class AdapterExportResult(Result):
 
 
 @dataclass(frozen=True)
+class BaseExportResult(Result):
+    """`slm export BASE --format gguf`: a base written back as the GGUF file it came from."""
+
+    format: str
+    path: str
+    base: str
+    bytes: int
+    sha256: str
+    seconds: float
+
+
+@dataclass(frozen=True)
 class ReceiveResult(Result):
     """`slm import bundle` and `slm pull`: a composition received, every byte re-hashed."""
 
