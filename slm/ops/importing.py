@@ -24,6 +24,7 @@ from slm.compose.validate import check_adapter_fits
 from slm.errors import InvalidInput, NotFound
 from slm.formats.adapter_source import AdapterSource
 from slm.formats.base_source import BaseSource, canonical_json
+from slm.formats.base_origin import origin_record
 from slm.formats.gguf_frame import SCHEMA as FRAME_SCHEMA
 from slm.formats.gguf import MAGIC
 from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
@@ -107,13 +108,13 @@ def import_base(store: StoreDir, path: Path, name: str, quant: str | None = None
     started = time.perf_counter()
     source = open_base_source(Path(path), quant)
     try:
-        return _store_base(store, source, name, progress, started)
+        return _store_base(store, source, name, progress, started, Path(path))
     finally:
         source.close()
 
 
 def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progress,
-                started: float) -> ImportResult:
+                started: float, path: Path) -> ImportResult:
     order = tensor_order(source.architecture)
     tensors = sorted(source.tensors, key=lambda t: order[t.name])
     staging = store.objects.staging()
@@ -137,7 +138,8 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
             records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, digest))
             progress.advance(t.nbytes)
         progress.finish()
-        side_names = _stage_gguf_frame(source, staging)
+        side_names = (("origins", staging.put(origin_record(path, source.hub_id))),
+                      *_stage_gguf_frame(source, staging))
         _check_source_unchanged(source, staging)
         manifest = BaseManifest(
             source_format=source.format,
