@@ -41,9 +41,17 @@ def pushed(r: dict) -> None:
 
 @sanitized(markup=False)
 def signed(r: dict) -> None:
+    if r.get("format") == "oms":
+        oms_signed(r)
+        return
     verb = "signed" if r["added"] else "already signed by this key:"
     print(f"{verb} composition {r['composition_id']}")
     print(f"  key {r['fingerprint']} ({r['public_key']}); {r['signatures']} signature(s)")
+
+
+def oms_signed(r: dict) -> None:
+    print(f"signed {r['files']} file(s) of {r['directory']} (OpenSSF Model Signing v1) into {r['path']}")
+    print(f"  key {r['fingerprint']} ({r['public_key']})")
 
 
 @sanitized(markup=False)
