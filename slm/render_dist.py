@@ -14,7 +14,8 @@ def exported(r: dict) -> None:
         print(f"exported composition {r['composition_id']} to {r['path']}")
         print(f"  {r['blobs']} blobs, {human_bytes(r['bytes'])}; manifest {r['manifest_digest']}")
     elif r["format"] == "gguf":
-        print(f"exported base {dg.short(r['base'])} as gguf to {r['path']}")
+        how = "the file it was imported from" if r["exact"] else "converted from its Hugging Face weights"
+        print(f"exported base {dg.short(r['base'])} as gguf to {r['path']} ({how})")
         print(f"  {human_bytes(r['bytes'])}, sha256:{r['sha256']}")
     else:
         print(f"exported adapter {r['adapter']} as {r['format']} to {r['path']}")

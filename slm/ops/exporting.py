@@ -98,7 +98,7 @@ def _export_base_gguf(store: StoreDir, ref: str | None, out: Path) -> BaseExport
         for chunk in iter_base_gguf(store, digest, plan):
             hashed.write(chunk)
         target.commit()
-    return BaseExportResult("gguf", str(out), digest, plan.size, hashed.sha256.hexdigest(),
+    return BaseExportResult("gguf", str(out), digest, plan.size, hashed.sha256.hexdigest(), plan.exact,
                             round(time.perf_counter() - started, 3))
 
 

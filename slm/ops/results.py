@@ -265,6 +265,7 @@ class BaseExportResult(Result):
     base: str
     bytes: int
     sha256: str
+    exact: bool  # the file the base was imported from (False: converted from Hugging Face weights)
     seconds: float
 
 
