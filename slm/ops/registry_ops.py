@@ -21,7 +21,7 @@ from slm.distribution.reference import parse_reference
 from slm.distribution.registry import Registry
 from slm.errors import InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
-from slm.ops import bundles, receive
+from slm.ops import bundles, referrers, receive
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import PushResult, ReceiveResult
 from slm.store import StoreDir
@@ -154,7 +154,11 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
         if data is None:
             raise NotFound(f"registry {ref.host}: no manifest {ref.repository}:{ref.ref}")
         manifest = parse_manifest(data, f"{ref} manifest")
+        # signatures pushed as referrers, checked before anything is received (slm.ops.referrers)
+        signed = referrers.fetch_signatures(registry, manifest, sha256_of(data))
         result = receive.receive(store, manifest, _RegistrySource(clients), str(ref), progress)
+        added = referrers.adopt(store, result.composition_id, signed) if signed else 0
     finally:
         clients.close()
-    return dataclasses.replace(result, manifest_digest=sha256_of(data))
+    return dataclasses.replace(result, manifest_digest=sha256_of(data), signatures=result.signatures + added,
+                               referrer_signatures=len(signed))

@@ -286,6 +286,7 @@ class ReceiveResult(Result):
     seconds: float
     source: str = ""
     manifest_digest: str = ""  # sha256 of the OCI manifest received
+    referrer_signatures: int = 0  # `slm pull`: signatures found as referrers of it, all checked
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "adapter_names": list(self.adapter_names)}
