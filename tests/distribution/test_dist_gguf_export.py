@@ -5,6 +5,7 @@ GGUF llama.cpp runs as slm does; a base with no record of its GGUF file is refus
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -143,3 +144,26 @@ def test_hf_imported_base_exports_a_gguf_llama_cpp_runs_as_slm_does(cli, tmp_pat
     # and slm reads it back as a GGUF base that computes the same
     assert cli("--store", store_dir, "import", "base", out, "--name", "back").code == 0
     np.testing.assert_allclose(_slm_logits(store_dir, "back"), ours, atol=1e-4, rtol=0)
+
+
+def test_fsck_repairs_a_dangling_gguf_frame_by_removing_it(cli, tmp_path, tiny_model):
+    from slm.store import StoreDir
+
+    store_dir = tiny_store(tmp_path, tiny_model, steps=())
+    store = StoreDir.open(store_dir)
+    base = store.names.get("bases", "tq")
+    frame = store.names.get("gguf", base[len("blake3:"):])
+    assert frame is not None and store.names.get("origins", base[len("blake3:"):]) is not None
+    os.chmod(store.objects.path(frame), 0o644)
+    os.unlink(store.objects.path(frame))
+    r = cli("--store", store_dir, "fsck", "--json")
+    assert r.code != 0 and "bad-side-record" in r.out
+    assert cli("--store", store_dir, "fsck", "--repair").code == 0
+    assert store.names.get("gguf", base[len("blake3:"):]) is None
+    assert cli("--store", store_dir, "fsck").code == 0
+    r = refused(cli, store_dir, 6, "export", "tq", "--format", "gguf", "-o", tmp_path / "x.gguf")
+    assert "import the GGUF file again" in r.err
+    # importing the same file again records the frame: the export is exact again
+    assert cli("--store", store_dir, "import", "base", tiny_model["gguf_q"], "--name", "tq").code == 0
+    assert cli("--store", store_dir, "export", "tq", "--format", "gguf", "-o", tmp_path / "y.gguf").code == 0
+    assert (tmp_path / "y.gguf").read_bytes() == tiny_model["gguf_q"].read_bytes()
