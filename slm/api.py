@@ -228,14 +228,14 @@ class Store:
         return registry_ops.pull(self._s, reference, insecure, progress)
 
     def sign(self, comp: Composition | str | None, key: str | os.PathLike | None = None, format: str = "slm",
-             out: str | os.PathLike | None = None, signature: str | os.PathLike | None = None
-             ) -> SignResult | OmsSignResult:
+             out: str | os.PathLike | None = None, signature: str | os.PathLike | None = None,
+             certificate: str | os.PathLike | None = None, chain: Sequence[str] = ()) -> SignResult | OmsSignResult:
         """Sign a stored composition (default: the active one) with an Ed25519 PEM key; format
         "oms": OpenSSF Model Signing of the directory `comp` names (slm.ops.oms_signing)."""
         from slm.ops import oms_signing
 
         ref = comp.id if isinstance(comp, Composition) else comp
-        return oms_signing.sign_as_asked(self._s, ref, key, format, out, signature)
+        return oms_signing.sign_as_asked(self._s, ref, key, format, out, signature, certificate, chain)
 
     def verify_signatures(self, comp: Composition | str | None = None, keys: Sequence[str] = ()) -> SignatureReport:
         """Each signature of a composition checked; trusted = config.toml trusted_keys + `keys`."""

@@ -75,9 +75,14 @@ def sign(
     signature: Optional[Path] = typer.Option(
         None, "--signature", metavar="SIG",
         help="oms: record this signature of DIR (an exported bundle) with the composition DIR holds."),
+    certificate: Optional[Path] = typer.Option(
+        None, "--certificate", metavar="CERT.pem", help="oms --out: sign in certificate mode (the --key's certificate)."),
+    chain: Optional[list[str]] = typer.Option(
+        None, "--certificate-chain", metavar="PEM",
+        help="oms --out: the certificates above --certificate; oms --signature: the trusted root(s). Repeatable."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Sign a composition id with Ed25519 (stored with it), or a directory as OpenSSF Model Signing."""
     from slm import render_dist
 
-    show_result(open_store(ctx).sign(ref, key, fmt, out, signature), json_out, render_dist.signed)
+    show_result(open_store(ctx).sign(ref, key, fmt, out, signature, certificate, chain or []), json_out, render_dist.signed)

@@ -39,6 +39,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from slm.distribution import oms_certs
 from slm.distribution.bundle import canonical, parse_config
 from slm.errors import IntegrityError, InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
@@ -182,9 +183,18 @@ def _pae(payload: bytes) -> bytes:
 
 
 # -- signing -------------------------------------------------------------------------------------
-def sign_directory(root: Path, private_key) -> bytes:
-    """The OMS bundle (JSON bytes) signing every file of `root`."""
-    ec, hashes, _, _ = _crypto()
+def sign_directory(root: Path, private_key, certificates: list | None = None) -> bytes:
+    """The OMS bundle (JSON bytes) signing every file of `root`: key mode, or with
+    `certificates` (the signing certificate of `private_key` first, then the chain above it)
+    certificate mode (slm.distribution.oms_certs)."""
+    ec, hashes, serialization, _ = _crypto()
+    material = {"publicKey": {"hint": _hint(private_key.public_key())}, "tlogEntries": []}
+    if certificates:
+        spki = serialization.PublicFormat.SubjectPublicKeyInfo
+        if certificates[0].public_key().public_bytes(serialization.Encoding.DER, spki) != \
+                private_key.public_key().public_bytes(serialization.Encoding.DER, spki):
+            raise InvalidInput("--certificate: the signing certificate is not for this --key")
+        material = oms_certs.chain_material(certificates)
     resources = directory_digests(root)
     statement = {
         "_type": STATEMENT_TYPE,
@@ -201,7 +211,7 @@ def sign_directory(root: Path, private_key) -> bytes:
     sig = private_key.sign(_pae(payload), ec.ECDSA(getattr(hashes, hash_name)()))
     bundle = {
         "mediaType": BUNDLE_MEDIA_TYPE,
-        "verificationMaterial": {"publicKey": {"hint": _hint(private_key.public_key())}, "tlogEntries": []},
+        "verificationMaterial": material,
         "dsseEnvelope": {"payload": base64.b64encode(payload).decode("ascii"), "payloadType": PAYLOAD_TYPE,
                          "signatures": [{"sig": base64.b64encode(sig).decode("ascii"), "keyid": ""}]},
     }
@@ -236,8 +246,13 @@ def verify_bundle(bundle: dict, public_key, what: str) -> Statement:
             or not isinstance(sigs[0], dict):
         raise InvalidInput(f"{what}: the envelope is not one signature over an in-toto statement")
     material = bundle.get("verificationMaterial")
+    chain = oms_certs.bundle_chain(bundle, what)
+    if chain is not None:  # certificate mode: the signing certificate's key (its chain is checked
+        # when the signature is recorded: oms_certs.check_chain)
+        if public_key_text(chain[0].public_key()) != public_key_text(public_key):
+            raise IntegrityError(f"{what}: signed by another key (its signing certificate's)")
     hint = material.get("publicKey", {}).get("hint") if isinstance(material, dict) else None
-    if hint and hint != _hint(public_key):
+    if chain is None and hint and hint != _hint(public_key):
         raise IntegrityError(f"{what}: signed by another key (its key hint does not match)")
     payload = _b64(envelope.get("payload"), what + " payload")
     _, hash_name = _curve(public_key, what)

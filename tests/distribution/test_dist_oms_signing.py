@@ -173,3 +173,67 @@ def test_forged_oms_payload_is_refused(cli, tmp_path, exported):
     (tmp_path / "forged.sig").write_text(json.dumps(bundle))
     r = refused(cli, store, 5, "sign", "--format", "oms", "--signature", tmp_path / "forged.sig", "--key", pub, out)
     assert one_line(r.err) and "does not verify" in r.err
+
+
+def _ca_and_leaf(tmp_path: Path, name: str = "ca"):
+    """A CA certificate and a code-signing leaf (EC P-256) it issued: (ca.pem, leaf key, leaf cert)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"slm test {name}")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "signer")]))
+            .issuer_name(ca_name).public_key(leaf_key.public_key()).serial_number(2)
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=7))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    paths = tmp_path / f"{name}.pem", tmp_path / f"{name}-leaf.key.pem", tmp_path / f"{name}-leaf.pem"
+    paths[0].write_bytes(ca.public_bytes(pem))
+    paths[1].write_bytes(leaf_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    paths[2].write_bytes(leaf.public_bytes(pem))
+    return paths
+
+
+def test_certificate_mode_signature_verifies_with_model_signing(cli, tmp_path, exported):
+    store, _, out = exported
+    ca, key, cert = _ca_and_leaf(tmp_path)
+    r = cli("--store", store, "sign", "--format", "oms", "--key", key, "--certificate", cert, "--out",
+            tmp_path / "cert.sig", out)
+    assert r.code == 0, r.err
+    checked = _model_signing("verify", "certificate", "--signature", tmp_path / "cert.sig", "--certificate_chain", ca,
+                             out)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_model_signing_certificate_signature_is_recorded_under_its_root(cli, tmp_path, exported):
+    store, comp_id, out = exported
+    ca, key, cert = _ca_and_leaf(tmp_path)
+    other_ca, _, _ = _ca_and_leaf(tmp_path, "other")
+    made = _model_signing("sign", "certificate", "--private_key", key, "--signing_certificate", cert,
+                          "--certificate_chain", ca, "--signature", tmp_path / "ms.sig", out)
+    assert made.returncode == 0, made.stderr
+    r = refused(cli, store, 5, "sign", "--format", "oms", "--signature", tmp_path / "ms.sig", "--certificate-chain",
+                other_ca, out)
+    assert "trusted root" in r.err
+    r = cli("--store", store, "sign", "--format", "oms", "--signature", tmp_path / "ms.sig", "--certificate-chain",
+            ca, out, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["composition_id"] == comp_id
+    leaf_key = r.json()["public_key"]
+    report = cli("--store", store, "verify", "--signature", "--key", leaf_key, "--json").json()
+    assert [(s["valid"], s["trusted"]) for s in report["signatures"]] == [(True, True)]
