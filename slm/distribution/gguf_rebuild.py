@@ -55,7 +55,9 @@ def _manifest(store: StoreDir, base: str | BaseManifest, digest: str) -> BaseMan
 
 
 def base_gguf_plan(store: StoreDir, base_digest: str, manifest: BaseManifest | None = None) -> GGUFPlan:
-    """Where each of the base's blobs goes in its GGUF file (Incompatible if it has no frame)."""
+    """Where each of the base's blobs goes in its GGUF file: the file it was imported from, or
+    for a base imported from Hugging Face weights a converted one (Incompatible: a GGUF-imported
+    base without its frame, or a conversion slm does not do)."""
     short = dg.short(base_digest)
     manifest = _manifest(store, manifest or base_digest, base_digest)
     frame = store.names.get("gguf", dg.hex_of(base_digest))
