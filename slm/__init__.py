@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "BaseExportResult", "Certified", "CompositionInfo", "ExportResult",
-            "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "PushResult", "ReceiveResult",
+_RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "BaseExportResult", "Certified", "CompositionInfo",
+            "ExportResult", "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "OmsSignResult",
+            "PushResult", "ReceiveResult",
             "Result", "SignResult", "SignatureCheck", "SignatureReport", "Status", "Timings", "TokenLogprobs",
             "Transition", "VerifyReport")
 _EXPORTS = {

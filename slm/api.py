@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
+    from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
                                  Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
@@ -200,9 +200,8 @@ class Store:
     def export(self, ref: str | None, out: str | os.PathLike, format: str = "slm", base: str | None = None,
                tag: str | None = None,
                progress: Progress | None = None) -> ExportResult | AdapterExportResult | BaseExportResult:
-        """A composition as an OCI image layout (format "slm"), a base as the GGUF file it was
-        imported from ("gguf"), or one LoRA adapter as a llama.cpp GGUF LoRA ("gguf-lora") or a
-        PEFT directory ("peft"). Writes files only."""
+        """A composition as an OCI image layout ("slm"), a base as its GGUF file ("gguf"), or one LoRA
+        adapter for llama.cpp ("gguf-lora") or PEFT ("peft"). Writes files only."""
         from slm.ops import exporting
 
         return exporting.export(self._s, ref, Path(out), format, base, tag, progress)
@@ -229,12 +228,15 @@ class Store:
 
         return registry_ops.pull(self._s, reference, insecure, progress)
 
-    def sign(self, comp: Composition | str | None, key: str | os.PathLike) -> SignResult:
-        """Sign a stored composition (default: the active one) with an Ed25519 PEM key."""
-        from slm.ops import signing
+    def sign(self, comp: Composition | str | None, key: str | os.PathLike | None = None, format: str = "slm",
+             out: str | os.PathLike | None = None, signature: str | os.PathLike | None = None,
+             certificate: str | os.PathLike | None = None, chain: Sequence[str] = ()) -> SignResult | OmsSignResult:
+        """Sign a stored composition (default: the active one) with an Ed25519 PEM key; format
+        "oms": OpenSSF Model Signing of the directory `comp` names (slm.ops.oms_signing)."""
+        from slm.ops import oms_signing
 
         ref = comp.id if isinstance(comp, Composition) else comp
-        return signing.sign(self._s, ref, Path(key))
+        return oms_signing.sign_as_asked(self._s, ref, key, format, out, signature, certificate, chain)
 
     def verify_signatures(self, comp: Composition | str | None = None, keys: Sequence[str] = ()) -> SignatureReport:
         """Each signature of a composition checked; trusted = config.toml trusted_keys + `keys`."""

@@ -68,11 +68,27 @@ def pull(
 @app.command()
 def sign(
     ctx: typer.Context,
-    ref: Optional[str] = typer.Argument(None, metavar="[COMPOSITION]", help="Default: the active composition."),
-    key: Path = typer.Option(..., "--key", metavar="KEY.pem", help="Ed25519 private key (openssl genpkey -algorithm ed25519)."),
+    ref: Optional[str] = typer.Argument(
+        None, metavar="[COMPOSITION|DIR]", help="Default: the active composition. --format oms: the directory."),
+    key: Optional[Path] = typer.Option(
+        None, "--key", metavar="KEY.pem",
+        help="slm: an Ed25519 private key (openssl genpkey -algorithm ed25519); oms --out: an ECDSA P-256/P-384 "
+             "private key (openssl ecparam -name prime256v1 -genkey -noout); oms --signature: the signer's public key."),
+    fmt: str = typer.Option(
+        "slm", "--format", metavar="slm|oms",
+        help="slm: sign a stored composition's id; oms: an OpenSSF Model Signing v1 signature of DIR."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="SIG", help="oms: write the signature of DIR here."),
+    signature: Optional[Path] = typer.Option(
+        None, "--signature", metavar="SIG",
+        help="oms: record this signature of DIR (an exported bundle) with the composition DIR holds."),
+    certificate: Optional[Path] = typer.Option(
+        None, "--certificate", metavar="CERT.pem", help="oms --out: sign in certificate mode (the --key's certificate)."),
+    chain: Optional[list[str]] = typer.Option(
+        None, "--certificate-chain", metavar="PEM",
+        help="oms --out: the certificates above --certificate; oms --signature: the trusted root(s). Repeatable."),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Sign a composition id with Ed25519; the signature is stored with the composition."""
+    """Sign a composition id with Ed25519 (stored with it), or a directory as OpenSSF Model Signing."""
     from slm import render_dist
 
-    show_result(open_store(ctx).sign(ref, key), json_out, render_dist.signed)
+    show_result(open_store(ctx).sign(ref, key, fmt, out, signature, certificate, chain or []), json_out, render_dist.signed)

@@ -39,7 +39,7 @@ SHA256 = "sha256:"
 _SHA_HEX = re.compile(r"[0-9a-f]{64}")
 MAX_MANIFEST_BYTES = 4 << 20  # an OCI manifest of a few thousand layers is well under this
 MAX_CONFIG_BYTES = 1 << 20  # a composition id, a record digest and the identity of <= 64 adapters
-MAX_SIGNATURE_BYTES = 4096
+MAX_SIGNATURE_BYTES = 1 << 20  # an OMS signature lists every file of the bundle it signs
 MAX_LAYERS = 20000
 # One tensor blob: the embedding table of the largest open models in float32 is under this.
 # Such blobs are streamed into the store, never held whole; the bound refuses absurd claims.

@@ -12,8 +12,10 @@ sha256.
     base_gguf_size(store, base_digest)          its size, without reading a tensor
 
 `slm export BASE --format gguf` and `slm push --as modelpack|docker` (the GGUF layer) use these.
-A base imported from another format (Hugging Face weights), or received in a bundle (the frame
-does not travel), has no frame: refused (Incompatible) with the reason.
+A base imported from Hugging Face weights has no such file: it is converted instead
+(slm.distribution.gguf_convert: llama.cpp loads it; not byte-identical to anything, `exact` is
+False). A base imported from GGUF but received in a bundle (the frame does not travel) is
+refused (Incompatible) with the reason.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
+
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.errors import Incompatible, IntegrityError
 from slm.formats.gguf import parse_gguf_header
 from slm.formats.gguf_frame import parse_frame_record
 from slm.formats.gguf_model import supported_nbytes
+from slm.formats.llama import permute_hf_to_gguf
 from slm.store import StoreDir
 from slm.store import digest as dg
 
@@ -36,9 +41,11 @@ _ZEROS = bytes(1 << 16)
 class GGUFPlan:
     header: bytes
     size: int
-    # in file order: (zero bytes before it, the tensor's blob digest, its size)
-    tensors: tuple[tuple[int, str, int], ...]
+    # in file order: (zero bytes before it, the tensor's blob digest, its size, and for a q/k
+    # projection whose rows go from Hugging Face's layout to GGUF's (heads, rows), else None)
+    tensors: tuple[tuple[int, str, int, tuple[int, int] | None], ...]
     tail: int  # zero bytes after the last tensor
+    exact: bool = True  # the file imported, byte for byte (False: converted from HF weights)
 
 
 def _manifest(store: StoreDir, base: str | BaseManifest, digest: str) -> BaseManifest:
@@ -48,15 +55,22 @@ def _manifest(store: StoreDir, base: str | BaseManifest, digest: str) -> BaseMan
 
 
 def base_gguf_plan(store: StoreDir, base_digest: str, manifest: BaseManifest | None = None) -> GGUFPlan:
-    """Where each of the base's blobs goes in its GGUF file (Incompatible if it has no frame)."""
+    """Where each of the base's blobs goes in its GGUF file: the file it was imported from, or
+    for a base imported from Hugging Face weights a converted one (Incompatible: a GGUF-imported
+    base without its frame, or a conversion slm does not do)."""
     short = dg.short(base_digest)
     manifest = _manifest(store, manifest or base_digest, base_digest)
     frame = store.names.get("gguf", dg.hex_of(base_digest))
+    if (frame is None or not store.objects.has(frame)) and manifest.source_format == "hf":
+        from slm.distribution.gguf_convert import converted_gguf
+
+        header, placed, tail = converted_gguf(store, base_digest, manifest)
+        return GGUFPlan(header, len(header) + sum(g + n for g, _, n, _ in placed) + tail, tuple(placed), tail,
+                        exact=False)
     if frame is None or not store.objects.has(frame):
-        origin = ("was imported from Hugging Face weights" if manifest.source_format != "gguf"
-                  else "has no record of the GGUF file it came from (received in a bundle, or imported "
-                       "before slm kept one: import the GGUF file again to record it)")
-        raise Incompatible(f"base {short} {origin}: it cannot be exported byte for byte as GGUF")
+        raise Incompatible(f"base {short} has no record of the GGUF file it came from (received in a "
+                           "bundle, or imported before slm kept one: import the GGUF file again to "
+                           "record it); it cannot be exported as GGUF")
     what = f"the GGUF frame of base {short}"
     header_digest, size = parse_frame_record(store.objects.read_verified(frame), what)
     header = store.objects.read_verified(header_digest)
@@ -69,7 +83,7 @@ def base_gguf_plan(store: StoreDir, base_digest: str, manifest: BaseManifest | N
         record = records[t.name]
         if t.nbytes != record.nbytes or t.shape != record.shape:
             raise IntegrityError(f"{what}: tensor {t.name} is not the base's (run `slm fsck`)")
-        placed.append((t.offset - at, record.digest, record.nbytes))
+        placed.append((t.offset - at, record.digest, record.nbytes, None))
         at = t.offset + t.nbytes
     return GGUFPlan(header, size, tuple(placed), size - at)
 
@@ -88,11 +102,14 @@ def iter_base_gguf(store: StoreDir, base_digest: str, plan: GGUFPlan | None = No
     """The base's GGUF file in chunks (a tensor's blob is one chunk: read verified, whole)."""
     plan = plan or base_gguf_plan(store, base_digest)
     yield plan.header
-    for gap, digest, nbytes in plan.tensors:
+    for gap, digest, nbytes, heads in plan.tensors:
         yield from _zeros(gap)
         data = store.objects.read_verified(digest)
         if len(data) != nbytes:
             raise IntegrityError(f"blob {dg.short(digest)} is not {nbytes} bytes (run `slm fsck`)")
+        if heads:  # whole rows of the stored type move (a row is a whole number of blocks)
+            n_heads, n_rows = heads
+            data = permute_hf_to_gguf(np.frombuffer(data, dtype=np.uint8).reshape(n_rows, -1), n_heads).tobytes()
         yield data
     yield from _zeros(plan.tail)
 

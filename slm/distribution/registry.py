@@ -281,6 +281,17 @@ class Registry:
             raise self._fail(resp, f"put manifest {ref}")
         return resp
 
+    def get_referrers(self, digest: str) -> bytes | None:
+        """The OCI 1.1 referrers index of a manifest (an image index), None where the registry
+        has no referrers API (404: distribution 2.8; the caller reads the fallback tag)."""
+        resp = self.request("GET", self._url("referrers", digest), headers={"Accept": mt.OCI_INDEX},
+                            limit=MAX_MANIFEST_BYTES)
+        if resp.status == 404:
+            return None
+        if resp.status != 200:
+            raise self._fail(resp, f"referrers of {digest[:19]}")
+        return resp.body
+
     def get_manifest(self, ref: str, media_type: str = mt.OCI_MANIFEST) -> bytes | None:
         """The manifest bytes (None if the registry has none under `ref`); a digest reference is
         checked against the bytes."""

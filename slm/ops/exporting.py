@@ -17,20 +17,31 @@ from pathlib import Path
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.distribution import exporters
+from slm.formats.base_origin import parse_origin_record
 from slm.errors import Incompatible, InvalidInput, NotFound
 from slm.ops import bundles, compositions
 from slm.ops.progress import Progress
 from slm.ops.resolve import load_base, resolve
 from slm.ops.results import AdapterExportResult, BaseExportResult, ExportResult
 from slm.store import StoreDir, outputs
+from slm.store.names import validate_name
 from slm.store import digest as dg
+
+
+def _names_an_adapter(store: StoreDir, ref: str) -> bool:
+    """Whether `ref` is an adapter's name (a digest, "blake3:<hex>", is not a name at all)."""
+    try:
+        validate_name(ref)
+    except InvalidInput:
+        return False
+    return store.names.get("adapters", ref) is not None
 
 
 def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
     comp = None
     if ref is None:
         comp = compositions.load_active(store, "name a composition, or an adapter with --base")
-    elif store.names.get("adapters", ref) is None:
+    elif not _names_an_adapter(store, ref):
         try:
             comp = compositions.load(store, compositions.find_id(store, ref))
         except NotFound:
@@ -50,6 +61,17 @@ def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
     digest, name = resolve(store, ref, ("adapters",))
     base_digest, base = load_base(store, base_ref)
     return digest, name or ref, base_digest, base, 1.0
+
+
+def base_origin(store: StoreDir, base_digest: str) -> str | None:
+    """Where the base was imported from (slm.formats.base_origin): its Hub id if the checkpoint
+    recorded one, else the path; None for a base this store received (pull, bundle) or imported
+    before slm kept origins."""
+    record = store.names.get("origins", dg.hex_of(base_digest))
+    if record is None or not store.objects.has(record):
+        return None
+    origin = parse_origin_record(store.objects.read_verified(record), f"origin of base {dg.short(base_digest)}")
+    return origin["hub_id"] or origin["path"]
 
 
 class _Hashed:
@@ -76,7 +98,7 @@ def _export_base_gguf(store: StoreDir, ref: str | None, out: Path) -> BaseExport
         for chunk in iter_base_gguf(store, digest, plan):
             hashed.write(chunk)
         target.commit()
-    return BaseExportResult("gguf", str(out), digest, plan.size, hashed.sha256.hexdigest(),
+    return BaseExportResult("gguf", str(out), digest, plan.size, hashed.sha256.hexdigest(), plan.exact,
                             round(time.perf_counter() - started, 3))
 
 
@@ -109,7 +131,7 @@ def export(store: StoreDir, ref: str | None, out: Path, fmt: str = "slm", base: 
     else:
         with outputs.OutputDirectory(Path(out), store.root, "export -o") as target:
             targets = exporters.lora_targets(store.objects, manifest, base_manifest, "hf", f"adapter {name}")
-            details = exporters.write_peft(target, targets, base_manifest)
+            details = exporters.write_peft(target, targets, base_manifest, base_origin(store, base_digest))
             target.commit()
     return AdapterExportResult(fmt, str(out), name, base_digest, weight, details,
                                round(time.perf_counter() - started, 3))

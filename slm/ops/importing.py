@@ -24,6 +24,7 @@ from slm.compose.validate import check_adapter_fits
 from slm.errors import InvalidInput, NotFound
 from slm.formats.adapter_source import AdapterSource
 from slm.formats.base_source import BaseSource, canonical_json
+from slm.formats.base_origin import origin_record
 from slm.formats.gguf_frame import SCHEMA as FRAME_SCHEMA
 from slm.formats.gguf import MAGIC
 from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
@@ -107,16 +108,16 @@ def import_base(store: StoreDir, path: Path, name: str, quant: str | None = None
     started = time.perf_counter()
     source = open_base_source(Path(path), quant)
     try:
-        return _store_base(store, source, name, progress, started)
+        return _store_base(store, source, name, progress, started, Path(path))
     finally:
         source.close()
 
 
 def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progress,
-                started: float) -> ImportResult:
+                started: float, path: Path) -> ImportResult:
     staging = store.objects.staging()
     try:
-        manifest, side_names = stage_base(staging, source, progress)
+        manifest, side_names = stage_base(staging, source, progress, origin=path)
         digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes(), side_names)
     finally:
         staging.discard()
@@ -134,10 +135,13 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
     )
 
 
-def stage_base(staging, source: BaseSource, progress: Progress) -> tuple[BaseManifest, tuple[tuple[str, str], ...]]:
+def stage_base(staging, source: BaseSource, progress: Progress,
+               origin: Path | None = None) -> tuple[BaseManifest, tuple[tuple[str, str], ...]]:
     """Stage a base's tensors, tokenizer and GGUF frame (not its manifest) into `staging`: its
     manifest and side names (see _commit_named). The one path from a BaseSource to blobs, for
-    `slm import base` and a GGUF pulled from a registry (slm.ops.model_pull) alike."""
+    `slm import base` and a GGUF pulled from a registry (slm.ops.model_pull) alike. `origin`:
+    the file or directory imported, recorded as where the base came from (a pulled base has
+    none: the store only received it)."""
     order = tensor_order(source.architecture)
     tensors = sorted(source.tensors, key=lambda t: order[t.name])
     # The next tensors' bytes are produced (read, or quantized from a checkpoint) and checked
@@ -160,7 +164,8 @@ def stage_base(staging, source: BaseSource, progress: Progress) -> tuple[BaseMan
             records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, digest))
             progress.advance(t.nbytes)
         progress.finish()
-        side_names = _stage_gguf_frame(source, staging)
+        origins = () if origin is None else (("origins", staging.put(origin_record(origin, source.hub_id))),)
+        side_names = (*origins, *_stage_gguf_frame(source, staging))
         _check_source_unchanged(source, staging)
         manifest = BaseManifest(
             source_format=source.format,

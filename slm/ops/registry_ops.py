@@ -22,7 +22,7 @@ from slm.distribution.registry import Registry
 from slm.errors import InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
 from slm.distribution import model_artifacts
-from slm.ops import bundles, model_pull, receive
+from slm.ops import bundles, model_pull, receive, referrers
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import PushResult, ReceiveResult
 from slm.store import StoreDir
@@ -163,10 +163,14 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
         if artifact is not None:
             return model_pull.pull_model(store, artifact, data, _RegistrySource(clients), ref, progress)
         manifest = parse_manifest(data, f"{ref} manifest")
+        # signatures pushed as referrers, checked before anything is received (slm.ops.referrers)
+        signed = referrers.fetch_signatures(registry, manifest, sha256_of(data))
         result = receive.receive(store, manifest, _RegistrySource(clients), str(ref), progress)
+        added = referrers.adopt(store, result.composition_id, signed) if signed else 0
     finally:
         clients.close()
-    return dataclasses.replace(result, manifest_digest=sha256_of(data))
+    return dataclasses.replace(result, manifest_digest=sha256_of(data), signatures=result.signatures + added,
+                               referrer_signatures=len(signed))
 
 
 def _model_artifact(data: bytes, what: str) -> model_artifacts.ModelArtifact | None:

@@ -265,6 +265,7 @@ class BaseExportResult(Result):
     base: str
     bytes: int
     sha256: str
+    exact: bool  # the file the base was imported from (False: converted from Hugging Face weights)
     seconds: float
 
 
@@ -285,6 +286,7 @@ class ReceiveResult(Result):
     seconds: float
     source: str = ""
     manifest_digest: str = ""  # sha256 of the OCI manifest received
+    referrer_signatures: int = 0  # `slm pull`: signatures found as referrers of it, all checked
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "adapter_names": list(self.adapter_names)}
@@ -322,6 +324,18 @@ class SignResult(Result):
     fingerprint: str
     signatures: int
     added: bool
+
+
+@dataclass(frozen=True)
+class OmsSignResult(Result):
+    """`slm sign --format oms --out SIG DIR`: an OpenSSF Model Signing signature of a directory."""
+
+    format: str
+    path: str
+    directory: str
+    files: int
+    public_key: str
+    fingerprint: str
 
 
 @dataclass(frozen=True)

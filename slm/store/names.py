@@ -15,8 +15,9 @@ from slm.store import fs
 KINDS = ("bases", "adapters", "compositions")
 # names beside a base, keyed by its digest's hex, not looked up by users (slm.ops.resolve
 # searches KINDS only): "gguf" -> the record of the GGUF file it was imported from
-# (slm.formats.gguf_frame), kept alive by gc while the base is
-SIDE_KINDS = ("gguf",)
+# (slm.formats.gguf_frame), "origins" -> where it was imported from (slm.formats.base_origin);
+# kept by gc while the base is
+SIDE_KINDS = ("gguf", "origins")
 MAX_NAME_FILE_BYTES = 4096
 # Letters, digits, '.', '_', '-'; starts with a letter or digit; no separators, no '..'.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
