@@ -51,7 +51,7 @@ def _signature_of(registry: Registry, digest: str, subject: str) -> bytes:
     if (doc.get("artifactType") != mt.ARTIFACT_SIGNATURE or not isinstance(doc.get("subject"), dict)
             or doc["subject"].get("digest") != subject or not isinstance(layers, list) or len(layers) != 1):
         raise InvalidInput(f"{what}: not one slm signature referring to {subject[:19]}")
-    layer, _ = parse_descriptor(layers[0], what + " layer", {mt.BLAKE3_ANNOTATION})
+    layer, _ = parse_descriptor(layers[0], what + " layer", {mt.BLAKE3_ANNOTATION, mt.TITLE_ANNOTATION})
     if layer.media_type != mt.SIGNATURE or layer.size > MAX_SIGNATURE_BYTES:
         raise InvalidInput(f"{what}: its layer is not a signature of at most {MAX_SIGNATURE_BYTES} bytes")
     blob = registry.get_blob(layer.digest, layer.size)

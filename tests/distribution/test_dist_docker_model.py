@@ -140,4 +140,4 @@ def test_push_as_docker_refuses_an_ia3_adapter_and_a_bundle_received_base(cli, t
     assert cli("--store", b, "init").code == 0
     assert _pull(cli, b, f"{registry.host}/ai/native:v1")["base_name"] == "tq"
     r = cli("--store", b, "push", "--as", "docker", f"{registry.host}/ai/native2:v1", "tq")
-    assert r.code == 6 and "cannot be exported byte for byte as GGUF" in r.err, r.err
+    assert r.code == 6 and "has no record of the GGUF file it came from" in r.err, r.err
