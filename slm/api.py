@@ -418,11 +418,14 @@ class Session:
         if failure:
             raise failure[0]
 
-    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Float32 logits (positions x vocab) of a token sequence, computed from scratch."""
+    def logits(self, token_ids: Sequence[int], prompt_length: int | None = None) -> np.ndarray:
+        """Float32 logits (positions x vocab) of a token sequence, computed from scratch as
+        generate computes them: the first `prompt_length` ids (default: all) as a prompt, the
+        rest as its answer, one decode step a token. logits(g.prompt_tokens + g.tokens,
+        len(g.prompt_tokens)) are the rows a generation g sampled from, bit for bit."""
         from slm.ops import run
 
-        return run.logits_of(self._loaded, token_ids, self.runtime.mode)
+        return run.logits_of(self._loaded, token_ids, self.runtime.mode, prompt_length)
 
 
 def check_sampling(temperature: float, top_p: float, seed: int | None, max_temperature: float = math.inf) -> None:
