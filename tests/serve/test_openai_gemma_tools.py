@@ -187,6 +187,7 @@ def test_a_conversation_with_a_call_and_its_result_is_answered(server):
 
 # -- the real Gemma 3 270M ----------------------------------------------------------------------
 
+@pytest.mark.real_model
 def test_gemma3_calls_tools_whose_arguments_validate(tmp_path, gemma_gguf):
     """Gemma 3 270M Q4_K_M, greedy and sampled: forced calls (required, named, streamed) parse
     and validate; its prompt holds Google's instruction (more tokens than without tools)."""

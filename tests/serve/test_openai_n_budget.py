@@ -55,6 +55,7 @@ def test_the_estimate_counts_a_kv_cache_per_sequence(template, tmp_path):
     assert (many.base, many.adapters, many.runtime) == (one.base, one.adapters, one.runtime)
 
 
+@pytest.mark.real_model
 def test_n_choices_over_the_budget_are_refused_when_one_would_fit(smol):
     store, limit = smol
     runtime = slm.Runtime(store, threads=1, memory_budget=str(limit))
@@ -68,6 +69,7 @@ def test_n_choices_over_the_budget_are_refused_when_one_would_fit(smol):
         scheduler.stop()
 
 
+@pytest.mark.real_model
 def test_the_server_answers_400_to_n_choices_over_its_budget(smol):
     store, limit = smol
     server = Server(store.root, "--threads", "1", "--memory-budget", str(limit))

@@ -51,6 +51,8 @@ def _serve(tmp_path, gguf, name: str) -> Server:
     return Server(store.root, "--threads", "1")
 
 
+@pytest.mark.real_model
+@pytest.mark.slow
 def test_gemma3_twenty_of_twenty_validate_chat_and_completions_streamed_and_not(tmp_path, gemma_gguf):
     fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": REAL_SCHEMA, "strict": True}}
     server = _serve(tmp_path, gemma_gguf, "gemma")
@@ -65,6 +67,7 @@ def test_gemma3_twenty_of_twenty_validate_chat_and_completions_streamed_and_not(
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_json_object_answers_that_end_are_objects_on_smollm2_and_gemma3(tmp_path, smollm2_gguf, gemma_gguf):
     """json_object (any object) on both bases, 10 sampled answers each: every answer that ended
     by itself is one JSON object. The grammar cannot bound an object's length, and these small
