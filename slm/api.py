@@ -389,6 +389,18 @@ class Session:
                                 presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs)
         return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
 
+    def generate_choices(self, prompt: str, n: int, max_tokens: int = 128, temperature: float = 0.0,
+                         top_p: float = 1.0, seed: int | None = None, chat: bool = False,
+                         **options: object) -> list[Generation]:
+        """n choices of one prompt, as the server's `n` gives them: choice i samples with seed
+        s + i (seed s given) or a fresh random seed of its own, and is generate's answer for
+        that seed (generate's options; n from 1 up, InvalidInput otherwise)."""
+        from slm.model.sampling import check_processing as check, choice_seeds
+
+        check(n=n)
+        return [self.generate(prompt, max_tokens, temperature, top_p, s, chat, **options)
+                for s in choice_seeds(seed, n)]
+
     def stream(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                seed: int | None = None, chat: bool = False, response_format: dict | ResponseFormat | None = None,
                **sampling: object) -> Iterator[str]:
