@@ -378,10 +378,9 @@ class Session:
                  repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
                  response_format: dict | ResponseFormat | None = None) -> Generation:
-        """seed None: a fresh random seed, reported as Generation.seed; logprobs k: each token's
-        logprob and its k likeliest alternatives (docs/api.md, "Sampling"); response_format:
-        OpenAI's object or a ResponseFormat, the answer decoded under that grammar (docs/serve.md,
-        "Structured output")."""
+        """seed None: a fresh random seed (Generation.seed); logprobs k: each token's logprob and its k
+        likeliest alternatives (docs/api.md, "Sampling"); response_format: OpenAI's object or a
+        ResponseFormat, the answer decoded under that grammar (docs/serve.md, "Structured output")."""
         from slm.ops import run
 
         options = self._options(prompt, max_tokens, temperature, top_p, seed, chat, response_format, top_k=top_k,
@@ -389,17 +388,13 @@ class Session:
                                 presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs)
         return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
 
-    def generate_choices(self, prompt: str, n: int, max_tokens: int = 128, temperature: float = 0.0,
-                         top_p: float = 1.0, seed: int | None = None, chat: bool = False,
-                         **options: object) -> list[Generation]:
-        """n choices of one prompt, as the server's `n` gives them: choice i samples with seed
-        s + i (seed s given) or a fresh random seed of its own, and is generate's answer for
-        that seed (generate's options; n from 1 up, InvalidInput otherwise)."""
+    def generate_choices(self, prompt: str, n: int, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                         seed: int | None = None, chat: bool = False, **options: object) -> list[Generation]:
+        """The server's n choices of one prompt: choice i is generate's answer with seed s + i, or a fresh seed."""
         from slm.model.sampling import check_processing as check, choice_seeds
 
         check(n=n)
-        return [self.generate(prompt, max_tokens, temperature, top_p, s, chat, **options)
-                for s in choice_seeds(seed, n)]
+        return [self.generate(prompt, max_tokens, temperature, top_p, s, chat, **options) for s in choice_seeds(seed, n)]
 
     def stream(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                seed: int | None = None, chat: bool = False, response_format: dict | ResponseFormat | None = None,
@@ -431,10 +426,8 @@ class Session:
             raise failure[0]
 
     def logits(self, token_ids: Sequence[int], prompt_length: int | None = None) -> np.ndarray:
-        """Float32 logits (positions x vocab) of a token sequence, computed from scratch as
-        generate computes them: the first `prompt_length` ids (default: all) as a prompt, the
-        rest as its answer, one decode step a token. logits(g.prompt_tokens + g.tokens,
-        len(g.prompt_tokens)) are the rows a generation g sampled from, bit for bit."""
+        """Float32 logits (positions x vocab) of a token sequence, computed from scratch as generate
+        computes them: ids[:prompt_length] (default: all) as a prompt, the rest one step a token."""
         from slm.ops import run
 
         return run.logits_of(self._loaded, token_ids, self.runtime.mode, prompt_length)
