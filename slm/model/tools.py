@@ -59,11 +59,6 @@ def tool_format(template: str | None) -> ToolFormat:
                        "a request with tools cannot be rendered for it")
 
 
-def check_tool_template(template: str | None) -> None:
-    """InvalidInput unless slm can show this template's model tools and read its calls."""
-    tool_format(template)
-
-
 @lru_cache(maxsize=8)
 def _variables(template: str) -> frozenset[str]:
     from jinja2 import Environment, TemplateSyntaxError, meta
@@ -174,4 +169,3 @@ def _object_or_text(arguments):
 
 HERMES = ToolFormat("hermes", lambda messages, tools: (template_messages(messages), tools), call_grammar,
                     parse_calls, CallGate)
-
