@@ -8,7 +8,9 @@ Workloads on each base (--bases: SmolLM2-135M-Instruct Q4_1, Gemma 3 270M Q4_K_M
 switch latency (in-process Runtime warm and cold; wall time of `slm activate`), import
 throughput, peak RSS, and the batching of `slm serve` (aggregate decode tok/s of 8 sequences
 decoded together in one step, on one composition and on 4, against one alone; in-process,
-through the server's batched step; `--batching-only` runs just that). slm runs twice: as "slm",
+through the server's batched step; `--batching-only` runs just that), and the cost of
+grammar-constrained decoding (a JSON schema on one row, and on 4 rows of a batch of 8, against
+free rows: scripts/bench_structured.py; `--only structured` runs just that). slm runs twice: as "slm",
 its exact mode (`--exact`: float32 products), and as "slm int8", its default mode (integer
 products), whose logits error against the exact mode is measured too (int8_error). Each system runs in a worker process of its own (no thread pool or
 environment setting of one can slow another; slm's sets one OpenBLAS thread, torch's two),
@@ -221,11 +223,16 @@ def main() -> int:
     p.add_argument("--batching-only", action="store_true", help="only the batched-decode figures")
     p.add_argument("--batch-steps", type=int, default=64, help="decode steps per batching sample")
     p.add_argument("--bases", default="smollm2,gemma3", help="comma-separated: smollm2, gemma3")
+    p.add_argument("--only", choices=["structured"],
+                   help="structured: only the cost of grammar-constrained decoding (scripts/bench_structured.py)")
+    p.add_argument("--structured-steps", type=int, default=64, help="decode steps per structured sample")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         return worker(a.worker, a.plan)
+    if a.only == "structured":
+        return bench_structured_only(a)
     import slm
 
     slm.keep_freed_memory()  # the in-process figures (batching, LoRA A/B) run as `slm serve` does
@@ -240,6 +247,21 @@ def main() -> int:
     # --batching-only writes beside the full run's figures, never over them
     (a.out / ("bench-batching.json" if a.batching_only else "bench.json")).write_text(json.dumps(results, indent=2) + "\n")
     print_tables(results)
+    return 0
+
+
+def bench_structured_only(a) -> int:
+    """`--only structured`: issue 31's speed figures, beside the full run's (never over them)."""
+    import bench_structured
+
+    results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), **cpu_kind(),
+                                 "python": platform.python_version(), "load_average": os.getloadavg()},
+                     "bases": bench_structured.run_bases(a.bases.split(","), a.structured_steps, a.runs)}
+    a.out.mkdir(exist_ok=True)
+    (a.out / "bench-structured.json").write_text(json.dumps(results, indent=2) + "\n")
+    for base, r in results["bases"].items():
+        if "skipped" not in r:
+            bench_structured.print_table(base, r)
     return 0
 
 
@@ -276,6 +298,10 @@ def bench_base(base: str, a) -> dict:
     if a.kernels == "default":
         results["batching_int8"] = bench_batching(store, base, ["lora16", "lora16b", "lora16c"], a, "int8")
     results["batching_http"] = bench_serve_http(store.root, base, ["lora16", "lora16b", "lora16c"], a)
+    if a.kernels == "default":
+        import bench_structured
+
+        results["structured"] = bench_structured.bench_base(store.root, base, a.structured_steps, a.runs)
     if a.batching_only:
         return results
     comp_ids = {"base": activate(store, base, []).active.id,

@@ -21,6 +21,10 @@ def print_base_tables(r: dict) -> None:
     for key, mode in (("batching", ""), ("batching_int8", " (int8 activations)")):
         if r.get(key):
             print_batching(r[key], r.get("batching_http") if key == "batching" else None, mode)
+    if r.get("structured"):
+        import bench_structured
+
+        bench_structured.print_table("constrained decoding", r["structured"])
     if "throughput_tok_s" not in r:
         return
     print_throughput(r)

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import math
 import os
-import queue
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from slm.compose.composition import Composition
-from slm.errors import InvalidInput, UsageError
+from slm.errors import UsageError
 from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401  (what a Scheduler runs: slm serve builds them)
+from slm.api_session import Session  # noqa: F401  (Runtime.session's result, public as slm.Session)
 from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
 
 # Each method imports the operation it runs: `slm activate` (a new process each time) must not
 # pay for the importer, the executor, the tokenizer or the distribution code (docs/perf-notes.md).
 if TYPE_CHECKING:
-    import numpy as np
-
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
@@ -352,91 +349,6 @@ class Runtime:
         chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
         return Scheduler(max_batch, max_queue, self.threads, self.memory_budget, metrics, log,
                          modes.activations_of(self.mode), **chunk)
-
-
-class Session:
-    """Generation on one composition, start to finish (it never changes under a session)."""
-
-    def __init__(self, runtime: Runtime, loaded: Loaded) -> None:
-        self.runtime = runtime
-        self._loaded = loaded
-
-    @property
-    def composition_id(self) -> str:
-        return self._loaded.id
-
-    def _options(self, response_format: dict | ResponseFormat | None = None, **fields: object) -> RunOptions:
-        from slm.model import modes
-        from slm.ops.run import RunOptions
-        return RunOptions(threads=self.runtime.threads, exact=self.runtime.mode == modes.EXACT,
-                          response_format=ResponseFormat.of(response_format), **fields)
-
-    def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, chat: bool = False, *, top_k: int = 0, min_p: float = 0.0,
-                 repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                 logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                 response_format: dict | ResponseFormat | None = None, system: str | None = None,
-                 stop: Sequence[str] = ()) -> Generation:
-        """seed None: a fresh random seed (Generation.seed); chat: the prompt in the base's chat template,
-        after `system` if given (implies chat); stop: up to 4 stop sequences; logprobs k: each token's logprob
-        and its k likeliest alternatives (docs/api.md); response_format: OpenAI's object or a ResponseFormat."""
-        from slm.ops import run
-
-        options = self._options(response_format, prompt=prompt, max_tokens=max_tokens, temperature=temperature,
-                                top_p=top_p, seed=seed, chat=chat, top_k=top_k, min_p=min_p,
-                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs,
-                                system=system, stop=tuple(stop))
-        return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
-
-    def chat(self, messages: Sequence[ChatMessage | dict], max_tokens: int = 128, *,
-             on_text: Callable[[str], None] | None = None, cancel: threading.Event | None = None,
-             **options: object) -> Generation:
-        """The next answer to a conversation (ChatMessage or {"role", "content"} dicts, oldest
-        first) in the base's chat template, with generate's keyword options. on_text(piece): the
-        answer as it decodes; cancel: an Event that, once set, ends it (stop_reason "cancelled")."""
-        from slm.ops import run
-
-        o = self._options(options.pop("response_format", None), prompt="", messages=tuple(messages),
-                          max_tokens=max_tokens, **options)  # (the messages are checked by slm.ops.run)
-        return run.generate_on(self.runtime.store._s, self._loaded, o, on_text=on_text, cancel=cancel)[0]
-
-    def stream(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int | None = None, chat: bool = False, response_format: dict | ResponseFormat | None = None,
-               **sampling: object) -> Iterator[str]:
-        """The text in pieces as they decode (generate's options); closing the iterator ends the generation."""
-        from slm.ops import run
-
-        pieces: queue.Queue = queue.Queue()
-        options = self._options(response_format, prompt=prompt, max_tokens=max_tokens, temperature=temperature,
-                                top_p=top_p, seed=seed, chat=chat, **sampling)
-        failure: list[BaseException] = []
-        cancel = threading.Event()  # set when the consumer stops early: the worker stops at its next token
-
-        def work() -> None:
-            try:
-                run.generate_on(self.runtime.store._s, self._loaded, options, on_text=pieces.put, cancel=cancel)
-            except BaseException as err:  # handed to the consumer below
-                failure.append(err)
-            finally:
-                pieces.put(None)
-
-        worker = threading.Thread(target=work, name="slm-session-stream", daemon=True)
-        worker.start()
-        try:
-            while (piece := pieces.get()) is not None:
-                yield piece
-        finally:
-            cancel.set()
-            worker.join()
-        if failure:
-            raise failure[0]
-
-    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Float32 logits (positions x vocab) of a token sequence, computed from scratch."""
-        from slm.ops import run
-
-        return run.logits_of(self._loaded, token_ids, self.runtime.mode)
 
 
 def check_sampling(temperature: float, top_p: float, seed: int | None, max_temperature: float = math.inf) -> None:

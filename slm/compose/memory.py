@@ -13,7 +13,8 @@
       R   activations for a prefill of T tokens over S positions:
           4 bytes x T x (6 hidden + 4 ffn + 3 heads x S), plus T x vocab when all logits are kept
       KV  the KV cache: 2 x kv_heads x head_dim x 4 bytes per position a layer keeps: S for a
-          full-attention layer, at most its window for a sliding one (slm.model.decoder.KVCache)
+          full-attention layer, at most its window for a sliding one (slm.model.decoder.KVCache);
+          one per sequence of a request (a server's n choices: n caches, n logits rows a step)
 The constants were measured on SmolLM2-135M (docs/numerics.md, "Memory"); the slack covers
 the allocator and NumPy temporaries.
 """
@@ -62,7 +63,10 @@ class Estimate:
 
 def estimate(arch: dict, base_bytes: int, adapter_float_bytes: int, positions: int,
              prompt_tokens: int | None = None, all_logits: bool = False,
-             fused_kernels: bool = False) -> Estimate:
+             fused_kernels: bool = False, sequences: int = 1) -> Estimate:
+    """sequences: how many sequences of `positions` one request runs at once (a server's n
+    choices): each has its own KV cache and its own logits row a step; the prompt is
+    prefilled once at a time."""
     T = prompt_tokens if prompt_tokens is not None else positions
     h, f, v = arch["hidden_size"], arch["intermediate_size"], arch["vocab_size"]
     per_token = 6 * h + 4 * f + 3 * arch["num_heads"] * positions + (v if all_logits else 0)
@@ -74,8 +78,8 @@ def estimate(arch: dict, base_bytes: int, adapter_float_bytes: int, positions: i
         base=base_bytes,
         adapters=int(ADAPTER_COPIES * adapter_float_bytes),
         scratch=SCRATCH_BYTES,
-        activations=4 * T * per_token + 4 * v,
-        kv_cache=2 * kept * arch["num_kv_heads"] * arch["head_dim"] * 4,
+        activations=4 * T * per_token + 4 * v * sequences,
+        kv_cache=2 * kept * arch["num_kv_heads"] * arch["head_dim"] * 4 * sequences,
         positions=positions,
     )
 

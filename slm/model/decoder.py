@@ -236,7 +236,8 @@ class Decoder:
 
     def forward(self, tokens: np.ndarray, cache: KVCache, logits_for: str = "last") -> np.ndarray:
         """Run tokens (T,) at positions cache.length.. ; returns logits (T, V) if
-        logits_for == "all", else (1, V) for the last position. Safe to call from several
+        logits_for == "all", else (1, V) for the last position (the same bits as the last row
+        of "all"). Safe to call from several
         threads with caches of their own: the passes take turns on the kernel set (its lock)."""
         with self.kernels.lock:
             return self._forward(tokens, cache, logits_for)
@@ -263,7 +264,14 @@ class Decoder:
         if logits_for != "all":
             x = x[-1:]
         x = self.kernels.rms_norm(x, self.vectors["output_norm.weight"], cfg.rms_norm_eps)
-        return block.logits(self, x)
+        y = block.logits(self, x)
+        if T > 1 and logits_for == "all":
+            # The last row again, alone, as a "last" pass computes it: a product over many rows
+            # may take another kernel (BLAS, in another summation order) than over one row, and
+            # the last row is the one a generation samples from, so it is the same bits whether
+            # or not the caller keeps every row (slm run --logits-out, Session.logits).
+            y[-1] = block.logits(self, x[-1:])[0]
+        return y
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int, window: int = 0) -> np.ndarray:
         """Causal attention of q (T, nh, hd) at positions first.. over k, v (S, n_kv, hd),

@@ -88,3 +88,22 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
     if seq.stops.cut is not None:
         gen.stop_cut = seq.stops.text
     return gen
+
+
+def sequence_logits(model: Decoder, ids: np.ndarray, prompt_length: int | None = None) -> np.ndarray:
+    """The logits (T, V) of every position of `ids` as generate computes them when ids[:prompt_length]
+    is the prompt and the rest its answer: the prompt prefilled in chunks of PREFILL_CHUNK, then
+    one decode step per answer token (None: all of `ids` is the prompt). Bit for bit the rows a
+    generation sampled from: a one-token step and a prompt's pass add in another order, which
+    the int8 mode's rounding of each product's input turns into whole quantization steps."""
+    T = len(ids)
+    prompt = T if prompt_length is None else prompt_length
+    cache = model.new_cache(T)
+    out = np.empty((T, model.cfg.vocab_size), dtype=np.float32)
+    for start in range(0, prompt, PREFILL_CHUNK):
+        end = min(prompt, start + PREFILL_CHUNK)
+        out[start:end] = model.forward(ids[start:end], cache, "all")
+    for i in range(prompt, T):
+        out[i] = model.forward(ids[i:i + 1], cache, "last")[0]
+    return out
+

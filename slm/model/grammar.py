@@ -97,7 +97,13 @@ def compile_grammar(tok: TextTokenizer, grammar: str, n_vocab: int) -> str:
 
 
 class GrammarMask:
-    """One row's grammar state: advanced by each token the row took, masking its logits."""
+    """One row's grammar state: advanced by each token the row took, masking its logits.
+
+    Nothing is allocated per token: llguidance writes the allowed set as bits into this mask's
+    own words, and the masked row is this mask's own buffer (valid until its next call: the
+    sampler reads it at once), filled with -inf and then the allowed logits, copied under the
+    unpacked bits. A constrained row costs its decode step a few hundredths of a millisecond
+    besides the engine's own mask computation (docs/benchmarks.md, "Structured output")."""
 
     def __init__(self, tok: TextTokenizer, grammar: str, n_vocab: int):
         from llguidance import LLMatcher
@@ -107,18 +113,23 @@ class GrammarMask:
             raise InvalidInput(f"the grammar cannot be compiled: {_one_line(self.matcher.get_error())}")
         self.eos = sorted(tok.eos_ids)
         self.consumed = 0
+        self.words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)  # bit i: token i allowed
+        self.out: np.ndarray | None = None
 
     def __call__(self, ids: list[int], logits: np.ndarray) -> np.ndarray:
         while self.consumed < len(ids):  # the tokens sampled since the last call
             self.matcher.consume_token(ids[self.consumed])
             self.consumed += 1
-        out = np.full_like(logits, -np.inf)
+        if self.out is None or self.out.shape != logits.shape or self.out.dtype != logits.dtype:
+            self.out = np.empty_like(logits)
+        out = self.out
+        out.fill(-np.inf)
         if self.matcher.is_error():  # (cannot happen while every token came through the mask)
             out[self.eos] = logits[self.eos]
             return out
-        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        allowed = np.flatnonzero(bits[:logits.shape[-1]])
-        out[allowed] = logits[allowed]
+        self.matcher.unsafe_compute_mask_ptr(self.words.ctypes.data, self.words.nbytes)
+        allowed = np.unpackbits(self.words.view(np.uint8), count=logits.shape[-1], bitorder="little").view(bool)
+        np.copyto(out, logits, where=allowed)
         return out
 
     @property

@@ -1,10 +1,10 @@
 """Tool calls in a base's own chat format: whether its template takes `tools`, the grammar of
-a forced call, and the calls read back out of an answer.
+a forced call, and the calls read back out of an answer (tool_format: one ToolFormat per kind).
 
-The format is the one Qwen 2.5/3 (Hermes-style) templates teach the model: each call is a
-JSON object {"name": ..., "arguments": {...}} between <tool_call> and </tool_call> lines. A
-template that never reads `tools` cannot show the model its tools; one that does but writes
-calls some other way is not read here: both are refused (InvalidInput) rather than guessed.
+Hermes-style, here: the format Qwen 2.5/3 templates teach the model, each call a JSON object
+{"name": ..., "arguments": {...}} between <tool_call> and </tool_call> lines. Gemma 3's
+prompted calls: slm.model.tools_gemma. Any other template (one that never reads `tools`, or
+writes calls some other way) is refused (InvalidInput) rather than guessed.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 from slm.errors import InvalidInput
 
@@ -28,14 +29,34 @@ class ParsedCall:
     arguments: str  # JSON text of an object
 
 
-def check_tool_template(template: str | None) -> None:
-    """InvalidInput unless this chat template renders `tools` and writes calls as <tool_call>."""
-    if not template or "tools" not in _variables(template):
-        raise InvalidInput("this base's chat template has no tool support (it never reads `tools`): "
-                           "a request with tools cannot be rendered for it")
-    if CALL_OPEN not in template:
-        raise InvalidInput("this base's chat template writes tool calls in a format slm does not read "
-                           f"(slm reads {CALL_OPEN}{{\"name\": ..., \"arguments\": ...}}{CALL_CLOSE})")
+@dataclass(frozen=True)
+class ToolFormat:
+    """How one base's model is shown tools and writes calls: the conversation (and tools) handed
+    to its chat template, the grammar of a forced answer, the calls read back, the stream gate."""
+
+    name: str  # "hermes" (<tool_call> blocks: Qwen 2.5/3) or "gemma" (Gemma 3's prompted JSON calls)
+    prompt: Callable[[list[dict], list[dict]], tuple[list[dict], list[dict] | None]]
+    grammar: Callable[[list[dict], str | None, bool], str]
+    parse: Callable[[str], tuple[str | None, list[ParsedCall]]]
+    gate: Callable[[Callable[[str], None]], object]  # emit -> an object with push(piece) and rest(content)
+
+
+def tool_format(template: str | None) -> ToolFormat:
+    """The tool format of a chat template: Hermes-style for one that renders `tools` and writes
+    calls as <tool_call>; Gemma 3's prompted calls for a Gemma-turn template (which never reads
+    `tools`: slm.model.tools_gemma); InvalidInput for any other."""
+    from slm.model import tools_gemma
+
+    if template and "tools" in _variables(template):
+        if CALL_OPEN not in template:
+            raise InvalidInput("this base's chat template writes tool calls in a format slm does not read "
+                               f"(slm reads {CALL_OPEN}{{\"name\": ..., \"arguments\": ...}}{CALL_CLOSE})")
+        return HERMES
+    if template and tools_gemma.uses_gemma_turns(template):
+        return ToolFormat("gemma", lambda messages, tools: (tools_gemma.prompt_messages(messages, tools), None),
+                          tools_gemma.call_grammar, tools_gemma.parse_calls, tools_gemma.CallGate)
+    raise InvalidInput("this base's chat template has no tool support (it never reads `tools`): "
+                       "a request with tools cannot be rendered for it")
 
 
 @lru_cache(maxsize=8)
@@ -144,3 +165,7 @@ def _object_or_text(arguments):
         except (json.JSONDecodeError, RecursionError):
             return arguments
     return arguments
+
+
+HERMES = ToolFormat("hermes", lambda messages, tools: (template_messages(messages), tools), call_grammar,
+                    parse_calls, CallGate)

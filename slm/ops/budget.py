@@ -17,10 +17,10 @@ def resolve(store: StoreDir, flag: str | None) -> int | None:
 
 
 def of_staged(staged: Staged, positions: int = DEFAULT_POSITIONS, prompt_tokens: int | None = None,
-              all_logits: bool = False) -> Estimate:
+              all_logits: bool = False, sequences: int = 1) -> Estimate:
     adapter_bytes = sum(m.total_bytes for _, m in staged.adapters)
     return estimate(staged.base.architecture, staged.base.total_bytes, adapter_bytes, positions,
-                    prompt_tokens, all_logits, fused_kernels=fused_selected())
+                    prompt_tokens, all_logits, fused_kernels=fused_selected(), sequences=sequences)
 
 
 def check(est: Estimate, budget: int | None, what: str) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 from slm.errors import InvalidInput, SlmError, UsageError
 from slm.model import modes
 from slm.model.chat import chat_prompt_ids
-from slm.model.generate import generate
+from slm.model.generate import generate, sequence_logits
 from slm.model.processors import processors_for
 from slm.model.sampling import Sampler, check_processing, check_sampling, logit_bias_items
 from slm.model.stops import CANCELLED, SWITCHED
@@ -275,10 +275,12 @@ def _switched(store: StoreDir, pinned: str) -> bool:
         return True
 
 
-def logits_of(loaded: Loaded, token_ids, mode: str) -> np.ndarray:
+def logits_of(loaded: Loaded, token_ids, mode: str, prompt_length: int | None = None) -> np.ndarray:
     """Float32 logits (positions x vocab) of a token sequence, computed from scratch in `mode`
-    (slm.model.modes; the API's Session.logits): the ids checked first (integers, in the
-    vocabulary, within the context)."""
+    (slm.model.modes; the API's Session.logits) as a generation computes them
+    (slm.model.generate.sequence_logits: the first prompt_length ids, all by default, as its
+    prompt, the rest as its answer): the ids checked first (integers, in the vocabulary, within
+    the context; prompt_length 1..len)."""
     model = loaded.model
     with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
         modes.use(model.kernels, mode)
@@ -296,6 +298,8 @@ def logits_of(loaded: Loaded, token_ids, mode: str) -> np.ndarray:
         raise InvalidInput(f"token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
     if ids.size > context:
         raise InvalidInput(f"{ids.size} token ids; the context holds {context}")
-    cache = model.new_cache(len(ids))
+    if prompt_length is not None and (isinstance(prompt_length, bool) or not isinstance(prompt_length, numbers.Integral)
+                                      or not 1 <= prompt_length <= ids.size):
+        raise InvalidInput(f"prompt_length must be an integer in [1, {ids.size}], not {prompt_length!r}")
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.asarray(model.forward(ids, cache, "all"), dtype=np.float32)  # (T, V)
+        return sequence_logits(model, ids, None if prompt_length is None else int(prompt_length))  # (T, V)

@@ -43,7 +43,7 @@ import numpy as np
 from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
 from slm.model.allocator import release_freed_memory
 from slm.model.chat import chat_prompt_ids
-from slm.model.tools import CallGate, check_tool_template, template_messages
+from slm.model.tools import tool_format
 from slm.model.generate import PREFILL_CHUNK
 from slm.model.generation import Sequence, decode, first_token, new_sequence, prefill_next
 from slm.model.kernels import default_kernels
@@ -84,7 +84,7 @@ class Job:
     processors: tuple = ()  # its logit processors (a grammar's mask), built off the engine thread
     content: str | None = None  # with tools, once finished: the answer's text outside its calls
     content_rest: str | None = None  # ... and the part of it not sent as ("text", piece) events
-    gate: CallGate | None = None  # with tools: what of the answer streams before its calls
+    gate: object | None = None  # with tools (a ToolFormat's gate): what of the answer streams before its calls
     tool_calls: tuple[ToolCall, ...] = ()  # with tools, once finished: the calls read from the answer
     grammar: str | None = None  # the grammar its answer follows (each choice gets its own mask of it)
 
@@ -162,9 +162,8 @@ class Scheduler:
         tok, cfg = loaded.tokenizer, loaded.model.cfg
         messages = [m.to_template() for m in req.messages] if req.chat else None
         tools = req.tools.definitions if req.chat and req.tools is not None else None
-        if tools:
-            check_tool_template(tok.chat_template)  # (a template with no tool support: InvalidInput)
-            messages = template_messages(messages)
+        if tools:  # (a template with no tool support: InvalidInput)
+            messages, tools = tool_format(tok.chat_template).prompt(messages, tools)
         # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
         text = "".join(m.get("content") or "" for m in messages) if req.chat else req.prompt
         context = cfg.context_length
@@ -190,8 +189,9 @@ class Scheduler:
             from dataclasses import replace
 
             req = replace(req, max_tokens=max_tokens)
-        est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids))
-        budget.check(est, self.budget, "this request")
+        # the whole request: its n choices run at once, each with its own KV cache
+        est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids), sequences=req.n)
+        budget.check(est, self.budget, "this request" if req.n == 1 else f"this request ({req.n} choices)")
         grammar = grammar_for(loaded, req.response_format, req.tools)  # (a schema the engine refuses: InvalidInput)
         return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
                    capacity=len(ids) + max_tokens, processors=grammar_masks(loaded, grammar), grammar=grammar)
@@ -303,7 +303,7 @@ class Scheduler:
         loaded, req = job.loaded, job.req
         send = lambda piece: job.sink(("text", piece, job.take_logprobs()))  # noqa: E731
         if req.tools is not None and req.tools.parsed:  # calls are read whole: prose streams, calls wait
-            job.gate = CallGate(send)
+            job.gate = tool_format(loaded.tokenizer.chat_template).gate(send)
             send = job.gate.push
         stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop, on_text=send)
         sampler = Sampler(req.temperature, req.top_p, job.seed, req.top_k, req.min_p)
@@ -410,7 +410,7 @@ class Scheduler:
 
     def _finish(self, job: Job) -> None:
         if job.gate is not None:
-            job.content, job.tool_calls = tool_answer(job.seq.stops.text)
+            job.content, job.tool_calls = tool_answer(job.loaded, job.seq.stops.text)
             job.content_rest = job.gate.rest(job.content)
         self._close(job)
         job.sink(("done", job.seq.reason, len(job.prompt_ids), len(job.ids)))

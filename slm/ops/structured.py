@@ -9,7 +9,7 @@ import uuid
 
 from slm.errors import InvalidInput
 from slm.model.grammar import GrammarMask, compile_grammar, json_schema_grammar
-from slm.model.tools import call_grammar, parse_calls
+from slm.model.tools import tool_format
 from slm.ops.loading import Loaded
 from slm.ops.request import ResponseFormat, ToolCall, Tools
 
@@ -22,7 +22,7 @@ def grammar_for(loaded: Loaded, fmt: ResponseFormat | None, tools: Tools | None 
     if fmt is not None and forced:
         raise InvalidInput("response_format and a forced tool_choice both constrain the answer; give one")
     if forced:
-        grammar = call_grammar(tools.definitions, tools.name, tools.parallel)
+        grammar = tool_format(loaded.tokenizer.chat_template).grammar(tools.definitions, tools.name, tools.parallel)
     elif fmt is not None:
         grammar = json_schema_grammar(fmt.schema)
     else:
@@ -30,9 +30,10 @@ def grammar_for(loaded: Loaded, fmt: ResponseFormat | None, tools: Tools | None 
     return compile_grammar(loaded.tokenizer, grammar, loaded.model.cfg.vocab_size)
 
 
-def tool_answer(text: str) -> tuple[str | None, tuple[ToolCall, ...]]:
-    """An answer's text outside its tool calls, and the calls (each with a fresh id)."""
-    content, calls = parse_calls(text)
+def tool_answer(loaded: Loaded, text: str) -> tuple[str | None, tuple[ToolCall, ...]]:
+    """An answer's text outside its tool calls, and the calls (each with a fresh id), read in
+    the format of the composition's chat template."""
+    content, calls = tool_format(loaded.tokenizer.chat_template).parse(text)
     return content, tuple(ToolCall(f"call_{uuid.uuid4().hex[:24]}", c.name, c.arguments) for c in calls)
 
 

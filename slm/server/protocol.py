@@ -37,13 +37,14 @@ FIELDS = {
                          "parallel_tool_calls"},
 }
 # Accepted and ignored: they cannot change an answer (an end-user id, a label, whether OpenAI
-# keeps the request, a billing tier).
-IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
+# keeps the request, a billing tier, how long its prompt cache keeps a prefix).
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+                     "prompt_cache_retention", "prompt_cache_options"})
 # OpenAI defines these; slm does not implement them (the tool fields: not on completions): 400
 # "unsupported field".
 UNSUPPORTED = frozenset({"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
                          "reasoning_effort", "verbosity", "tools", "tool_choice", "parallel_tool_calls", "suffix",
-                         "echo", "best_of"})
+                         "echo", "best_of", "moderation"})
 
 
 class BadRequest(Exception):

@@ -212,9 +212,10 @@ def _log_softmax(rows: np.ndarray) -> np.ndarray:
 def test_logprobs_equal_the_log_softmax_of_session_logits_at_every_position(template, tmp_path, store):
     """A greedy run with top_logprobs=5: each token's logprob and its 5 alternatives equal
     log-softmax(Session.logits) at that position within 1e-5 (the server's, the API's and
-    `slm run --logprobs`'s numbers alike). In the exact mode: Session.logits is one pass over the
-    whole sequence, generation a prefill then one-token steps, and only float32 products give
-    those two paths the same numbers to 1e-5 (int8 rounds a long product's input elsewhere)."""
+    `slm run --logprobs`'s numbers alike). In the exact mode, with Session.logits as one pass over
+    the whole sequence (generation: a prefill then one-token steps): only float32 products give
+    those two paths the same numbers to 1e-5 (int8 rounds a product's input to other values).
+    The default mode, through Session.logits(ids, prompt_length): test_openai_logprobs_mode.py."""
     session = slm.Runtime(store, threads=1, exact=True).session()
     server = Server(copy_store(template, tmp_path / "exact"), "--threads", "1", "--exact")
     try:
@@ -248,8 +249,7 @@ def test_slm_run_logprobs_are_the_apis_and_the_log_softmax_of_its_own_logits(ses
     api = session.generate(PROMPT, MAX_TOKENS, logprobs=5)
     plain = _slm_run_json(store, "--logprobs", "5")["logprobs"]
     assert plain == json.loads(json.dumps([r.to_json() for r in api.logprobs]))
-    # (--logits-out prefills with every position's logits, whose last row may differ from the
-    # last-row-only pass in the last bits: its own logits are the reference here)
+    # (--logits-out prefills with every position's logits; the rows it saves are the reference)
     cli = _slm_run_json(store, "--logprobs", "5", "--logits-out", str(tmp_path / "logits.npy"))
     assert [r["token"] for r in cli["logprobs"]] == list(api.tokens)
     rows = _log_softmax(np.load(tmp_path / "logits.npy"))[len(cli["prompt_tokens"]) - 1:]
