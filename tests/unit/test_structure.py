@@ -106,7 +106,7 @@ def test_every_store_write_goes_through_the_fs_layer():
 # Handlers of Exception / BaseException / everything that may end without re-raising, and why.
 _BROAD_KEPT = {
     ("slm/cli/__init__.py", "run"): "the top level: an unexpected exception is a bug, reported in one line (exit 1)",
-    ("slm/api.py", "Session.stream"): "the worker thread hands the exception to the consumer, which raises it",
+    ("slm/api_session.py", "Session.stream"): "the worker thread hands the exception to the consumer, which raises it",
     ("slm/conversation.py", "Conversation.ask"): "the answer's worker thread hands the exception to the asker, "
                                                  "which raises it",
     ("slm/server/catalog.py", "Catalog._watch"): "the refs/active watcher logs a failed look and keeps watching",
@@ -167,15 +167,18 @@ def test_every_public_name_is_defined_once():
 
 
 def _api_namespace() -> dict:
-    """slm.api's globals plus the names it imports for annotations only (its TYPE_CHECKING
-    block), so that every annotation can be evaluated."""
+    """The globals of slm.api and slm.api_session (Session's module) plus the names they import
+    for annotations only (their TYPE_CHECKING blocks), so that every annotation can be evaluated."""
     import slm.api
+    import slm.api_session
 
-    ns = dict(vars(slm.api))
-    tree = ast.parse(Path(slm.api.__file__).read_text())
-    for node in tree.body:
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            exec(compile(ast.Module(node.body, []), "slm/api.py", "exec"), ns)
+    ns = {}
+    for module in (slm.api_session, slm.api):
+        ns.update(vars(module))
+        tree = ast.parse(Path(module.__file__).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                exec(compile(ast.Module(node.body, []), module.__file__, "exec"), ns)
     return ns
 
 
@@ -232,7 +235,7 @@ def test_every_public_api_method_and_result_method_is_annotated():
         if missing := _unannotated(fn):
             offenders[qualname] = missing
         else:
-            typing.get_type_hints(fn, ns if fn.__module__ == "slm.api" else None)  # the names resolve
+            typing.get_type_hints(fn, ns if fn.__module__ in ("slm.api", "slm.api_session") else None)  # the names resolve
     assert offenders == {}
 
 
