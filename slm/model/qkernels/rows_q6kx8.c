@@ -167,35 +167,6 @@ static inline int64_t packed_group_bytes(const int type, const int64_t n) {
     }
 }
 
-/* Rows [lo, hi) of the group of rows g0 .. g0 + 7 (packed at grp) for every row of x, into
- * out (tokens, out_n). */
-static inline void dot_group_tiles(const int type, const uint8_t *restrict grp, const int n, const int8_t *restrict xq,
-                                   const float *restrict dx, const float *restrict xs, const int32_t *restrict xi,
-                                   const int64_t tokens,
-                                   float *restrict out, const int64_t out_n, const int64_t g0, const int64_t lo,
-                                   const int64_t hi) {
-    const int64_t runs = n / 32;
-    float res[SLM_TILE][8];
-    for (int64_t t = 0; t < tokens; t += SLM_TILE) {
-        const int NT = tokens - t < SLM_TILE ? (int)(tokens - t) : SLM_TILE;
-        const int8_t *x = xq + t * n;
-        const float *d = dx + t * runs;
-        const int32_t *s = xi + t * 2 * runs;
-        const float *f = xs + t * runs;
-        switch (type * 8 + NT) {
-#define TILE(k)                                                                 \
-    case T_Q4_0 * 8 + k: dot_group_q4x8(T_Q4_0, k, grp, n, x, d, f, s, res); break; \
-    case T_Q4_1 * 8 + k: dot_group_q4x8(T_Q4_1, k, grp, n, x, d, f, s, res); break; \
-    case T_Q4_K * 8 + k: dot_group_q4kx8(k, grp, n, x, d, f, res); break;       \
-    case T_Q6_K * 8 + k: dot_group_q6kx8(k, grp, n, x, d, s, res); break;
-        TILE(1) TILE(2) TILE(3) TILE(4)
-#undef TILE
-        }
-        for (int j = 0; j < NT; j++)
-            for (int64_t r = lo; r < hi; r++) out[(t + j) * out_n + r] = res[j][r - g0];
-    }
-}
-
 /* The bytes of the packed layout of rows (a multiple of 8) of a PACKED_TYPE weight, n values
  * each and row_bytes apart; -1 when the type or the shape is not one these layouts take. */
 int64_t slm_packed_bytes(int type, int64_t rows, int64_t row_bytes, int64_t n) {
