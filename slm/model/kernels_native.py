@@ -42,7 +42,7 @@ MAX_JOBS = 4  # SLM_MAX_JOBS in qkernels/matmul.c
 # kernel for these types, packed (T_Q4_0, T_Q4_1, T_Q4_K, T_Q6_K): over the dequantized BLAS product it
 # saves the dequantization and multiplies int8 (docs/perf-notes.md; Q6_K's about breaks even, and
 # BLAS would read the weight's own pages again, which the packed copy released: packed_copies).
-INT8_LONG_TYPES = (2, 3, 12, 14)
+INT8_LONG_TYPES = (2, 3, 6, 12, 14)
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
 # between the two threads: a split costs a thread dispatch, about 30k values' work, so each
 # half must be at least that to gain

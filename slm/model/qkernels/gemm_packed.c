@@ -197,7 +197,88 @@ static inline __attribute__((always_inline)) void gemm_q6kx8(const uint8_t *rest
     }
     _mm256_storeu_ps(res[0], a0), _mm256_storeu_ps(res[1], a1), _mm256_storeu_ps(res[2], a2), _mm256_storeu_ps(res[3], a3);
 }
+
+/* x . row 8g + r for NT <= SLM_TILE rows of x over a packed Q5_0 group (rows_q5x8.c), for one
+ * token and a prompt's chunk alike (so they give the same bits). Per block and row of x: the
+ * codes (q + 16) times x by maddubs, groups 0..3 and 4..7 each summed in 16 bits (four pairs:
+ * at most 4 x 2 x 31 x 127 = 31496), pairs to int32 by madd, minus 16 times the x sum (the
+ * offset), one multiply-add by d (the eight rows') times dx. */
+static inline __attribute__((always_inline)) void gemm_q5x8(const int NT, const uint8_t *restrict grp, const int n,
+                                                            const int8_t *restrict xq, const float *restrict dx,
+                                                            const int32_t *restrict xi, float res[][8]) {
+    const int blocks = n / 32;
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256i zero = _mm256_setzero_si256(), s0 = zero, s1 = zero, s2 = zero, s3 = zero, p0 = zero, p1 = zero, p2 = zero,
+            p3 = zero;
+    const int8_t *x0 = xq, *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
+/* the statement for each of the NT rows of x (t, its sums s and p, its accumulator a, its x) */
+#define EACH_ROW(M) M(0, s0, p0, a0, x0) M(1, s1, p1, a1, x1) M(2, s2, p2, a2, x2) M(3, s3, p3, a3, x3)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *blk = grp + (size_t)b * Q5X8_BYTES, *v = blk + 16;
+        _mm_prefetch((const char *)blk + 1024, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + 1024 + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + 1024 + 128, _MM_HINT_T0);
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(blk + 144));
+        for (int half = 0; half < 2; half++) {
+            for (int c4 = 0; c4 < 4; c4++) {
+                const int c = 4 * half + c4;
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(v + 32 * c4));
+                const __m256i fifth = c < 4 ? _mm256_slli_epi16(h, 4 - c) : c == 4 ? h : _mm256_srli_epi16(h, c - 4);
+                const __m256i w = _mm256_or_si256(_mm256_and_si256(half ? _mm256_srli_epi16(raw, 4) : raw, low4),
+                                                  _mm256_and_si256(fifth, bit4));
+#define Q5_GROUP(t, s, p, a, x)                                                                    \
+                if (t < NT) {                                                                      \
+                    const __m256i m = _mm256_maddubs_epi16(w, x4_broadcast(x + 32 * b + 4 * c));    \
+                    s = c4 == 0 ? m : _mm256_add_epi16(s, m);                                      \
+                }
+                EACH_ROW(Q5_GROUP)
+#undef Q5_GROUP
+                KEEP4(s0, s1, s2, s3);
+            }
+#define Q5_HALF(t, s, p, a, x) \
+            if (t < NT) p = half == 0 ? _mm256_madd_epi16(s, ones) : _mm256_add_epi32(p, _mm256_madd_epi16(s, ones));
+            EACH_ROW(Q5_HALF)
+#undef Q5_HALF
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+#define Q5_ROW(t, s, p, a, x)                                                                                          \
+        if (t < NT) {                                                                                                  \
+            const __m256i q = _mm256_sub_epi32(p, _mm256_set1_epi32(16 * (xi[t * 2 * blocks + 2 * b] + xi[t * 2 * blocks + 2 * b + 1]))); \
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(d, _mm256_set1_ps(dx[t * blocks + b])), a);       \
+        }
+        EACH_ROW(Q5_ROW)
+#undef Q5_ROW
+    }
+#undef EACH_ROW
+    _mm256_storeu_ps(res[0], a0);
+    if (NT > 1) _mm256_storeu_ps(res[1], a1);
+    if (NT > 2) _mm256_storeu_ps(res[2], a2);
+    if (NT > 3) _mm256_storeu_ps(res[3], a3);
+}
 #define HAVE_GEMM4 1
+#else
+/* the same integers without AVX2 (results differ from the AVX2 build in float rounding only) */
+static inline void gemm_q5x8(const int NT, const uint8_t *restrict grp, const int n, const int8_t *restrict xq,
+                             const float *restrict dx, const int32_t *restrict xi, float res[][8]) {
+    const int blocks = n / 32;
+    for (int t = 0; t < NT; t++)
+        for (int r = 0; r < 8; r++) {
+            float acc = 0.0f;
+            for (int b = 0; b < blocks; b++) {
+                const uint8_t *blk = grp + (size_t)b * Q5X8_BYTES;
+                int32_t isum = -16 * (xi[t * 2 * blocks + 2 * b] + xi[t * 2 * blocks + 2 * b + 1]);
+                for (int v = 0; v < 32; v++) {
+                    const int k = v / 4, i = v % 4;
+                    const int code = ((blk[16 + 32 * (k % 4) + 4 * r + i] >> (4 * (k / 4))) & 15) |
+                                     ((blk[144 + 4 * r + i] >> k & 1) << 4);
+                    isum += code * xq[(int64_t)t * n + 32 * b + v];
+                }
+                acc += (float)isum * (half_to_float(blk + 2 * r) * dx[t * blocks + b]);
+            }
+            res[t][r] = acc;
+        }
+}
 #endif
 
 /* Rows [lo, hi) of the group of rows g0 .. g0 + 7 (packed at grp) for every row of x, into
@@ -225,6 +306,7 @@ static inline void dot_group_tiles(const int type, const uint8_t *restrict grp, 
 #define TILE(k)                                                                 \
     case T_Q4_0 * 8 + k: dot_group_q4x8(T_Q4_0, k, grp, n, x, d, f, s, res); break; \
     case T_Q4_1 * 8 + k: dot_group_q4x8(T_Q4_1, k, grp, n, x, d, f, s, res); break; \
+    case T_Q5_0 * 8 + k: gemm_q5x8(k, grp, n, x, d, s, res); break;                 \
     case T_Q4_K * 8 + k: dot_group_q4kx8(k, grp, n, x, d, f, res); break;       \
     case T_Q6_K * 8 + k: dot_group_q6kx8(k, grp, n, x, d, s, res); break;
         TILE(1) TILE(2) TILE(3) TILE(4)

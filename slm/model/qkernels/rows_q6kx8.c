@@ -13,7 +13,8 @@
 #include "simd.h"
 #include "blocks.h"
 
-#define PACKED_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q4_K || (type) == T_Q6_K)
+#define PACKED_TYPE(type) \
+    ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q5_0 || (type) == T_Q4_K || (type) == T_Q6_K)
 
 /* A packed super-block: super-block b of the eight rows 8g .. 8g + 7, at (g * supers + b) *
  * Q6KX8_BYTES (as many bytes as the rows' own, 8 x 210):
@@ -162,6 +163,7 @@ static inline int64_t packed_group_bytes(const int type, const int64_t n) {
     switch (type) {
     case T_Q4_0: return Q4X8_BYTES * (n / 32);
     case T_Q4_1: return Q41X8_BYTES * (n / 32);
+    case T_Q5_0: return Q5X8_BYTES * (n / 32);
     case T_Q4_K: return Q4KX8_BYTES * (n / 256);
     default: return Q6KX8_BYTES * (n / 256);
     }
@@ -180,6 +182,7 @@ int slm_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, int
     switch (type) {
     case T_Q4_0: pack_q4_01(T_Q4_0, data, rows, row_bytes, n, out); break;
     case T_Q4_1: pack_q4_01(T_Q4_1, data, rows, row_bytes, n, out); break;
+    case T_Q5_0: pack_q5_0(data, rows, row_bytes, n, out); break;
     case T_Q4_K: pack_q4_k(data, rows, row_bytes, n, out); break;
     default: pack_q6_k(data, rows, row_bytes, n, out);
     }
