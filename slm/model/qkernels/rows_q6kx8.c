@@ -4,8 +4,8 @@
  * pack_q6_k builds the layout, dot_group_q6kx8 multiplies one group of eight rows by up to
  * SLM_TILE rows of int8 x, as rows_q4x8.c does for Q4_0 and Q4_K (why: see there). slm_pack
  * and slm_packed_bytes (called by packed_copies.packed) pack a weight of any of these types;
- * PACKED_TYPE says which types have a layout; dot_group_tiles runs a group's kernel over every
- * row of x, for matmul.c's block_rows.
+ * PACKED_TYPE says which types have a layout (gemm_packed.c's dot_group_tiles runs a group's
+ * kernel over every row of x, for matmul.c's block_rows).
  *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
