@@ -317,3 +317,29 @@ static inline void dot_group_tiles(const int type, const uint8_t *restrict grp, 
             for (int64_t r = lo; r < hi; r++) out[(t + j) * out_n + r] = res[j][r - g0];
     }
 }
+
+/* Rows [r0, r1) of a packed weight for every row of x (one token, or a prompt's chunk), in blocks of
+ * GEMM_ROWS rows and, within one, of about GEMM_X_BYTES of x: each block of x read from memory
+ * once for the block's groups of rows, which stay in the cache meanwhile, instead of all of x
+ * (larger than a core's L2) streamed once per group of eight rows. Each output is computed by
+ * the same kernel whatever the blocks (dot_group_tiles). */
+#define GEMM_ROWS 64
+#define GEMM_X_BYTES (64 << 10)
+static void packed_rows_blocked(const int type, const uint8_t *restrict packed, const int n,
+                                const int8_t *restrict xq, const float *restrict dx, const float *restrict xs,
+                                const int32_t *restrict xi, const int64_t tokens, float *restrict out,
+                                const int64_t out_n, const int64_t r0, const int64_t r1) {
+    const int64_t group_bytes = packed_group_bytes(type, n), runs = n / 32;
+    int64_t block = GEMM_X_BYTES / n / SLM_TILE * SLM_TILE;
+    if (block < SLM_TILE) block = SLM_TILE;
+    for (int64_t b0 = r0, b1; b0 < r1; b0 = b1) {
+        b1 = (b0 + GEMM_ROWS) / 8 * 8 < r1 ? (b0 + GEMM_ROWS) / 8 * 8 : r1; /* (a block ends on a group) */
+        for (int64_t t0 = 0; t0 < tokens; t0 += block) {
+            const int64_t nt = tokens - t0 < block ? tokens - t0 : block;
+            for (int64_t g0 = b0 / 8 * 8; g0 < b1; g0 += 8)
+                dot_group_tiles(type, packed + g0 / 8 * group_bytes, n, xq + t0 * n, dx + t0 * runs, xs + t0 * runs,
+                                xi + t0 * 2 * runs, nt, out + t0 * out_n, out_n, g0, g0 > b0 ? g0 : b0,
+                                g0 + 8 < b1 ? g0 + 8 : b1);
+        }
+    }
+}
