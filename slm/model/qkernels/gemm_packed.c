@@ -1,10 +1,12 @@
 /* qkernels/gemm_packed.c: a prompt's products over the packed layouts, four tokens at a time.
  *
  * gemm_q4x8, gemm_q4kx8 and gemm_q6kx8 multiply one group of eight packed rows (rows_q4x8.c,
- * rows_q6kx8.c) by up to SLM_TILE rows of int8 x, for the layouts' GEMV kernels' exact integers
- * and float operations: an output is the same bits whichever kernel computed it (the tests
- * hold the prompt's chunk to the bits of the one-token product). dot_group_tiles runs them
- * over every row of x, for matmul.c's block_rows.
+ * rows_q6kx8.c) by four rows of int8 x, for the layouts' GEMV kernels' exact integers and
+ * float operations: an output is the same bits whichever kernel computed it (the tests hold
+ * the prompt's chunk to the bits of the one-token product). gemm_q5x8 is Q5_0's one kernel
+ * (rows_q5x8.c), for one to four rows of x. dot_group_tiles runs them (and the GEMV kernels
+ * for the last rows of x) over every row of x; packed_rows_blocked runs it over a range of
+ * rows in cache-sized blocks, for matmul.c's block_rows.
  *
  * Why a kernel of its own: the GEMV kernels unpack a block's codes into eight vectors and then
  * run every row of x over them; with four rows of x the eight codes, four accumulators, the
