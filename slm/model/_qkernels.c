@@ -27,7 +27,10 @@
  *                         per 32 values of a super-block, unit scales applied in integers
  *   qkernels/rows_q4x8.c  the same for Q4_0 rows repacked eight at a time: eight rows'
  *                         products in one vector
+ *   qkernels/rows_q5x8.c  the packed layout of Q5_0 rows (its kernel: gemm_packed.c)
  *   qkernels/rows_q6kx8.c the same for Q6_K, and slm_pack, the entry point of the packed layouts
+ *   qkernels/gemm_packed.c a prompt's products over the packed layouts: eight rows times
+ *                         four rows of x in registers, the GEMV kernels' bits
  *   qkernels/matmul.c     products over many weights: slm_matmul, slm_matmul_rows (one
  *                         parallel region, LoRA terms added in it), slm_dequantize
  *   qkernels/attention.c  attention: slm_attend_one (a decode step's query), slm_attend_causal
@@ -48,7 +51,9 @@
 #include "qkernels/rows_q8.c"
 #include "qkernels/rows_q8k.c"
 #include "qkernels/rows_q4x8.c"
+#include "qkernels/rows_q5x8.c"
 #include "qkernels/rows_q6kx8.c"
+#include "qkernels/gemm_packed.c"
 #include "qkernels/matmul.c"
 #include "qkernels/attention.c"
 #include "qkernels/ops.c"

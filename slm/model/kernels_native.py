@@ -39,10 +39,11 @@ OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T
 FUSED_MAX_TOKENS = 32
 MAX_JOBS = 4  # SLM_MAX_JOBS in qkernels/matmul.c
 # In the int8 mode, inputs longer than FUSED_MAX_TOKENS (a prompt's chunks) still take the fused
-# kernel for these types, packed (T_Q4_0, T_Q4_1, T_Q4_K, T_Q6_K): over the dequantized BLAS product it
-# saves the dequantization and multiplies int8 (docs/perf-notes.md; Q6_K's about breaks even, and
-# BLAS would read the weight's own pages again, which the packed copy released: packed_copies).
-INT8_LONG_TYPES = (2, 3, 12, 14)
+# kernel for these types, packed (T_Q4_0, T_Q4_1, T_Q5_0, T_Q4_K, T_Q6_K), through the packed GEMM
+# (qkernels/gemm_packed.c): over the dequantized BLAS product it saves the dequantization and
+# multiplies int8 (docs/perf-notes.md), and BLAS would read the weight's own pages again, which
+# the packed copy released (packed_copies).
+INT8_LONG_TYPES = (2, 3, 6, 12, 14)
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
 # between the two threads: a split costs a thread dispatch, about 30k values' work, so each
 # half must be at least that to gain

@@ -1,7 +1,7 @@
-"""The int8 mode's packed copies of weights (qkernels/rows_q4x8.c, rows_q6kx8.c), and giving
+"""The int8 mode's packed copies of weights (qkernels/rows_q4x8.c, rows_q5x8.c, rows_q6kx8.c), and giving
 back the pages of the weights they replace.
 
-A Q4_0, Q4_1, Q4_K or Q6_K weight whose rows come in eights is read, in the int8 mode, from a
+A Q4_0, Q4_1, Q5_0, Q4_K or Q6_K weight whose rows come in eights is read, in the int8 mode, from a
 copy packed for the kernels (docs/kernels.md, "Derived layouts"): built in memory the first
 time an int8 product needs it, kept while the weight lives, never written to the store. The
 weight's own file-mapped bytes, read once to build the copy, would otherwise stay resident

@@ -184,14 +184,16 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
         const slm_job *job = &p->jobs[j];
         int64_t r0, r1;
         job_rows_of(p, j, i0, i1, &r0, &r1);
+        if (p->xq != NULL && job->packed != NULL && PACKED_TYPE(job->type) && tokens > SLM_TILE) { /* a prompt's: blocks */
+            prefetch_some(fetch, per_row * (r1 - r0));
+            packed_rows_blocked(job->type, job->packed, (int)n, p->xq, p->xd, p->xs, p->xi, tokens, job->out, job->rows, r0, r1);
+            continue;
+        }
         for (int64_t c0 = r0; c0 < r1; c0 += SLM_CHUNK_ROWS) { /* chunks: the prefetches spread over the rows */
             const int64_t c1 = c0 + SLM_CHUNK_ROWS < r1 ? c0 + SLM_CHUNK_ROWS : r1;
             prefetch_some(fetch, per_row * (c1 - c0));
-            if (p->xq != NULL && job->packed != NULL && PACKED_TYPE(job->type)) { /* rows_q4x8.c, rows_q6kx8.c */
-                const int64_t group_bytes = packed_group_bytes(job->type, n);
-                for (int64_t g0 = c0 / 8 * 8; g0 < c1; g0 += 8)
-                    dot_group_tiles(job->type, job->packed + g0 / 8 * group_bytes, (int)n, p->xq, p->xd, p->xs, p->xi, tokens,
-                                    job->out, job->rows, g0, g0 > c0 ? g0 : c0, g0 + 8 < c1 ? g0 + 8 : c1);
+            if (p->xq != NULL && job->packed != NULL && PACKED_TYPE(job->type)) { /* gemm_packed.c */
+                packed_rows_blocked(job->type, job->packed, (int)n, p->xq, p->xd, p->xs, p->xi, tokens, job->out, job->rows, c0, c1);
                 continue;
             }
             if (p->xq != NULL && INT8_TYPE(job->type)) {

@@ -3,7 +3,7 @@
  * pack_q4_01 and pack_q4_k build the layouts (derived data, in memory: packed_copies.packed
  * keeps one per weight once an int8 product needs it, through slm_pack; the stored blob is
  * never rewritten); dot_group_q4x8 and dot_group_q4kx8 multiply one group of eight rows by up
- * to SLM_TILE rows of int8 x. Called through rows_q6kx8.c's dot_group_tiles, from matmul.c's block_rows for a job with
+ * to SLM_TILE rows of int8 x. Called through gemm_packed.c's dot_group_tiles, from matmul.c's block_rows for a job with
  * a packed copy when a product runs with int8 activations.
  *
  * Why: on the row-by-row path (rows_q8.c) each 32 products of a row cost their own unpacking,

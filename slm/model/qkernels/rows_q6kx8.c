@@ -4,8 +4,8 @@
  * pack_q6_k builds the layout, dot_group_q6kx8 multiplies one group of eight rows by up to
  * SLM_TILE rows of int8 x, as rows_q4x8.c does for Q4_0 and Q4_K (why: see there). slm_pack
  * and slm_packed_bytes (called by packed_copies.packed) pack a weight of any of these types;
- * PACKED_TYPE says which types have a layout; dot_group_tiles runs a group's kernel over every
- * row of x, for matmul.c's block_rows.
+ * PACKED_TYPE says which types have a layout (gemm_packed.c's dot_group_tiles runs a group's
+ * kernel over every row of x, for matmul.c's block_rows).
  *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
  * compiled on its own.
@@ -13,7 +13,8 @@
 #include "simd.h"
 #include "blocks.h"
 
-#define PACKED_TYPE(type) ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q4_K || (type) == T_Q6_K)
+#define PACKED_TYPE(type) \
+    ((type) == T_Q4_0 || (type) == T_Q4_1 || (type) == T_Q5_0 || (type) == T_Q4_K || (type) == T_Q6_K)
 
 /* A packed super-block: super-block b of the eight rows 8g .. 8g + 7, at (g * supers + b) *
  * Q6KX8_BYTES (as many bytes as the rows' own, 8 x 210):
@@ -162,37 +163,9 @@ static inline int64_t packed_group_bytes(const int type, const int64_t n) {
     switch (type) {
     case T_Q4_0: return Q4X8_BYTES * (n / 32);
     case T_Q4_1: return Q41X8_BYTES * (n / 32);
+    case T_Q5_0: return Q5X8_BYTES * (n / 32);
     case T_Q4_K: return Q4KX8_BYTES * (n / 256);
     default: return Q6KX8_BYTES * (n / 256);
-    }
-}
-
-/* Rows [lo, hi) of the group of rows g0 .. g0 + 7 (packed at grp) for every row of x, into
- * out (tokens, out_n). */
-static inline void dot_group_tiles(const int type, const uint8_t *restrict grp, const int n, const int8_t *restrict xq,
-                                   const float *restrict dx, const float *restrict xs, const int32_t *restrict xi,
-                                   const int64_t tokens,
-                                   float *restrict out, const int64_t out_n, const int64_t g0, const int64_t lo,
-                                   const int64_t hi) {
-    const int64_t runs = n / 32;
-    float res[SLM_TILE][8];
-    for (int64_t t = 0; t < tokens; t += SLM_TILE) {
-        const int NT = tokens - t < SLM_TILE ? (int)(tokens - t) : SLM_TILE;
-        const int8_t *x = xq + t * n;
-        const float *d = dx + t * runs;
-        const int32_t *s = xi + t * 2 * runs;
-        const float *f = xs + t * runs;
-        switch (type * 8 + NT) {
-#define TILE(k)                                                                 \
-    case T_Q4_0 * 8 + k: dot_group_q4x8(T_Q4_0, k, grp, n, x, d, f, s, res); break; \
-    case T_Q4_1 * 8 + k: dot_group_q4x8(T_Q4_1, k, grp, n, x, d, f, s, res); break; \
-    case T_Q4_K * 8 + k: dot_group_q4kx8(k, grp, n, x, d, f, res); break;       \
-    case T_Q6_K * 8 + k: dot_group_q6kx8(k, grp, n, x, d, s, res); break;
-        TILE(1) TILE(2) TILE(3) TILE(4)
-#undef TILE
-        }
-        for (int j = 0; j < NT; j++)
-            for (int64_t r = lo; r < hi; r++) out[(t + j) * out_n + r] = res[j][r - g0];
     }
 }
 
@@ -209,6 +182,7 @@ int slm_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, int
     switch (type) {
     case T_Q4_0: pack_q4_01(T_Q4_0, data, rows, row_bytes, n, out); break;
     case T_Q4_1: pack_q4_01(T_Q4_1, data, rows, row_bytes, n, out); break;
+    case T_Q5_0: pack_q5_0(data, rows, row_bytes, n, out); break;
     case T_Q4_K: pack_q4_k(data, rows, row_bytes, n, out); break;
     default: pack_q6_k(data, rows, row_bytes, n, out);
     }
