@@ -40,9 +40,13 @@ class BuildExtRecordingSimd(build_ext):
         except (OSError, subprocess.CalledProcessError):
             return  # (the build stands; `slm --version` then says the level is unknown)
         macros = sorted(line.split()[1] for line in out.splitlines() if line.startswith("#define "))
-        record = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), "_qkernels.build.json")
-        with open(record, "w") as f:
-            json.dump({"flags": COMPILE_ARGS, "macros": macros}, f)
+        # beside the built file, and beside the package's source: an in-place build (make, an
+        # editable install) builds under build/ and copies only the extension into the package
+        package_dir = os.path.join(*ext.name.split(".")[:-1])
+        for folder in {os.path.dirname(self.get_ext_fullpath(ext.name)), package_dir}:
+            if os.path.isdir(folder):
+                with open(os.path.join(folder, "_qkernels.build.json"), "w") as f:
+                    json.dump({"flags": COMPILE_ARGS, "macros": macros}, f)
 
 
 setup(
