@@ -129,8 +129,8 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
             records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, digest))
             progress.advance(t.nbytes)
         progress.finish()
-        # serialised while the tensors' copies and fsyncs finish (a 128k-token vocabulary and its
-        # merges as JSON: Python work that would otherwise wait for them, or hold them up)
+        # serialised while the tensors' copies and fsyncs finish (a whole vocabulary and its merges
+        # as JSON: Python work that would otherwise wait for them, or hold them up)
         tokenizer_digest = staging.put(source.tokenizer_doc())
         _check_source_unchanged(source, staging)
         manifest = BaseManifest(

@@ -1,11 +1,11 @@
 """The fs layer's copy of a file range into a new file through O_DIRECT (for
 slm.store.fs.NewFile, on the descriptor it owns; nothing else calls this).
 
-Why: an import copies a whole base (4.7 GB at 8B) from the user's file into the store. Through
-the page cache, the kernel copies every page into a new page-cache page and writeback then walks
-them page by page: ~1.2 CPU-seconds per GB of kernel time, most of an import's CPU, on machines
-with two cores. Through O_DIRECT the bytes go from one aligned buffer to the disk: one read into
-the buffer, no new pages, no writeback (docs/perf-notes.md). Durability is the caller's, as for
+Why: an import copies a whole base from the user's file into the store. Through the page cache,
+the kernel copies every page into a new page-cache page and writeback then walks them page by
+page: most of an import's CPU, and CPU is what a small loaded machine lacks. Through O_DIRECT
+the bytes go from one aligned buffer to the disk: one read into the buffer, no new pages, no
+writeback (docs/perf-notes.md has the figures). Durability is the caller's, as for
 every new file: it is fsynced before it is named.
 
 Only whole aligned blocks go this way. The tail (under ALIGN bytes), a range under MIN_BYTES, a

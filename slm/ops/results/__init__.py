@@ -7,9 +7,9 @@ each: the operation that produced the facts. The package imports only the standa
 any layer from slm/ops up may build these without a cycle.
 
 One module per verb family, each loaded when one of its names is first asked for
-(`from slm.ops.results import Transition`, PEP 562): a frozen dataclass costs about a
-millisecond to create, and `slm activate`, a process of its own each time, needs five of the
-twenty-two (docs/perf-notes.md).
+(`from slm.ops.results import Transition`, PEP 562): creating a frozen dataclass compiles each
+of its generated methods, and `slm activate`, a process of its own each time, needs only the
+switches' results (docs/perf-notes.md).
 """
 
 from __future__ import annotations
