@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "Certified", "CompositionInfo", "ExportResult",
-            "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "PushResult", "ReceiveResult",
+_RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "BaseExportResult", "Certified", "CompositionInfo",
+            "ExportResult", "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "OmsSignResult",
+            "PushResult", "ReceiveResult",
             "Result", "SignResult", "SignatureCheck", "SignatureReport", "Status", "Timings", "TokenLogprobs",
             "Transition", "VerifyReport")
 _EXPORTS = {
-    "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api",
+    "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api", "Conversation": "slm.conversation",
     "Composition": "slm.compose.composition",
     **{name: "slm.ops.results" for name in _RESULTS},  # every typed result (docs/api.md)
     "ExitCode": "slm.errors", "SlmError": "slm.errors", "UsageError": "slm.errors", "NotFound": "slm.errors",
@@ -25,7 +26,7 @@ _EXPORTS = {
     "Busy": "slm.errors", "BudgetExceeded": "slm.errors", "NeedsRecovery": "slm.errors",
     "NumericsError": "slm.errors", "Switched": "slm.errors", "IOFailure": "slm.errors",
     "CommittedIncomplete": "slm.errors", "ShuttingDown": "slm.errors",
-    "keep_freed_memory": "slm.model.allocator",
+    "keep_freed_memory": "slm.model.allocator", "version_info": "slm.ops.about",
 }
 __all__ = sorted([*_EXPORTS, "__version__"])
 
@@ -46,6 +47,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from slm.api import Runtime, Session, Store  # noqa: F401
     from slm.compose.composition import Composition  # noqa: F401
+    from slm.conversation import Conversation  # noqa: F401
     from slm.errors import *  # noqa: F401,F403
     from slm.model.allocator import keep_freed_memory  # noqa: F401
+    from slm.ops.about import version_info  # noqa: F401
     from slm.ops.results import *  # noqa: F401,F403

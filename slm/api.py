@@ -1,10 +1,8 @@
 """The public Python API (the seed's runtime boundary): what `import slm` offers.
 
-    store = slm.Store.init(path)                 # or slm.Store.open() / slm.Store.open(path)
-    store.import_base("model.gguf", name="smol") # -> ImportResult
-    comp = store.compose("smol", ["french@0.8"]) # -> Composition (pure: resolves names, writes nothing)
-    store.activate(comp)                         # -> Transition
-    rt = slm.Runtime(store); s = rt.session(comp)
+    store = slm.Store.init(path); store.import_base("model.gguf", name="smol")
+    comp = store.compose("smol", ["french@0.8"])  # -> Composition (pure: writes nothing)
+    store.activate(comp); s = slm.Runtime(store).session(comp)  # or .session("smol+french@0.8")
     s.generate("Once upon a time", max_tokens=32)  # -> Generation
 
 Every method is one operation of slm.ops; the CLI is a printer over these same calls, and
@@ -17,6 +15,8 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
     from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
-    from slm.ops.results import (AdapterExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
+    from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
                                  Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
@@ -205,9 +205,10 @@ class Store:
 
     # -- distribution (docs/distribution.md) ---------------------------------------------------
     def export(self, ref: str | None, out: str | os.PathLike, format: str = "slm", base: str | None = None,
-               tag: str | None = None, progress: Progress | None = None) -> ExportResult | AdapterExportResult:
-        """A composition as an OCI image layout (format "slm"), or one LoRA adapter as a
-        llama.cpp GGUF LoRA ("gguf-lora") or a PEFT directory ("peft"). Writes files only."""
+               tag: str | None = None,
+               progress: Progress | None = None) -> ExportResult | AdapterExportResult | BaseExportResult:
+        """A composition as an OCI image layout ("slm"), a base as its GGUF file ("gguf"), or one LoRA
+        adapter for llama.cpp ("gguf-lora") or PEFT ("peft"). Writes files only."""
         from slm.ops import exporting
 
         return exporting.export(self._s, ref, Path(out), format, base, tag, progress)
@@ -220,12 +221,13 @@ class Store:
         return bundles.import_bundle(self._s, Path(path), tag, progress)
 
     def push(self, reference: str, comp: Composition | str | None = None, insecure: bool = False,
-             progress: Progress | None = None) -> PushResult:
-        """Upload a composition (default: the active one) to host[:port]/repo[:tag]."""
+             progress: Progress | None = None, as_format: str = "slm") -> PushResult:
+        """Upload a composition (default: the active one) to host[:port]/repo[:tag]: as slm's own
+        bundle, or (`as_format` "modelpack" / "docker") as a model artifact of GGUF files."""
         from slm.ops import registry_ops
 
         ref = comp.id if isinstance(comp, Composition) else comp
-        return registry_ops.push(self._s, reference, ref, insecure, progress)
+        return registry_ops.push(self._s, reference, ref, insecure, progress, as_format)
 
     def pull(self, reference: str, insecure: bool = False, progress: Progress | None = None) -> ReceiveResult:
         """Receive a composition from host[:port]/repo[:tag|@sha256:..]; only missing blobs move."""
@@ -233,12 +235,15 @@ class Store:
 
         return registry_ops.pull(self._s, reference, insecure, progress)
 
-    def sign(self, comp: Composition | str | None, key: str | os.PathLike) -> SignResult:
-        """Sign a stored composition (default: the active one) with an Ed25519 PEM key."""
-        from slm.ops import signing
+    def sign(self, comp: Composition | str | None, key: str | os.PathLike | None = None, format: str = "slm",
+             out: str | os.PathLike | None = None, signature: str | os.PathLike | None = None,
+             certificate: str | os.PathLike | None = None, chain: Sequence[str] = ()) -> SignResult | OmsSignResult:
+        """Sign a stored composition (default: the active one) with an Ed25519 PEM key; format
+        "oms": OpenSSF Model Signing of the directory `comp` names (slm.ops.oms_signing)."""
+        from slm.ops import oms_signing
 
         ref = comp.id if isinstance(comp, Composition) else comp
-        return signing.sign(self._s, ref, Path(key))
+        return oms_signing.sign_as_asked(self._s, ref, key, format, out, signature, certificate, chain)
 
     def verify_signatures(self, comp: Composition | str | None = None, keys: Sequence[str] = ()) -> SignatureReport:
         """Each signature of a composition checked; trusted = config.toml trusted_keys + `keys`."""
@@ -310,23 +315,19 @@ class Runtime:
         self.memory_budget: int | None = budget.resolve(store._s, memory_budget)
 
     def session(self, comp: Composition | str | None = None) -> "Session":
-        """A session pinned to `comp` (a Composition, an id or prefix), or to the active one."""
-        from slm.ops import compositions
-
-        if comp is None:
-            comp_id = compositions.active_id(self.store._s, "activate a composition or name one")
-        else:
-            comp_id = comp.id if isinstance(comp, Composition) else compositions.find_id(self.store._s, comp)
-        return Session(self, self._rt.stage(comp_id))
+        """A session pinned to `comp` (a Composition, stored or not, or a spec: `stage`), or to the
+        active one. Staged as `activate` checks it; refs/active is never touched."""
+        return Session(self, self.stage("@active" if comp is None else comp))
 
     # -- for a long-running server (slm serve; docs/api.md, "Serving") --------------------------
     def stage(self, comp: Composition | str) -> Loaded:
-        """Stage a composition (a Composition, stored or not: a spec a server was asked for; or
-        an id or prefix) as activating it would check it, the memory budget included, without
+        """Stage a composition (a Composition, stored or not; or a spec: `@active`, an id or prefix,
+        BASE+ADAPTER@W+...) as activating checks it (signature policy, memory budget), without
         making it current. The Loaded (`.id`, `.composition`) is what a Scheduler runs on."""
-        from slm.ops import budget, compositions
+        from slm.ops import budget
+        from slm.ops.resolve import composition_spec
 
-        loaded = self._rt.stage(comp if isinstance(comp, Composition) else compositions.find_id(self.store._s, comp))
+        loaded = self._rt.stage(comp if isinstance(comp, Composition) else composition_spec(self.store._s, comp))
         budget.check(budget.of_staged(loaded.staged), self.memory_budget, "this composition")
         return loaded
 
@@ -371,58 +372,71 @@ class Session:
     def composition_id(self) -> str:
         return self._loaded.id
 
-    def _options(self, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int | None,
-                 chat: bool, response_format: dict | ResponseFormat | None = None, **sampling) -> RunOptions:
+    def _options(self, response_format: dict | ResponseFormat | None = None, **fields: object) -> RunOptions:
         from slm.model import modes
         from slm.ops.request import ResponseFormat
         from slm.ops.run import RunOptions
-
-        return RunOptions(prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                          chat=chat, threads=self.runtime.threads, exact=self.runtime.mode == modes.EXACT,
-                          response_format=ResponseFormat.of(response_format), **sampling)
+        return RunOptions(threads=self.runtime.threads, exact=self.runtime.mode == modes.EXACT,
+                          response_format=ResponseFormat.of(response_format), **fields)
 
     def generate(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, chat: bool = False, *, top_k: int = 0, min_p: float = 0.0,
                  repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                 response_format: dict | ResponseFormat | None = None) -> Generation:
-        """seed None: a fresh random seed, reported as Generation.seed; logprobs k: each token's
-        logprob and its k likeliest alternatives (docs/api.md, "Sampling"); response_format:
-        OpenAI's object or a ResponseFormat, the answer decoded under that grammar (docs/serve.md,
-        "Structured output")."""
+                 response_format: dict | ResponseFormat | None = None, system: str | None = None,
+                 stop: Sequence[str] = ()) -> Generation:
+        """seed None: a fresh random seed (Generation.seed); chat: the prompt in the base's chat template,
+        after `system` if given (implies chat); stop: up to 4 stop sequences; logprobs k: each token's logprob
+        and its k likeliest alternatives (docs/api.md); response_format: OpenAI's object or a ResponseFormat."""
         from slm.ops import run
 
-        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat, response_format, top_k=top_k,
-                                min_p=min_p, repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs)
+        options = self._options(response_format, prompt=prompt, max_tokens=max_tokens, temperature=temperature,
+                                top_p=top_p, seed=seed, chat=chat, top_k=top_k, min_p=min_p,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs,
+                                system=system, stop=tuple(stop))
         return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
+
+    def chat(self, messages: Sequence[ChatMessage | dict], max_tokens: int = 128, *,
+             on_text: Callable[[str], None] | None = None, cancel: threading.Event | None = None,
+             **options: object) -> Generation:
+        """The next answer to a conversation (ChatMessage or {"role", "content"} dicts, oldest
+        first) in the base's chat template, with generate's keyword options. on_text(piece): the
+        answer as it decodes; cancel: an Event that, once set, ends it (stop_reason "cancelled")."""
+        from slm.ops import run
+
+        o = self._options(options.pop("response_format", None), prompt="", messages=tuple(messages),
+                          max_tokens=max_tokens, **options)  # (the messages are checked by slm.ops.run)
+        return run.generate_on(self.runtime.store._s, self._loaded, o, on_text=on_text, cancel=cancel)[0]
 
     def stream(self, prompt: str, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                seed: int | None = None, chat: bool = False, response_format: dict | ResponseFormat | None = None,
                **sampling: object) -> Iterator[str]:
-        """The text in pieces, each as soon as it decodes to whole characters (generate's options)."""
-        import queue
-        import threading
-
+        """The text in pieces as they decode (generate's options); closing the iterator ends the generation."""
         from slm.ops import run
 
         pieces: queue.Queue = queue.Queue()
-        options = self._options(prompt, max_tokens, temperature, top_p, seed, chat, response_format, **sampling)
+        options = self._options(response_format, prompt=prompt, max_tokens=max_tokens, temperature=temperature,
+                                top_p=top_p, seed=seed, chat=chat, **sampling)
         failure: list[BaseException] = []
+        cancel = threading.Event()  # set when the consumer stops early: the worker stops at its next token
 
         def work() -> None:
             try:
-                run.generate_on(self.runtime.store._s, self._loaded, options, on_text=pieces.put)
+                run.generate_on(self.runtime.store._s, self._loaded, options, on_text=pieces.put, cancel=cancel)
             except BaseException as err:  # handed to the consumer below
                 failure.append(err)
             finally:
                 pieces.put(None)
 
-        worker = threading.Thread(target=work, daemon=True)
+        worker = threading.Thread(target=work, name="slm-session-stream", daemon=True)
         worker.start()
-        while (piece := pieces.get()) is not None:
-            yield piece
-        worker.join()
+        try:
+            while (piece := pieces.get()) is not None:
+                yield piece
+        finally:
+            cancel.set()
+            worker.join()
         if failure:
             raise failure[0]
 
@@ -434,17 +448,16 @@ class Session:
 
 
 def check_sampling(temperature: float, top_p: float, seed: int | None, max_temperature: float = math.inf) -> None:
-    """The one check of sampling options (slm run's, the sessions', the server's): InvalidInput
-    naming the option unless temperature is a finite number in [0, max_temperature] (the server
-    takes OpenAI's range, 0 to 2), top_p in (0, 1] and seed None or an integer in [0, 2^63 - 1]."""
+    """The one check of sampling options (slm run's, the sessions', the server's; the server takes
+    OpenAI's temperature range, 0 to 2): slm.model.sampling.check_sampling's InvalidInput."""
     from slm.model.sampling import check_sampling as check
 
     check(temperature, top_p, seed, max_temperature)
 
 
 def check_processing(**options: object) -> None:
-    """The check of the other sampling options (top_k, min_p, the penalties, logit_bias,
-    logprobs, n; slm.model.sampling.check_processing): InvalidInput naming the option."""
+    """The check of the other options (top_k, min_p, penalties, logit_bias, logprobs, n, stop):
+    slm.model.sampling.check_processing's InvalidInput naming the option."""
     from slm.model.sampling import check_processing as check
 
     check(**options)

@@ -240,6 +240,45 @@ def stream_text(piece: str) -> None:
     sys.stdout.flush()
 
 
+@sanitized(markup=False)
+def version(info: dict) -> None:
+    k = info["kernels"]
+    if k["extension"] is None:
+        kernels = "NumPy reference kernels (the C extension is not built)"
+    else:
+        built = "an unrecorded SIMD level (built before slm recorded it)" if k["built_for"] is None else \
+            f"{k['simd']} ({' '.join(k['built_for'])})"
+        kernels = f"C kernels built for {built}" + ("" if k["in_use"] else "; not in use (SLM_KERNELS=reference)")
+    cpu = "unknown" if k["cpu"] is None else " ".join(k["cpu"]) or "none"
+    print(f"slm {info['version']}\nruntime {info['runtime']['name']} {info['runtime']['version']}\n"
+          f"kernels: {kernels}; this CPU: {cpu}; numerics mode: {info['mode']}")
+
+
+class ChatPrinter:
+    """`slm chat`'s view (slm.conversation.ChatView): answers on stdout as they stream, notices
+    and errors on stderr, one line each."""
+
+    prompt = ">>> "
+
+    def read_line(self) -> str:
+        return input(self.prompt)
+
+    def text(self, piece: str) -> None:
+        stream_text(piece)
+
+    def answered(self, generation) -> None:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if generation.stop_reason == "cancelled":
+            print("(stopped)", file=sys.stderr, flush=True)
+
+    def notice(self, message: str) -> None:
+        print(printable(message), file=sys.stderr, flush=True)
+
+    def error(self, message: str) -> None:
+        print(f"slm: error: {printable(' '.join(message.split()))}", file=sys.stderr, flush=True)
+
+
 @sanitized(markup=True)
 def run_footer(result: dict) -> None:
     sys.stdout.write("\n")

@@ -13,6 +13,10 @@ def exported(r: dict) -> None:
     if r["format"] == "slm":
         print(f"exported composition {r['composition_id']} to {r['path']}")
         print(f"  {r['blobs']} blobs, {human_bytes(r['bytes'])}; manifest {r['manifest_digest']}")
+    elif r["format"] == "gguf":
+        how = "the file it was imported from" if r["exact"] else "converted from its Hugging Face weights"
+        print(f"exported base {dg.short(r['base'])} as gguf to {r['path']} ({how})")
+        print(f"  {human_bytes(r['bytes'])}, sha256:{r['sha256']}")
     else:
         print(f"exported adapter {r['adapter']} as {r['format']} to {r['path']}")
         extra = f" (apply it with scale {r['weight']:g}, its weight in the composition)" if r["weight"] != 1.0 else ""
@@ -38,9 +42,17 @@ def pushed(r: dict) -> None:
 
 @sanitized(markup=False)
 def signed(r: dict) -> None:
+    if r.get("format") == "oms":
+        oms_signed(r)
+        return
     verb = "signed" if r["added"] else "already signed by this key:"
     print(f"{verb} composition {r['composition_id']}")
     print(f"  key {r['fingerprint']} ({r['public_key']}); {r['signatures']} signature(s)")
+
+
+def oms_signed(r: dict) -> None:
+    print(f"signed {r['files']} file(s) of {r['directory']} (OpenSSF Model Signing v1) into {r['path']}")
+    print(f"  key {r['fingerprint']} ({r['public_key']})")
 
 
 @sanitized(markup=False)

@@ -4,7 +4,7 @@
                    showing a result
     store_cmds.py  init, import, activate, deactivate, rollback, status, log, fsck, gc,
                    verify, ls, show
-    run_cmds.py    run, serve
+    run_cmds.py    run, serve, chat
     ship_cmds.py   export, push, pull, sign
     (here)         running one command line: the exit code and the one error line
 

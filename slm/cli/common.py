@@ -45,15 +45,27 @@ ExactOpt = typer.Option(
 InsecureOpt = typer.Option(False, "--insecure", help="Allow plain HTTP to a registry that is not on loopback.")
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _global(
     ctx: typer.Context,
     store: Optional[Path] = typer.Option(
         None, "--store", metavar="DIR",
         help="The store directory (default: $SLM_STORE, else .slm found upward from here).",
     ),
+    version: bool = typer.Option(
+        False, "--version",
+        help="Print slm's version, the runtime version and the kernels' build (the SIMD level they "
+             "were compiled for), then exit; with --json as JSON."),
+    json_out: bool = typer.Option(False, "--json", hidden=True),  # (slm --version --json)
 ) -> None:
     ctx.obj = {"store": store}
+    if version:
+        import slm
+
+        show_result(slm.version_info(), json_out, render.version)
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:  # options but no command (`slm --store DIR`), as without --version
+        ctx.fail("Missing command.")
 
 
 def hand_ctrl_c_to_the_command() -> None:

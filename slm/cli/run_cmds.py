@@ -4,7 +4,7 @@ No `from __future__ import annotations` in slm/cli (typer reads the annotations)
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -20,6 +20,15 @@ def run_cmd(
     prompt: str = typer.Argument(..., help="The prompt; '-' reads it from standard input."),
     base: Optional[str] = typer.Option(
         None, "--base", "-b", help="Run this base alone instead of the active composition."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", metavar="SPEC",
+        help="Run this composition without activating it: @active, an id or prefix, or "
+             "BASE+ADAPTER@W+... (checked as `slm activate` checks it; refs/active is not touched)."),
+    system: Optional[str] = typer.Option(
+        None, "--system", metavar="TEXT", help="A system message before the prompt (implies --chat)."),
+    stop: Optional[List[str]] = typer.Option(
+        None, "--stop", metavar="TEXT",
+        help="Stop before this text (repeatable, up to 4); the text ends before it."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", parser=integer, help="Stop after this many new tokens."),
     temperature: float = typer.Option(
         0.0, "--temperature", "-t", parser=decimal,
@@ -66,7 +75,7 @@ def run_cmd(
     exact: bool = ExactOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Generate text on the active composition (or --base), streaming it."""
+    """Generate text on the active composition (or --model SPEC, --base), streaming it."""
     import slm
     from slm.ops.run import RunOptions, prompt_from_stdin
 
@@ -75,7 +84,8 @@ def run_cmd(
     if prompt == "-":  # read during start-up: Ctrl-C while it waits exits at once (slm/entry.py)
         prompt = prompt_from_stdin(sys.stdin)
     store = open_store(ctx)
-    options = RunOptions(prompt=prompt, base=base, max_tokens=max_tokens, temperature=temperature,
+    options = RunOptions(prompt=prompt, base=base, model=model, system=system, stop=tuple(stop or ()),
+                         max_tokens=max_tokens, temperature=temperature,
                          top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
                          memory_budget=memory_budget, on_switch=on_switch, threads=threads,
                          exact=exact, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -122,3 +132,40 @@ def serve(
                            memory_budget=memory_budget, threads=threads, exact=exact,
                            body_limit=body_limit, grace=grace, prefill_chunk=prefill_chunk)
     run_server(open_store(ctx), options, log=json_log if json_out else stderr_log)
+
+
+@app.command("chat")
+def chat_cmd(
+    ctx: typer.Context,
+    spec: Optional[str] = typer.Argument(
+        None, metavar="[SPEC]",
+        help="The composition to talk to (default: the active one): @active, an id or prefix, or "
+             "BASE+ADAPTER@W+... (not activated)."),
+    system: Optional[str] = typer.Option(None, "--system", metavar="TEXT", help="The system message."),
+    max_tokens: int = typer.Option(512, "--max-tokens", "-n", parser=integer, help="Longest answer, in tokens."),
+    temperature: float = typer.Option(
+        0.0, "--temperature", "-t", parser=decimal, help="0 is greedy (deterministic); any finite value >= 0."),
+    top_p: float = typer.Option(1.0, "--top-p", parser=decimal, help="Nucleus sampling mass (with --temperature > 0)."),
+    seed: Optional[int] = typer.Option(None, "--seed", parser=integer, help="Seed for sampling (default: fresh per answer)."),
+    top_k: int = typer.Option(0, "--top-k", parser=integer, help="Sample among the K most likely tokens (0: all)."),
+    min_p: float = typer.Option(
+        0.0, "--min-p", parser=decimal, help="Drop tokens under this fraction of the top token's probability."),
+    stop: Optional[List[str]] = typer.Option(
+        None, "--stop", metavar="TEXT", help="End an answer before this text (repeatable, up to 4)."),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", metavar="N", parser=integer, help="Threads for the kernels (default: every core)."),
+    exact: bool = ExactOpt,
+) -> None:
+    """Chat with a composition in the base's chat template, turn after turn.
+
+    The conversation stays in memory. /reset forgets it, /model SPEC switches composition,
+    /exit (or Ctrl-D) leaves. Ctrl-C stops the answer being written, not the chat; Ctrl-C twice
+    at the prompt leaves."""
+    import slm
+
+    slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
+    runtime = slm.Runtime(open_store(ctx), threads=threads, exact=exact)
+    conversation = slm.Conversation(runtime, spec, system=system, max_tokens=max_tokens, temperature=temperature,
+                                    top_p=top_p, seed=seed, top_k=top_k, min_p=min_p, stop=tuple(stop or ()))
+    view = render.ChatPrinter()
+    conversation.loop(view.read_line, view)

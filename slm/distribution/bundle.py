@@ -3,7 +3,8 @@
     manifest  {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_COMPOSITION,
                "config": <config descriptor>, "layers": [<layer descriptor>, ...]}
     layer     {"mediaType": ..., "digest": "sha256:<hex>", "size": N,
-               "annotations": {"org.slm.blake3": "blake3:<hex>"}}
+               "annotations": {"org.slm.blake3": "blake3:<hex>",
+                               "org.opencontainers.image.title": <file name, slm.distribution.titles>}}
     config    {"schema": "slm.bundle/1", "composition_id": .., "composition_manifest": ..,
                "identity": {<the composition's identity fields>}}
 
@@ -27,6 +28,7 @@ from slm.compose.base_manifest import parse_base_manifest
 from slm.compose.composition import Composition
 from slm.compose.toml_io import MAX_MANIFEST as MAX_TOML_MANIFEST
 from slm.distribution import mediatypes as mt
+from slm.distribution import titles
 from slm.errors import InvalidInput
 from slm.formats.jsonfile import parse_json_object
 from slm.store import digest as dg
@@ -37,7 +39,7 @@ SHA256 = "sha256:"
 _SHA_HEX = re.compile(r"[0-9a-f]{64}")
 MAX_MANIFEST_BYTES = 4 << 20  # an OCI manifest of a few thousand layers is well under this
 MAX_CONFIG_BYTES = 1 << 20  # a composition id, a record digest and the identity of <= 64 adapters
-MAX_SIGNATURE_BYTES = 4096
+MAX_SIGNATURE_BYTES = 1 << 20  # an OMS signature lists every file of the bundle it signs
 MAX_LAYERS = 20000
 # One tensor blob: the embedding table of the largest open models in float32 is under this.
 # Such blobs are streamed into the store, never held whole; the bound refuses absurd claims.
@@ -65,10 +67,13 @@ class Layer:
     blake3: str
     sha256: str
     size: int
+    title: str = ""  # the file name OCI clients give it (annotation only: no digest depends on it)
 
     def descriptor(self) -> dict:
-        return {"mediaType": self.media_type, "digest": self.sha256, "size": self.size,
-                "annotations": {mt.BLAKE3_ANNOTATION: self.blake3}}
+        notes = {mt.BLAKE3_ANNOTATION: self.blake3}
+        if self.title:
+            notes[mt.TITLE_ANNOTATION] = self.title
+        return {"mediaType": self.media_type, "digest": self.sha256, "size": self.size, "annotations": notes}
 
 
 @dataclass(frozen=True)
@@ -102,23 +107,25 @@ def config_bytes(comp: Composition, record_digest: str) -> bytes:
 
 
 def blobs_of(objects: ObjectStore, comp: Composition, record_digest: str,
-             signatures: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """(blake3 digest, media type) of every blob a bundle of `comp` holds, in layer order."""
-    out: list[tuple[str, str]] = [(record_digest, mt.COMPOSITION), (comp.base, mt.BASE_MANIFEST)]
+             signatures: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
+    """(blake3 digest, media type, title) of every blob a bundle of `comp` holds, in layer order."""
+    out = [(record_digest, mt.COMPOSITION, "composition.toml"), (comp.base, mt.BASE_MANIFEST, "base.toml")]
     base = parse_base_manifest(objects.read_verified(comp.base))
-    out.append((base.tokenizer_digest, mt.TOKENIZER))
-    out += [(t.digest, mt.TENSOR) for t in base.tensors]
-    for a in comp.adapters:
-        out.append((a.digest, mt.ADAPTER_MANIFEST))
-        out += [(d, mt.TENSOR) for d in parse_adapter_manifest(objects.read_verified(a.digest)).blob_digests()]
-    out += [(s, mt.SIGNATURE) for s in signatures]
+    out.append((base.tokenizer_digest, mt.TOKENIZER, "tokenizer.json"))
+    out += [(t.digest, mt.TENSOR, f"base.{t.name}") for t in base.tensors]
+    for i, a in enumerate(comp.adapters):
+        prefix = titles.adapter_prefix(i, a.name)
+        out.append((a.digest, mt.ADAPTER_MANIFEST, f"{prefix}.toml"))
+        for target in parse_adapter_manifest(objects.read_verified(a.digest)).targets:
+            out += [(t.digest, mt.TENSOR, f"{prefix}.{target.module}.{key}") for key, t in target.tensors.items()]
+    out += [(s, mt.SIGNATURE, f"signature-{i}.json") for i, s in enumerate(signatures)]
     seen: set[str] = set()
-    unique = []
-    for digest, media in out:
-        if digest not in seen:
-            seen.add(digest)
-            unique.append((digest, media))
-    return unique
+    once = []
+    for entry in out:
+        if entry[0] not in seen:
+            seen.add(entry[0])
+            once.append(entry)
+    return titles.unique(once)
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -133,7 +140,7 @@ def _only(doc: dict, allowed: set[str], what: str) -> None:
         raise InvalidInput(f"{what}: unknown field {unknown[0]!r}")
 
 
-def _size(value: object, what: str) -> int:
+def byte_count(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInput(f"{what}: size {value!r} is not a byte count")
     _bounded(value, MAX_BLOB_BYTES, what)
@@ -159,7 +166,7 @@ def parse_descriptor(doc: object, what: str, annotations: set[str] = frozenset()
     if not isinstance(notes, dict) or not all(isinstance(v, str) for v in notes.values()):
         raise InvalidInput(f"{what}: annotations must map strings to strings")
     _only(notes, set(annotations), f"{what} annotations")
-    return Descriptor(media, digest, _size(doc.get("size"), what)), notes
+    return Descriptor(media, digest, byte_count(doc.get("size"), what)), notes
 
 
 def parse_manifest(data: bytes, what: str = "bundle manifest") -> Manifest:
@@ -183,14 +190,17 @@ def parse_manifest(data: bytes, what: str = "bundle manifest") -> Manifest:
     layers = []
     for i, raw in enumerate(raw_layers):
         where = f"{what} layer {i}"
-        desc, notes = parse_descriptor(raw, where, {mt.BLAKE3_ANNOTATION})
+        desc, notes = parse_descriptor(raw, where, {mt.BLAKE3_ANNOTATION, mt.TITLE_ANNOTATION})
         if desc.media_type not in mt.LAYER_TYPES:
             raise InvalidInput(f"{where}: unknown mediaType {desc.media_type!r}")
         _bounded(desc.size, SMALL_LAYER_LIMITS.get(desc.media_type, MAX_BLOB_BYTES), f"{where} ({desc.media_type})")
         blake = notes.get(mt.BLAKE3_ANNOTATION)
         if not isinstance(blake, str) or not dg.is_digest(blake):
             raise InvalidInput(f"{where}: annotation {mt.BLAKE3_ANNOTATION} is missing or not a blake3 digest")
-        layers.append(Layer(desc.media_type, blake, desc.digest, desc.size))
+        title = notes.get(mt.TITLE_ANNOTATION, "")
+        if title != titles.safe(title) and title:
+            raise InvalidInput(f"{where}: title {title[:40]!r} is not a plain file name")
+        layers.append(Layer(desc.media_type, blake, desc.digest, desc.size, title))
     if len({l.blake3 for l in layers}) != len(layers):
         raise InvalidInput(f"{what}: a blob is listed twice")
     return Manifest(config, tuple(layers))

@@ -31,7 +31,7 @@ from slm.errors import Incompatible
 from slm.formats.llama import gguf_to_hf_module, permute_gguf_to_hf, permute_hf_to_gguf
 from slm.store.objects import ObjectStore
 
-FORMATS = ("slm", "gguf-lora", "peft")
+FORMATS = ("slm", "gguf", "gguf-lora", "peft")
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,10 @@ def write_gguf_lora(out, manifest: AdapterManifest, targets: list[LoraTarget], b
             "scales_folded": alpha is None}
 
 
-def write_peft(out, targets: list[LoraTarget], base: BaseManifest) -> dict:
+def write_peft(out, targets: list[LoraTarget], base: BaseManifest, base_model: str | None = None) -> dict:
     """Into `out`, a directory output (slm.store.outputs.OutputDirectory: its caller commits
-    it). The safetensors bytes are made in memory and written by the output, so a failing write
+    it). `base_model` is the config's base_model_name_or_path: where the base came from (a Hub
+    id or a path, slm.formats.base_origin), None when the store does not know. The safetensors bytes are made in memory and written by the output, so a failing write
     is the output's one-line I/O error (exit 12), never a SafetensorError."""
     from safetensors.numpy import save
 
@@ -109,7 +110,7 @@ def write_peft(out, targets: list[LoraTarget], base: BaseManifest) -> dict:
         "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern,
         "target_modules": sorted(modules), "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
         "use_dora": False, "fan_in_fan_out": False, "init_lora_weights": True, "modules_to_save": None,
-        "layers_to_transform": None, "base_model_name_or_path": None, "inference_mode": True,
+        "layers_to_transform": None, "base_model_name_or_path": base_model, "inference_mode": True,
     }
     tensors = {}
     for m, t in modules.items():
@@ -119,4 +120,5 @@ def write_peft(out, targets: list[LoraTarget], base: BaseManifest) -> dict:
     out.write_file("adapter_model.safetensors", lambda f: f.write(weights))
     text = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
     out.write_file("adapter_config.json", lambda f: f.write(text))
-    return {"tensors": len(tensors), "r": r, "lora_alpha": alpha, "modules": len(modules)}
+    return {"tensors": len(tensors), "r": r, "lora_alpha": alpha, "modules": len(modules),
+            "base_model_name_or_path": base_model}

@@ -56,7 +56,7 @@ class _TarMember(UntrustedFile):
         self._member.close()
 
 
-class _BoundedReads(io.RawIOBase):
+class BoundedReads(io.RawIOBase):
     """A tar file for tarfile: reads above MAX_TAR_READ are refused before anything is allocated."""
 
     def __init__(self, f: UntrustedFile):
@@ -179,7 +179,7 @@ class LayoutReader:
         self._tar_file = open_untrusted(self.path, follow=True)
         total = self._tar_file.size
         try:
-            self._tar = tarfile.open(fileobj=_BoundedReads(self._tar_file), mode="r:")
+            self._tar = tarfile.open(fileobj=BoundedReads(self._tar_file), mode="r:")
             count = 0
             for m in self._tar:
                 count += 1

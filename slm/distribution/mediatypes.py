@@ -29,3 +29,5 @@ LAYER_TYPES = (COMPOSITION, BASE_MANIFEST, ADAPTER_MANIFEST, TOKENIZER, TENSOR, 
 # sha256 on the wire; a receiver re-hashes both.
 BLAKE3_ANNOTATION = "org.slm.blake3"
 REF_NAME_ANNOTATION = "org.opencontainers.image.ref.name"
+# Per layer: the file name an OCI client (oras pull) writes it to (slm.distribution.titles).
+TITLE_ANNOTATION = "org.opencontainers.image.title"

@@ -221,6 +221,41 @@ class Registry:
         if resp.status != 201:
             raise self._fail(resp, f"upload blob {digest[:19]}")
 
+    def upload_stream(self, digest: str, size: int, chunks) -> None:
+        """Upload a blob too big to hold whole (a GGUF rebuilt from the store) from an iterator
+        of its bytes: PATCHed in pieces of at most CHUNK as they come, then the digest PUT; at
+        most CHUNK bytes held. The registry checks the digest; `size` must be the bytes' count."""
+        resp = self.request("POST", self._url("blobs", "uploads/"), body=b"", headers={"Content-Length": "0"})
+        if resp.status != 202 or "location" not in resp.headers:
+            raise self._fail(resp, "start an upload")
+        location, _ = self._redirect(self.base + "/", resp.headers["location"])
+        start, held = 0, bytearray()
+
+        def send(part: bytes) -> str:
+            resp = self.request("PATCH", location, body=part, headers={
+                "Content-Type": "application/octet-stream",
+                "Content-Range": f"{start}-{start + len(part) - 1}", "Content-Length": str(len(part))})
+            if resp.status != 202 or "location" not in resp.headers:
+                raise self._fail(resp, f"upload chunk of {digest[:19]}")
+            return self._redirect(self.base + "/", resp.headers["location"])[0]
+
+        for chunk in chunks:
+            held += chunk
+            while len(held) >= CHUNK:
+                location = send(bytes(held[:CHUNK]))
+                start += CHUNK
+                del held[:CHUNK]
+        if held:
+            location = send(bytes(held))
+            start += len(held)
+        if start != size:
+            raise IntegrityError(f"blob {digest[:19]}: {start} bytes to upload, expected {size}")
+        sep = "&" if "?" in location else "?"
+        resp = self.request("PUT", f"{location}{sep}digest={urllib.parse.quote(digest)}", body=b"",
+                            headers={"Content-Type": "application/octet-stream", "Content-Length": "0"})
+        if resp.status != 201:
+            raise self._fail(resp, f"upload blob {digest[:19]}")
+
     def get_blob(self, digest: str, size: int) -> bytes:
         """At most `size` bytes (more is refused); the caller verifies the digests."""
         resp = self.request("GET", self._url("blobs", digest), limit=size)
@@ -245,6 +280,17 @@ class Registry:
         if resp.status != 201:
             raise self._fail(resp, f"put manifest {ref}")
         return resp
+
+    def get_referrers(self, digest: str) -> bytes | None:
+        """The OCI 1.1 referrers index of a manifest (an image index), None where the registry
+        has no referrers API (404: distribution 2.8; the caller reads the fallback tag)."""
+        resp = self.request("GET", self._url("referrers", digest), headers={"Accept": mt.OCI_INDEX},
+                            limit=MAX_MANIFEST_BYTES)
+        if resp.status == 404:
+            return None
+        if resp.status != 200:
+            raise self._fail(resp, f"referrers of {digest[:19]}")
+        return resp.body
 
     def get_manifest(self, ref: str, media_type: str = mt.OCI_MANIFEST) -> bytes | None:
         """The manifest bytes (None if the registry has none under `ref`); a digest reference is

@@ -1,4 +1,6 @@
-"""Ed25519 signatures over composition ids, and signed verification certificates.
+"""Ed25519 signatures over composition ids, and signed verification certificates; a signature
+blob may also be an OpenSSF Model Signing bundle bound to its composition (slm.distribution.oms),
+which parse_signature checks the same way (well-formed, for this id, valid under its key).
 
 A signature blob (media type application/vnd.slm.signature.v1+json), canonical JSON:
 
@@ -26,6 +28,7 @@ import binascii
 from dataclasses import dataclass
 from pathlib import Path
 
+from slm.distribution import oms
 from slm.distribution.bundle import MAX_SIGNATURE_BYTES, canonical
 from slm.errors import IntegrityError, InvalidInput
 from slm.formats.jsonfile import parse_json_object
@@ -92,9 +95,13 @@ def public_key_text(private_key) -> str:
 
 
 def parse_public_key(text: str, where: str = "public key"):
+    """An `ed25519:<base64>` key, or an OMS signer's `ecdsa-p256:<base64 DER>` (slm.distribution.oms)."""
     ed25519, _, _ = _crypto()
+    if oms.is_key_text(text):
+        return oms.parse_public_key(text, where)
     if not isinstance(text, str) or not text.startswith(KEY_PREFIX):
-        raise InvalidInput(f"{where}: {str(text)[:40]!r} is not an ed25519:<base64> public key")
+        raise InvalidInput(f"{where}: {str(text)[:40]!r} is not an ed25519:<base64> (or ecdsa-p256:<base64>) "
+                           "public key")
     try:
         raw = base64.b64decode(text[len(KEY_PREFIX):], validate=True)
     except (binascii.Error, ValueError) as err:
@@ -106,12 +113,15 @@ def parse_public_key(text: str, where: str = "public key"):
 
 def public_key_from_file_or_text(value: str) -> str:
     """`--key` of `slm verify --signature`: a key text, or a PEM public or private key file."""
-    if value.startswith(KEY_PREFIX):
+    if value.startswith(KEY_PREFIX) or oms.is_key_text(value):
         parse_public_key(value)
         return value
     ed25519, serialization, _ = _crypto()
     path = Path(value)
     data = _read_key_file(path)
+    ec_key = oms.public_key_from_pem(data, str(path))  # an OMS signer's EC key
+    if ec_key is not None:
+        return ec_key
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError):
@@ -156,6 +166,8 @@ def parse_signature(data: bytes, comp_id: str, what: str = "signature") -> Signa
     """A signature blob, checked: well-formed, for `comp_id`, and valid under its own key
     (whether that key is trusted is the policy's question)."""
     doc = parse_json_object(data, what, MAX_SIGNATURE_BYTES)
+    if doc.get("schema") == oms.STORE_SCHEMA:  # an OpenSSF Model Signing bundle, bound to the id
+        return Signature(comp_id, oms.check_store_signature(doc, comp_id, what))
     if set(doc) != {"schema", "composition", "algorithm", "public_key", "signature"}:
         raise InvalidInput(f"{what}: fields are not those of {SCHEMA}")
     if doc["composition"] != comp_id:

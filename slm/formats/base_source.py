@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -36,8 +37,31 @@ class BaseSource:
     # with `file_range`s: whether the file still holds what was read (True), was written since
     # (False), or cannot be told (None: it changed just before it was opened); see GGUFFile
     unchanged: Callable[[], bool | None] = lambda: True
+    # a GGUF file's frame (slm.formats.gguf_frame.GGUFFrame), or None: what else the file holds
+    gguf_frame: Callable[[], Any] = lambda: None
+    # the Hugging Face Hub repository the weights came from, when the file says so
+    hub_id: str | None = None
 
     def close(self) -> None:
         for close in self.closers:
             close()
 
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+
+
+def hub_id_of(text: str | None) -> str | None:
+    """A Hub repository id ("org/name") from what a checkpoint records: the id itself, a
+    https://huggingface.co/org/name URL, or a Hub cache path (.../models--org--name/snapshots/..)."""
+    if not isinstance(text, str):
+        return None
+    for part in text.split("/"):
+        if part.startswith("models--") and part.count("--") == 2:
+            text = part[len("models--"):].replace("--", "/")
+            break
+    else:
+        for prefix in ("https://huggingface.co/", "http://huggingface.co/", "hf://"):
+            if text.startswith(prefix):
+                text = "/".join(text[len(prefix):].split("/")[:2])
+    return text if _HUB_ID.fullmatch(text) and ".." not in text else None

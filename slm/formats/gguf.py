@@ -360,6 +360,13 @@ def _parse(path: Path, mapped: mmap.mmap, view: memoryview, size: int, tensor_nb
     return GGUFFile(path, version, metadata, tensors, data_start, size, mapped)
 
 
+def parse_gguf_header(header: bytes, size: int, name: str, tensor_nbytes=None) -> GGUFFile:
+    """A GGUF file's header and tensor table from its first bytes (at least up to the tensor data:
+    slm.formats.gguf_frame keeps them), checked as read_gguf checks a file of `size` bytes; the
+    result holds no data (tensor_bytes refuses)."""
+    return _parse(Path(name), None, memoryview(header), size, tensor_nbytes)
+
+
 def _check_no_overlap(path: Path, tensors: list[TensorInfo]) -> None:
     spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors if t.nbytes)
     for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):

@@ -13,10 +13,13 @@ from slm import arch as archs
 from slm import quant
 from slm.errors import InvalidInput
 from slm.formats import llama
-from slm.formats.base_source import BaseSource, SourceTensor, canonical_json
+from slm.formats.base_source import BaseSource, SourceTensor, canonical_json, hub_id_of
 from slm.formats.gguf import GGUFFile, read_gguf
+from slm.formats.gguf_frame import frame_of
 
 TOKENIZER_FORMAT = "slm-tokenizer/1"
+# where a GGUF writer (llama.cpp's convert_hf_to_gguf) records the Hub repository it converted
+HUB_ID_KEYS = ("general.source.huggingface.repository", "general.source.url", "general.base_model.0.repo_url")
 
 
 def supported_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int | None:
@@ -71,6 +74,8 @@ def _source(g: GGUFFile) -> BaseSource:
         tensors=tensors,
         closers=[g.close],
         unchanged=g.unchanged_since_opened,
+        gguf_frame=lambda: frame_of(g),
+        hub_id=next(filter(None, (hub_id_of(_meta(g, k)) for k in HUB_ID_KEYS)), None),
     )
 
 

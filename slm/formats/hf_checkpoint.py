@@ -22,7 +22,7 @@ from slm import arch as archs
 from slm import quant
 from slm.errors import InvalidInput, NotFound
 from slm.formats import llama
-from slm.formats.base_source import BaseSource, SourceTensor, canonical_json
+from slm.formats.base_source import BaseSource, SourceTensor, canonical_json, hub_id_of
 from slm.formats.gguf_model import TOKENIZER_FORMAT
 from slm.formats.jsonfile import read_json_object
 from slm.formats.safetensors_io import SafetensorsFile
@@ -129,10 +129,13 @@ def open_hf_base(root: Path, profile: str) -> BaseSource:
         raise InvalidInput(f"unknown --quant {profile!r} (choose from {', '.join(QUANT_PROFILES)})")
     if not root.is_dir():
         raise NotFound(f"no such directory: {root}")
-    arch = architecture_from_config(_read_json(root / "config.json", "model config"), root.name)
+    cfg = _read_json(root / "config.json", "model config")
+    arch = architecture_from_config(cfg, root.name)
     files = [SafetensorsFile(p) for p in _weight_files(root)]
     try:
-        return _source(root, arch, profile, files)
+        source = _source(root, arch, profile, files)
+        source.hub_id = hub_id_of(str(root.resolve())) or hub_id_of(cfg.get("_name_or_path"))
+        return source
     except BaseException:
         for f in files:
             f.close()

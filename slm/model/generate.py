@@ -39,6 +39,7 @@ class TokenGeneration:
     prefix_hit: bool = False  # the prompt's keys/values came from the prefix cache
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    stop_cut: str | None = None  # stopped by a stop sequence: the text before it
 
     @property
     def prefill_tok_s(self) -> float:
@@ -84,4 +85,6 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
             raise error
     gen.decode_s = time.perf_counter() - started
     gen.ids, gen.logits, gen.stop_reason, gen.logprobs = seq.ids, seq.kept, seq.reason, seq.token_logprobs
+    if seq.stops.cut is not None:
+        gen.stop_cut = seq.stops.text
     return gen

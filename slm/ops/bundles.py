@@ -81,11 +81,11 @@ def plan(store: StoreDir, ref: str | None, progress: Progress | None = None) -> 
     comp, record, extra = target(store, ref)
     layers = []
     entries = blobs_of(store.objects, comp, record, comp.signatures)
-    sizes = {d: (len(extra[d]) if d in extra else store.objects.size(d)) for d, _ in entries}
+    sizes = {d: (len(extra[d]) if d in extra else store.objects.size(d)) for d, _, _ in entries}
     progress.start("hashing blobs", sum(sizes.values()))
-    for digest, media in entries:
+    for digest, media, title in entries:
         data = extra[digest] if digest in extra else store.objects.read_verified(digest)
-        layers.append(Layer(media, digest, sha256_of(data), len(data)))
+        layers.append(Layer(media, digest, sha256_of(data), len(data), title))
         progress.advance(len(data))
     progress.finish()
     config = config_bytes(comp, record)

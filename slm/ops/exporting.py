@@ -2,6 +2,8 @@
 is never changed.
 
     slm        an OCI image layout (directory, or a tar when OUT ends in .tar): slm.ops.bundles
+    gguf       a base as the GGUF file it was imported from, byte for byte
+               (slm.distribution.gguf_rebuild)
     gguf-lora  one LoRA adapter as llama.cpp loads it (REF: a composition with one adapter, or
                an adapter with --base)
     peft       one LoRA adapter as a PEFT directory (same REF rules)
@@ -9,25 +11,37 @@ is never changed.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.distribution import exporters
+from slm.formats.base_origin import parse_origin_record
 from slm.errors import Incompatible, InvalidInput, NotFound
 from slm.ops import bundles, compositions
 from slm.ops.progress import Progress
 from slm.ops.resolve import load_base, resolve
-from slm.ops.results import AdapterExportResult, ExportResult
+from slm.ops.results import AdapterExportResult, BaseExportResult, ExportResult
 from slm.store import StoreDir, outputs
+from slm.store.names import validate_name
 from slm.store import digest as dg
+
+
+def _names_an_adapter(store: StoreDir, ref: str) -> bool:
+    """Whether `ref` is an adapter's name (a digest, "blake3:<hex>", is not a name at all)."""
+    try:
+        validate_name(ref)
+    except InvalidInput:
+        return False
+    return store.names.get("adapters", ref) is not None
 
 
 def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
     comp = None
     if ref is None:
         comp = compositions.load_active(store, "name a composition, or an adapter with --base")
-    elif store.names.get("adapters", ref) is None:
+    elif not _names_an_adapter(store, ref):
         try:
             comp = compositions.load(store, compositions.find_id(store, ref))
         except NotFound:
@@ -49,8 +63,47 @@ def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
     return digest, name or ref, base_digest, base, 1.0
 
 
+def base_origin(store: StoreDir, base_digest: str) -> str | None:
+    """Where the base was imported from (slm.formats.base_origin): its Hub id if the checkpoint
+    recorded one, else the path; None for a base this store received (pull, bundle) or imported
+    before slm kept origins."""
+    record = store.names.get("origins", dg.hex_of(base_digest))
+    if record is None or not store.objects.has(record):
+        return None
+    origin = parse_origin_record(store.objects.read_verified(record), f"origin of base {dg.short(base_digest)}")
+    return origin["hub_id"] or origin["path"]
+
+
+class _Hashed:
+    """An output that hashes what it is given on its way (the export's sha256, reported)."""
+
+    def __init__(self, target):
+        self.target, self.sha256 = target, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.target.write(data)
+
+
+def _export_base_gguf(store: StoreDir, ref: str | None, out: Path) -> BaseExportResult:
+    if ref is None:
+        raise InvalidInput("name the base to export as GGUF")
+    from slm.distribution.gguf_rebuild import base_gguf_plan, iter_base_gguf
+
+    started = time.perf_counter()
+    digest, manifest = load_base(store, ref)
+    plan = base_gguf_plan(store, digest, manifest)  # refused before anything is written
+    with outputs.OutputFile(out, store.root, "export -o") as target:
+        hashed = _Hashed(target)
+        for chunk in iter_base_gguf(store, digest, plan):
+            hashed.write(chunk)
+        target.commit()
+    return BaseExportResult("gguf", str(out), digest, plan.size, hashed.sha256.hexdigest(), plan.exact,
+                            round(time.perf_counter() - started, 3))
+
+
 def export(store: StoreDir, ref: str | None, out: Path, fmt: str = "slm", base: str | None = None,
-           tag: str | None = None, progress: Progress | None = None) -> ExportResult | AdapterExportResult:
+           tag: str | None = None, progress: Progress | None = None) -> ExportResult | AdapterExportResult | BaseExportResult:
     if fmt not in exporters.FORMATS:
         raise InvalidInput(f"--format {fmt!r}: choose one of {', '.join(exporters.FORMATS)}")
     if fmt == "slm":
@@ -59,6 +112,10 @@ def export(store: StoreDir, ref: str | None, out: Path, fmt: str = "slm", base: 
         return bundles.export_bundle(store, ref, Path(out), tag, progress)
     if tag is not None:
         raise InvalidInput("--tag applies to --format slm")
+    if fmt == "gguf":
+        if base is not None:
+            raise InvalidInput("--base applies to --format gguf-lora and peft; name the base itself")
+        return _export_base_gguf(store, ref, Path(out))
     started = time.perf_counter()
     digest, name, base_digest, base_manifest, weight = _adapter_and_base(store, ref, base)
     manifest = parse_adapter_manifest(store.objects.read_verified(digest), f"adapter {name}")
@@ -74,7 +131,7 @@ def export(store: StoreDir, ref: str | None, out: Path, fmt: str = "slm", base: 
     else:
         with outputs.OutputDirectory(Path(out), store.root, "export -o") as target:
             targets = exporters.lora_targets(store.objects, manifest, base_manifest, "hf", f"adapter {name}")
-            details = exporters.write_peft(target, targets, base_manifest)
+            details = exporters.write_peft(target, targets, base_manifest, base_origin(store, base_digest))
             target.commit()
     return AdapterExportResult(fmt, str(out), name, base_digest, weight, details,
                                round(time.perf_counter() - started, 3))

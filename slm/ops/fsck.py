@@ -26,6 +26,8 @@ from pathlib import Path
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
 from slm.errors import SlmError
+from slm.formats.base_origin import parse_origin_record
+from slm.formats.gguf_frame import parse_frame_record
 from slm.ops import compositions, receive
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import Finding, FsckReport
@@ -34,6 +36,7 @@ from slm.store import digest as dg
 from slm.store import fs
 from slm.store.config import lock_timeout, read_config
 from slm.store.lock import DEFAULT_TIMEOUT_S
+from slm.store.names import SIDE_KINDS
 from slm.store.objects import BLOB_MODE, staging_in_use
 
 
@@ -129,6 +132,33 @@ class Fsck:
                 self._check_manifest(f"{kind[:-1]} {name}", digest, blobs_of)
         for hex_id, digest in self._names("compositions"):
             self._check_composition(dg.PREFIX + hex_id)
+
+    def check_side_records(self) -> None:
+        """The records beside a base (slm.store.names.SIDE_KINDS: its GGUF frame, its origin):
+        provenance, not identity, so a damaged or dangling one is repaired by removing it (`slm
+        export --format gguf` of that base is then refused until its GGUF file is imported again;
+        a PEFT export names no base_model_name_or_path)."""
+        for kind in SIDE_KINDS:
+            for hex_id, digest, error in self.store.names.scan(kind):
+                problem = str(error) if error is not None else self._side_problem(kind, digest)
+                if problem:
+                    self.add("bad-side-record", f"names/{kind}/{hex_id[:12]}: {problem}", "remove it",
+                             lambda kind=kind, hex_id=hex_id: self.store.names.remove(kind, hex_id))
+
+    def _side_problem(self, kind: str, digest: str) -> str:
+        if not self._blob_ok(digest):
+            return f"record {dg.short(digest)} is missing or corrupt"
+        try:
+            data = self.store.objects.read_verified(digest)
+            if kind == "gguf":
+                header = parse_frame_record(data, "gguf frame record")[0]
+                if not self._blob_ok(header):
+                    return f"header {dg.short(header)} is missing or corrupt"
+            else:
+                parse_origin_record(data, "base origin record")
+        except SlmError as err:
+            return str(err)
+        return ""
 
     def _names(self, kind: str) -> list[tuple[str, str]]:
         """The intact names of a kind; each damaged name file is a finding (once per run)."""
@@ -313,6 +343,7 @@ class Fsck:
         self.check_junk()
         self.check_blobs()
         self.check_names()
+        self.check_side_records()
         self.check_transitions()
         unresolved = [f for f in self.findings if not f.repaired]
         return FsckReport(not self.findings, self.repair, self.blobs, self.bytes, tuple(self.findings),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
+from slm.formats.gguf_frame import parse_frame_record
 from dataclasses import replace
 
 from slm.errors import NeedsRecovery
@@ -18,6 +19,7 @@ from slm.ops import compositions
 from slm.ops.results import GcPlan
 from slm.store import StoreDir
 from slm.store import digest as dg
+from slm.store.names import SIDE_KINDS
 from slm.store import fs
 
 
@@ -28,6 +30,12 @@ def _reachable(store: StoreDir) -> tuple[set[str], set[str]]:
     def base(digest: str) -> None:
         keep.add(digest)
         keep.update(parse_base_manifest(store.objects.read_verified(digest)).blob_digests())
+        for kind in SIDE_KINDS:  # its origin, the frame of the GGUF file it came from
+            record = store.names.get(kind, dg.hex_of(digest))
+            if record is not None and store.objects.has(record):
+                keep.add(record)
+                if kind == "gguf":
+                    keep.add(parse_frame_record(store.objects.read_verified(record), "gguf frame record")[0])
 
     def adapter(digest: str) -> None:
         keep.add(digest)
@@ -78,6 +86,11 @@ def gc(store: StoreDir, dry_run: bool = False, on_plan=None) -> GcPlan:
         with store.transaction("gc", "gc", dg.of_bytes(repr(p).encode()), undoable=False):
             for hex_id in p.composition_records:
                 store.names.remove("compositions", hex_id)
+            removed = {entry["digest"] for entry in p.blobs}
+            for kind in SIDE_KINDS:  # the records beside a base gc removes
+                for hex_id, record in store.names.items(kind):
+                    if dg.PREFIX + hex_id in removed or record in removed:
+                        store.names.remove(kind, hex_id)
             for entry in p.blobs:
                 fs.point("gc.before-unlink")
                 fs.unlink(store.objects.path(entry["digest"]))

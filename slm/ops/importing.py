@@ -23,7 +23,9 @@ from slm.compose.base_manifest import BaseManifest, TensorRecord, tensor_order
 from slm.compose.validate import check_adapter_fits
 from slm.errors import InvalidInput, NotFound
 from slm.formats.adapter_source import AdapterSource
-from slm.formats.base_source import BaseSource
+from slm.formats.base_source import BaseSource, canonical_json
+from slm.formats.base_origin import origin_record
+from slm.formats.gguf_frame import SCHEMA as FRAME_SCHEMA
 from slm.formats.gguf import MAGIC
 from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
 from slm.formats.gguf_model import open_gguf_base
@@ -63,15 +65,22 @@ def _check_name_free(store: StoreDir, kind: str, name: str) -> None:
     store.names.get(kind + "s", name)  # validates the name, reads the file if there is one
 
 
-def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: bytes) -> tuple[str, list[str]]:
+def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: bytes,
+                  side_names: tuple[tuple[str, str], ...] = ()) -> tuple[str, list[str]]:
     """Stage the manifest, then under the store lock: journal the intent, commit every staged
     blob, set the name. Staging ran without the lock (a checkpoint may take minutes to
     quantize; activations must not wait for it). Returns (manifest digest, digests new to the
-    store)."""
+    store). `side_names` ((kind, digest) of SIDE_KINDS, slm.store.names) are set to their
+    digest under the manifest's hex after the commit point, still under the lock (so no gc
+    sees their blobs unnamed): a crash between the two leaves the import without them, which
+    importing the file again sets."""
     digest = staging.put(manifest)
     fs.point("import.staged")
     with store.locked():
-        return _commit_locked(store, staging, kind, name, digest)
+        committed = _commit_locked(store, staging, kind, name, digest)
+        for side_kind, side_digest in side_names:
+            store.names.set(side_kind, dg.hex_of(digest), side_digest)
+        return committed
 
 
 def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) -> tuple[str, list[str]]:
@@ -99,16 +108,42 @@ def import_base(store: StoreDir, path: Path, name: str, quant: str | None = None
     started = time.perf_counter()
     source = open_base_source(Path(path), quant)
     try:
-        return _store_base(store, source, name, progress, started)
+        return _store_base(store, source, name, progress, started, Path(path))
     finally:
         source.close()
 
 
 def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progress,
-                started: float) -> ImportResult:
+                started: float, path: Path) -> ImportResult:
+    staging = store.objects.staging()
+    try:
+        manifest, side_names = stage_base(staging, source, progress, origin=path)
+        digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes(), side_names)
+    finally:
+        staging.discard()
+    return ImportResult(
+        kind="base",
+        name=name,
+        digest=digest,
+        source_format=source.format,
+        tensors=len(manifest.tensors),
+        dtype_counts=manifest.dtype_counts(),
+        total_bytes=manifest.total_bytes,
+        new_blobs=len(new),
+        new_bytes=sum(store.objects.size(d) for d in new),
+        seconds=round(time.perf_counter() - started, 3),
+    )
+
+
+def stage_base(staging, source: BaseSource, progress: Progress,
+               origin: Path | None = None) -> tuple[BaseManifest, tuple[tuple[str, str], ...]]:
+    """Stage a base's tensors, tokenizer and GGUF frame (not its manifest) into `staging`: its
+    manifest and side names (see _commit_named). The one path from a BaseSource to blobs, for
+    `slm import base` and a GGUF pulled from a registry (slm.ops.model_pull) alike. `origin`:
+    the file or directory imported, recorded as where the base came from (a pulled base has
+    none: the store only received it)."""
     order = tensor_order(source.architecture)
     tensors = sorted(source.tensors, key=lambda t: order[t.name])
-    staging = store.objects.staging()
     # The next tensors' bytes are produced (read, or quantized from a checkpoint) and checked
     # finite on a thread (NumPy releases the GIL) while this one is hashed and written; errors
     # still come in tensor order, and at most PREFETCH tensors wait in memory.
@@ -132,6 +167,8 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
         # serialised while the tensors' copies and fsyncs finish (a whole vocabulary and its merges
         # as JSON: Python work that would otherwise wait for them, or hold them up)
         tokenizer_digest = staging.put(source.tokenizer_doc())
+        origins = () if origin is None else (("origins", staging.put(origin_record(origin, source.hub_id))),)
+        side_names = (*origins, *_stage_gguf_frame(source, staging))
         _check_source_unchanged(source, staging)
         manifest = BaseManifest(
             source_format=source.format,
@@ -142,22 +179,19 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
             tokenizer_source=source.format,
             tensors=tuple(records),
         )
-        digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes())
+        return manifest, side_names
     finally:
         checker.shutdown(cancel_futures=True)
-        staging.discard()
-    return ImportResult(
-        kind="base",
-        name=name,
-        digest=digest,
-        source_format=source.format,
-        tensors=len(records),
-        dtype_counts=manifest.dtype_counts(),
-        total_bytes=manifest.total_bytes,
-        new_blobs=len(new),
-        new_bytes=sum(store.objects.size(d) for d in new),
-        seconds=round(time.perf_counter() - started, 3),
-    )
+
+
+def _stage_gguf_frame(source: BaseSource, staging) -> tuple[tuple[str, str], ...]:
+    """Stage what else a GGUF file holds (slm.formats.gguf_frame), so `slm export --format gguf`
+    gives the file back byte for byte: its header blob and a record naming it."""
+    frame = source.gguf_frame()
+    if frame is None:
+        return ()
+    record = canonical_json({"schema": FRAME_SCHEMA, "header": staging.put(frame.header), "size": frame.size})
+    return (("gguf", staging.put(record)),)
 
 
 PREFETCH = 2
@@ -239,21 +273,8 @@ def import_adapter(store: StoreDir, path: Path, name: str, progress: Progress | 
     # staged without the store lock; _commit_named takes it to commit
     staging = store.objects.staging()
     try:
-        targets = []
-        progress.start("importing adapter", len(source.targets))
-        for t in sorted(source.targets, key=lambda t: t.module):
-            refs = {}
-            for key, arr in t.tensors.items():
-                if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-                    raise InvalidInput(f"{path}: tensor {key} of {t.module} has non-finite values")
-                dtype, raw = tensor_bytes(arr)
-                refs[key] = TensorRef(staging.put(raw), dtype, tuple(arr.shape))
-            targets.append(TargetRecord(t.module, t.out_features, t.in_features,
-                                        float(t.scale), refs, t.rank, t.ia3_on))
-            progress.advance(1)
-        progress.finish()
-        manifest = AdapterManifest(source.kind, source.format, source.row_layout,
-                                   dict(source.requires), tuple(targets))
+        manifest = stage_adapter(staging, source, str(path), progress)
+        targets = manifest.targets
         if base_manifest is not None:
             check_adapter_fits(f"{path} (for base {base})", manifest, base_manifest, shapes)
         digest, new = _commit_named(store, staging, "adapter", name, manifest.to_bytes())
@@ -271,3 +292,21 @@ def import_adapter(store: StoreDir, path: Path, name: str, progress: Progress | 
         new_bytes=sum(store.objects.size(d) for d in new),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def stage_adapter(staging, source: AdapterSource, label: str, progress: Progress) -> AdapterManifest:
+    """Stage an adapter's tensors (not its manifest) into `staging`; its manifest."""
+    targets = []
+    progress.start("importing adapter", len(source.targets))
+    for t in sorted(source.targets, key=lambda t: t.module):
+        refs = {}
+        for key, arr in t.tensors.items():
+            if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                raise InvalidInput(f"{label}: tensor {key} of {t.module} has non-finite values")
+            dtype, raw = tensor_bytes(arr)
+            refs[key] = TensorRef(staging.put(raw), dtype, tuple(arr.shape))
+        targets.append(TargetRecord(t.module, t.out_features, t.in_features,
+                                    float(t.scale), refs, t.rank, t.ia3_on))
+        progress.advance(1)
+    progress.finish()
+    return AdapterManifest(source.kind, source.format, source.row_layout, dict(source.requires), tuple(targets))

@@ -6,7 +6,9 @@ Policy, in the store's config.toml (top level, above the first [table] line; slm
 refuses the keys anywhere else, so a misplaced one cannot leave the policy off):
 
     require_signed = true
-    trusted_keys = ["ed25519:<base64>", ...]
+    trusted_keys = ["ed25519:<base64>", "ecdsa-p256:<base64 DER>", ...]
+
+(an ecdsa-p256/p384/p521 key is an OpenSSF Model Signing signer's: slm.distribution.oms)
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def policy(store: StoreDir) -> Policy:
     if not isinstance(required, bool):
         raise InvalidInput("config.toml: require_signed must be true or false")
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise InvalidInput('config.toml: trusted_keys must be a list of "ed25519:<base64>" strings')
+        raise InvalidInput('config.toml: trusted_keys must be a list of "ed25519:<base64>" '
+                           '(or "ecdsa-p256:<base64>") strings')
     if keys:  # every switch asks for the policy; the key parser loads only when there are keys
         from slm.distribution import signing
 

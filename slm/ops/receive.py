@@ -274,8 +274,11 @@ def receive(store: StoreDir, manifest: Manifest, source: BlobSource, where: str,
         receiver.staging.discard()
 
 
-def commit(store: StoreDir, comp: Composition, record: str, staging) -> list[str]:
-    """Under the store lock: intent, blobs, names, composition record (the commit point)."""
+def commit(store: StoreDir, comp: Composition, record: str, staging,
+           side_names: tuple[tuple[str, str, str], ...] = ()) -> list[str]:
+    """Under the store lock: intent, blobs, names, composition record (the commit point).
+    `side_names` ((kind, name, digest) of slm.store.names.SIDE_KINDS: a pulled GGUF's frame)
+    are set after it, still under the lock, as `slm import base` sets them."""
     with store.locked():
         for kind, name, digest in names_of(comp):
             existing = store.names.get(kind, name)
@@ -302,6 +305,8 @@ def commit(store: StoreDir, comp: Composition, record: str, staging) -> list[str
             fs.point("bundle.before-record")
             tx.commit(lambda: store.names.set("compositions", hex_id, record),  # the commit point
                       landed=lambda: store.names.get("compositions", hex_id) == record)
+        for kind, name, digest in side_names:
+            store.names.set(kind, name, digest)
     return new
 
 

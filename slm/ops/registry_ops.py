@@ -21,7 +21,8 @@ from slm.distribution.reference import parse_reference
 from slm.distribution.registry import Registry
 from slm.errors import InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
-from slm.ops import bundles, receive
+from slm.distribution import model_artifacts
+from slm.ops import bundles, model_pull, receive, referrers
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import PushResult, ReceiveResult
 from slm.store import StoreDir
@@ -32,7 +33,12 @@ WORKERS = 4
 
 
 def push(store: StoreDir, reference: str, comp_ref: str | None = None, insecure: bool = False,
-         progress: Progress | None = None) -> PushResult:
+         progress: Progress | None = None, as_format: str = "slm") -> PushResult:
+    """`as_format`: slm (slm's own bundle), or modelpack / docker (slm.ops.model_push)."""
+    if as_format != "slm":
+        from slm.ops import model_push
+
+        return model_push.push_model(store, reference, comp_ref, as_format, insecure, progress)
     progress = progress or NoProgress()
     started = time.perf_counter()
     ref = parse_reference(reference)
@@ -153,8 +159,24 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
         data = registry.get_manifest(ref.ref)
         if data is None:
             raise NotFound(f"registry {ref.host}: no manifest {ref.repository}:{ref.ref}")
+        artifact = _model_artifact(data, f"{ref} manifest")
+        if artifact is not None:
+            return model_pull.pull_model(store, artifact, data, _RegistrySource(clients), ref, progress)
         manifest = parse_manifest(data, f"{ref} manifest")
+        # signatures pushed as referrers, checked before anything is received (slm.ops.referrers)
+        signed = referrers.fetch_signatures(registry, manifest, sha256_of(data))
         result = receive.receive(store, manifest, _RegistrySource(clients), str(ref), progress)
+        added = referrers.adopt(store, result.composition_id, signed) if signed else 0
     finally:
         clients.close()
-    return dataclasses.replace(result, manifest_digest=sha256_of(data))
+    return dataclasses.replace(result, manifest_digest=sha256_of(data), signatures=result.signatures + added,
+                               referrer_signatures=len(signed))
+
+
+def _model_artifact(data: bytes, what: str) -> model_artifacts.ModelArtifact | None:
+    """The manifest read as a ModelPack or Docker model artifact, or None if it is neither
+    (then it is read as slm's own, strictly)."""
+    doc = parse_json_object(data, what, MAX_MANIFEST_BYTES)
+    if model_artifacts.kind_of(doc) is None:
+        return None
+    return model_artifacts.parse_model_manifest(data, what)

@@ -57,3 +57,29 @@ def load_base(store: StoreDir, ref: str) -> tuple[str, BaseManifest]:
     digest, _ = resolve(store, ref, ("bases",))
     data = store.objects.read_verified(digest)
     return digest, parse_base_manifest(data, f"base {ref}")
+
+
+ACTIVE = "@active"
+
+
+def composition_spec(store: StoreDir, spec: str):
+    """The Composition a spec names, stored or not (nothing is written): `@active`, a stored
+    composition's id or unique prefix, or `BASE[+ADAPTER[@WEIGHT]]...` composed from names and
+    digests as `slm activate BASE ADAPTER@W` composes it. A base name wins over an id prefix
+    (as in `slm activate`). What `slm run --model`, `slm chat` and `Runtime.session(spec)` take."""
+    from slm.ops import compositions  # (compositions builds on this module)
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidInput("a composition spec is @active, an id or prefix, or BASE[+ADAPTER[@WEIGHT]]...")
+    if spec == ACTIVE:
+        return compositions.load_active(store, "activate a composition, or name one")
+    base, *adapters = spec.split("+")
+    if not base or any(not a for a in adapters):
+        raise InvalidInput(f"{spec!r}: a spec is BASE+ADAPTER[@WEIGHT]+... with no empty part")
+    if not adapters:
+        from slm.ops.activation import stored_composition
+
+        stored = stored_composition(store, base)
+        if stored is not None:
+            return stored
+    return compositions.build(store, base, adapters)

@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import numbers
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from slm.errors import InvalidInput, SlmError
+from slm.errors import InvalidInput, SlmError, UsageError
 from slm.model import modes
 from slm.model.chat import chat_prompt_ids
 from slm.model.generate import generate
 from slm.model.processors import processors_for
 from slm.model.sampling import Sampler, check_processing, check_sampling, logit_bias_items
-from slm.model.stops import SWITCHED
+from slm.model.stops import CANCELLED, SWITCHED
 from slm.ops import budget, compositions
 from slm.ops.loading import Loaded, load_composition
 from slm.ops.results import Alternative, CompositionInfo, Generation, Timings, TokenLogprobs
-from slm.ops.request import ResponseFormat
+from slm.ops.request import ChatMessage, ResponseFormat
 from slm.ops.structured import grammar_for, grammar_masks
 from slm.ops.prefix_cache import DiskPromptCache, budget_of
+from slm.ops.resolve import composition_spec
 from slm.store import StoreDir, outputs
 
 
@@ -31,7 +33,8 @@ MAX_THREADS = 256
 @dataclass
 class RunOptions:
     prompt: str
-    base: str | None = None  # None: the active composition
+    base: str | None = None  # None: the active composition (or `model`)
+    model: str | None = None  # a composition spec (slm.ops.resolve.composition_spec), run without activating it
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
@@ -51,6 +54,9 @@ class RunOptions:
     logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives
     response_format: ResponseFormat | None = None  # the answer follows it (grammar-constrained)
     json_schema: Path | None = None  # --json-schema FILE: read into response_format
+    system: str | None = None  # a system message before the prompt (implies chat)
+    stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first one
+    messages: tuple | None = None  # a conversation (ChatMessage or {"role", "content"}) instead of the prompt
 
 
 def prompt_from_stdin(stream) -> str:
@@ -64,24 +70,56 @@ def prompt_from_stdin(stream) -> str:
         raise InvalidInput(f"the prompt on standard input is not UTF-8 text (byte {err.start})") from err
 
 
-def _check_options(o: RunOptions) -> None:
-    if not isinstance(o.prompt, str):
-        raise InvalidInput(f"the prompt must be text (str), not {type(o.prompt).__name__}")
-    if not o.prompt:
-        raise InvalidInput("the prompt is empty")
+def _check_text(text, what: str) -> None:
+    if not isinstance(text, str):
+        raise InvalidInput(f"{what} must be text (str), not {type(text).__name__}")
+    if not text:
+        raise InvalidInput(f"{what} is empty")
     try:
-        o.prompt.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError as err:  # undecodable argv bytes arrive as lone surrogates
-        raise InvalidInput("the prompt is not UTF-8 text") from err
+        raise InvalidInput(f"{what} is not UTF-8 text") from err
+
+
+def _check_options(o: RunOptions) -> None:
+    if o.messages is None:
+        _check_text(o.prompt, "the prompt")
+    else:
+        conversation(o)
+    if o.system is not None:
+        _check_text(o.system, "the system message")
     check_sampling(o.temperature, o.top_p, o.seed)  # (before the model loads: a fast refusal)
     check_processing(o.top_k, o.min_p, o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.logit_bias,
-                     o.logprobs)
+                     o.logprobs, stop=o.stop)
     if not (_whole(o.max_tokens) and o.max_tokens >= 0):
         raise InvalidInput(f"max_tokens must be an integer >= 0, not {o.max_tokens!r}")
     if o.on_switch not in ("stop", "finish"):
         raise InvalidInput("--on-switch must be 'stop' or 'finish'")
     check_threads(o.threads)
     modes.resolve(o.exact)
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def conversation(o: RunOptions) -> list[dict] | None:
+    """The messages to render with the base's chat template (None: the prompt is plain text):
+    `messages`, or the prompt as a user message (chat, or a system message given), each
+    after `system` if given. A message is a ChatMessage or a {"role", "content"} dict."""
+    if o.messages is None:
+        turns = [{"role": "user", "content": o.prompt}] if o.chat or o.system is not None else None
+    else:
+        if not o.messages:
+            raise InvalidInput("the conversation has no messages")
+        turns = [m.to_template() if isinstance(m, ChatMessage) else m for m in o.messages]
+        for i, m in enumerate(turns):
+            if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
+                raise InvalidInput(f"message {i}: a message is {{role: system|user|assistant, content: text}}")
+            if m["role"] == "user":  # (an assistant's answer may be empty: one stopped at once)
+                _check_text(m["content"], f"message {i}'s content")
+    if turns is not None and o.system is not None:
+        turns = [{"role": "system", "content": o.system}, *turns]
+    return turns
 
 
 def _whole(value) -> bool:
@@ -131,14 +169,18 @@ def run_prompt(store: StoreDir, o: RunOptions, on_text: Callable[[str], None] | 
 
 
 def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -> Generation:
-    if o.base is not None:
+    if o.base is not None and o.model is not None:
+        raise UsageError("give --base or --model, not both")
+    if o.model is not None:  # run without activating: staged as activate checks it, refs/active untouched
+        comp = composition_spec(store, o.model)
+    elif o.base is not None:
         comp = compositions.build(store, o.base, [])
     else:
-        comp = compositions.load_active(store, "run `slm activate BASE [ADAPTER...]` or pass --base")
+        comp = compositions.load_active(store, "run `slm activate BASE [ADAPTER...]`, or pass --model SPEC")
     loaded = load_composition(store, comp)
     # Generation is pinned to the composition it started on. When running the active one,
     # each token boundary checks refs/active; a switch stops generation unless told to finish.
-    watch = o.base is None and o.on_switch == "stop"
+    watch = o.base is None and o.model is None and o.on_switch == "stop"
     result, logits = generate_on(store, loaded, o, on_text, keep_logits=out_file is not None, watch=watch,
                                  encode_once=True)
     if out_file:
@@ -148,12 +190,14 @@ def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -
 
 
 def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, keep_logits: bool = False,
-                watch: bool = False, encode_once: bool = False) -> tuple[Generation, np.ndarray | None]:
+                watch: bool = False, encode_once: bool = False,
+                cancel: threading.Event | None = None) -> tuple[Generation, np.ndarray | None]:
     """Generate on a loaded composition: `slm run` and the API's sessions share this.
 
     Returns the result and, with keep_logits, the float32 logits (positions x vocab) of every
     prompt and generated position. watch: stop at a token boundary once refs/active no longer
-    names this composition. encode_once: `loaded` serves this generation only (slm run), so its
+    names this composition. cancel: once set (by any thread), stop at the next token boundary
+    ("cancelled"). encode_once: `loaded` serves this generation only (slm run), so its
     tokenizer keeps only what decoding needs once the prompt is encoded (release_encoder).
     """
     _check_options(o)
@@ -163,8 +207,9 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         if o.threads is not None:
             model.kernels.set_threads(o.threads)  # OpenMP threads: this thread's own setting
         modes.use(model.kernels, mode)
-    if o.chat:
-        prompt_ids = chat_prompt_ids(tok, [{"role": "user", "content": o.prompt}])
+    turns = conversation(o)
+    if turns is not None:
+        prompt_ids = chat_prompt_ids(tok, turns)
     else:
         prompt_ids = tok.encode(o.prompt)
     if not prompt_ids:
@@ -182,6 +227,8 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     prompt_cache = DiskPromptCache(store.path("cache"), budget_of(store.config), mode)
 
     def on_token(token: int) -> str | None:
+        if cancel is not None and cancel.is_set():
+            return CANCELLED
         return SWITCHED if watch and _switched(store, loaded.id) else None
 
     check_processing(logit_bias=o.logit_bias, vocab_size=model.cfg.vocab_size)
@@ -191,7 +238,8 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     gen = generate(model, prompt_ids, o.max_tokens, sampler,
                    tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
                    prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text,
-                   processors=processors + grammar_masks(loaded, grammar), logprobs=o.logprobs)
+                   processors=processors + grammar_masks(loaded, grammar), logprobs=o.logprobs,
+                   stop_sequences=o.stop)
     comp = loaded.composition
     result = Generation(
         composition=loaded.id,
@@ -200,7 +248,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         prefix_cache="hit" if gen.prefix_hit else "miss",
         prompt_tokens=tuple(prompt_ids),
         tokens=tuple(gen.ids),
-        text=tok.decode([t for t in gen.ids if t not in tok.eos_ids]),
+        text=tok.decode([t for t in gen.ids if t not in tok.eos_ids]) if gen.stop_cut is None else gen.stop_cut,
         stop_reason=gen.stop_reason,
         timings=Timings(round(gen.prefill_s, 4), round(gen.decode_s, 4), round(gen.prefill_tok_s, 2),
                         round(gen.decode_tok_s, 2)),

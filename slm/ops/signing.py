@@ -64,28 +64,35 @@ def sign(store: StoreDir, ref: str | None, key_path: Path) -> SignResult:
     public = signing.public_key_text(key)
     with store.locked():
         comp_id = _find(store, ref)
-        record = compositions.load(store, comp_id)
-        blob = signing.sign(comp_id, key)
-        digest = dg.of_bytes(blob)
-        added = digest not in record.signatures
-        if added:
-            updated = record.with_signatures((*record.signatures, digest))
-            staging = store.objects.staging()
-            hex_id = dg.hex_of(comp_id)
-            try:
-                staging.put(blob)
-                record_digest = staging.put(updated.to_toml())
-                new = staging.commit()
-                # not journaled: a crash before the commit point leaves only blobs for `slm gc`
-                with store.transaction("sign", "sign", record_digest, journaled=False,
-                                       done=f"composition {dg.short(comp_id)} is signed") as tx:
-                    tx.on_undo(lambda: store.objects.remove_new(new))
-                    fs.point("sign.before-record")
-                    tx.commit(lambda: store.names.set("compositions", hex_id, record_digest),  # the commit point
-                              landed=lambda: store.names.get("compositions", hex_id) == record_digest)
-            finally:
-                staging.discard()
-            record = updated
+        return add_signature(store, comp_id, signing.sign(comp_id, key), public)
+
+
+def add_signature(store: StoreDir, comp_id: str, blob: bytes, public: str) -> SignResult:
+    """Store a signature blob (checked by the caller) and list it in the composition's record;
+    the caller holds the store lock."""
+    from slm.distribution import signing
+
+    record = compositions.load(store, comp_id)
+    digest = dg.of_bytes(blob)
+    added = digest not in record.signatures
+    if added:
+        updated = record.with_signatures((*record.signatures, digest))
+        staging = store.objects.staging()
+        hex_id = dg.hex_of(comp_id)
+        try:
+            staging.put(blob)
+            record_digest = staging.put(updated.to_toml())
+            new = staging.commit()
+            # not journaled: a crash before the commit point leaves only blobs for `slm gc`
+            with store.transaction("sign", "sign", record_digest, journaled=False,
+                                   done=f"composition {dg.short(comp_id)} is signed") as tx:
+                tx.on_undo(lambda: store.objects.remove_new(new))
+                fs.point("sign.before-record")
+                tx.commit(lambda: store.names.set("compositions", hex_id, record_digest),  # the commit point
+                          landed=lambda: store.names.get("compositions", hex_id) == record_digest)
+        finally:
+            staging.discard()
+        record = updated
     return SignResult(comp_id, digest, public, signing.key_fingerprint(public), len(record.signatures), added)
 
 

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
 from slm.api import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools, check_processing, check_sampling
 
-MAX_STOP = 4  # OpenAI's limit on stop sequences
-MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
 ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_MAX_TOKENS = 128  # as `slm run`
@@ -150,16 +148,13 @@ def _integer(doc: dict, key: str, default: int | None) -> int | None:
 
 
 def _stop(doc: dict) -> tuple[str, ...]:
+    """OpenAI's stop: a string or a list of strings (their count and lengths: check_processing)."""
     stop = doc.get("stop")
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise BadRequest("stop must be a string or a list of strings")
-    if len(stops) > MAX_STOP:
-        raise BadRequest(f"stop takes at most {MAX_STOP} sequences, not {len(stops)}")
-    if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-        raise BadRequest(f"each stop sequence must have 1 to {MAX_STOP_CHARS} characters")
     return tuple(stops)
 
 
@@ -303,9 +298,10 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
                       frequency_penalty=_number(doc, "frequency_penalty", 0.0),
                       presence_penalty=_number(doc, "presence_penalty", 0.0),
                       repeat_penalty=_number(doc, "repeat_penalty", 1.0), logprobs=_logprobs(doc, chat))
+    stop = _stop(doc)
     try:
         check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # slm run's and the API's check, the sampler's own
-        check_processing(**processing, logit_bias=doc.get("logit_bias"), n=n,
+        check_processing(**processing, logit_bias=doc.get("logit_bias"), n=n, stop=stop,
                          logprobs_name="top_logprobs" if chat else "logprobs")
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
@@ -326,7 +322,7 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         chat=chat, prompt="" if chat else _prompt(doc), messages=_messages(doc) if chat else (),
         model=None if model in (None, "active") else model.strip(),
         max_tokens=max_tokens if given else DEFAULT_MAX_TOKENS, max_tokens_given=given,
-        temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc), stream=stream,
+        temperature=temperature, top_p=top_p, seed=seed, stop=stop, stream=stream,
         include_usage=bool(include_usage), n=n, logit_bias=_bias_pairs(doc.get("logit_bias")), **processing,
         response_format=_response_format(doc), tools=_tools(doc, chat),
     )

@@ -13,6 +13,11 @@ from slm.store import digest as dg
 from slm.store import fs
 
 KINDS = ("bases", "adapters", "compositions")
+# names beside a base, keyed by its digest's hex, not looked up by users (slm.ops.resolve
+# searches KINDS only): "gguf" -> the record of the GGUF file it was imported from
+# (slm.formats.gguf_frame), "origins" -> where it was imported from (slm.formats.base_origin);
+# kept by gc while the base is
+SIDE_KINDS = ("gguf", "origins")
 MAX_NAME_FILE_BYTES = 4096
 # Letters, digits, '.', '_', '-'; starts with a letter or digit; no separators, no '..'.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -33,7 +38,7 @@ class Names:
         self.root = root
 
     def _path(self, kind: str, name: str) -> Path:
-        if kind not in KINDS:
+        if kind not in KINDS and kind not in SIDE_KINDS:
             raise InvalidInput(f"unknown kind of name {kind!r} (one of {', '.join(KINDS)})")
         return self.root / kind / validate_name(name)
 

@@ -38,6 +38,7 @@ def output_cases() -> list[OutputCase]:
         OutputCase("export-layout-dir", "out", ("export", "-o", "{out}")),
         OutputCase("export-gguf-lora", "out.gguf", ("export", "--format", "gguf-lora", "-o", "{out}")),
         OutputCase("export-peft", "out-peft", ("export", "--format", "peft", "-o", "{out}")),
+        OutputCase("export-gguf-base", "base.gguf", ("export", "tq", "--format", "gguf", "-o", "{out}")),
         OutputCase("logits-out", "x.npy", (*run, "hello")),
         OutputCase("logits-out-replacing", "x.npy", (*run, "hello"), before=(*run, "good morning")),
     ]

@@ -107,6 +107,8 @@ def test_every_store_write_goes_through_the_fs_layer():
 _BROAD_KEPT = {
     ("slm/cli/__init__.py", "run"): "the top level: an unexpected exception is a bug, reported in one line (exit 1)",
     ("slm/api.py", "Session.stream"): "the worker thread hands the exception to the consumer, which raises it",
+    ("slm/conversation.py", "Conversation.ask"): "the answer's worker thread hands the exception to the asker, "
+                                                 "which raises it",
     ("slm/server/catalog.py", "Catalog._watch"): "the refs/active watcher logs a failed look and keeps watching",
     ("slm/ops/scheduler.py", "Scheduler._loop"):
         "a failed batch step fails its requests (HTTP 500) and the server goes on",

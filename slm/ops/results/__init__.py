@@ -30,8 +30,9 @@ _FAMILIES = {
     "switches": ("AdapterEntry", "CompositionInfo", "Transition", "Status", "LogEntry"),
     "generation": ("Timings", "Alternative", "TokenLogprobs", "Generation"),
     "integrity": ("Finding", "FsckReport", "GcPlan", "VerifyReport"),
-    "transfer": ("ImportResult", "ExportResult", "AdapterExportResult", "ReceiveResult", "PushResult"),
-    "signatures": ("SignatureCheck", "SignResult", "SignatureReport", "Certified"),
+    "transfer": ("ImportResult", "ExportResult", "AdapterExportResult", "BaseExportResult", "ReceiveResult",
+                 "PushResult"),
+    "signatures": ("SignatureCheck", "SignResult", "OmsSignResult", "SignatureReport", "Certified"),
 }
 _MODULE_OF = {name: family for family, names in _FAMILIES.items() for name in names}
 __all__ = ["Result", *_MODULE_OF]

@@ -31,6 +31,18 @@ class SignResult(Result):
 
 
 @dataclass(frozen=True)
+class OmsSignResult(Result):
+    """`slm sign --format oms --out SIG DIR`: an OpenSSF Model Signing signature of a directory."""
+
+    format: str
+    path: str
+    directory: str
+    files: int
+    public_key: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
 class SignatureReport(Result):
     composition_id: str
     signatures: tuple[SignatureCheck, ...]

@@ -51,6 +51,19 @@ class AdapterExportResult(Result):
 
 
 @dataclass(frozen=True)
+class BaseExportResult(Result):
+    """`slm export BASE --format gguf`: a base written back as the GGUF file it came from."""
+
+    format: str
+    path: str
+    base: str
+    bytes: int
+    sha256: str
+    exact: bool  # the file the base was imported from (False: converted from Hugging Face weights)
+    seconds: float
+
+
+@dataclass(frozen=True)
 class ReceiveResult(Result):
     """`slm import bundle` and `slm pull`: a composition received, every byte re-hashed."""
 
@@ -67,6 +80,7 @@ class ReceiveResult(Result):
     seconds: float
     source: str = ""
     manifest_digest: str = ""  # sha256 of the OCI manifest received
+    referrer_signatures: int = 0  # `slm pull`: signatures found as referrers of it, all checked
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "adapter_names": list(self.adapter_names)}
