@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from slm.compose.composition import Composition
 from slm.errors import UsageError
-from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401  (what a Scheduler runs: slm serve builds them)
 from slm.api_session import Session  # noqa: F401  (Runtime.session's result, public as slm.Session)
 from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
@@ -31,11 +30,19 @@ if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
+    from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
                                  Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
     from slm.ops.scheduler import Scheduler
+
+
+def __getattr__(name: str):  # what a Scheduler runs (slm serve builds them), loaded on first use
+    if name not in ("ChatMessage", "GenerationRequest", "ResponseFormat", "ToolCall", "Tools"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from slm.ops import request  # (PEP 562: `slm activate` needs none of these dataclasses)
+    return getattr(request, name)
 
 
 class Store:

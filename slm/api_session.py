@@ -8,13 +8,12 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from slm.ops.request import ChatMessage, ResponseFormat
-
 if TYPE_CHECKING:
     import numpy as np
 
     from slm.api import Runtime
     from slm.ops.loading import Loaded
+    from slm.ops.request import ChatMessage, ResponseFormat
     from slm.ops.results import Generation
     from slm.ops.run import RunOptions
 
@@ -32,7 +31,9 @@ class Session:
 
     def _options(self, response_format: dict | ResponseFormat | None = None, **fields: object) -> RunOptions:
         from slm.model import modes
+        from slm.ops.request import ResponseFormat
         from slm.ops.run import RunOptions
+
         return RunOptions(threads=self.runtime.threads, exact=self.runtime.mode == modes.EXACT,
                           response_format=ResponseFormat.of(response_format), **fields)
 

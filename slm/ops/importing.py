@@ -164,6 +164,9 @@ def stage_base(staging, source: BaseSource, progress: Progress,
             records.append(TensorRecord(t.name, t.shape, t.dtype, t.nbytes, digest))
             progress.advance(t.nbytes)
         progress.finish()
+        # serialised while the tensors' copies and fsyncs finish (a whole vocabulary and its merges
+        # as JSON: Python work that would otherwise wait for them, or hold them up)
+        tokenizer_digest = staging.put(source.tokenizer_doc())
         origins = () if origin is None else (("origins", staging.put(origin_record(origin, source.hub_id))),)
         side_names = (*origins, *_stage_gguf_frame(source, staging))
         _check_source_unchanged(source, staging)
@@ -172,7 +175,7 @@ def stage_base(staging, source: BaseSource, progress: Progress,
             quant_profile=source.quant_profile,
             qk_row_layout=source.qk_row_layout,
             architecture=source.architecture,
-            tokenizer_digest=staging.put(source.tokenizer_doc()),  # after the tensors: see BaseSource
+            tokenizer_digest=tokenizer_digest,
             tokenizer_source=source.format,
             tensors=tuple(records),
         )

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from slm.errors import IntegrityError, IOFailure
+from slm.store import fs_direct
 
 # Set by slm.store.testing.faults when a fault plan is active (tests only); None in normal runs.
 fault_hook: Callable[[str, str], None] | None = None
@@ -189,8 +190,13 @@ class NewFile:
     def _copy_now(self, source: FileRange) -> None:
         """Append `source`'s bytes: copy_file_range(2) (the kernel copies page to page), or
         where it cannot (another filesystem on an old kernel, no such call) through a bounded
-        buffer. A source that ends early is an I/O failure (it shrank under us)."""
-        done = 0
+        buffer. A source that ends early is an I/O failure (it shrank under us). Its whole
+        aligned blocks first go by O_DIRECT where the file system takes it (slm.store.fs_direct)."""
+        try:
+            done = fs_direct.copy_aligned(source.fd, source.offset, source.length, self.fd, self.size)
+        except OSError as err:
+            raise _io_error("write", self.path, err) from err
+        self.size += done
         kernel_copy = getattr(os, "copy_file_range", None)
         while done < source.length:
             at, want = source.offset + done, source.length - done

@@ -55,7 +55,8 @@ class Syncs:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(max_workers=self.THREADS, thread_name_prefix="slm-fsync")
-        # (a FileRange holds no memory: the kernel copies it)
+        # (a FileRange holds no memory of its own: the kernel copies it, or slm.store.fs_direct
+        # through the one buffer of the thread that copies)
         size = sum(len(piece) for piece in pieces if not isinstance(piece, fs.FileRange))
         while self._held and (self._held[0][0].done() or self._held_bytes + size > self.IN_FLIGHT_BYTES):
             job, n = self._held.popleft()
