@@ -20,7 +20,9 @@ def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: 
     """The LoRA's decode overhead, interleaved in one process (the honest measure: the bench
     medians compare runs minutes apart): blocks of `steps` greedy decode steps alternate
     between the base and the LoRA composition, both staged; the 20th percentile of each side's
-    block times (the quietest blocks) gives the overhead."""
+    block times (the quietest blocks) gives the overhead. Both the wall-clock time and this
+    process's CPU time (on a loaded machine, run it at one thread and read the CPU time: it
+    does not count the time the process was descheduled)."""
     models = {w: rt.switch(comp_ids[w]).model for w in ("base", "lora")}
     for m in models.values():
         m.kernels.set_activations(activations)
@@ -29,19 +31,24 @@ def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: 
         cache = m.new_cache(len(prompt) + blocks * steps + 1)
         state[w] = (cache, int(np.argmax(m.forward(np.asarray(prompt), cache, "last")[-1])))
     times: dict = {"base": [], "lora": []}
+    cpu: dict = {"base": [], "lora": []}
     for i in range(2 * blocks):
         w = ("base", "lora")[i % 2]
         m, (cache, token) = models[w], state[w]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(steps):
             token = int(np.argmax(m.forward(np.asarray([token]), cache, "last")[-1]))
         times[w].append((time.perf_counter() - t) / steps)
+        cpu[w].append((time.process_time() - c) / steps)
         state[w] = (cache, token)
     p20 = {w: float(np.percentile(v, 20)) for w, v in times.items()}
+    c20 = {w: float(np.percentile(v, 20)) for w, v in cpu.items()}
     for m in models.values():
         m.kernels.set_activations("float32")
     return {"base_ms_per_token": p20["base"] * 1e3, "lora_ms_per_token": p20["lora"] * 1e3,
-            "overhead": p20["lora"] / p20["base"] - 1, "blocks": blocks, "steps_per_block": steps}
+            "overhead": p20["lora"] / p20["base"] - 1, "base_cpu_ms_per_token": c20["base"] * 1e3,
+            "lora_cpu_ms_per_token": c20["lora"] * 1e3, "overhead_cpu": c20["lora"] / c20["base"] - 1,
+            "blocks": blocks, "steps_per_block": steps}
 
 
 def int8_error(rt, comp_ids: dict, tok, positions: int = 96, greedy: int = 64) -> dict:

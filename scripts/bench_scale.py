@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_peers  # noqa: E402
+import bench_scale_lora  # noqa: E402
 import gemma3_path  # noqa: E402
 import smollm2_path  # noqa: E402
 from bench_common import SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med  # noqa: E402
@@ -44,6 +45,7 @@ from bench_common import SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med  # no
 MODELS_DIR = bench_peers.PEERS / "models"
 BATCH = 8  # sequences decoded together
 BATCH_PROMPT = 16  # tokens of each batched sequence's prompt
+LORA_AB_STEPS = 8  # decode steps of one block of the LoRA A/B
 
 
 def shape_gguf(shape: str, qtype: str) -> Path | None:
@@ -95,16 +97,24 @@ class SlmScaleWorker:
 
     def __init__(self, plan: dict):
         import slm
+        from slm.ops import compositions
         from slm.ops.staging import StagedCompositions
         from slm.store import StoreDir
 
         slm.keep_freed_memory()  # as `slm run` does
-        self.loaded = StagedCompositions(StoreDir(Path(plan["store"]))).switch(plan["comp_id"])
+        store = StoreDir(Path(plan["store"]))
+        self.rt = StagedCompositions(store)
+        self.comp_ids = {"base": plan["comp_id"], "lora": plan["lora_comp_id"]}
+        # the 4 compositions of 8-on-4 (base, and each LoRA alone), staged once, sharing the base's map
+        self.four = [self.rt.stage(compositions.build(store, "base", spec)).model
+                     for spec in ([], *([x] for x in plan["adapters"]))]
+        self.loaded = self.rt.switch(plan["comp_id"])
         self.model = self.loaded.model
         self.short, self.long = plan["short"], plan["long"]
 
     def _mode(self, mode: str):
-        self.model.kernels.set_activations(mode)
+        for m in (self.model, *self.four):
+            m.kernels.set_activations(mode)
         return self.model
 
     def decode(self, mode: str, n: int) -> float:
@@ -124,18 +134,36 @@ class SlmScaleWorker:
         return len(ids) / (time.perf_counter() - t)
 
     def batched(self, mode: str, n: int) -> float:
-        """Aggregate decode tok/s of BATCH sequences through slm.model.batch.decode_step (the
-        step `slm serve` runs), each after its own BATCH_PROMPT-token prompt; only the steps
+        """Aggregate decode tok/s of BATCH sequences on the base through slm.model.batch.decode_step
+        (the step `slm serve` runs), each after its own BATCH_PROMPT-token prompt; only the steps
         are timed, as llama-batched-bench's speed_tg."""
+        return self._batch(mode, n, [self._mode(mode)] * BATCH)
+
+    def batched4(self, mode: str, n: int) -> float:
+        """batched, the BATCH sequences on 4 compositions: the base and three LoRAs r=16 (two
+        rows each, interleaved), each row adding its own composition's terms in the same step."""
+        self._mode(mode)
+        return self._batch(mode, n, [self.four[i % len(self.four)] for i in range(BATCH)])
+
+    def lora_ab(self, mode: str, n: int) -> dict:
+        """The LoRA r=16's decode overhead in this process (bench_inprocess.lora_overhead_ab:
+        blocks of LORA_AB_STEPS steps, base and LoRA taking turns), n tokens a side."""
+        from bench_inprocess import lora_overhead_ab
+
+        blocks = max(1, n // LORA_AB_STEPS)
+        out = lora_overhead_ab(self.rt, self.comp_ids, self.short, blocks, LORA_AB_STEPS, activations=mode)
+        self.rt.switch(self.comp_ids["base"])
+        return out
+
+    def _batch(self, mode: str, n: int, models: list) -> float:
         from slm.model.batch import Row, decode_step
 
-        m = self._mode(mode)
         prompts = [self.long[i * BATCH_PROMPT:(i + 1) * BATCH_PROMPT] for i in range(BATCH)]
-        caches = [m.new_cache(BATCH_PROMPT + n + 1) for _ in prompts]
-        last = [int(np.argmax(m.forward(np.asarray(p), c, "last")[-1])) for p, c in zip(prompts, caches)]
+        caches = [m.new_cache(BATCH_PROMPT + n + 1) for m in models]
+        last = [int(np.argmax(m.forward(np.asarray(p), c, "last")[-1])) for m, p, c in zip(models, prompts, caches)]
         t = time.perf_counter()
         for _ in range(n):
-            logits = decode_step([Row(m, c, x) for c, x in zip(caches, last)], m.kernels)
+            logits = decode_step([Row(m, c, x) for m, c, x in zip(models, caches, last)], models[0].kernels)
             last = [int(np.argmax(row)) for row in logits]
         return BATCH * n / (time.perf_counter() - t)
 
@@ -178,11 +206,14 @@ def bench_model(label: str, gguf: Path, a) -> dict:
         t = time.perf_counter()
         imported = import_base(store, gguf, "base")
         import_s = time.perf_counter() - t
-        comp_id = activate(store, "base", []).active.id
+        adapters = bench_scale_lora.import_loras(store, gguf, work)
+        lora_comp_id = activate(store, "base", [adapters[0]]).active.id
+        comp_id = activate(store, "base", []).active.id  # the base stays the active composition
         # token ids, not text: the random-weight files' vocabularies say nothing; every vocabulary
         # here has more than 1000 entries
         ids = [int(x) for x in np.random.default_rng(0).integers(10, 1000, size=max(a.prefill, BATCH * BATCH_PROMPT))]
-        plan = {"store": str(store.root), "comp_id": comp_id, "short": ids[:8], "long": ids}
+        plan = {"store": str(store.root), "comp_id": comp_id, "lora_comp_id": lora_comp_id, "adapters": adapters,
+                "short": ids[:8], "long": ids}
         plan_path = work / "plan.json"
         plan_path.write_text(json.dumps(plan))
         return measure(label, gguf, Worker(plan_path), a) | {"import_mb_s": imported.total_bytes / 2**20 / import_s}
@@ -207,16 +238,24 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
             if run < a.batch_runs:
                 add("slm|batch8", lambda: slm.ask(op="batched", mode="float32", n=a.batch_steps))
                 add("slm int8|batch8", lambda: slm.ask(op="batched", mode="int8", n=a.batch_steps))
+                add("slm int8|batch8 on 4 compositions", lambda: slm.ask(op="batched4", mode="int8", n=a.batch_steps))
                 add("llama-batched-bench|batch8", lambda: bench_peers.llama_batched_bench(
                     gguf, BATCH, BATCH_PROMPT, a.batch_steps)["decode_tok_s"])
+            if run < a.lora_runs:
+                add("slm int8|lora r=16 A/B", lambda: slm.ask(op="lora_ab", mode="int8", n=a.lora_tokens))
             print(f"{label}: run {run + 1}/{a.runs} done", file=sys.stderr, flush=True)
     finally:
         slm.close()
+    lora_ab = samples.pop("slm int8|lora r=16 A/B", [])
     medians = {k: med([s["value"] for s in v]) for k, v in samples.items()}
     weights = streamed_bytes(gguf)
     out = {"file": gguf.name, "file_bytes": gguf.stat().st_size, "streamed_bytes_per_token": weights,
            "tok_s": medians, "samples": samples,
            "load_median": med([s["load"] for v in samples.values() for s in v])}
+    if lora_ab:  # each sample a dict of its own (bench_inprocess.lora_overhead_ab); the medians of its figures
+        out["lora_overhead_ab_int8"] = {k: med([s["value"][k] for s in lora_ab]) for k in lora_ab[0]["value"]}
+        out["lora_overhead_ab_int8"]["load"] = med([s["load"] for s in lora_ab])
+        out["samples"]["slm int8|lora r=16 A/B"] = lora_ab
     bw = medians["read_bandwidth_gb_s"]
     # the share of the read bandwidth a decode rate uses: weight bytes per token x tok/s
     out["bandwidth_share"] = {k.split("|")[0]: weights * v / 1e9 / bw for k, v in medians.items()
@@ -233,6 +272,8 @@ def main() -> int:
     p.add_argument("--decode", type=int, default=128)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--batch-steps", type=int, default=32, help="decode steps of each batched sequence")
+    p.add_argument("--lora-runs", type=int, default=1, help="runs that also take the LoRA r=16 decode A/B")
+    p.add_argument("--lora-tokens", type=int, default=64, help="decode steps of each side of a LoRA A/B")
     p.add_argument("--out", type=Path, default=HERE.parent / "docs")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
