@@ -40,7 +40,7 @@ import bench_peers  # noqa: E402
 import bench_scale_lora  # noqa: E402
 import gemma3_path  # noqa: E402
 import smollm2_path  # noqa: E402
-from bench_common import SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med  # noqa: E402
+from bench_common import PROMPT, SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med  # noqa: E402
 
 MODELS_DIR = bench_peers.PEERS / "models"
 BATCH = 8  # sequences decoded together
@@ -216,7 +216,10 @@ def bench_model(label: str, gguf: Path, a) -> dict:
                 "short": ids[:8], "long": ids}
         plan_path = work / "plan.json"
         plan_path.write_text(json.dumps(plan))
-        return measure(label, gguf, Worker(plan_path), a) | {"import_mb_s": imported.total_bytes / 2**20 / import_s}
+        out = measure(label, gguf, Worker(plan_path), a) | {"import_mb_s": imported.total_bytes / 2**20 / import_s}
+        if a.serve_runs:  # after the worker has gone: never two copies of an 8B model at once
+            out["http"] = serve_figures(label, gguf, store.root, adapters, work, a)
+        return out
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -264,6 +267,36 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
     return out
 
 
+def serve_figures(label: str, gguf: Path, store_root: Path, adapters: list[str], work: Path, a) -> dict:
+    """BATCH concurrent greedy completions over HTTP (a short text prompt each, --batch-steps
+    tokens): `slm serve` on the base, on 4 compositions (the base and each LoRA, by spec), and
+    `llama-server -np BATCH` on the same file; aggregate tok/s (bench_http). In each run one
+    server at a time, each warmed by a first round; medians over --serve-runs."""
+    from bench_http import concurrent_completions, llama_server, slm_serve
+
+    prompts = [f"{PROMPT} Chapter {i + 1}." for i in range(BATCH)]
+    four = ["base"] + [f"base+{x}" for x in adapters]
+    samples: dict = {}
+
+    def add(key: str, url: str, models: list[str]) -> None:
+        time.sleep(SETTLE_S)
+        load = os.getloadavg()[0]
+        got = concurrent_completions(url, models, prompts, a.batch_steps)
+        samples.setdefault(key, []).append({"value": got["tok_s"], "tokens": got["tokens"], "load": round(load, 2)})
+        print(f"{label}: {key} {samples[key][-1]}", file=sys.stderr, flush=True)
+
+    for _ in range(a.serve_runs):
+        with slm_serve(store_root, max_batch=BATCH) as url:
+            concurrent_completions(url, [four[i % 4] for i in range(BATCH)], prompts, 4)  # stage, warm
+            add("slm serve|http8", url, ["active"] * BATCH)
+            add("slm serve|http8 on 4 compositions", url, [four[i % 4] for i in range(BATCH)])
+        with llama_server(bench_peers.tool("llama-server"), gguf, BATCH, max(256, 64 + a.batch_steps),
+                          bench_peers.THREADS, work / "llama-server.log") as url:
+            concurrent_completions(url, ["base"] * BATCH, prompts, 4)
+            add("llama-server -np 8|http8", url, ["base"] * BATCH)
+    return {"tok_s": {k: med([s["value"] for s in v]) for k, v in samples.items()}, "samples": samples}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
@@ -272,6 +305,8 @@ def main() -> int:
     p.add_argument("--decode", type=int, default=128)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--batch-steps", type=int, default=32, help="decode steps of each batched sequence")
+    p.add_argument("--serve-runs", type=int, default=1,
+                   help="runs of the HTTP figures (slm serve, llama-server -np 8); 0: none")
     p.add_argument("--lora-runs", type=int, default=1, help="runs that also take the LoRA r=16 decode A/B")
     p.add_argument("--lora-tokens", type=int, default=64, help="decode steps of each side of a LoRA A/B")
     p.add_argument("--out", type=Path, default=HERE.parent / "docs")
