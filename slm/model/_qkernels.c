@@ -28,6 +28,8 @@
  *   qkernels/rows_q4x8.c  the same for Q4_0 rows repacked eight at a time: eight rows'
  *                         products in one vector
  *   qkernels/rows_q6kx8.c the same for Q6_K, and slm_pack, the entry point of the packed layouts
+ *   qkernels/low_rank.c   LoRA terms, y += (A x) B^T: float32 factors, or the int8 mode's
+ *                         (A in Q8_0 rows, B^T in halves)
  *   qkernels/matmul.c     products over many weights: slm_matmul, slm_matmul_rows (one
  *                         parallel region, LoRA terms added in it), slm_dequantize
  *   qkernels/attention.c  attention: slm_attend_one (a decode step's query), slm_attend_causal
@@ -49,6 +51,7 @@
 #include "qkernels/rows_q8k.c"
 #include "qkernels/rows_q4x8.c"
 #include "qkernels/rows_q6kx8.c"
+#include "qkernels/low_rank.c"
 #include "qkernels/matmul.c"
 #include "qkernels/attention.c"
 #include "qkernels/ops.c"

@@ -6,7 +6,7 @@
  * planned (plan_matmul), then run by a team of threads (team_matmul): rows split between the
  * threads (block_rows, over rows.c, rows_q8.c, rows_q8k.c and the packed rows_q4x8.c,
  * rows_q6kx8.c), the next bytes prefetched, and the
- * low-rank terms added over the rows each thread just wrote (add_low_rank). step.c runs its
+ * low-rank terms added over the rows each thread just wrote (low_rank.c). step.c runs its
  * products through the same team_matmul inside its own parallel region.
  *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
@@ -33,20 +33,6 @@ typedef struct {
     const uint8_t *lora_a8;    /* NULL, or A as Q8_0 rows: the int8 mode's factors (see slm_term) */
     const uint16_t *lora_bt16; /* NULL, or lora_bt as IEEE halves */
 } slm_job;
-
-/* A low-rank term of one job for one row of x (slm_matmul_rows: each row of a batch brings its
- * own composition's overlays). Mirrored by kernels_native.py's Term. */
-typedef struct {
-    int32_t rank;          /* 0: none */
-    const float *a;        /* (rank, n) */
-    const float *bt;       /* (rank, rows) */
-    /* The same factors for the int8 mode (NULL: none), taken when the product's x is int8
-     * (matmul_plan.xq) and both are there: A as Q8_0 rows, u = A x then the integer block dots
-     * of any Q8_0 weight; B^T as halves. Less than half the bytes of the float32 factors,
-     * which a decode step reads cold from memory after the weights. */
-    const uint8_t *a8;     /* (rank, n / 32 * 34) */
-    const uint16_t *bt16;  /* (rank, rows) */
-} slm_term;
 
 /* One product over a shared input, laid out before a team of threads runs it (team_matmul):
  * the term of job j for row t is terms[j * job_stride + t * row_stride] (row_stride 0: one
@@ -80,21 +66,6 @@ typedef struct {
 
 static inline const slm_term *term_of(const matmul_plan *p, int64_t t, int j) {
     return &p->terms[j * p->job_stride + t * p->row_stride];
-}
-
-/* Whether a term of this product is computed from its int8 mode's factors (slm_term.a8,
- * bt16): the same answer for a term in every product over the same x, batched or not. */
-static inline int term_int8(const matmul_plan *p, const slm_term *term) {
-    return p->xq != NULL && term->a8 != NULL && term->bt16 != NULL;
-}
-
-/* Bytes of one row of a term's A and of one element of its B^T, as this product reads them. */
-static inline int64_t term_a_row_bytes(const matmul_plan *p, const slm_term *term) {
-    return term_int8(p, term) ? p->n / 32 * 34 : (int64_t)sizeof(float) * p->n;
-}
-
-static inline int64_t term_b_bytes(const matmul_plan *p, const slm_term *term) {
-    return term_int8(p, term) ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(float);
 }
 
 /* The slots plan_matmul lays a product out in: u_at, next and lead. */
@@ -249,86 +220,6 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
     }
 }
 
-/* LANES floats of B^T from float32 or from halves (exact: a half is a float). */
-static inline __attribute__((always_inline)) vf load_factor(const void *at, const int half) {
-    if (!half) return load_vf((const float *)at);
-#if LANES == 16
-    return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)at));
-#elif LANES == 8 && defined(__F16C__)
-    return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at));
-#else
-    float f[LANES];
-    for (int i = 0; i < LANES; i++) f[i] = half_to_float((const uint8_t *)at + 2 * i);
-    return load_vf(f);
-#endif
-}
-
-/* Rows [r0, r1) of job j's output, for every row of x in the group that t leads: y[s, r] +=
- * sum_k u_s[k] B^T[k, r], k ascending. A block of 4 vectors of y stays in registers over all
- * the ranks, and the group's rows take turns over the same block of B^T (in the L1 by then):
- * one load a multiply-add, where y loaded and stored at every rank took three. Each y[s, r] gets the same operations in the same
- * order whatever the block, the group or the thread: the fused multiply-adds spelled out and
- * the last values in a padded vector (GCC contracted the vector loops and not a scalar one in an
- * AVX2 build, and SSE's scalar and vector adds kept different NaNs: a value's bits then
- * depended on where the thread's rows began). half: B^T from the term's halves (bt16), else
- * its floats (bt). */
-static inline __attribute__((always_inline)) void add_low_rank_of(const matmul_plan *p, const int j, const int64_t t,
-                                                                   const int64_t r0, const int64_t r1, const int half) {
-    const int count = p->count;
-    const slm_term *term = term_of(p, t, j);
-    const int64_t rank = term->rank, rows = p->jobs[j].rows, size = half ? 2 : 4;
-    const char *const bt = half ? (const char *)term->bt16 : (const char *)term->bt;
-    float *const out = p->jobs[j].out;
-    int64_t r = r0;
-    for (; r + 4 * LANES <= r1; r += 4 * LANES)
-        for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
-            const float *u = p->u + p->u_at[s * count + j];
-            const char *b = bt + r * size;
-            float *o = out + s * rows + r;
-            vf y0 = load_vf(o), y1 = load_vf(o + LANES), y2 = load_vf(o + 2 * LANES), y3 = load_vf(o + 3 * LANES);
-            for (int64_t k = 0; k < rank; k++, b += rows * size) {
-                y0 = fma_vf(u[k], load_factor(b, half), y0), y1 = fma_vf(u[k], load_factor(b + LANES * size, half), y1);
-                y2 = fma_vf(u[k], load_factor(b + 2 * LANES * size, half), y2);
-                y3 = fma_vf(u[k], load_factor(b + 3 * LANES * size, half), y3);
-            }
-            memcpy(o, &y0, sizeof y0), memcpy(o + LANES, &y1, sizeof y1);
-            memcpy(o + 2 * LANES, &y2, sizeof y2), memcpy(o + 3 * LANES, &y3, sizeof y3);
-        }
-    for (; r + LANES <= r1; r += LANES)
-        for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
-            const float *u = p->u + p->u_at[s * count + j];
-            const char *b = bt + r * size;
-            float *o = out + s * rows + r;
-            vf y = load_vf(o);
-            for (int64_t k = 0; k < rank; k++, b += rows * size) y = fma_vf(u[k], load_factor(b, half), y);
-            memcpy(o, &y, sizeof y);
-        }
-    if (r < r1) /* the last few values in one vector padded with zeros: each through the same instructions */
-        for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
-            const float *u = p->u + p->u_at[s * count + j];
-            const size_t left = (size_t)(r1 - r);
-            float part[LANES] = {0};
-            memcpy(part, out + s * rows + r, sizeof(float) * left);
-            vf y = load_vf(part);
-            for (int64_t k = 0; k < rank; k++) {
-                if (half)
-                    for (size_t i = 0; i < left; i++) part[i] = half_to_float((const uint8_t *)(term->bt16 + k * rows + r + (int64_t)i));
-                else
-                    memcpy(part, term->bt + k * rows + r, sizeof(float) * left);
-                y = fma_vf(u[k], load_vf(part), y);
-            }
-            memcpy(part, &y, sizeof y);
-            memcpy(out + s * rows + r, part, sizeof(float) * left);
-        }
-}
-
-static void add_low_rank(const matmul_plan *p, const int j, const int64_t t, const int64_t r0, const int64_t r1) {
-    if (term_int8(p, term_of(p, t, j)))
-        add_low_rank_of(p, j, t, r0, r1, 1);
-    else
-        add_low_rank_of(p, j, t, r0, r1, 0);
-}
-
 /* This thread's share of a planned product, called by every thread of a team (inside a
  * parallel region: slm_matmul's own, or the decode step's). The outputs are complete once
  * every thread has returned (the caller's barrier). */
@@ -356,8 +247,8 @@ static void team_matmul(const matmul_plan *p) {
             int64_t u0, u1;
             term_units_of(g, term->rank, g0, g1, &u0, &u1);
             const int64_t k1 = 4 * u1 < term->rank ? 4 * u1 : term->rank;
-            const int64_t a_row = term_a_row_bytes(p, term);
-            const char *a = term_int8(p, term) ? (const char *)term->a8 : (const char *)term->a;
+            int64_t a_row;
+            const char *a = term_a(term, p->xq != NULL, n, &a_row);
             if (u0 < u1) prefetch_add(&fetch, a + 4 * u0 * a_row, a_row * (k1 - 4 * u0));
             g += (term->rank + 3) / 4;
         }
@@ -367,8 +258,8 @@ static void team_matmul(const matmul_plan *p) {
         for (int64_t t = 0; t < tokens && r0 < r1; t++) {
             if (!p->lead[t * count + j]) continue;
             const slm_term *term = term_of(p, t, j);
-            const int64_t size = term_b_bytes(p, term);
-            const char *bt = term_int8(p, term) ? (const char *)term->bt16 : (const char *)term->bt;
+            int64_t size;
+            const char *bt = term_bt(term, p->xq != NULL, &size);
             for (int64_t k = 0; k < term->rank; k++)
                 prefetch_add(&fetch, bt + (k * p->jobs[j].rows + r0) * size, size * (r1 - r0));
         }
@@ -401,15 +292,10 @@ static void team_matmul(const matmul_plan *p) {
             for (int64_t unit = u0; unit < u1; unit++) {
                 const int64_t k = 4 * unit, size = term->rank - k < 4 ? term->rank - k : 4;
                 /* for every row of the group while these rows of A are in the cache */
-                if (term_int8(p, term)) { /* each u[k] an int8 product of a Q8_0 row, row by row */
-                    const int64_t a_row = n / 32 * 34, blocks = n / 32;
-                    for (int64_t s = t; s >= 0; s = p->next[s * count + j])
-                        for (int64_t i = k; i < k + size; i++)
-                            dot_tiles_q8(T_Q8_0, term->a8 + i * a_row, (int)n, p->xq + s * n, p->xd + s * blocks,
-                                         p->xs + s * blocks, 1, p->u + p->u_at[s * count + j] + i, 1);
-                } else {
-                    for (int64_t s = t; s >= 0; s = p->next[s * count + j])
-                        dots(p->x + s * n, term->a + k * n, n, size, n, p->u + p->u_at[s * count + j] + k);
+                for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
+                    const int64_t at = s * (n / 32); /* (x's int8 blocks, when it has them) */
+                    term_u(term, p->x + s * n, p->xq ? p->xq + s * n : NULL, p->xd ? p->xd + at : NULL,
+                           p->xs ? p->xs + at : NULL, n, k, size, p->u + p->u_at[s * count + j]);
                 }
             }
             g += (term->rank + 3) / 4;
@@ -422,7 +308,10 @@ static void team_matmul(const matmul_plan *p) {
         int64_t r0, r1;
         job_rows_of(p, j, i0, i1, &r0, &r1);
         for (int64_t t = 0; t < tokens && r0 < r1; t++)
-            if (p->lead[t * count + j]) add_low_rank(p, j, t, r0, r1);
+            if (p->lead[t * count + j]) {
+                const term_group g = {t, p->jobs[j].rows, count, j, p->u, p->u_at, p->next, p->jobs[j].out};
+                add_low_rank_rows(term_of(p, t, j), p->xq != NULL, &g, r0, r1);
+            }
     }
 }
 
