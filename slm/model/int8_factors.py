@@ -1,4 +1,4 @@
-"""The int8 mode's copies of a LoRA term's factors (qkernels/matmul.c, slm_term.a8 and bt16).
+"""The int8 mode's copies of a LoRA term's factors (qkernels/low_rank.c, slm_term.a8 and bt16).
 
 A fused LoRA term is u = A x, then y += u B^T: two float32 factors that a decode step reads
 cold from memory after the base's weights, as many bytes per token as a tenth of a 1B base's
