@@ -7,8 +7,13 @@ Q4_K_M, and random-weight files with the shapes of Llama 3.2 1B and Llama 3.1 8B
 scripts/make_shape_gguf.py; made once into .peers/models): decode tok/s (-n 128 from an empty
 context for llama-bench, 128 greedy steps after an 8-token prompt for slm), prefill tok/s of a
 512-token prompt, and aggregate decode tok/s of 8 sequences decoded together (slm's batched
-step, the one `slm serve` runs, against llama-batched-bench -npl 8). slm runs in its default
-mode and with int8 activations, in a worker process of its own (the mechanism of
+step, the one `slm serve` runs, against llama-batched-bench -npl 8; and in the default mode the
+same 8 on 4 compositions: the base and three random LoRAs r=16, scripts/bench_scale_lora.py).
+In the first --lora-runs runs, the LoRA r=16's decode overhead, base and LoRA alternating in
+the worker's process. After the worker, the HTTP figures (--serve-runs): 8 concurrent
+completions through `slm serve` (on the base, and on the 4 compositions) and through
+`llama-server -np 8` on the same file (scripts/bench_http.py). slm runs in its exact mode
+and its default (int8) one, in a worker process of its own (the mechanism of
 scripts/bench.py); llama-bench runs once (-r 1) per sample; every sample is preceded by
 SETTLE_S of quiet, the systems take turns within each run, and the tables give medians. The
 machine's read bandwidth with the same 2 threads (scripts/read_bandwidth.c) is sampled in
