@@ -1,5 +1,5 @@
-"""The int8 mode's LoRA factors (slm/model/int8_factors.py, qkernels/matmul.c): A as Q8_0 rows
-dotted in integers with the int8 input, B^T as halves; the exact mode's float32 factors
+"""The int8 mode's LoRA factors (slm/model/int8_factors.py, qkernels/low_rank.c): A as Q8_0 rows
+dotted in integers with the int8 input, B^T as halves in tiles; the exact mode's float32 factors
 untouched; batched, native-step and thread-count results unchanged bit for bit."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from test_kernels import _int8_codes, _int8_inputs
 from test_kernels_kquants import blocks, tensor
 
 from slm.model import kernels_native, modes
-from slm.model.int8_factors import int8_factors
+from slm.model.int8_factors import BT_TILE, int8_factors, untiled
 
 T = gguf.GGMLQuantizationType
 
@@ -25,7 +25,7 @@ def _weight_and_term(rows: int, cols: int, rank: int, seed: int):
     return w, (a, b_t), rng
 
 
-@pytest.mark.parametrize("rows", [37, 96])  # 37: the last values of a row through the padded vector
+@pytest.mark.parametrize("rows", [37, 96])  # 37: a partial last tile of B^T
 @pytest.mark.parametrize("tokens", [1, 3, 6])
 def test_int8_mode_lora_term_is_the_integer_product_of_its_int8_factors(rows, tokens):
     """In the int8 mode, y += u B^T with u[k] = sum over blocks dA * dx * (qA . qx) (A's Q8_0
@@ -42,7 +42,7 @@ def test_int8_mode_lora_term_is_the_integer_product_of_its_int8_factors(rows, to
     d, _, qa = _int8_codes(T.Q8_0, a8)
     qx, dx = _int8_inputs(x)
     u = (np.einsum("kbi,tbi->tkb", qa, qx) * d[None] * dx[:, None]).sum(-1)  # (T, rank)
-    want = u @ bt16.astype(np.float64)
+    want = u @ untiled(bt16, rows).astype(np.float64)
     scale = np.abs(with_term).max()
     assert np.abs(delta - want).max() <= 1e-5 * scale
     float_term = (x.astype(np.float64) @ a.T) @ b_t
@@ -70,7 +70,9 @@ def test_int8_factors_fall_back_to_float32_where_they_cannot_hold_the_term():
     rng = np.random.default_rng(0)
     a, b_t = rng.standard_normal((4, 64)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
     first = int8_factors(a, b_t)
-    assert first[0].shape == (4, 2 * 34) and first[1].dtype == np.float16
+    assert first[0].shape == (4, 2 * 34) and first[1].shape == (1, 4, BT_TILE) and first[1].dtype == np.float16
+    assert untiled(first[1], 8).tobytes() == b_t.astype(np.float16).tobytes()
+    assert not first[1][0, :, 8:].any()  # the tile's padding
     assert int8_factors(a, b_t)[0] is first[0]
     assert int8_factors(rng.standard_normal((4, 48)).astype(np.float32), b_t) == (None, None)
     nan_a = a.copy()

@@ -3,8 +3,9 @@
  * A term's factors (slm_term) come in float32, and for the int8 mode also as A in Q8_0 rows
  * and B^T in halves (slm/model/int8_factors.py): when the product's x is int8 (matmul.c's
  * matmul_plan.xq), u = A x is taken row by row as an int8 block product (rows_q8.c, as for any
- * Q8_0 weight) and B^T read from its halves, less than half the bytes a decode step otherwise
- * reads cold after the weights. term_u computes part of u, add_low_rank_rows adds u B^T over
+ * Q8_0 weight) and B^T read from its halves in tiles of 32 output rows (one contiguous run of
+ * memory per tile, where B^T's rank rows were 16 streams), less than half the bytes a decode
+ * step otherwise reads cold after the weights. term_u computes part of u, add_low_rank_rows adds u B^T over
  * a thread's output rows; matmul.c's team_matmul schedules both.
  *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
@@ -23,8 +24,10 @@ typedef struct {
     /* The same factors for the int8 mode (NULL: none), taken when the product's x is int8 and
      * both are there (term_int8). */
     const uint8_t *a8;     /* (rank, n / 32 * 34) */
-    const uint16_t *bt16;  /* (rank, rows) */
+    const uint16_t *bt16;  /* (ceil(rows / 32), rank, 32): B^T's columns in tiles of BT_TILE, zero-padded */
 } slm_term;
+
+#define BT_TILE 32 /* output rows of a tile of bt16 */
 
 /* Whether a term is computed from its int8 mode's factors in a product whose x is int8 or not
  * (int8_x): the same answer for a term in every product over the same x, batched or not. */
@@ -38,10 +41,17 @@ static inline const char *term_a(const slm_term *term, const int int8_x, const i
     return term_int8(term, int8_x) ? (const char *)term->a8 : (const char *)term->a;
 }
 
-/* Where a term's B^T starts and the bytes of one of its elements, as a product reads them. */
-static inline const char *term_bt(const slm_term *term, const int int8_x, int64_t *element_bytes) {
-    *element_bytes = term_int8(term, int8_x) ? (int64_t)sizeof(uint16_t) : (int64_t)sizeof(float);
-    return term_int8(term, int8_x) ? (const char *)term->bt16 : (const char *)term->bt;
+/* The bytes of a term's B^T that rank k of output rows [r0, r1) reads, as a product reads them
+ * (*bytes 0: none beyond rank 0's, the halves' tiles holding every rank). */
+static inline const char *term_bt_span(const slm_term *term, const int int8_x, const int64_t rows, const int64_t k,
+                                       const int64_t r0, const int64_t r1, int64_t *bytes) {
+    if (!term_int8(term, int8_x)) {
+        *bytes = (int64_t)sizeof(float) * (r1 - r0);
+        return (const char *)(term->bt + k * rows + r0);
+    }
+    const int64_t tile_bytes = (int64_t)sizeof(uint16_t) * BT_TILE * term->rank, t0 = r0 / BT_TILE;
+    *bytes = k > 0 ? 0 : tile_bytes * ((r1 + BT_TILE - 1) / BT_TILE - t0);
+    return (const char *)term->bt16 + t0 * tile_bytes;
 }
 
 /* u[k] = A[k] . x for the `size` ranks from k of a term, for one row of x: x's floats, or its
@@ -57,9 +67,8 @@ static inline void term_u(const slm_term *term, const float *x, const int8_t *xq
     }
 }
 
-/* LANES floats of B^T from float32 or from halves (exact: a half is a float). */
-static inline __attribute__((always_inline)) vf load_factor(const void *at, const int half) {
-    if (!half) return load_vf((const float *)at);
+/* LANES floats from halves (exact: a half is a float). */
+static inline __attribute__((always_inline)) vf load_halves(const uint16_t *at) {
 #if LANES == 16
     return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)at));
 #elif LANES == 8 && defined(__F16C__)
@@ -81,66 +90,99 @@ typedef struct {
     float *out;
 } term_group;
 
-/* Columns [r0, r1) of a group's outputs: y[s, r] += sum_k u_s[k] B^T[k, r], k ascending. A
- * block of 4 vectors of y stays in registers over all the ranks, and the group's rows take
- * turns over the same block of B^T (in the L1 by then): one load a multiply-add, where y loaded
- * and stored at every rank took three. Each y[s, r] gets the same operations in the same order
- * whatever the block, the group or the thread: the fused multiply-adds spelled out and the last
- * values in a padded vector (GCC contracted the vector loops and not a scalar one in an AVX2
- * build, and SSE's scalar and vector adds kept different NaNs: a value's bits then depended on
- * where the thread's rows began). half: B^T from the term's halves (bt16), else its floats. */
-static inline __attribute__((always_inline)) void add_rows_of(const slm_term *term, const term_group *g,
-                                                              const int64_t r0, const int64_t r1, const int half) {
-    const int64_t rank = term->rank, rows = g->rows, size = half ? 2 : 4, count = g->count, j = g->j;
-    const char *const bt = half ? (const char *)term->bt16 : (const char *)term->bt;
+/* Columns [r0, r1) of a group's outputs from B^T's floats: y[s, r] += sum_k u_s[k] B^T[k, r], k
+ * ascending. A block of 4 vectors of y stays in registers over all the ranks, and the group's
+ * rows take turns over the same block of B^T (in the L1 by then): one load a multiply-add,
+ * where y loaded and stored at every rank took three. Each y[s, r] gets the same operations in
+ * the same order whatever the block, the group or the thread: the fused multiply-adds spelled
+ * out and the last values in a padded vector (GCC contracted the vector loops and not a scalar
+ * one in an AVX2 build, and SSE's scalar and vector adds kept different NaNs: a value's bits
+ * then depended on where the thread's rows began). */
+static void add_rows_of(const slm_term *term, const term_group *g, const int64_t r0, const int64_t r1) {
+    const int64_t rank = term->rank, rows = g->rows, count = g->count, j = g->j;
     int64_t r = r0;
     for (; r + 4 * LANES <= r1; r += 4 * LANES)
         for (int64_t s = g->first; s >= 0; s = g->next[s * count + j]) {
-            const float *u = g->u + g->u_at[s * count + j];
-            const char *b = bt + r * size;
+            const float *u = g->u + g->u_at[s * count + j], *b = term->bt + r;
             float *o = g->out + s * rows + r;
             vf y0 = load_vf(o), y1 = load_vf(o + LANES), y2 = load_vf(o + 2 * LANES), y3 = load_vf(o + 3 * LANES);
-            for (int64_t k = 0; k < rank; k++, b += rows * size) {
-                y0 = fma_vf(u[k], load_factor(b, half), y0), y1 = fma_vf(u[k], load_factor(b + LANES * size, half), y1);
-                y2 = fma_vf(u[k], load_factor(b + 2 * LANES * size, half), y2);
-                y3 = fma_vf(u[k], load_factor(b + 3 * LANES * size, half), y3);
+            for (int64_t k = 0; k < rank; k++, b += rows) {
+                y0 = fma_vf(u[k], load_vf(b), y0), y1 = fma_vf(u[k], load_vf(b + LANES), y1);
+                y2 = fma_vf(u[k], load_vf(b + 2 * LANES), y2), y3 = fma_vf(u[k], load_vf(b + 3 * LANES), y3);
             }
             memcpy(o, &y0, sizeof y0), memcpy(o + LANES, &y1, sizeof y1);
             memcpy(o + 2 * LANES, &y2, sizeof y2), memcpy(o + 3 * LANES, &y3, sizeof y3);
         }
     for (; r + LANES <= r1; r += LANES)
         for (int64_t s = g->first; s >= 0; s = g->next[s * count + j]) {
-            const float *u = g->u + g->u_at[s * count + j];
-            const char *b = bt + r * size;
+            const float *u = g->u + g->u_at[s * count + j], *b = term->bt + r;
             float *o = g->out + s * rows + r;
             vf y = load_vf(o);
-            for (int64_t k = 0; k < rank; k++, b += rows * size) y = fma_vf(u[k], load_factor(b, half), y);
+            for (int64_t k = 0; k < rank; k++, b += rows) y = fma_vf(u[k], load_vf(b), y);
             memcpy(o, &y, sizeof y);
         }
     if (r < r1) /* the last few values in one vector padded with zeros: each through the same instructions */
         for (int64_t s = g->first; s >= 0; s = g->next[s * count + j]) {
             const float *u = g->u + g->u_at[s * count + j];
-            const size_t left = (size_t)(r1 - r);
+            const size_t bytes = sizeof(float) * (size_t)(r1 - r);
             float part[LANES] = {0};
-            memcpy(part, g->out + s * rows + r, sizeof(float) * left);
+            memcpy(part, g->out + s * rows + r, bytes);
             vf y = load_vf(part);
             for (int64_t k = 0; k < rank; k++) {
-                if (half)
-                    for (size_t i = 0; i < left; i++)
-                        part[i] = half_to_float((const uint8_t *)(term->bt16 + k * rows + r + (int64_t)i));
-                else
-                    memcpy(part, term->bt + k * rows + r, sizeof(float) * left);
+                memcpy(part, term->bt + k * rows + r, bytes);
                 y = fma_vf(u[k], load_vf(part), y);
             }
             memcpy(part, &y, sizeof y);
-            memcpy(g->out + s * rows + r, part, sizeof(float) * left);
+            memcpy(g->out + s * rows + r, part, bytes);
         }
+}
+
+/* add_rows_of over B^T's halves in tiles (bt16): a whole tile's 32 values of y in registers
+ * over all the ranks, reading one contiguous run; the part of a tile outside [r0, r1) (a
+ * thread's rows begin at multiples of 8) through padded vectors, each value through the same
+ * fused multiply-adds in the same order either way. */
+static void add_rows_half(const slm_term *term, const term_group *g, const int64_t r0, const int64_t r1) {
+    const int64_t rank = term->rank, rows = g->rows, count = g->count, j = g->j;
+    for (int64_t r = r0; r < r1;) {
+        const int64_t t0 = r / BT_TILE * BT_TILE, end = t0 + BT_TILE < r1 ? t0 + BT_TILE : r1;
+        const uint16_t *tile = term->bt16 + t0 * rank; /* (rank, BT_TILE) */
+        if (r == t0 && end == t0 + BT_TILE) {
+            for (int64_t s = g->first; s >= 0; s = g->next[s * count + j]) {
+                const float *u = g->u + g->u_at[s * count + j];
+                float *o = g->out + s * rows + t0;
+                vf y[BT_TILE / LANES];
+                for (int v = 0; v < BT_TILE / LANES; v++) y[v] = load_vf(o + v * LANES);
+                for (int64_t k = 0; k < rank; k++)
+                    for (int v = 0; v < BT_TILE / LANES; v++)
+                        y[v] = fma_vf(u[k], load_halves(tile + k * BT_TILE + v * LANES), y[v]);
+                memcpy(o, y, sizeof y);
+            }
+        } else {
+            for (int64_t c = r; c < end; c += LANES) {
+                const size_t left = (size_t)(end - c < LANES ? end - c : LANES);
+                for (int64_t s = g->first; s >= 0; s = g->next[s * count + j]) {
+                    const float *u = g->u + g->u_at[s * count + j];
+                    float part[LANES] = {0}, b[LANES] = {0};
+                    memcpy(part, g->out + s * rows + c, sizeof(float) * left);
+                    vf y = load_vf(part);
+                    for (int64_t k = 0; k < rank; k++) {
+                        for (size_t i = 0; i < left; i++)
+                            b[i] = half_to_float((const uint8_t *)(tile + k * BT_TILE + (c - t0) + (int64_t)i));
+                        y = fma_vf(u[k], load_vf(b), y);
+                    }
+                    memcpy(part, &y, sizeof y);
+                    memcpy(g->out + s * rows + c, part, sizeof(float) * left);
+                }
+            }
+        }
+        r = end;
+    }
 }
 
 static void add_low_rank_rows(const slm_term *term, const int int8_x, const term_group *g, const int64_t r0,
                               const int64_t r1) {
     if (term_int8(term, int8_x))
-        add_rows_of(term, g, r0, r1, 1);
+        add_rows_half(term, g, r0, r1);
     else
-        add_rows_of(term, g, r0, r1, 0);
+        add_rows_of(term, g, r0, r1);
 }

@@ -258,10 +258,11 @@ static void team_matmul(const matmul_plan *p) {
         for (int64_t t = 0; t < tokens && r0 < r1; t++) {
             if (!p->lead[t * count + j]) continue;
             const slm_term *term = term_of(p, t, j);
-            int64_t size;
-            const char *bt = term_bt(term, p->xq != NULL, &size);
-            for (int64_t k = 0; k < term->rank; k++)
-                prefetch_add(&fetch, bt + (k * p->jobs[j].rows + r0) * size, size * (r1 - r0));
+            for (int64_t k = 0; k < term->rank; k++) {
+                int64_t bytes;
+                const char *at = term_bt_span(term, p->xq != NULL, p->jobs[j].rows, k, r0, r1, &bytes);
+                prefetch_add(&fetch, at, bytes);
+            }
         }
     }
     for (int i = 0; i < p->after_count; i++) prefetch_add(&fetch, p->after_at[i], p->after_bytes[i]);
