@@ -4,8 +4,6 @@ over HTTP)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +18,9 @@ def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: 
     """The LoRA's decode overhead, interleaved in one process (the honest measure: the bench
     medians compare runs minutes apart): blocks of `steps` greedy decode steps alternate
     between the base and the LoRA composition, both staged; the 20th percentile of each side's
-    block times (the quietest blocks) gives the overhead."""
+    block times (the quietest blocks) gives the overhead. Both the wall-clock time and this
+    process's CPU time (on a loaded machine, run it at one thread and read the CPU time: it
+    does not count the time the process was descheduled)."""
     models = {w: rt.switch(comp_ids[w]).model for w in ("base", "lora")}
     for m in models.values():
         m.kernels.set_activations(activations)
@@ -29,19 +29,24 @@ def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: 
         cache = m.new_cache(len(prompt) + blocks * steps + 1)
         state[w] = (cache, int(np.argmax(m.forward(np.asarray(prompt), cache, "last")[-1])))
     times: dict = {"base": [], "lora": []}
+    cpu: dict = {"base": [], "lora": []}
     for i in range(2 * blocks):
         w = ("base", "lora")[i % 2]
         m, (cache, token) = models[w], state[w]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(steps):
             token = int(np.argmax(m.forward(np.asarray([token]), cache, "last")[-1]))
         times[w].append((time.perf_counter() - t) / steps)
+        cpu[w].append((time.process_time() - c) / steps)
         state[w] = (cache, token)
     p20 = {w: float(np.percentile(v, 20)) for w, v in times.items()}
+    c20 = {w: float(np.percentile(v, 20)) for w, v in cpu.items()}
     for m in models.values():
         m.kernels.set_activations("float32")
     return {"base_ms_per_token": p20["base"] * 1e3, "lora_ms_per_token": p20["lora"] * 1e3,
-            "overhead": p20["lora"] / p20["base"] - 1, "blocks": blocks, "steps_per_block": steps}
+            "overhead": p20["lora"] / p20["base"] - 1, "base_cpu_ms_per_token": c20["base"] * 1e3,
+            "lora_cpu_ms_per_token": c20["lora"] * 1e3, "overhead_cpu": c20["lora"] / c20["base"] - 1,
+            "blocks": blocks, "steps_per_block": steps}
 
 
 def int8_error(rt, comp_ids: dict, tok, positions: int = 96, greedy: int = 64) -> dict:
@@ -138,43 +143,18 @@ def bench_serve_http(store_root: Path, base: str, adapters: list[str], a) -> dic
     one greedy /v1/completions request alone, of 8 at once on the active composition, and of
     8 at once on 4 compositions (named by spec); end to end (short prompts: the prefill is a
     small part); medians of min(--runs, 3), interleaved (interleaved_medians)."""
-    import threading
-    import urllib.request
+    from bench_http import concurrent_completions, slm_serve
 
     slm_cli(store_root, "activate", base)
-    proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store_root), "serve", "--port", "0",
-                             "--max-batch", "8"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    try:
-        for line in proc.stderr:
-            if "listening on " in line:
-                url = line.split("listening on ")[1].split()[0]
-                break
-        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep the pipe drained
-
-        def ask(model: str, i: int, out: list) -> None:
-            body = json.dumps({"model": model, "prompt": f"{PROMPT} Chapter {i + 1}.",
-                               "max_tokens": a.batch_steps}).encode()
-            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=600) as r:
-                out.append(json.loads(r.read())["usage"]["completion_tokens"])
-
+    with slm_serve(store_root, max_batch=8) as url:
         def sample(models: list[str]) -> float:
-            out: list = []
-            threads = [threading.Thread(target=ask, args=(m, i, out)) for i, m in enumerate(models)]
-            t = time.perf_counter()
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            return sum(out) / (time.perf_counter() - t)
+            prompts = [f"{PROMPT} Chapter {i + 1}." for i in range(len(models))]
+            return concurrent_completions(url, models, prompts, a.batch_steps)["tok_s"]
 
         specs = [base] + [f"{base}+{x}" for x in adapters]
         sample(specs)  # stage the compositions, warm the prompt cache
         figures = interleaved_medians(sample, min(a.runs, 3), {
             "one": ["active"], "eight": ["active"] * 8, "eight_on_4_compositions": [specs[i % 4] for i in range(8)]})
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
     figures["ratio_eight"] = figures["eight"] / figures["one"]
     figures["ratio_eight_on_4_compositions"] = figures["eight_on_4_compositions"] / figures["one"]
     print(f"{base}: slm serve over HTTP {figures}", file=sys.stderr, flush=True)

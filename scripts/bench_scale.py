@@ -7,8 +7,13 @@ Q4_K_M, and random-weight files with the shapes of Llama 3.2 1B and Llama 3.1 8B
 scripts/make_shape_gguf.py; made once into .peers/models): decode tok/s (-n 128 from an empty
 context for llama-bench, 128 greedy steps after an 8-token prompt for slm), prefill tok/s of a
 512-token prompt, and aggregate decode tok/s of 8 sequences decoded together (slm's batched
-step, the one `slm serve` runs, against llama-batched-bench -npl 8). slm runs in its default
-mode and with int8 activations, in a worker process of its own (the mechanism of
+step, the one `slm serve` runs, against llama-batched-bench -npl 8; and in the default mode the
+same 8 on 4 compositions: the base and three random LoRAs r=16, scripts/bench_scale_lora.py).
+In the first --lora-runs runs, the LoRA r=16's decode overhead, base and LoRA alternating in
+the worker's process. After the worker, the HTTP figures (--serve-runs): 8 concurrent
+completions through `slm serve` (on the base, and on the 4 compositions) and through
+`llama-server -np 8` on the same file (scripts/bench_http.py). slm runs in its exact mode
+and its default (int8) one, in a worker process of its own (the mechanism of
 scripts/bench.py); llama-bench runs once (-r 1) per sample; every sample is preceded by
 SETTLE_S of quiet, the systems take turns within each run, and the tables give medians. The
 machine's read bandwidth with the same 2 threads (scripts/read_bandwidth.c) is sampled in
@@ -37,13 +42,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_peers  # noqa: E402
+import bench_scale_lora  # noqa: E402
 import gemma3_path  # noqa: E402
 import smollm2_path  # noqa: E402
-from bench_common import SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med  # noqa: E402
+from bench_common import PROMPT, SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med  # noqa: E402
 
 MODELS_DIR = bench_peers.PEERS / "models"
 BATCH = 8  # sequences decoded together
 BATCH_PROMPT = 16  # tokens of each batched sequence's prompt
+LORA_AB_STEPS = 8  # decode steps of one block of the LoRA A/B
 
 
 def shape_gguf(shape: str, qtype: str) -> Path | None:
@@ -95,16 +102,24 @@ class SlmScaleWorker:
 
     def __init__(self, plan: dict):
         import slm
+        from slm.ops import compositions
         from slm.ops.staging import StagedCompositions
         from slm.store import StoreDir
 
         slm.keep_freed_memory()  # as `slm run` does
-        self.loaded = StagedCompositions(StoreDir(Path(plan["store"]))).switch(plan["comp_id"])
+        store = StoreDir(Path(plan["store"]))
+        self.rt = StagedCompositions(store)
+        self.comp_ids = {"base": plan["comp_id"], "lora": plan["lora_comp_id"]}
+        # the 4 compositions of 8-on-4 (base, and each LoRA alone), staged once, sharing the base's map
+        self.four = [self.rt.stage(compositions.build(store, "base", spec)).model
+                     for spec in ([], *([x] for x in plan["adapters"]))]
+        self.loaded = self.rt.switch(plan["comp_id"])
         self.model = self.loaded.model
         self.short, self.long = plan["short"], plan["long"]
 
     def _mode(self, mode: str):
-        self.model.kernels.set_activations(mode)
+        for m in (self.model, *self.four):
+            m.kernels.set_activations(mode)
         return self.model
 
     def decode(self, mode: str, n: int) -> float:
@@ -124,18 +139,36 @@ class SlmScaleWorker:
         return len(ids) / (time.perf_counter() - t)
 
     def batched(self, mode: str, n: int) -> float:
-        """Aggregate decode tok/s of BATCH sequences through slm.model.batch.decode_step (the
-        step `slm serve` runs), each after its own BATCH_PROMPT-token prompt; only the steps
+        """Aggregate decode tok/s of BATCH sequences on the base through slm.model.batch.decode_step
+        (the step `slm serve` runs), each after its own BATCH_PROMPT-token prompt; only the steps
         are timed, as llama-batched-bench's speed_tg."""
+        return self._batch(mode, n, [self._mode(mode)] * BATCH)
+
+    def batched4(self, mode: str, n: int) -> float:
+        """batched, the BATCH sequences on 4 compositions: the base and three LoRAs r=16 (two
+        rows each, interleaved), each row adding its own composition's terms in the same step."""
+        self._mode(mode)
+        return self._batch(mode, n, [self.four[i % len(self.four)] for i in range(BATCH)])
+
+    def lora_ab(self, mode: str, n: int) -> dict:
+        """The LoRA r=16's decode overhead in this process (bench_inprocess.lora_overhead_ab:
+        blocks of LORA_AB_STEPS steps, base and LoRA taking turns), n tokens a side."""
+        from bench_inprocess import lora_overhead_ab
+
+        blocks = max(1, n // LORA_AB_STEPS)
+        out = lora_overhead_ab(self.rt, self.comp_ids, self.short, blocks, LORA_AB_STEPS, activations=mode)
+        self.rt.switch(self.comp_ids["base"])
+        return out
+
+    def _batch(self, mode: str, n: int, models: list) -> float:
         from slm.model.batch import Row, decode_step
 
-        m = self._mode(mode)
         prompts = [self.long[i * BATCH_PROMPT:(i + 1) * BATCH_PROMPT] for i in range(BATCH)]
-        caches = [m.new_cache(BATCH_PROMPT + n + 1) for _ in prompts]
-        last = [int(np.argmax(m.forward(np.asarray(p), c, "last")[-1])) for p, c in zip(prompts, caches)]
+        caches = [m.new_cache(BATCH_PROMPT + n + 1) for m in models]
+        last = [int(np.argmax(m.forward(np.asarray(p), c, "last")[-1])) for m, p, c in zip(models, prompts, caches)]
         t = time.perf_counter()
         for _ in range(n):
-            logits = decode_step([Row(m, c, x) for c, x in zip(caches, last)], m.kernels)
+            logits = decode_step([Row(m, c, x) for m, c, x in zip(models, caches, last)], models[0].kernels)
             last = [int(np.argmax(row)) for row in logits]
         return BATCH * n / (time.perf_counter() - t)
 
@@ -178,14 +211,20 @@ def bench_model(label: str, gguf: Path, a) -> dict:
         t = time.perf_counter()
         imported = import_base(store, gguf, "base")
         import_s = time.perf_counter() - t
-        comp_id = activate(store, "base", []).active.id
+        adapters = bench_scale_lora.import_loras(store, gguf, work)
+        lora_comp_id = activate(store, "base", [adapters[0]]).active.id
+        comp_id = activate(store, "base", []).active.id  # the base stays the active composition
         # token ids, not text: the random-weight files' vocabularies say nothing; every vocabulary
         # here has more than 1000 entries
         ids = [int(x) for x in np.random.default_rng(0).integers(10, 1000, size=max(a.prefill, BATCH * BATCH_PROMPT))]
-        plan = {"store": str(store.root), "comp_id": comp_id, "short": ids[:8], "long": ids}
+        plan = {"store": str(store.root), "comp_id": comp_id, "lora_comp_id": lora_comp_id, "adapters": adapters,
+                "short": ids[:8], "long": ids}
         plan_path = work / "plan.json"
         plan_path.write_text(json.dumps(plan))
-        return measure(label, gguf, Worker(plan_path), a) | {"import_mb_s": imported.total_bytes / 2**20 / import_s}
+        out = measure(label, gguf, Worker(plan_path), a) | {"import_mb_s": imported.total_bytes / 2**20 / import_s}
+        if a.serve_runs:  # after the worker has gone: never two copies of an 8B model at once
+            out["http"] = serve_figures(label, gguf, store.root, adapters, work, a)
+        return out
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -207,22 +246,60 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
             if run < a.batch_runs:
                 add("slm|batch8", lambda: slm.ask(op="batched", mode="float32", n=a.batch_steps))
                 add("slm int8|batch8", lambda: slm.ask(op="batched", mode="int8", n=a.batch_steps))
+                add("slm int8|batch8 on 4 compositions", lambda: slm.ask(op="batched4", mode="int8", n=a.batch_steps))
                 add("llama-batched-bench|batch8", lambda: bench_peers.llama_batched_bench(
                     gguf, BATCH, BATCH_PROMPT, a.batch_steps)["decode_tok_s"])
+            if run < a.lora_runs:
+                add("slm int8|lora r=16 A/B", lambda: slm.ask(op="lora_ab", mode="int8", n=a.lora_tokens))
             print(f"{label}: run {run + 1}/{a.runs} done", file=sys.stderr, flush=True)
     finally:
         slm.close()
+    lora_ab = samples.pop("slm int8|lora r=16 A/B", [])
     medians = {k: med([s["value"] for s in v]) for k, v in samples.items()}
     weights = streamed_bytes(gguf)
     out = {"file": gguf.name, "file_bytes": gguf.stat().st_size, "streamed_bytes_per_token": weights,
            "tok_s": medians, "samples": samples,
            "load_median": med([s["load"] for v in samples.values() for s in v])}
+    if lora_ab:  # each sample a dict of its own (bench_inprocess.lora_overhead_ab); the medians of its figures
+        out["lora_overhead_ab_int8"] = {k: med([s["value"][k] for s in lora_ab]) for k in lora_ab[0]["value"]}
+        out["lora_overhead_ab_int8"]["load"] = med([s["load"] for s in lora_ab])
+        out["samples"]["slm int8|lora r=16 A/B"] = lora_ab
     bw = medians["read_bandwidth_gb_s"]
     # the share of the read bandwidth a decode rate uses: weight bytes per token x tok/s
     out["bandwidth_share"] = {k.split("|")[0]: weights * v / 1e9 / bw for k, v in medians.items()
                               if k.endswith("|decode")}
     print(f"{label}: {json.dumps(medians)}", file=sys.stderr, flush=True)
     return out
+
+
+def serve_figures(label: str, gguf: Path, store_root: Path, adapters: list[str], work: Path, a) -> dict:
+    """BATCH concurrent greedy completions over HTTP (a short text prompt each, --batch-steps
+    tokens): `slm serve` on the base, on 4 compositions (the base and each LoRA, by spec), and
+    `llama-server -np BATCH` on the same file; aggregate tok/s (bench_http). In each run one
+    server at a time, each warmed by a first round; medians over --serve-runs."""
+    from bench_http import concurrent_completions, llama_server, slm_serve
+
+    prompts = [f"{PROMPT} Chapter {i + 1}." for i in range(BATCH)]
+    four = ["base"] + [f"base+{x}" for x in adapters]
+    samples: dict = {}
+
+    def add(key: str, url: str, models: list[str]) -> None:
+        time.sleep(SETTLE_S)
+        load = os.getloadavg()[0]
+        got = concurrent_completions(url, models, prompts, a.batch_steps)
+        samples.setdefault(key, []).append({"value": got["tok_s"], "tokens": got["tokens"], "load": round(load, 2)})
+        print(f"{label}: {key} {samples[key][-1]}", file=sys.stderr, flush=True)
+
+    for _ in range(a.serve_runs):
+        with slm_serve(store_root, max_batch=BATCH) as url:
+            concurrent_completions(url, [four[i % 4] for i in range(BATCH)], prompts, 4)  # stage, warm
+            add("slm serve|http8", url, ["active"] * BATCH)
+            add("slm serve|http8 on 4 compositions", url, [four[i % 4] for i in range(BATCH)])
+        with llama_server(bench_peers.tool("llama-server"), gguf, BATCH, max(256, 64 + a.batch_steps),
+                          bench_peers.THREADS, work / "llama-server.log") as url:
+            concurrent_completions(url, ["base"] * BATCH, prompts, 4)
+            add("llama-server -np 8|http8", url, ["base"] * BATCH)
+    return {"tok_s": {k: med([s["value"] for s in v]) for k, v in samples.items()}, "samples": samples}
 
 
 def main() -> int:
@@ -233,6 +310,10 @@ def main() -> int:
     p.add_argument("--decode", type=int, default=128)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--batch-steps", type=int, default=32, help="decode steps of each batched sequence")
+    p.add_argument("--serve-runs", type=int, default=1,
+                   help="runs of the HTTP figures (slm serve, llama-server -np 8); 0: none")
+    p.add_argument("--lora-runs", type=int, default=1, help="runs that also take the LoRA r=16 decode A/B")
+    p.add_argument("--lora-tokens", type=int, default=64, help="decode steps of each side of a LoRA A/B")
     p.add_argument("--out", type=Path, default=HERE.parent / "docs")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)

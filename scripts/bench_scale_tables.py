@@ -45,18 +45,49 @@ def print_tables(results: dict) -> None:
               f"{r['tok_s']['read_bandwidth_gb_s']:.1f} GB/s | " +
               " | ".join(f"{100 * share[k]:.0f}%" if k in share else "-" for k in ("slm", "slm int8", "llama-bench"))
               + " |")
-    print("\n| model (file) | slm 8 sequences, aggregate decode tok/s | slm int8 | llama-batched-bench -npl 8 "
-          "| slm / llama | slm int8 / llama |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("\n| model (file) | slm 8 sequences, aggregate decode tok/s | slm int8 | slm int8, 8 on 4 compositions "
+          "| 8 on 4 / 8 on one | llama-batched-bench -npl 8 | slm / llama | slm int8 / llama |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in models.values():
         t = r["tok_s"]
         s, q, ll = t.get("slm|batch8"), t.get("slm int8|batch8"), t.get("llama-batched-bench|batch8")
+        four = t.get("slm int8|batch8 on 4 compositions")
         if ll is None and s is None:
             continue
-        print(f"| {r['what']} | {_num(s)} | {_num(q)} | {_num(ll)} | {_ratio(s, ll)} | {_ratio(q, ll)} |")
+        print(f"| {r['what']} | {_num(s)} | {_num(q)} | {_num(four)} | {_ratio(four, q)} | {_num(ll)} | "
+              f"{_ratio(s, ll)} | {_ratio(q, ll)} |")
+    _lora_table(models)
+    _http_table(models)
     skipped = [f"{k} ({v['skipped']})" for k, v in results["models"].items() if "skipped" in v]
     if skipped:
         print(f"\nskipped: {', '.join(skipped)}")
+
+
+def _lora_table(models: dict) -> None:
+    rows = {k: r for k, r in models.items() if "lora_overhead_ab_int8" in r}
+    if not rows:
+        return
+    print("\n| model (file) | base ms/token | LoRA r=16 ms/token | overhead | base CPU ms/token | LoRA CPU ms/token "
+          "| CPU overhead | tokens a side | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows.values():
+        ab = r["lora_overhead_ab_int8"]
+        print(f"| {r['what']} | {ab['base_ms_per_token']:.1f} | {ab['lora_ms_per_token']:.1f} | "
+              f"{100 * ab['overhead']:+.1f}% | {ab['base_cpu_ms_per_token']:.1f} | {ab['lora_cpu_ms_per_token']:.1f} | "
+              f"{100 * ab['overhead_cpu']:+.1f}% | {ab['blocks'] * ab['steps_per_block']} | {ab['load']:.1f} |")
+
+
+def _http_table(models: dict) -> None:
+    rows = {k: r for k, r in models.items() if "http" in r}
+    if not rows:
+        return
+    print("\n| model (file) | slm serve, 8 concurrent requests, tok/s | slm serve, 8 on 4 compositions "
+          "| llama-server -np 8 | slm / llama-server |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows.values():
+        t = r["http"]["tok_s"]
+        s, four, ll = t.get("slm serve|http8"), t.get("slm serve|http8 on 4 compositions"), t.get("llama-server -np 8|http8")
+        print(f"| {r['what']} | {_num(s)} | {_num(four)} | {_num(ll)} | {_ratio(s, ll)} |")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@
           the tokenizer (~300 bytes per vocabulary entry: measured 484 for SmolLM2's
           byte-level BPE with its merges, 206 for Gemma 3's SentencePiece pieces)
       B   base bytes: every quantized blob is memory-mapped and read once per token
-      A   adapters: their float32 tensors, 1.5 times (the bytes read, and the overlay copies made
+      A   adapters: their float32 tensors, 1.9 times (the bytes read, and the overlay copies made
           from them while they are still held: measured 1.24x on SmolLM2's r=16 LoRA, 1.47x
-          on Gemma 3's, peak RSS of `slm run`)
+          on Gemma 3's, peak RSS of `slm run`; plus up to 0.4x for the int8 mode's copies of
+          a LoRA's factors, slm.model.int8_factors: A as Q8_0, 0.27 of its bytes, B^T as halves)
       D   dequantization scratch: bounded, allocated once (slm.model.kernels)
       R   activations for a prefill of T tokens over S positions:
           4 bytes x T x (6 hidden + 4 ffn + 3 heads x S), plus T x vocab when all logits are kept
@@ -31,7 +32,7 @@ RUNTIME_BYTES = 50 << 20
 FUSED_KERNEL_BYTES = 8 << 20  # a second 4 MiB scratch, OpenMP and prefill threads
 TOKENIZER_BYTES_PER_TOKEN = 300
 SCRATCH_BYTES = 4 << 20
-ADAPTER_COPIES = 1.5  # peak bytes per float32 adapter byte (A above)
+ADAPTER_COPIES = 1.9  # peak bytes per float32 adapter byte (A above)
 SLACK = 0.10
 DEFAULT_POSITIONS = 512  # what `slm activate` plans for: a 512-token prompt + generation
 

@@ -31,6 +31,8 @@
  *   qkernels/rows_q6kx8.c the same for Q6_K, and slm_pack, the entry point of the packed layouts
  *   qkernels/gemm_packed.c a prompt's products over the packed layouts: eight rows times
  *                         four rows of x in registers, the GEMV kernels' bits
+ *   qkernels/low_rank.c   LoRA terms, y += (A x) B^T: float32 factors, or the int8 mode's
+ *                         (A in Q8_0 rows, B^T in halves)
  *   qkernels/matmul.c     products over many weights: slm_matmul, slm_matmul_rows (one
  *                         parallel region, LoRA terms added in it), slm_dequantize
  *   qkernels/attention.c  attention: slm_attend_one (a decode step's query), slm_attend_causal
@@ -54,6 +56,7 @@
 #include "qkernels/rows_q5x8.c"
 #include "qkernels/rows_q6kx8.c"
 #include "qkernels/gemm_packed.c"
+#include "qkernels/low_rank.c"
 #include "qkernels/matmul.c"
 #include "qkernels/attention.c"
 #include "qkernels/ops.c"

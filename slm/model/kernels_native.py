@@ -55,13 +55,25 @@ class Job(ctypes.Structure):
 
     _fields_ = [("type", ctypes.c_int32), ("rank", ctypes.c_int32), ("data", ctypes.c_void_p),
                 ("rows", ctypes.c_int64), ("row_bytes", ctypes.c_int64), ("out", ctypes.c_void_p),
-                ("lora_a", ctypes.c_void_p), ("lora_bt", ctypes.c_void_p), ("packed", ctypes.c_void_p)]
+                ("lora_a", ctypes.c_void_p), ("lora_bt", ctypes.c_void_p), ("packed", ctypes.c_void_p),
+                ("lora_a8", ctypes.c_void_p), ("lora_bt16", ctypes.c_void_p)]
 
 
 class Term(ctypes.Structure):
     """slm_term in qkernels/matmul.c: one row's low-rank term on one weight (slm_matmul_rows)."""
 
-    _fields_ = [("rank", ctypes.c_int32), ("a", ctypes.c_void_p), ("bt", ctypes.c_void_p)]
+    _fields_ = [("rank", ctypes.c_int32), ("a", ctypes.c_void_p), ("bt", ctypes.c_void_p),
+                ("a8", ctypes.c_void_p), ("bt16", ctypes.c_void_p)]
+
+
+def term_of(a: np.ndarray, b_t: np.ndarray) -> Term:
+    """The descriptor of the low-rank term (A, B^T): the float32 factors, and the int8 mode's
+    copies of them (slm.model.int8_factors; kept alive with A and B^T)."""
+    from slm.model.int8_factors import int8_factors
+
+    a8, bt16 = int8_factors(a, b_t)
+    return Term(a.shape[0], a.ctypes.data, b_t.ctypes.data, None if a8 is None else a8.ctypes.data,
+                None if bt16 is None else bt16.ctypes.data)
 
 
 # The C functions' status codes (_qkernels.c): 0 done, -1 an argument it refuses (a shape, a
@@ -255,7 +267,7 @@ class NativeKernels(ReferenceKernels):
                     if a.shape != (b_t.shape[0], w.cols) or b_t.shape[1] != w.rows:
                         raise KernelArgumentError(f"{w.name}: low-rank term A {a.shape}, B^T {b_t.shape} "
                                                   f"for a {w.rows} x {w.cols} weight")
-                    array[j * tokens + t] = Term(a.shape[0], a.ctypes.data, b_t.ctypes.data)
+                    array[j * tokens + t] = term_of(a, b_t)
         if len(self._terms) > 4096:  # batches come and go: keep the memory bounded
             self._terms.clear()
         self._terms[key] = (array, row_terms)
@@ -284,7 +296,8 @@ class NativeKernels(ReferenceKernels):
                     if not (a.ndim == b_t.ndim == 2 and a.shape == (b_t.shape[0], w.cols) and b_t.shape[1] == w.rows):
                         raise KernelArgumentError(f"{w.name}: low-rank term A {a.shape}, B^T {b_t.shape} "
                                                   f"does not fit the weight {w.shape}")
-                    job.rank, job.lora_a, job.lora_bt = a.shape[0], a.ctypes.data, b_t.ctypes.data
+                    t = term_of(a, b_t)
+                    job.rank, job.lora_a, job.lora_bt, job.lora_a8, job.lora_bt16 = t.rank, t.a, t.bt, t.a8, t.bt16
             plan = (jobs, weights[0].cols, tuple(w.rows for w in weights))
         # the arrays stay alive with the descriptors that point into them
         self._jobs[key] = (plan, weights, low_rank, copies)

@@ -113,8 +113,7 @@ class NativeStep:
         self.terms = (kn.Term * (cfg.num_layers * len(PROJECTIONS)))()
         for k, term in enumerate(terms):
             if term is not None:
-                a, b_t = term
-                self.terms[k] = kn.Term(a.shape[0], a.ctypes.data, b_t.ctypes.data)
+                self.terms[k] = kn.term_of(*term)
         # the RoPE base of table 0 (full layers) and, if any layer slides, of table 1
         sliding = any(t == "sliding_attention" for t in cfg.layer_types)
         self.bases = (cfg.rope_theta, cfg.rope_theta_local) if sliding else (cfg.rope_theta,)

@@ -6,7 +6,7 @@
  * planned (plan_matmul), then run by a team of threads (team_matmul): rows split between the
  * threads (block_rows, over rows.c, rows_q8.c, rows_q8k.c and the packed rows_q4x8.c,
  * rows_q6kx8.c), the next bytes prefetched, and the
- * low-rank terms added over the rows each thread just wrote (add_low_rank). step.c runs its
+ * low-rank terms added over the rows each thread just wrote (low_rank.c). step.c runs its
  * products through the same team_matmul inside its own parallel region.
  *
  * Part of the unity build: _qkernels.c includes this file once, in dependency order; it is not
@@ -30,15 +30,9 @@ typedef struct {
     const float *lora_a;   /* (rank, n): A */
     const float *lora_bt;  /* (rank, rows): (weight * scale * B)^T */
     const uint8_t *packed; /* NULL, or the rows repacked for the int8 path (rows_q4x8.c, Q4_0) */
+    const uint8_t *lora_a8;    /* NULL, or A as Q8_0 rows: the int8 mode's factors (see slm_term) */
+    const uint16_t *lora_bt16; /* NULL, or lora_bt as IEEE halves */
 } slm_job;
-
-/* A low-rank term of one job for one row of x (slm_matmul_rows: each row of a batch brings its
- * own composition's overlays). Mirrored by kernels_native.py's Term. */
-typedef struct {
-    int32_t rank;          /* 0: none */
-    const float *a;        /* (rank, n) */
-    const float *bt;       /* (rank, rows) */
-} slm_term;
 
 /* One product over a shared input, laid out before a team of threads runs it (team_matmul):
  * the term of job j for row t is terms[j * job_stride + t * row_stride] (row_stride 0: one
@@ -113,7 +107,8 @@ static int plan_matmul(matmul_plan *p, int count, const slm_job *jobs, const slm
             if (!lead[t * count + j] || a->rank == 0) continue;
             for (int64_t prev = t, s = t + 1; s < tokens; s++) {
                 const slm_term *b = term_of(p, s, j);
-                if (lead[s * count + j] && b->rank == a->rank && b->a == a->a && b->bt == a->bt) {
+                if (lead[s * count + j] && b->rank == a->rank && b->a == a->a && b->bt == a->bt && b->a8 == a->a8 &&
+                    b->bt16 == a->bt16) {
                     next[prev * count + j] = s;
                     lead[s * count + j] = 0;
                     prev = s;
@@ -227,56 +222,6 @@ static void block_rows(const matmul_plan *p, const int64_t i0, const int64_t i1,
     }
 }
 
-/* Rows [r0, r1) of job j's output, for every row of x in the group that t leads: y[s, r] +=
- * sum_k u_s[k] B^T[k, r], k ascending. A block of 4 vectors of y stays in registers over all
- * the ranks, and the group's rows take turns over the same block of B^T (in the L1 by then):
- * one load a multiply-add, where y loaded and stored at every rank took three. Each y[s, r] gets the same operations in the same
- * order whatever the block, the group or the thread: the fused multiply-adds spelled out and
- * the last values in a padded vector (GCC contracted the vector loops and not a scalar one in an
- * AVX2 build, and SSE's scalar and vector adds kept different NaNs: a value's bits then
- * depended on where the thread's rows began). */
-static void add_low_rank(const matmul_plan *p, const int j, const int64_t t, const int64_t r0, const int64_t r1) {
-    const int count = p->count;
-    const slm_term *term = term_of(p, t, j);
-    const int64_t rank = term->rank, rows = p->jobs[j].rows;
-    float *const out = p->jobs[j].out;
-    int64_t r = r0;
-    for (; r + 4 * LANES <= r1; r += 4 * LANES)
-        for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
-            const float *u = p->u + p->u_at[s * count + j], *b = term->bt + r;
-            float *o = out + s * rows + r;
-            vf y0 = load_vf(o), y1 = load_vf(o + LANES), y2 = load_vf(o + 2 * LANES), y3 = load_vf(o + 3 * LANES);
-            for (int64_t k = 0; k < rank; k++, b += rows) {
-                y0 = fma_vf(u[k], load_vf(b), y0), y1 = fma_vf(u[k], load_vf(b + LANES), y1);
-                y2 = fma_vf(u[k], load_vf(b + 2 * LANES), y2), y3 = fma_vf(u[k], load_vf(b + 3 * LANES), y3);
-            }
-            memcpy(o, &y0, sizeof y0), memcpy(o + LANES, &y1, sizeof y1);
-            memcpy(o + 2 * LANES, &y2, sizeof y2), memcpy(o + 3 * LANES, &y3, sizeof y3);
-        }
-    for (; r + LANES <= r1; r += LANES)
-        for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
-            const float *u = p->u + p->u_at[s * count + j], *b = term->bt + r;
-            float *o = out + s * rows + r;
-            vf y = load_vf(o);
-            for (int64_t k = 0; k < rank; k++, b += rows) y = fma_vf(u[k], load_vf(b), y);
-            memcpy(o, &y, sizeof y);
-        }
-    if (r < r1) /* the last few values in one vector padded with zeros: each through the same instructions */
-        for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
-            const float *u = p->u + p->u_at[s * count + j];
-            const size_t bytes = sizeof(float) * (size_t)(r1 - r);
-            float part[LANES] = {0};
-            memcpy(part, out + s * rows + r, bytes);
-            vf y = load_vf(part);
-            for (int64_t k = 0; k < rank; k++) {
-                memcpy(part, term->bt + k * rows + r, bytes);
-                y = fma_vf(u[k], load_vf(part), y);
-            }
-            memcpy(part, &y, sizeof y);
-            memcpy(out + s * rows + r, part, bytes);
-        }
-}
-
 /* This thread's share of a planned product, called by every thread of a team (inside a
  * parallel region: slm_matmul's own, or the decode step's). The outputs are complete once
  * every thread has returned (the caller's barrier). */
@@ -304,7 +249,9 @@ static void team_matmul(const matmul_plan *p) {
             int64_t u0, u1;
             term_units_of(g, term->rank, g0, g1, &u0, &u1);
             const int64_t k1 = 4 * u1 < term->rank ? 4 * u1 : term->rank;
-            if (u0 < u1) prefetch_add(&fetch, term->a + 4 * u0 * n, sizeof(float) * (k1 - 4 * u0) * n);
+            int64_t a_row;
+            const char *a = term_a(term, p->xq != NULL, n, &a_row);
+            if (u0 < u1) prefetch_add(&fetch, a + 4 * u0 * a_row, a_row * (k1 - 4 * u0));
             g += (term->rank + 3) / 4;
         }
     for (int j = 0; j < count && p->ranks > 0; j++) {
@@ -313,8 +260,11 @@ static void team_matmul(const matmul_plan *p) {
         for (int64_t t = 0; t < tokens && r0 < r1; t++) {
             if (!p->lead[t * count + j]) continue;
             const slm_term *term = term_of(p, t, j);
-            for (int64_t k = 0; k < term->rank; k++)
-                prefetch_add(&fetch, term->bt + k * p->jobs[j].rows + r0, sizeof(float) * (r1 - r0));
+            for (int64_t k = 0; k < term->rank; k++) {
+                int64_t bytes;
+                const char *at = term_bt_span(term, p->xq != NULL, p->jobs[j].rows, k, r0, r1, &bytes);
+                prefetch_add(&fetch, at, bytes);
+            }
         }
     }
     for (int i = 0; i < p->after_count; i++) prefetch_add(&fetch, p->after_at[i], p->after_bytes[i]);
@@ -345,8 +295,11 @@ static void team_matmul(const matmul_plan *p) {
             for (int64_t unit = u0; unit < u1; unit++) {
                 const int64_t k = 4 * unit, size = term->rank - k < 4 ? term->rank - k : 4;
                 /* for every row of the group while these rows of A are in the cache */
-                for (int64_t s = t; s >= 0; s = p->next[s * count + j])
-                    dots(p->x + s * n, term->a + k * n, n, size, n, p->u + p->u_at[s * count + j] + k);
+                for (int64_t s = t; s >= 0; s = p->next[s * count + j]) {
+                    const int64_t at = s * (n / 32); /* (x's int8 blocks, when it has them) */
+                    term_u(term, p->x + s * n, p->xq ? p->xq + s * n : NULL, p->xd ? p->xd + at : NULL,
+                           p->xs ? p->xs + at : NULL, n, k, size, p->u + p->u_at[s * count + j]);
+                }
             }
             g += (term->rank + 3) / 4;
         }
@@ -358,7 +311,10 @@ static void team_matmul(const matmul_plan *p) {
         int64_t r0, r1;
         job_rows_of(p, j, i0, i1, &r0, &r1);
         for (int64_t t = 0; t < tokens && r0 < r1; t++)
-            if (p->lead[t * count + j]) add_low_rank(p, j, t, r0, r1);
+            if (p->lead[t * count + j]) {
+                const term_group g = {t, p->jobs[j].rows, count, j, p->u, p->u_at, p->next, p->jobs[j].out};
+                add_low_rank_rows(term_of(p, t, j), p->xq != NULL, &g, r0, r1);
+            }
     }
 }
 
@@ -424,7 +380,8 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
 int slm_matmul(int count, const slm_job *jobs, const float *x, int64_t tokens, int64_t n, int int8) {
     if (count < 1 || count > SLM_MAX_JOBS) return -1;
     slm_term terms[SLM_MAX_JOBS];
-    for (int j = 0; j < count; j++) terms[j] = (slm_term){jobs[j].rank, jobs[j].lora_a, jobs[j].lora_bt};
+    for (int j = 0; j < count; j++)
+        terms[j] = (slm_term){jobs[j].rank, jobs[j].lora_a, jobs[j].lora_bt, jobs[j].lora_a8, jobs[j].lora_bt16};
     return matmul_impl(count, jobs, terms, 1, 0, x, tokens, n, int8);
 }
 
