@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
     from slm.ops.results import (AdapterExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
-                                 Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
+                                 Generation, ImportResult, LogEntry, NameMove, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
     from slm.ops.scheduler import Scheduler
@@ -97,11 +97,38 @@ class Store:
 
         return compositions.build(self._s, base, list(adapters))
 
-    def composition(self, ref: str) -> Composition:
-        """A stored composition by id or unique id prefix."""
-        from slm.ops import compositions
+    def composition(self, spec: str) -> Composition:
+        """The composition any spec names (docs/cli.md, "Composition specs"): a tag, a base,
+        "BASE+ADAPTER@W+...", an id or unique prefix, "@active", "@active~N", a pulled
+        "HOST/repo:tag". Writes nothing (a composed one is not stored)."""
+        from slm.ops import specs
 
-        return compositions.load(self._s, compositions.find_id(self._s, ref))
+        return specs.resolve(self._s, spec)
+
+    # -- names (refs with a history: docs/cli.md, "Names") ----------------------------------------
+    def tag(self, name: str, spec: Composition | str) -> NameMove:
+        """Name a composition (validated as activating it would be); an existing tag moves."""
+        from slm.ops import naming
+
+        return naming.tag(self._s, name, spec if isinstance(spec, Composition) else self.composition(spec))
+
+    def rm(self, name: str) -> NameMove:
+        """Remove a name; its history stays (`name_log`), its objects until gc expires it."""
+        from slm.ops import naming
+
+        return naming.rm(self._s, name)
+
+    def mv(self, old: str, new: str) -> list[NameMove]:
+        """Rename: `new` takes `old`'s object, then `old` goes."""
+        from slm.ops import naming
+
+        return naming.mv(self._s, old, new)
+
+    def name_log(self, name: str) -> list[LogEntry]:
+        """Every move of a name, newest first (`slm log NAME`)."""
+        from slm.ops import naming
+
+        return naming.history(self._s, name)
 
     def activate(self, comp: Composition | str | None = None, adapters: Sequence[str] = (), *,
                  file: str | os.PathLike | None = None, memory_budget: str | None = None,
@@ -191,10 +218,13 @@ class Store:
 
         return fsck.fsck(self._s, repair, progress)
 
-    def gc(self, dry_run: bool = False, on_plan: Callable[[GcPlan], None] | None = None) -> GcPlan:
+    def gc(self, dry_run: bool = False, on_plan: Callable[[GcPlan], None] | None = None,
+           prune_now: bool = False) -> GcPlan:
+        """Remove what nothing reaches: kept are every name, every name's reflog entry newer than
+        config.toml's gc.reflog_expiry (prune_now: none of them), refs/active and its reflog."""
         from slm.ops import gc
 
-        return gc.gc(self._s, dry_run, on_plan)
+        return gc.gc(self._s, dry_run, on_plan, prune_now)
 
     # -- distribution (docs/distribution.md) ---------------------------------------------------
     def export(self, ref: str | None, out: str | os.PathLike, format: str = "slm", base: str | None = None,

@@ -15,7 +15,7 @@ from pathlib import Path
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.distribution import exporters
 from slm.errors import Incompatible, InvalidInput, NotFound
-from slm.ops import bundles, compositions
+from slm.ops import bundles, specs
 from slm.ops.progress import Progress
 from slm.ops.resolve import load_base, resolve
 from slm.ops.results import AdapterExportResult, ExportResult
@@ -25,13 +25,8 @@ from slm.store import digest as dg
 
 def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
     comp = None
-    if ref is None:
-        comp = compositions.load_active(store, "name a composition, or an adapter with --base")
-    elif store.names.get("adapters", ref) is None:
-        try:
-            comp = compositions.load(store, compositions.find_id(store, ref))
-        except NotFound:
-            comp = None
+    if ref is None or not specs.is_name(store, "adapters", ref):
+        comp = specs.resolve(store, ref, hint="name a composition, or an adapter with --base")
     if comp is not None:
         if base_ref is not None:
             raise InvalidInput("--base goes with an adapter; a composition names its own base")

@@ -21,7 +21,7 @@ from slm.distribution.reference import parse_reference
 from slm.distribution.registry import Registry
 from slm.errors import InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
-from slm.ops import bundles, receive
+from slm.ops import bundles, compositions, naming, receive
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import PushResult, ReceiveResult
 from slm.store import StoreDir
@@ -157,4 +157,7 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
         result = receive.receive(store, manifest, _RegistrySource(clients), str(ref), progress)
     finally:
         clients.close()
+    # the reference names what was received under it (`slm activate HOST/repo:tag`): a name
+    # with a history like any other, moved by its own transaction once the composition is in
+    naming.name_remote(store, str(ref), compositions.load(store, result.composition_id))
     return dataclasses.replace(result, manifest_digest=sha256_of(data))

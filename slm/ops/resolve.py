@@ -5,6 +5,7 @@ from __future__ import annotations
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.compose.toml_io import loads
 from slm.errors import InvalidInput, NotFound
+from slm.ops.suggest import did_you_mean
 from slm.store import StoreDir
 from slm.store import digest as dg
 from slm.store.names import KINDS
@@ -31,7 +32,7 @@ def resolve(store: StoreDir, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[
         try:
             digest = store.names.get(kind, ref)
         except InvalidInput:
-            break  # not a valid name; maybe a digest
+            continue  # not a valid name of this kind; maybe a digest
         if digest is not None:
             return digest, ref
     hex_part = ref.removeprefix(dg.PREFIX).lower()
@@ -43,7 +44,8 @@ def resolve(store: StoreDir, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[
     if found is not None:
         return found, None
     kinds_text = "/".join(k[:-1] for k in kinds)
-    raise NotFound(f"no {kinds_text} named {ref!r} and no such digest")
+    known = [name for kind in kinds if kind != "compositions" for name, _ in store.names.items(kind)]
+    raise NotFound(f"no {kinds_text} named {ref!r} and no such digest" + did_you_mean(ref, known))
 
 
 def manifest_kind(data: bytes, what: str) -> str:

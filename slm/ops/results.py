@@ -68,8 +68,21 @@ class LogEntry(Result):
     seq: int
     op: str
     old: str | None
-    new: str
+    new: str | None  # None: a name's removal (`slm log NAME`)
     time: float
+
+
+@dataclass(frozen=True)
+class NameMove(Result):
+    """A name moved (`slm tag`, `rm`, `mv`, an import under a taken name, a pull): from
+    `old` to `new` (None: absent); `moved` False when it already pointed there."""
+
+    kind: str
+    name: str
+    old: str | None
+    new: str | None
+    moved: bool
+    op: str
 
 
 # -- generation --------------------------------------------------------------------------------------
@@ -184,6 +197,7 @@ class GcPlan(Result):
     bytes: int
     kept_blobs: int
     dry_run: bool = True
+    reflog_expiry_s: float | None = None  # name-reflog entries older than this were not kept
 
 
 @dataclass(frozen=True)
@@ -228,6 +242,7 @@ class ImportResult(Result):
     new_bytes: int
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    previous: str | None = None  # the name pointed here before this import moved it
 
 
 @dataclass(frozen=True)
