@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 from slm.compose.composition import Composition
 from slm.errors import InvalidInput, UsageError
 from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401  (what a Scheduler runs: slm serve builds them)
+from slm.api_names import StoreNames
 from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
 
@@ -35,14 +36,15 @@ if TYPE_CHECKING:
     from slm.ops.loading import Loaded
     from slm.ops.progress import Progress
     from slm.ops.results import (AdapterExportResult, Certified, CompositionInfo, ExportResult, FsckReport, GcPlan,
-                                 Generation, ImportResult, LogEntry, NameMove, PushResult, ReceiveResult, SignatureReport,
+                                 Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.run import RunOptions
     from slm.ops.scheduler import Scheduler
 
 
-class Store:
-    """A store of bases, adapters and compositions, and the one active composition."""
+class Store(StoreNames):
+    """A store of bases, adapters and compositions, and the one active composition (its names'
+    verbs, tag/rm/mv/name_log, are StoreNames')."""
 
     def __init__(self, inner: _store.StoreDir) -> None:
         self._s = inner
@@ -104,31 +106,6 @@ class Store:
         from slm.ops import specs
 
         return specs.resolve(self._s, spec)
-
-    # -- names (refs with a history: docs/cli.md, "Names") ----------------------------------------
-    def tag(self, name: str, spec: Composition | str) -> NameMove:
-        """Name a composition (validated as activating it would be); an existing tag moves."""
-        from slm.ops import naming
-
-        return naming.tag(self._s, name, spec if isinstance(spec, Composition) else self.composition(spec))
-
-    def rm(self, name: str) -> NameMove:
-        """Remove a name; its history stays (`name_log`), its objects until gc expires it."""
-        from slm.ops import naming
-
-        return naming.rm(self._s, name)
-
-    def mv(self, old: str, new: str) -> list[NameMove]:
-        """Rename: `new` takes `old`'s object, then `old` goes."""
-        from slm.ops import naming
-
-        return naming.mv(self._s, old, new)
-
-    def name_log(self, name: str) -> list[LogEntry]:
-        """Every move of a name, newest first (`slm log NAME`)."""
-        from slm.ops import naming
-
-        return naming.history(self._s, name)
 
     def activate(self, comp: Composition | str | None = None, adapters: Sequence[str] = (), *,
                  file: str | os.PathLike | None = None, memory_budget: str | None = None,

@@ -20,6 +20,11 @@ def list_entries(store: StoreDir) -> list[dict]:
         out.append(_entry("adapter", name, digest, store, _adapter_details,
                           store.names.committed_at("adapters", name)))
     active = store.active_ref.read()
+    for kind, label in (("tags", "tag"), ("remotes", "pulled")):
+        for name, comp_id in store.names.items(kind):
+            entry = _entry(label, name, comp_id, store, _composition_details, store.names.committed_at(kind, name))
+            entry["active"] = comp_id == active
+            out.append(entry)
     for hex_id, _ in store.names.items("compositions"):
         comp_id = dg.PREFIX + hex_id
         entry = _entry("composition", hex_id[:12], comp_id, store, _composition_details,
