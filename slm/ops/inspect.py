@@ -67,7 +67,7 @@ def show(store: StoreDir, ref: str) -> dict:
         digest, name = resolve(store, ref)
     except NotFound:  # any other composition spec (a pulled reference, @active~N, BASE+ADAPTER)
         return show_composition(store, specs.resolve(store, ref))
-    if store.names.get("tags", ref) == digest or store.names.get("remotes", ref) == digest:
+    if digest in (specs.name_target(store, "tags", ref), specs.name_target(store, "remotes", ref)):
         return show_composition(store, compositions.load(store, digest), ref)
     if store.names.get("compositions", dg.hex_of(digest)) is not None:
         return show_composition(store, digest)

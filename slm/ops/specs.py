@@ -29,10 +29,10 @@ FORMS = "a tag, a base, BASE+ADAPTER[@WEIGHT]..., a composition id, @active[~N] 
 
 
 def is_name(store: StoreDir, kind: str, name: str) -> bool:
-    return _name(store, kind, name) is not None
+    return name_target(store, kind, name) is not None
 
 
-def _name(store: StoreDir, kind: str, name: str) -> str | None:
+def name_target(store: StoreDir, kind: str, name: str) -> str | None:
     try:
         return store.names.get(kind, name)
     except InvalidInput:  # not a valid name of that kind: some other form
@@ -69,17 +69,17 @@ def resolve_id(store: StoreDir, spec: str) -> str | None:
     found = _ACTIVE.fullmatch(spec)
     if found:
         return active_back(store, int(found.group(1) or 0))
-    comp_id = _name(store, "tags", spec)
+    comp_id = name_target(store, "tags", spec)
     if comp_id is not None:
         return comp_id
     if "/" in spec:
         canonical = remote_name(spec)
-        comp_id = _name(store, "remotes", canonical) if canonical else None
+        comp_id = name_target(store, "remotes", canonical) if canonical else None
         if comp_id is None:
             raise NotFound(f"nothing was pulled as {spec!r} into this store (run `slm pull {spec}`)"
                            + did_you_mean(spec, [n for n, _ in store.names.items("remotes")]))
         return comp_id
-    if _name(store, "bases", spec) is not None or "+" in spec:
+    if name_target(store, "bases", spec) is not None or "+" in spec:
         return None
     try:
         return compositions.find_id(store, spec)
@@ -104,7 +104,7 @@ def resolve(store: StoreDir, spec: str | None, file: Path | None = None,
         if not base or any(not a for a in adapters):
             raise InvalidInput(f"{spec!r}: a composition spec is BASE+ADAPTER[@WEIGHT]+... with no empty part")
         return compositions.build(store, base, adapters)
-    if _name(store, "adapters", spec) is not None and _name(store, "bases", spec) is None:
+    if name_target(store, "adapters", spec) is not None and name_target(store, "bases", spec) is None:
         raise InvalidInput(f"{spec!r} is an adapter, not a composition: name it with its base (BASE+{spec})")
     try:
         return compositions.build(store, spec, [])  # a base by name, digest or prefix: the base alone
