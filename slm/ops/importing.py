@@ -77,7 +77,6 @@ def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: byte
 
 def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) -> tuple[str, list[str], str | None]:
     kinds = kind + "s"
-    naming.refuse_pending(store)
     if store.names.get("tags", name) is not None:
         raise InvalidInput(f"{name!r} is a tag; choose another name for the {kind} (or `slm rm {name}`)")
     existing = store.names.get(kinds, name)
