@@ -158,14 +158,9 @@ class Fsck:
             self.add("damaged-reflog", f"{label}: {err}", "rebuild it from its intact lines", rebuild)
             return
         if state.torn_tail:
-            def cut():  # a log whose only line was torn never began: no log, as before it
-                if state.intact_size:
-                    fs.truncate(log.path, state.intact_size)
-                else:
-                    fs.unlink(log.path)
-                    fs.fsync_dir(log.path.parent)
+            # a log whose only line was torn is left empty: an empty log is no log (Names.logged)
             self.add("torn-reflog", f"{label} ends with {len(state.torn_tail)} bytes of a torn line",
-                     "truncate the torn line", cut)
+                     "truncate the torn line", lambda: fs.truncate(log.path, state.intact_size))
 
     def _names(self, kind: str) -> list[tuple[str, str]]:
         """The intact names of a kind; each damaged name file is a finding (once per run)."""

@@ -50,14 +50,21 @@ def move_steps(store: StoreDir, tx: Transaction, kind: str, name: str, old: str 
                new: str | None, op: str, state: ReflogState) -> None:
     """Inside an open transaction: the name's reflog line (the commit point), then its file."""
     log = store.names.log(kind, name)
-    fs.mkdir(log.path.parent.parent)
-    fs.mkdir(log.path.parent)
+    existed = log.path.exists()
+    new_dirs = [d for d in (log.path.parent.parent, log.path.parent) if not d.is_dir()]
 
     def cut_back() -> None:  # an append whose fsync failed may sit in the page cache
-        if log.path.exists() and log.path.stat().st_size > state.intact_size:
+        if not existed:  # a failed first move leaves no log, and no folder it made
+            fs.remove_any(log.path)
+            for folder in reversed(new_dirs):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    fs.remove_any(folder)
+        elif log.path.stat().st_size > state.intact_size:
             fs.truncate(log.path, state.intact_size)
 
     tx.on_undo(cut_back)
+    for folder in new_dirs:
+        fs.mkdir(folder)
     tx.commit(lambda: log.append(old, new, op, state))
     fs.point("name.after-log")
     if new is None:
@@ -138,7 +145,9 @@ def kinds_of(store: StoreDir, name: str, with_history: bool = False) -> list[str
     out = []
     for kind in NAMED_KINDS:
         try:
-            if store.names.get(kind, name) is not None or (with_history and store.names.log(kind, name).path.exists()):
+            logged = with_history and store.names.log(kind, name).path.is_file() and \
+                store.names.log(kind, name).path.stat().st_size > 0
+            if logged or store.names.get(kind, name) is not None:
                 out.append(kind)
         except InvalidInput:
             continue  # not a valid name of that kind

@@ -77,14 +77,15 @@ class Names:
         return Reflog(self.logs_root / kind / file_name(kind, name), deletions=True)
 
     def logged(self, kind: str) -> list[tuple[str, Reflog]]:
-        """(name, reflog) of every name of a kind that has a log, current or removed."""
+        """(name, reflog) of every name of a kind that has a log, current or removed (an empty
+        file is no log: what `slm fsck --repair` leaves of a log whose only line was torn)."""
         folder = self.logs_root / kind
         if not folder.is_dir():
             return []
         out = []
         for entry in sorted(folder.iterdir()):
             name = name_of_file(kind, entry.name)
-            if name is not None:
+            if name is not None and entry.is_file() and entry.stat().st_size:
                 out.append((name, Reflog(entry, deletions=True)))
         return out
 

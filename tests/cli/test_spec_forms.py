@@ -15,7 +15,7 @@ from dist_fixtures import registry  # noqa: F401  (fixture)
 from helpers import copy_store, tiny_store
 
 FORMS = ["tag", "prefix", "base+adapter", "@active", "@active~1", "pulled", "file"]
-VERBS = ["activate", "verify", "export", "push", "show"]
+VERBS = ["activate", "verify", "export", "push", "show", "rollback", "sign", "tag"]
 TAKES_A_FILE = {"activate"}
 
 
@@ -76,7 +76,24 @@ def _run(cli, verb, spec_args, store, tmp_path, registry_host):  # noqa: F811
         return _json(cli, *s, "push", f"{registry_host}/names/forms:{tmp_path.name[-20:]}", *spec_args)["composition_id"]
     if verb == "show":
         return _json(cli, *s, "show", *spec_args)["id"]
+    if verb == "rollback":
+        return _json(cli, *s, "rollback", "--to", *spec_args)["active"]["id"]
+    if verb == "sign":
+        return _json(cli, *s, "sign", *spec_args, "--key", _key(tmp_path / "key.pem"))["composition_id"]
+    if verb == "tag":
+        return _json(cli, *s, "tag", "candidate", *spec_args)["new"]
     raise AssertionError(verb)
+
+
+def _key(path):
+    """An Ed25519 private key (PEM, as openssl genpkey writes it)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([7]) * 32)
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    return path
 
 
 @pytest.mark.parametrize("verb,form", [(v, f) for v in VERBS for f in FORMS if f != "file" or v in TAKES_A_FILE])
