@@ -13,15 +13,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slm.compose.composition import Composition, for_base
+from slm.compose.composition import Composition
 from slm.distribution import mediatypes as mt
 from slm.distribution.bundle import Descriptor, Layer, Manifest, blobs_of, config_bytes, parse_manifest, sha256_of
 from slm.distribution.layout import write_layout
 from slm.distribution.layout_read import LayoutReader
-from slm.errors import IntegrityError, InvalidInput, NotFound
+from slm.errors import IntegrityError, InvalidInput
 from slm.ops import compositions, receive, specs
 from slm.ops.progress import NoProgress, Progress
-from slm.ops.resolve import load_base
 from slm.ops.results import ExportResult, ReceiveResult
 from slm.store import StoreDir, outputs
 from slm.store import digest as dg

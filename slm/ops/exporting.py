@@ -14,7 +14,7 @@ from pathlib import Path
 
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.distribution import exporters
-from slm.errors import Incompatible, InvalidInput, NotFound
+from slm.errors import Incompatible, InvalidInput
 from slm.ops import bundles, specs
 from slm.ops.progress import Progress
 from slm.ops.resolve import load_base, resolve

@@ -318,7 +318,7 @@ class Fsck:
             complete, current = False, None
         if complete and current in (intent.old, intent.new):
             def finish():
-                self._log_move(kinds, name, intent.old, intent.new, "import")
+                naming.log_missing_line(self.store, kinds, name, intent.old, intent.new, "import")
                 self.store.names.set(kinds, name, intent.new)
                 self._clear(path)
             self.add("interrupted", f"interrupted import of {kind} {name!r} (all its blobs are stored)",
@@ -326,16 +326,6 @@ class Fsck:
         else:
             self.add("interrupted", f"interrupted import of {kind} {name!r} (not all blobs stored)",
                      "undo it (`slm gc` removes what it stored)", lambda: self._clear(path))
-
-    def _log_move(self, kind: str, name: str, old, new, op: str) -> None:
-        """The name's reflog line of a move being finished, unless it is already its last."""
-        log = self.store.names.log(kind, name)
-        entries = log.read().entries
-        if entries and (entries[-1].old, entries[-1].new, entries[-1].op) == (old, new, op):
-            return
-        fs.mkdir(log.path.parent.parent)
-        fs.mkdir(log.path.parent)
-        log.append(old, new, op)
 
     def _check_name_move(self, intent, path: Path) -> None:
         """An interrupted `slm tag`, `rm`, `mv` or a pull's naming (slm.ops.naming): the name's

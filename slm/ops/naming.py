@@ -49,7 +49,21 @@ def open_log(store: StoreDir, kind: str, name: str) -> tuple[Reflog, ReflogState
 def move_steps(store: StoreDir, tx: Transaction, kind: str, name: str, old: str | None,
                new: str | None, op: str, state: ReflogState) -> None:
     """Inside an open transaction: the name's reflog line (the commit point), then its file."""
+    tx.commit(lambda: log_line(store, tx, kind, name, old, new, op, state))
+    fs.point("name.after-log")
+    if new is None:
+        store.names.remove(kind, name)
+    else:
+        store.names.set(kind, name, new)
+
+
+def log_line(store: StoreDir, tx: Transaction, kind: str, name: str, old: str | None,
+             new: str | None, op: str, state: ReflogState | None = None) -> None:
+    """Append a name's reflog line inside `tx`, its undo registered first (a receive logs the
+    names it sets this way, before its own commit point)."""
     log = store.names.log(kind, name)
+    if state is None:
+        state = open_log(store, kind, name)[1]
     existed = log.path.exists()
     new_dirs = [d for d in (log.path.parent.parent, log.path.parent) if not d.is_dir()]
 
@@ -65,12 +79,18 @@ def move_steps(store: StoreDir, tx: Transaction, kind: str, name: str, old: str 
     tx.on_undo(cut_back)
     for folder in new_dirs:
         fs.mkdir(folder)
-    tx.commit(lambda: log.append(old, new, op, state))
-    fs.point("name.after-log")
-    if new is None:
-        store.names.remove(kind, name)
-    else:
-        store.names.set(kind, name, new)
+    log.append(old, new, op, state)
+
+
+def log_missing_line(store: StoreDir, kind: str, name: str, old: str | None, new: str | None, op: str) -> None:
+    """`slm fsck --repair` finishing a move: its reflog line, unless it is already the last."""
+    log = store.names.log(kind, name)
+    entries = log.read().entries
+    if entries and (entries[-1].old, entries[-1].new, entries[-1].op) == (old, new, op):
+        return
+    fs.mkdir(log.path.parent.parent)
+    fs.mkdir(log.path.parent)
+    log.append(old, new, op)
 
 
 def refuse_pending(store: StoreDir) -> None:
@@ -91,7 +111,7 @@ def move(store: StoreDir, kind: str, name: str, new: str | None, op: str,
         _, state = open_log(store, kind, name)
         created = prepare is not None and not _record_exists(store, kind, new)
         with store.transaction(intent_name(kind, name), op, new or old, old=old, created=created,
-                               done=f"{KIND_LABEL[kind]} {name!r} moved") as tx:
+                               done=f"the move of {KIND_LABEL[kind]} {name!r} is committed") as tx:
             if prepare is not None:
                 prepare(tx)
             move_steps(store, tx, kind, name, old, new, op, state)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from slm.compose.composition import Composition
-from slm.errors import NotFound
 from slm.model import modes
 from slm.model.oracle import Oracle, OracleAdapter
 from slm.ops import compositions, specs
