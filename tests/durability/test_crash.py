@@ -122,7 +122,8 @@ def _commit_op(ops: list[tuple[str, str]], verb: str) -> int:
     a history: the last fsync of the append, its directory's when the append created the log)."""
     if verb.startswith("import") or verb == "tag":
         kind = {"import": "bases", "tag": "tags"}.get(verb, "adapters")
-        hits = [i for i, (op, detail) in enumerate(ops, 1) if op == "fsync" and f"/logs/names/{kind}" in detail]
+        hits = [i for i, (op, detail) in enumerate(ops, 1)
+                if op in ("fsync", "fsync_dir") and f"/logs/names/{kind}" in detail]
         assert 1 <= len(hits) <= 2, ops
         return hits[-1]
     else:
