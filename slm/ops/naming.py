@@ -142,15 +142,16 @@ def store_record(store: StoreDir, tx: Transaction, comp: Composition, op: str) -
 
 
 def tag(store: StoreDir, name: str, comp: Composition) -> NameMove:
-    """`slm tag NAME SPEC`: name a composition (validated as activating it would be)."""
-    from slm.ops import compositions, policy
+    """`slm tag NAME SPEC`: name a composition (validated as activating it would be; the
+    signing policy is not asked: a tag runs nothing, and an unsigned composition must be
+    stored, e.g. tagged, before `slm sign` can sign it)."""
+    from slm.ops import compositions
 
     for kind in ("bases", "adapters"):
         if store.names.get(kind, name) is not None:
             raise InvalidInput(f"{name!r} is already the name of {'a base' if kind == 'bases' else 'an adapter'}; "
                                "a tag needs a name of its own")
     with store.locked():
-        policy.enforce(store, comp)
         compositions.stage(store, comp, load_overlays=False)
         return move(store, "tags", name, comp.id, "tag", lambda tx: store_record(store, tx, comp, "tag"))
 
