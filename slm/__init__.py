@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "BaseExportResult", "Certified", "CompositionInfo",
-            "ExportResult", "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "OmsSignResult",
+            "ExportResult", "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "NameMove", "OmsSignResult",
             "PushResult", "ReceiveResult",
             "Result", "SignResult", "SignatureCheck", "SignatureReport", "Status", "Timings", "TokenLogprobs",
             "Transition", "VerifyReport")

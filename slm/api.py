@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from slm.compose.composition import Composition
 from slm.errors import UsageError
 from slm.api_session import Session  # noqa: F401  (Runtime.session's result, public as slm.Session)
+from slm.api_names import StoreNames
 from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
 
@@ -45,8 +46,9 @@ def __getattr__(name: str):  # what a Scheduler runs (slm serve builds them), lo
     return getattr(request, name)
 
 
-class Store:
-    """A store of bases, adapters and compositions, and the one active composition."""
+class Store(StoreNames):
+    """A store of bases, adapters and compositions, and the one active composition (its names'
+    verbs, tag/rm/mv/name_log, are StoreNames')."""
 
     def __init__(self, inner: _store.StoreDir) -> None:
         self._s = inner
@@ -101,11 +103,13 @@ class Store:
 
         return compositions.build(self._s, base, list(adapters))
 
-    def composition(self, ref: str) -> Composition:
-        """A stored composition by id or unique id prefix."""
-        from slm.ops import compositions
+    def composition(self, spec: str) -> Composition:
+        """The composition any spec names (docs/cli.md, "Composition specs"): a tag, a base,
+        "BASE+ADAPTER@W+...", an id or unique prefix, "@active", "@active~N", a pulled
+        "HOST/repo:tag". Writes nothing (a composed one is not stored)."""
+        from slm.ops import specs
 
-        return compositions.load(self._s, compositions.find_id(self._s, ref))
+        return specs.resolve(self._s, spec)
 
     def activate(self, comp: Composition | str | None = None, adapters: Sequence[str] = (), *,
                  file: str | os.PathLike | None = None, memory_budget: str | None = None,
@@ -195,10 +199,13 @@ class Store:
 
         return fsck.fsck(self._s, repair, progress)
 
-    def gc(self, dry_run: bool = False, on_plan: Callable[[GcPlan], None] | None = None) -> GcPlan:
+    def gc(self, dry_run: bool = False, on_plan: Callable[[GcPlan], None] | None = None,
+           prune_now: bool = False) -> GcPlan:
+        """Remove what nothing reaches: kept are every name, every name's reflog entry newer than
+        config.toml's gc.reflog_expiry (prune_now: none of them), refs/active and its reflog."""
         from slm.ops import gc
 
-        return gc.gc(self._s, dry_run, on_plan)
+        return gc.gc(self._s, dry_run, on_plan, prune_now)
 
     # -- distribution (docs/distribution.md) ---------------------------------------------------
     def export(self, ref: str | None, out: str | os.PathLike, format: str = "slm", base: str | None = None,
@@ -322,9 +329,9 @@ class Runtime:
         BASE+ADAPTER@W+...) as activating checks it (signature policy, memory budget), without
         making it current. The Loaded (`.id`, `.composition`) is what a Scheduler runs on."""
         from slm.ops import budget
-        from slm.ops.resolve import composition_spec
+        from slm.ops import specs
 
-        loaded = self._rt.stage(comp if isinstance(comp, Composition) else composition_spec(self.store._s, comp))
+        loaded = self._rt.stage(comp if isinstance(comp, Composition) else specs.resolve(self.store._s, comp))
         budget.check(budget.of_staged(loaded.staged), self.memory_budget, "this composition")
         return loaded
 

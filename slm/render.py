@@ -123,6 +123,28 @@ def import_summary(result: dict) -> None:
         f"{result['new_blobs']} new blobs ({human_bytes(result['new_bytes'])}) "
         f"in {result['seconds']:.2f}s"
     )
+    if result.get("previous"):
+        out().print(_moved(result["name"], result["previous"], result["digest"]))
+
+
+def _moved(name: str, old: str | None, new: str | None) -> str:
+    """`french: 1a2b3c -> 4d5e6f`: what a name pointed at, and now does."""
+    before, after = dg.short_pair(old or "-", new or "-")
+    return f"{name}: {before if old else '(none)'} -> {after if new else '(removed)'}"
+
+
+@sanitized(markup=True)
+def name_move(result: dict) -> None:
+    label = {"base": "base", "adapter": "adapter", "tag": "tag", "remote": "pulled reference"}[result["kind"]]
+    if not result["moved"]:
+        out().print(f"{label} {_moved(result['name'], result['old'], result['new'])} (unchanged)")
+    else:
+        out().print(f"{label} {_moved(result['name'], result['old'], result['new'])}")
+
+
+def name_moves(results: list[dict]) -> None:
+    for result in results:
+        name_move(result)
 
 
 @sanitized(markup=True)
@@ -170,7 +192,8 @@ def adapter_manifest(info: dict) -> None:
 @sanitized(markup=False)
 def composition(info: dict) -> None:
     flag = "  [bold](active)[/]" if info["active"] else ""
-    out().print(f"[bold]composition {info['id']}[/]{flag}")
+    named = f"{info['name']}: " if info.get("name") else ""
+    out().print(f"[bold]composition {named}{info['id']}[/]{flag}")
     out().print(info["manifest_toml"], markup=False)
 
 
@@ -203,7 +226,7 @@ def reflog(entries: list[dict]) -> None:
         table.add_column(col)
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(str(e["seq"]), when, e["op"], *dg.short_pair(e["old"] or "-", e["new"]))
+        table.add_row(str(e["seq"]), when, e["op"], *dg.short_pair(e["old"] or "-", e["new"] or "-"))
     out().print(table)
 
 
@@ -324,7 +347,11 @@ def gc_plan(plan: dict) -> None:
 
 @sanitized(markup=True)
 def gc_done(result: dict) -> None:
-    out().print("dry run: nothing removed" if result["dry_run"] else "done")
+    if result["dry_run"]:
+        out().print("dry run: nothing removed")
+    else:
+        out().print(f"freed {len(result['blobs'])} blobs ({human_bytes(result['bytes'])}), "
+                    f"{len(result['composition_records'])} composition records")
 
 
 @sanitized(markup=True)

@@ -4,6 +4,7 @@
                    showing a result
     store_cmds.py  init, import, activate, deactivate, rollback, status, log, fsck, gc,
                    verify, ls, show
+    name_cmds.py   tag, rm, mv
     run_cmds.py    run, serve, chat
     ship_cmds.py   export, push, pull, sign
     (here)         running one command line: the exit code and the one error line
@@ -20,6 +21,7 @@ import typer
 from slm import render
 # Each module registers its commands on the app; imported in the order `slm --help` lists them.
 from slm.cli import store_cmds  # noqa: F401, I001
+from slm.cli import name_cmds  # noqa: F401, I001
 from slm.cli import run_cmds  # noqa: F401, I001
 from slm.cli import ship_cmds  # noqa: F401, I001
 from slm.cli.common import Reported, app, hand_ctrl_c_to_the_command  # noqa: F401 (the package's names)

@@ -73,7 +73,9 @@ def import_bundle(
 def activate(
     ctx: typer.Context,
     base: Optional[str] = typer.Argument(
-        None, help="The base (name or digest), or alone a stored composition id or 6+ hex prefix (a pulled one)."),
+        None, metavar="[BASE|SPEC]",
+        help="The base (name or digest) followed by adapters, or alone any composition spec: a tag, "
+             "BASE+ADAPTER[@WEIGHT]..., an id or 6+ hex prefix, @active~N, a pulled HOST/repo:tag."),
     adapters: Optional[list[str]] = typer.Argument(
         None, metavar="[ADAPTER[@WEIGHT]]...",
         help="Adapters in load order, each with an optional weight: a decimal number in ASCII digits "
@@ -106,7 +108,8 @@ def deactivate(
 def rollback(
     ctx: typer.Context,
     steps: Optional[int] = typer.Option(None, "-n", parser=integer, help="Go back N transitions (default 1)."),
-    to: Optional[str] = typer.Option(None, "--to", metavar="ID", help="Go back to this composition id."),
+    to: Optional[str] = typer.Option(None, "--to", metavar="SPEC",
+                                     help="Go back to this composition (an id, a tag, @active~N...)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Make an earlier composition active again (itself a logged transition)."""
@@ -120,9 +123,16 @@ def status(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
 
 
 @app.command("log")
-def log_cmd(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
-    """Show the reflog: every transition of the active composition, newest first."""
-    entries = open_store(ctx).log()
+def log_cmd(
+    ctx: typer.Context,
+    name: Optional[str] = typer.Argument(
+        None, metavar="[NAME]", help="A base, adapter, tag or pulled reference: its history instead."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Show the reflog: every transition of the active composition (or every move of NAME),
+    newest first."""
+    store = open_store(ctx)
+    entries = store.log() if name is None else store.name_log(name)
     show_result([e.to_json() for e in entries], json_out, render.reflog)
 
 
@@ -140,10 +150,14 @@ def fsck(
 def gc(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; remove nothing."),
+    prune_now: bool = typer.Option(
+        False, "--prune-now",
+        help="Keep only what names point at now (and the active reflog): old targets in names' "
+             "reflogs go at once, not after gc.reflog_expiry (config.toml, default 90d)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Remove blobs and records that no name, ref or reflog line can reach."""
-    result = open_store(ctx).gc(dry_run, on_plan=None if json_out else render.gc_plan)
+    result = open_store(ctx).gc(dry_run, on_plan=None if json_out else render.gc_plan, prune_now=prune_now)
     show_result(result, json_out, render.gc_done)
 
 
@@ -151,7 +165,8 @@ def gc(
 def verify(
     ctx: typer.Context,
     ref: Optional[str] = typer.Argument(
-        None, metavar="[COMPOSITION]", help="A composition id (or prefix), or a base name; default: the active one."),
+        None, metavar="[SPEC]",
+        help="A composition spec (a tag, an id or prefix, BASE+ADAPTER@W..., a base); default: the active one."),
     numerics: bool = typer.Option(True, "--numerics/--no-numerics",
                                   help="Also compare logits with the fresh-base oracle."),
     signature: bool = typer.Option(
@@ -183,7 +198,8 @@ def ls(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
 @app.command()
 def show(
     ctx: typer.Context,
-    ref: str = typer.Argument(..., metavar="NAME|DIGEST|ID", help="A name, digest, composition id, or a prefix."),
+    ref: str = typer.Argument(..., metavar="NAME|DIGEST|SPEC",
+                              help="A name, a digest or prefix, or any composition spec."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Print a base, adapter or composition manifest."""

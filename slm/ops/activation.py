@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from slm.compose.composition import Composition, stamped
 from slm.errors import IntegrityError, InvalidInput, NeedsRecovery, NotFound, UsageError
-from slm.ops import budget, compositions, policy
+from slm.ops import budget, compositions, policy, specs
+from slm.ops.suggest import did_you_mean
 from slm.ops.results import CompositionInfo, Transition
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
@@ -106,8 +107,8 @@ def activate(store: StoreDir, base: str | None, adapters: list[str], manifest_fi
         comp = compositions.from_file(manifest_file)
     elif base is None:
         raise InvalidInput("name a base (and adapters), or a composition file with -f")
-    else:
-        comp = (None if adapters else stored_composition(store, base)) or compositions.build(store, base, adapters)
+    else:  # BASE ADAPTER... composes; a spec alone is any form of slm.ops.specs
+        comp = compositions.build(store, base, adapters) if adapters else specs.resolve(store, base)
     return switch(store, comp, "activate", memory_budget)
 
 
@@ -138,6 +139,14 @@ def deactivate(store: StoreDir, adapter_name: str) -> Transition:
         current = compositions.load(store, current_id)
         kept = [a for a in current.adapters if a.name != adapter_name]
         if len(kept) == len(current.adapters):
+            try:
+                known = store.names.get("adapters", adapter_name) is not None
+            except InvalidInput:
+                known = False
+            if not known:  # a typo must not report success
+                names = [a.name for a in current.adapters] + [n for n, _ in store.names.items("adapters")]
+                raise NotFound(f"no adapter named {adapter_name!r} in the active composition or the store"
+                               + did_you_mean(adapter_name, names))
             return Transition(False, current.id, CompositionInfo.of(current),
                               note=f"adapter {adapter_name!r} is not active")
         return switch(store, current.with_adapters(kept), "deactivate")
@@ -149,7 +158,7 @@ def rollback(store: StoreDir, steps: int | None = None, to: str | None = None) -
     with store.locked():
         preflight(store)
         if to is not None:
-            target = compositions.find_id(store, to)
+            return switch(store, specs.resolve(store, to), "rollback")
         else:
             entries = store.reflog.entries()
             n = 1 if steps is None else steps

@@ -13,15 +13,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slm.compose.composition import Composition, for_base
+from slm.compose.composition import Composition
 from slm.distribution import mediatypes as mt
 from slm.distribution.bundle import Descriptor, Layer, Manifest, blobs_of, config_bytes, parse_manifest, sha256_of
 from slm.distribution.layout import write_layout
 from slm.distribution.layout_read import LayoutReader
-from slm.errors import IntegrityError, InvalidInput, NotFound
-from slm.ops import compositions, receive
+from slm.errors import IntegrityError, InvalidInput
+from slm.ops import compositions, receive, specs
 from slm.ops.progress import NoProgress, Progress
-from slm.ops.resolve import load_base
 from slm.ops.results import ExportResult, ReceiveResult
 from slm.store import StoreDir, outputs
 from slm.store import digest as dg
@@ -57,23 +56,18 @@ class BundlePlan:
 def target(store: StoreDir, ref: str | None) -> tuple[Composition, str, dict[str, bytes]]:
     """(composition, record digest, blobs outside the store) for a composition id or prefix, a
     base name (its base-only composition), or nothing (the active composition)."""
-    if ref is None:
-        comp_id = compositions.active_id(store, "name a composition or a base")
-    else:
-        try:
-            comp_id = compositions.find_id(store, ref)
-        except NotFound:
-            comp_id = None
-        if comp_id is None:
-            if store.names.get("adapters", ref) is not None and store.names.get("bases", ref) is None:
-                raise InvalidInput(f"{ref!r} is an adapter: a bundle holds a composition (base + adapters); "
-                                   "export the adapter alone with --format gguf-lora or --format peft")
-            digest, base = load_base(store, ref)
-            comp = for_base(digest, base, ref if store.names.get("bases", ref) else "")
-            record = comp.to_toml()
-            return comp, dg.of_bytes(record), {dg.of_bytes(record): record}
-    comp = compositions.load(store, comp_id)
-    return comp, store.names.resolve("compositions", dg.hex_of(comp_id)), {}
+    try:
+        comp = specs.resolve(store, ref, hint="name a composition or a base")
+    except InvalidInput:
+        if ref is not None and specs.is_name(store, "adapters", ref):
+            raise InvalidInput(f"{ref!r} is an adapter: a bundle holds a composition (base + adapters); "
+                               "export the adapter alone with --format gguf-lora or --format peft") from None
+        raise
+    stored = store.names.get("compositions", dg.hex_of(comp.id))
+    if stored is not None:
+        return compositions.load(store, comp.id), stored, {}
+    record = comp.to_toml()  # composed from a spec, never stored: its record travels in the bundle
+    return comp, dg.of_bytes(record), {dg.of_bytes(record): record}
 
 
 def plan(store: StoreDir, ref: str | None, progress: Progress | None = None) -> BundlePlan:

@@ -18,34 +18,19 @@ from pathlib import Path
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.distribution import exporters
 from slm.formats.base_origin import parse_origin_record
-from slm.errors import Incompatible, InvalidInput, NotFound
-from slm.ops import bundles, compositions
+from slm.errors import Incompatible, InvalidInput
+from slm.ops import bundles, specs
 from slm.ops.progress import Progress
 from slm.ops.resolve import load_base, resolve
 from slm.ops.results import AdapterExportResult, BaseExportResult, ExportResult
 from slm.store import StoreDir, outputs
-from slm.store.names import validate_name
 from slm.store import digest as dg
-
-
-def _names_an_adapter(store: StoreDir, ref: str) -> bool:
-    """Whether `ref` is an adapter's name (a digest, "blake3:<hex>", is not a name at all)."""
-    try:
-        validate_name(ref)
-    except InvalidInput:
-        return False
-    return store.names.get("adapters", ref) is not None
 
 
 def _adapter_and_base(store: StoreDir, ref: str | None, base_ref: str | None):
     comp = None
-    if ref is None:
-        comp = compositions.load_active(store, "name a composition, or an adapter with --base")
-    elif not _names_an_adapter(store, ref):
-        try:
-            comp = compositions.load(store, compositions.find_id(store, ref))
-        except NotFound:
-            comp = None
+    if ref is None or not specs.is_name(store, "adapters", ref):
+        comp = specs.resolve(store, ref, hint="name a composition, or an adapter with --base")
     if comp is not None:
         if base_ref is not None:
             raise InvalidInput("--base goes with an adapter; a composition names its own base")

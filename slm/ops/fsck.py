@@ -9,7 +9,11 @@ line is durable (everything it names was made durable before that line). So afte
     refs/active != last reflog entry -> refs/active := last entry (roll forward)
     switch intent, its line logged   -> cleared (refs/active already follows the reflog)
     switch intent, line not logged   -> undone: the composition record it created is removed
-    interrupted import               -> finished (name set) if every blob is stored, else undone
+    interrupted import               -> finished (name's reflog line, name set) if every blob is
+                                        stored, else undone
+    interrupted name move (tag, rm,  -> finished (name file := the logged target) if its line is
+      mv, pull's reference)             in the name's reflog, else undone (a record it created
+                                        removed); a name's torn last log line is truncated
     interrupted receive (bundle/pull) -> finished (names, composition record) if every blob is
                                         stored, else undone
 A store file that is not a regular file (a FIFO, a directory, a link where a ref, the reflog or
@@ -28,7 +32,7 @@ from slm.compose.base_manifest import parse_base_manifest
 from slm.errors import SlmError
 from slm.formats.base_origin import parse_origin_record
 from slm.formats.gguf_frame import parse_frame_record
-from slm.ops import compositions, receive
+from slm.ops import compositions, naming, receive
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import Finding, FsckReport
 from slm.store import StoreDir
@@ -36,7 +40,7 @@ from slm.store import digest as dg
 from slm.store import fs
 from slm.store.config import lock_timeout, read_config
 from slm.store.lock import DEFAULT_TIMEOUT_S
-from slm.store.names import SIDE_KINDS
+from slm.store.names import NAMED_KINDS, SIDE_KINDS, name_of_file
 from slm.store.objects import BLOB_MODE, staging_in_use
 
 
@@ -73,7 +77,8 @@ class Fsck:
                 continue  # an import filling it right now (it stages without the store lock)
             self.add("junk", f"tmp/{entry.name} left by an interrupted command", "remove it",
                      lambda e=entry: fs.remove_tree(e) if e.is_dir() else fs.unlink(e))
-        for folder in [root / "refs", root / "logs", root / "journal", *(root / "names").glob("*")]:
+        for folder in [root / "refs", root / "logs", root / "journal", *(root / "names").glob("*"),
+                       *(root / "logs" / "names").glob("*")]:
             for entry in sorted(folder.glob(".*.tmp")):
                 self.add("junk", f"{entry.relative_to(root)}: a temp file of an interrupted write",
                          "remove it", lambda e=entry: fs.unlink(e))
@@ -132,6 +137,32 @@ class Fsck:
                 self._check_manifest(f"{kind[:-1]} {name}", digest, blobs_of)
         for hex_id, digest in self._names("compositions"):
             self._check_composition(dg.PREFIX + hex_id)
+        known = {dg.PREFIX + h for h, _ in self._names("compositions")}
+        for kind in ("tags", "remotes"):
+            for name, comp_id in self._names(kind):
+                if comp_id not in known:
+                    self.add("unknown-composition", f"{naming.KIND_LABEL[kind]} {name!r} names "
+                             f"{dg.short(comp_id)}, which the store does not have", repairable=False)
+        for kind in NAMED_KINDS:
+            for name, log in self.store.names.logged(kind):
+                self._check_name_log(kind, name, log)
+
+    def _check_name_log(self, kind: str, name: str, log) -> None:
+        label = f"the log of {naming.KIND_LABEL[kind]} {name!r}"
+        try:
+            state = log.read()
+        except SlmError as err:
+            salvaged = log.salvage() if log.path.is_file() else []
+
+            def rebuild():
+                self._quarantine(log.path)
+                log.rewrite(salvaged)
+            self.add("damaged-reflog", f"{label}: {err}", "rebuild it from its intact lines", rebuild)
+            return
+        if state.torn_tail:
+            # a log whose only line was torn is left empty: an empty log is no log (Names.logged)
+            self.add("torn-reflog", f"{label} ends with {len(state.torn_tail)} bytes of a torn line",
+                     "truncate the torn line", lambda: fs.truncate(log.path, state.intact_size))
 
     def check_side_records(self) -> None:
         """The records beside a base (slm.store.names.SIDE_KINDS: its GGUF frame, its origin):
@@ -278,6 +309,8 @@ class Fsck:
         old, new = dg.short_pair(intent.old or "-", intent.new)
         if intent.op == "import":
             self._check_import(intent, path)
+        elif intent.name.startswith("name-"):
+            self._check_name_move(intent, path)
         elif intent.op == receive.OP:
             self._check_bundle(intent, path)
         elif intent.op == "gc":
@@ -312,8 +345,9 @@ class Fsck:
             current = self.store.names.get(kinds, name)
         except SlmError:
             complete, current = False, None
-        if complete and current in (None, intent.new):
+        if complete and current in (intent.old, intent.new):
             def finish():
+                naming.log_missing_line(self.store, kinds, name, intent.old, intent.new, "import")
                 self.store.names.set(kinds, name, intent.new)
                 self._clear(path)
             self.add("interrupted", f"interrupted import of {kind} {name!r} (all its blobs are stored)",
@@ -321,6 +355,39 @@ class Fsck:
         else:
             self.add("interrupted", f"interrupted import of {kind} {name!r} (not all blobs stored)",
                      "undo it (`slm gc` removes what it stored)", lambda: self._clear(path))
+
+    def _check_name_move(self, intent, path: Path) -> None:
+        """An interrupted `slm tag`, `rm`, `mv` or a pull's naming (slm.ops.naming): the name's
+        reflog line is its commit point."""
+        _, kind, file = (intent.name.split("-", 2) + ["", ""])[:3]
+        name = name_of_file(kind, file) if kind in NAMED_KINDS else None
+        if name is None:
+            self.add("interrupted", f"journal/{path.name}: a name intent with a malformed name",
+                     "remove it", lambda: self._clear(path))
+            return
+        new = None if intent.op in naming.DELETING_OPS else intent.new
+        label = f"{naming.KIND_LABEL[kind]} {name!r}"
+        try:
+            entries = self.store.names.log(kind, name).read().entries
+        except SlmError:
+            entries = []
+        if entries and (entries[-1].old, entries[-1].new, entries[-1].op) == (intent.old, new, intent.op):
+            def finish():
+                if new is None:
+                    self.store.names.remove(kind, name)
+                else:
+                    self.store.names.set(kind, name, new)
+                self._clear(path)
+            self.add("interrupted", f"interrupted {intent.op} of {label}, committed in its log",
+                     "finish it (the name follows its log)", finish)
+            return
+
+        def undo():
+            if intent.created:
+                self.store.names.remove("compositions", dg.hex_of(intent.new))
+            self._clear(path)
+        self.add("interrupted", f"interrupted {intent.op} of {label}, not committed",
+                 "undo it" + (" (remove the composition record it created)" if intent.created else ""), undo)
 
     def _check_bundle(self, intent, path: Path) -> None:
         """An interrupted `slm import bundle` / `slm pull` (slm.ops.receive)."""

@@ -32,6 +32,7 @@ from slm.formats.gguf_model import open_gguf_base
 from slm.formats.hf_checkpoint import is_hf_checkpoint, open_hf_base
 from slm.formats.peft import is_peft_dir, read_peft_adapter
 from slm.formats.untrusted import open_binary
+from slm.ops import naming
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.resolve import load_base
 from slm.quant import get_codec
@@ -66,14 +67,14 @@ def _check_name_free(store: StoreDir, kind: str, name: str) -> None:
 
 
 def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: bytes,
-                  side_names: tuple[tuple[str, str], ...] = ()) -> tuple[str, list[str]]:
+                  side_names: tuple[tuple[str, str], ...] = ()) -> tuple[str, list[str], str | None]:
     """Stage the manifest, then under the store lock: journal the intent, commit every staged
-    blob, set the name. Staging ran without the lock (a checkpoint may take minutes to
+    blob, move the name. Staging ran without the lock (a checkpoint may take minutes to
     quantize; activations must not wait for it). Returns (manifest digest, digests new to the
-    store). `side_names` ((kind, digest) of SIDE_KINDS, slm.store.names) are set to their
-    digest under the manifest's hex after the commit point, still under the lock (so no gc
-    sees their blobs unnamed): a crash between the two leaves the import without them, which
-    importing the file again sets."""
+    store, what the name pointed at before if this import moved it). `side_names` ((kind,
+    digest) of SIDE_KINDS, slm.store.names) are set to their digest under the manifest's hex
+    after the commit point, still under the lock (so no gc sees their blobs unnamed): a crash
+    between the two leaves the import without them, which importing the file again sets."""
     digest = staging.put(manifest)
     fs.point("import.staged")
     with store.locked():
@@ -83,22 +84,24 @@ def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: byte
         return committed
 
 
-def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) -> tuple[str, list[str]]:
+def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) -> tuple[str, list[str], str | None]:
     kinds = kind + "s"
+    if store.names.get("tags", name) is not None:
+        raise InvalidInput(f"{name!r} is a tag; choose another name for the {kind} (or `slm rm {name}`)")
     existing = store.names.get(kinds, name)
-    if existing is not None and existing != digest:
-        raise InvalidInput(f"a different {kind} is already named {name!r}; choose another name")
-    with store.transaction(f"import-{kind}-{name}", "import", digest, created=existing is None,
+    log_state = naming.open_log(store, kinds, name)[1] if existing != digest else None
+    with store.transaction(f"import-{kind}-{name}", "import", digest, old=existing, created=existing is None,
                            done=f"{kind} {name!r} is imported") as tx:
         new: list[str] = []
         tx.on_undo(lambda: store.objects.remove_new(new))
         fs.point("import.before-commit")
         new.extend(staging.commit())
         fs.point("import.before-name")
-        # the commit point: the rename of the name file (done, if its directory's fsync failed)
-        tx.commit(lambda: store.names.set(kinds, name, digest),
-                  landed=lambda: store.names.get(kinds, name) == digest)
-    return digest, new
+        if log_state is None:  # the same bytes again: the name stays where it is
+            tx.commit()
+        else:  # the commit point: the name's reflog line, then the name file (slm.ops.naming)
+            naming.move_steps(store, tx, kinds, name, existing, digest, "import", log_state)
+    return digest, new, None if existing == digest else existing
 
 
 def import_base(store: StoreDir, path: Path, name: str, quant: str | None = None,
@@ -118,7 +121,7 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
     staging = store.objects.staging()
     try:
         manifest, side_names = stage_base(staging, source, progress, origin=path)
-        digest, new = _commit_named(store, staging, "base", name, manifest.to_bytes(), side_names)
+        digest, new, previous = _commit_named(store, staging, "base", name, manifest.to_bytes(), side_names)
     finally:
         staging.discard()
     return ImportResult(
@@ -132,6 +135,7 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
         new_blobs=len(new),
         new_bytes=sum(store.objects.size(d) for d in new),
         seconds=round(time.perf_counter() - started, 3),
+        previous=previous,
     )
 
 
@@ -277,7 +281,7 @@ def import_adapter(store: StoreDir, path: Path, name: str, progress: Progress | 
         targets = manifest.targets
         if base_manifest is not None:
             check_adapter_fits(f"{path} (for base {base})", manifest, base_manifest, shapes)
-        digest, new = _commit_named(store, staging, "adapter", name, manifest.to_bytes())
+        digest, new, previous = _commit_named(store, staging, "adapter", name, manifest.to_bytes())
     finally:
         staging.discard()
     return ImportResult(
@@ -291,6 +295,7 @@ def import_adapter(store: StoreDir, path: Path, name: str, progress: Progress | 
         new_blobs=len(new),
         new_bytes=sum(store.objects.size(d) for d in new),
         seconds=round(time.perf_counter() - started, 3),
+        previous=previous,
     )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
 from slm.errors import InvalidInput, NotFound, SlmError
-from slm.ops import compositions
+from slm.compose.composition import Composition
+from slm.ops import compositions, specs
 from slm.ops.resolve import manifest_kind, resolve
 from slm.store import StoreDir
 from slm.store import digest as dg
@@ -19,6 +20,11 @@ def list_entries(store: StoreDir) -> list[dict]:
         out.append(_entry("adapter", name, digest, store, _adapter_details,
                           store.names.committed_at("adapters", name)))
     active = store.active_ref.read()
+    for kind, label in (("tags", "tag"), ("remotes", "pulled")):
+        for name, comp_id in store.names.items(kind):
+            entry = _entry(label, name, comp_id, store, _composition_details, store.names.committed_at(kind, name))
+            entry["active"] = comp_id == active
+            out.append(entry)
     for hex_id, _ in store.names.items("compositions"):
         comp_id = dg.PREFIX + hex_id
         entry = _entry("composition", hex_id[:12], comp_id, store, _composition_details,
@@ -59,8 +65,10 @@ def _composition_details(store: StoreDir, comp_id: str) -> dict:
 def show(store: StoreDir, ref: str) -> dict:
     try:
         digest, name = resolve(store, ref)
-    except NotFound:
-        return show_composition(store, compositions.find_id(store, ref))
+    except NotFound:  # any other composition spec (a pulled reference, @active~N, BASE+ADAPTER)
+        return show_composition(store, specs.resolve(store, ref))
+    if digest in (specs.name_target(store, "tags", ref), specs.name_target(store, "remotes", ref)):
+        return show_composition(store, compositions.load(store, digest), ref)
     if store.names.get("compositions", dg.hex_of(digest)) is not None:
         return show_composition(store, digest)
     data = store.objects.read_verified(digest)
@@ -95,10 +103,14 @@ def _show_adapter(m, digest: str, name: str | None) -> dict:
     }
 
 
-def show_composition(store: StoreDir, comp_id: str) -> dict:
-    c = compositions.load(store, comp_id)
+def show_composition(store: StoreDir, comp: str | Composition, name: str | None = None) -> dict:
+    """A composition (an id: the stored one) as `slm show` prints it; `name`: the tag or pulled
+    reference it was asked by."""
+    c = compositions.load(store, comp) if isinstance(comp, str) else comp
+    comp_id = c.id
     return {
-        "kind": "composition", "id": comp_id, "active": store.active_ref.read() == comp_id,
+        "kind": "composition", "id": comp_id, "name": name, "active": store.active_ref.read() == comp_id,
+        "stored": store.names.get("compositions", dg.hex_of(comp_id)) is not None,
         "identity": c.identity(),
         "base_name": c.base_name,
         "adapters": c.adapter_list(),

@@ -31,7 +31,7 @@ from slm.distribution import mediatypes as mt
 from slm.distribution import signing
 from slm.distribution.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, sha256_of
 from slm.errors import IntegrityError, InvalidInput, NotFound, SlmError
-from slm.ops import compositions
+from slm.ops import compositions, naming
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import ReceiveResult
 from slm.store import StoreDir, fs
@@ -300,6 +300,7 @@ def commit(store: StoreDir, comp: Composition, record: str, staging,
             new.extend(staging.commit())
             for kind, name, digest in names_of(comp):
                 if store.names.get(kind, name) is None:
+                    naming.log_line(store, tx, kind, name, None, digest, OP)  # a name's history begins
                     named.append((kind, name))  # before: a set whose directory fsync fails renamed already
                     store.names.set(kind, name, digest)
             fs.point("bundle.before-record")
@@ -340,5 +341,6 @@ def finish(store: StoreDir, record: str) -> None:
     comp = parse_composition(store.objects.read_verified(record))
     for kind, name, digest in names_of(comp):
         if store.names.get(kind, name) is None:
+            naming.log_missing_line(store, kind, name, None, digest, OP)
             store.names.set(kind, name, digest)
     store.names.set("compositions", dg.hex_of(comp.id), record)

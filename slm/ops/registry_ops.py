@@ -22,7 +22,7 @@ from slm.distribution.registry import Registry
 from slm.errors import InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
 from slm.distribution import model_artifacts
-from slm.ops import bundles, model_pull, receive, referrers
+from slm.ops import bundles, compositions, model_pull, naming, receive, referrers
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import PushResult, ReceiveResult
 from slm.store import StoreDir
@@ -161,7 +161,9 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
             raise NotFound(f"registry {ref.host}: no manifest {ref.repository}:{ref.ref}")
         artifact = _model_artifact(data, f"{ref} manifest")
         if artifact is not None:
-            return model_pull.pull_model(store, artifact, data, _RegistrySource(clients), ref, progress)
+            pulled = model_pull.pull_model(store, artifact, data, _RegistrySource(clients), ref, progress)
+            naming.name_remote(store, str(ref), compositions.load(store, pulled.composition_id))
+            return pulled
         manifest = parse_manifest(data, f"{ref} manifest")
         # signatures pushed as referrers, checked before anything is received (slm.ops.referrers)
         signed = referrers.fetch_signatures(registry, manifest, sha256_of(data))
@@ -169,6 +171,9 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
         added = referrers.adopt(store, result.composition_id, signed) if signed else 0
     finally:
         clients.close()
+    # the reference names what was received under it (`slm activate HOST/repo:tag`): a name
+    # with a history like any other, moved by its own transaction once the composition is in
+    naming.name_remote(store, str(ref), compositions.load(store, result.composition_id))
     return dataclasses.replace(result, manifest_digest=sha256_of(data), signatures=result.signatures + added,
                                referrer_signatures=len(signed))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.compose.toml_io import loads
 from slm.errors import InvalidInput, NotFound
+from slm.ops.suggest import did_you_mean
 from slm.store import StoreDir
 from slm.store import digest as dg
 from slm.store.names import KINDS
@@ -31,7 +32,7 @@ def resolve(store: StoreDir, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[
         try:
             digest = store.names.get(kind, ref)
         except InvalidInput:
-            break  # not a valid name; maybe a digest
+            continue  # not a valid name of this kind; maybe a digest
         if digest is not None:
             return digest, ref
     hex_part = ref.removeprefix(dg.PREFIX).lower()
@@ -43,7 +44,8 @@ def resolve(store: StoreDir, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[
     if found is not None:
         return found, None
     kinds_text = "/".join(k[:-1] for k in kinds)
-    raise NotFound(f"no {kinds_text} named {ref!r} and no such digest")
+    known = [name for kind in kinds if kind != "compositions" for name, _ in store.names.items(kind)]
+    raise NotFound(f"no {kinds_text} named {ref!r} and no such digest" + did_you_mean(ref, known))
 
 
 def manifest_kind(data: bytes, what: str) -> str:
@@ -61,25 +63,3 @@ def load_base(store: StoreDir, ref: str) -> tuple[str, BaseManifest]:
 
 ACTIVE = "@active"
 
-
-def composition_spec(store: StoreDir, spec: str):
-    """The Composition a spec names, stored or not (nothing is written): `@active`, a stored
-    composition's id or unique prefix, or `BASE[+ADAPTER[@WEIGHT]]...` composed from names and
-    digests as `slm activate BASE ADAPTER@W` composes it. A base name wins over an id prefix
-    (as in `slm activate`). What `slm run --model`, `slm chat` and `Runtime.session(spec)` take."""
-    from slm.ops import compositions  # (compositions builds on this module)
-
-    if not isinstance(spec, str) or not spec.strip():
-        raise InvalidInput("a composition spec is @active, an id or prefix, or BASE[+ADAPTER[@WEIGHT]]...")
-    if spec == ACTIVE:
-        return compositions.load_active(store, "activate a composition, or name one")
-    base, *adapters = spec.split("+")
-    if not base or any(not a for a in adapters):
-        raise InvalidInput(f"{spec!r}: a spec is BASE+ADAPTER[@WEIGHT]+... with no empty part")
-    if not adapters:
-        from slm.ops.activation import stored_composition
-
-        stored = stored_composition(store, base)
-        if stored is not None:
-            return stored
-    return compositions.build(store, base, adapters)

@@ -23,7 +23,6 @@ from slm.ops.results import Alternative, CompositionInfo, Generation, Timings, T
 from slm.ops.request import ChatMessage, ResponseFormat
 from slm.ops.structured import grammar_for, grammar_masks
 from slm.ops.prefix_cache import DiskPromptCache, budget_of
-from slm.ops.resolve import composition_spec
 from slm.store import StoreDir, outputs
 
 
@@ -34,7 +33,7 @@ MAX_THREADS = 256
 class RunOptions:
     prompt: str
     base: str | None = None  # None: the active composition (or `model`)
-    model: str | None = None  # a composition spec (slm.ops.resolve.composition_spec), run without activating it
+    model: str | None = None  # a composition spec (slm.ops.specs), run without activating it
     max_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
@@ -172,7 +171,9 @@ def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -
     if o.base is not None and o.model is not None:
         raise UsageError("give --base or --model, not both")
     if o.model is not None:  # run without activating: staged as activate checks it, refs/active untouched
-        comp = composition_spec(store, o.model)
+        from slm.ops import specs
+
+        comp = specs.resolve(store, o.model)
     elif o.base is not None:
         comp = compositions.build(store, o.base, [])
     else:

@@ -20,8 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from slm.compose.composition import Composition
-from slm.errors import SlmError
-from slm.ops import compositions
+from slm.errors import NotFound, SlmError
+from slm.ops import compositions, specs
 from slm.ops.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.policy: a switch loads that alone)
 from slm.ops.results import Certified, SignResult, SignatureCheck, SignatureReport
 from slm.store import StoreDir, fs, outputs
@@ -54,7 +54,11 @@ def check_signatures(store: StoreDir, comp_id: str, trusted: tuple[str, ...]) ->
 def _find(store: StoreDir, ref: str | None) -> str:
     if ref is None:
         return compositions.active_id(store, "name a composition to sign")
-    return compositions.find_id(store, ref)
+    comp_id = specs.resolve(store, ref).id
+    if store.names.get("compositions", dg.hex_of(comp_id)) is None:
+        raise NotFound(f"composition {dg.short(comp_id)} is not stored: activate or tag it first "
+                       "(a signature is kept with the stored record)")
+    return comp_id
 
 
 def sign(store: StoreDir, ref: str | None, key_path: Path) -> SignResult:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from slm.compose.composition import RUNTIME
 from slm.errors import NotFound
-from slm.ops import activation, compositions, verify
+from slm.ops import activation, compositions, specs, verify
 from slm.ops.progress import NoProgress
 from slm.ops.results import CompositionInfo, Transition
 from slm.store import StoreDir
@@ -22,7 +22,7 @@ from slm.store import StoreDir
 def upgrade(store: StoreDir, ref: str | None = None, memory_budget: str | None = None) -> Transition:
     with store.locked():
         _, active_id = activation.preflight(store)
-        target = compositions.find_id(store, ref) if ref is not None else active_id
+        target = specs.resolve(store, ref).id if ref is not None else active_id
         if target is None:
             raise NotFound("nothing is active; name the composition to upgrade")
         new = compositions.load(store, target).for_runtime(RUNTIME)

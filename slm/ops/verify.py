@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from slm.compose.composition import Composition
-from slm.errors import NotFound
 from slm.model import modes
 from slm.model.oracle import Oracle, OracleAdapter
-from slm.ops import compositions
+from slm.ops import compositions, specs
 from slm.ops.loading import load_composition
 from slm.ops.results import VerifyReport
 from slm.ops.results import CompositionInfo
@@ -33,12 +32,7 @@ MEAN_ABS_TOL = 1e-4
 
 
 def _composition(store: StoreDir, ref: str | None) -> Composition:
-    if ref is None:
-        return compositions.load_active(store, "name a composition or a base to verify")
-    try:
-        return compositions.load(store, compositions.find_id(store, ref))
-    except NotFound:
-        return compositions.build(store, ref, [])  # a base name: the base alone
+    return specs.resolve(store, ref, hint="name a composition or a base to verify")
 
 
 def _blobs(store: StoreDir, comp: Composition) -> list[str]:

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
-from slm import Composition, CompositionInfo, InvalidInput, NotFound, SlmError
+from slm import Composition, CompositionInfo, NotFound, SlmError
 from slm.api import Runtime, short_digest, short_digest_pair
 
 if TYPE_CHECKING:
@@ -60,25 +60,15 @@ class Catalog:
 
     def resolve(self, model: str | None) -> Loaded:
         """What a request's `model` names: None ("active") -> the active composition; a
-        composition id or unique prefix; else a spec BASE[+ADAPTER[@W]]... composed and
-        validated as `slm activate BASE ADAPTER@W ...` does (the same one-line errors)."""
+        composition spec of any form (a tag, an id or prefix, BASE+ADAPTER@W..., @active~N, a
+        pulled reference), staged and validated as `slm activate` does (the same one-line errors)."""
         if model is None:
             active = self.active
             if active is None:
                 raise NotFound(self.active_error or "nothing is active: run `slm activate BASE [ADAPTER...]` "
                                "or name a composition in `model`")
             return active
-        if "+" not in model:
-            try:
-                comp = self.store.composition(model)
-            except NotFound:
-                comp = None
-            if comp is not None:
-                return self.stage(comp)
-        base, *adapters = model.split("+")
-        if not base or any(not a for a in adapters):
-            raise InvalidInput(f"model {model!r}: a spec is BASE+ADAPTER[@WEIGHT]+... with no empty part")
-        return self.stage(self.store.compose(base, adapters))
+        return self.stage(self.store.composition(model))  # the one spec grammar (slm.ops.specs)
 
     # -- following refs/active ---------------------------------------------------------------
     def start(self) -> None:

@@ -11,6 +11,9 @@
     [cache]
     prompt_bytes = "1G"                the on-disk prompt cache's budget, all entries together
                                        (slm.ops.prefix_cache; 0 keeps none)
+  [gc]
+    reflog_expiry = "90d"              how long a name's old targets stay reachable through its
+                                       reflog (s, m, h, d or w; a bare number is days)
 
 Every key slm does not know, and every known key in the wrong place, is refused (InvalidInput,
 exit 4) naming the key, the table it is in and where it belongs. Nothing is ignored: TOML puts
@@ -62,6 +65,9 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "cache": {
         "prompt_bytes": (lambda v: isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)),
                          'a size such as "512M" or "1G", or a number of bytes'),
+    },
+    "gc": {
+        "reflog_expiry": (lambda v: isinstance(v, str) or _is_number(v), 'a duration such as "90d" or "12h"'),
     },
 }
 TABLES = tuple(t for t in SCHEMA if t)
@@ -167,3 +173,27 @@ def lock_timeout(config: dict) -> float:
         raise InvalidInput(f"config.toml: defaults.lock_timeout_s must be a number of seconds "
                            f"from 0 to 86400, not {value!r}")
     return float(value)
+
+
+DEFAULT_REFLOG_EXPIRY = "90d"
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def reflog_expiry_s(config: dict) -> float:
+    """gc.reflog_expiry from config.toml in seconds (default 90 days, as git's): "90d", "12h",
+    "30m", "45s", "2w", or a bare number of days; 0 keeps no old target."""
+    table = config.get("gc", {})
+    value = table.get("reflog_expiry", DEFAULT_REFLOG_EXPIRY) if isinstance(table, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value) * 86400
+    elif isinstance(value, str) and value[-1:] in _UNITS and value[:-1].replace(".", "", 1).isdigit() \
+            and value[:-1].isascii():
+        seconds = float(value[:-1]) * _UNITS[value[-1]]
+    elif isinstance(value, str) and value.replace(".", "", 1).isdigit() and value.isascii():
+        seconds = float(value) * 86400
+    else:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise InvalidInput(f"config.toml: gc.reflog_expiry must be a duration such as \"90d\", \"12h\" "
+                           f"or a number of days, not {value!r}")
+    return seconds

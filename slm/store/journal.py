@@ -26,7 +26,7 @@ from slm.store import fs
 NONE = "-"
 MAX_INTENT_BYTES = 4096
 _OP = re.compile(r"[a-z][a-z-]{0,31}")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%-]{0,250}")  # % : an encoded registry reference
 
 
 @dataclass(frozen=True)

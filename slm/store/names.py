@@ -1,18 +1,29 @@
 """Human names -> digests: names/<kind>/<name>, one line `blake3:<hex>` each.
 
-A name file is replaced atomically (fs.atomic_replace), so readers see old or new.
+    bases, adapters   a name -> the manifest digest of a base or an adapter
+    tags              a name -> a composition id (`slm tag prod smollm2+french@0.8`)
+    remotes           a registry reference a composition was pulled under -> its id
+                      (file name: the reference percent-encoded, e.g. host%3A5000%2Frepo%3Av1)
+    compositions      <hex of a composition id> -> its manifest digest (records, not user names)
+
+A name file is replaced atomically (fs.atomic_replace), so readers see old or new. Every user
+name (all kinds but compositions) has a reflog, logs/names/<kind>/<file>, moved in the same
+transaction as the name (slm.ops.naming: its line is the commit point).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from slm.errors import IntegrityError, InvalidInput, NotFound
 from slm.store import digest as dg
 from slm.store import fs
+from slm.store.reflog import Reflog
 
-KINDS = ("bases", "adapters", "compositions")
+KINDS = ("bases", "adapters", "compositions", "tags", "remotes")
+NAMED_KINDS = ("bases", "adapters", "tags", "remotes")  # user names, each with a reflog
 # names beside a base, keyed by its digest's hex, not looked up by users (slm.ops.resolve
 # searches KINDS only): "gguf" -> the record of the GGUF file it was imported from
 # (slm.formats.gguf_frame), "origins" -> where it was imported from (slm.formats.base_origin);
@@ -21,6 +32,8 @@ SIDE_KINDS = ("gguf", "origins")
 MAX_NAME_FILE_BYTES = 4096
 # Letters, digits, '.', '_', '-'; starts with a letter or digit; no separators, no '..'.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# A registry reference as slm.distribution.reference prints it: host[:port]/path[:tag|@digest].
+_REMOTE = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9._:/@\[\]-]{0,254}")
 
 
 def validate_name(name: str) -> str:
@@ -33,14 +46,53 @@ def validate_name(name: str) -> str:
     return name
 
 
+def file_name(kind: str, name: str) -> str:
+    """The file of a name in names/<kind>/ (and logs/names/<kind>/): the name itself, checked;
+    a registry reference percent-encoded."""
+    if kind not in KINDS and kind not in SIDE_KINDS:
+        raise InvalidInput(f"unknown kind of name {kind!r} (one of {', '.join(KINDS)})")
+    if kind != "remotes":
+        return validate_name(name)
+    if not _REMOTE.fullmatch(name) or ".." in name or "/" not in name:
+        raise InvalidInput(f"invalid registry reference {name.encode('unicode_escape').decode('ascii')!r}")
+    return quote(name, safe="")
+
+
+def name_of_file(kind: str, file: str) -> str | None:
+    """The name a file in names/<kind>/ holds, None for anything else (a temp file)."""
+    name = unquote(file) if kind == "remotes" else file
+    try:
+        return name if file_name(kind, name) == file else None
+    except InvalidInput:
+        return None
+
+
 class Names:
     def __init__(self, root: Path):
         self.root = root
+        self.logs_root = root.parent / "logs" / "names"
 
     def _path(self, kind: str, name: str) -> Path:
-        if kind not in KINDS and kind not in SIDE_KINDS:
-            raise InvalidInput(f"unknown kind of name {kind!r} (one of {', '.join(KINDS)})")
-        return self.root / kind / validate_name(name)
+        return self.root / kind / file_name(kind, name)
+
+    def log(self, kind: str, name: str) -> Reflog:
+        """The reflog of a user name (kept after the name is removed: its history)."""
+        if kind not in NAMED_KINDS:
+            raise InvalidInput(f"names of kind {kind!r} have no log")
+        return Reflog(self.logs_root / kind / file_name(kind, name), deletions=True)
+
+    def logged(self, kind: str) -> list[tuple[str, Reflog]]:
+        """(name, reflog) of every name of a kind that has a log, current or removed (an empty
+        file is no log: what `slm fsck --repair` leaves of a log whose only line was torn)."""
+        folder = self.logs_root / kind
+        if not folder.is_dir():
+            return []
+        out = []
+        for entry in sorted(folder.iterdir()):
+            name = name_of_file(kind, entry.name)
+            if name is not None and entry.is_file() and entry.stat().st_size:
+                out.append((name, Reflog(entry, deletions=True)))
+        return out
 
     def get(self, kind: str, name: str) -> str | None:
         data = fs.read_store_file(self._path(kind, name), MAX_NAME_FILE_BYTES)
@@ -100,13 +152,14 @@ class Names:
             return []
         out = []
         for entry in sorted(folder.iterdir()):
-            if entry.name.startswith(".") or not _NAME.fullmatch(entry.name):
+            name = None if entry.name.startswith(".") else name_of_file(kind, entry.name)
+            if name is None:
                 continue  # temp files of an in-flight replace
             try:
-                digest = self.get(kind, entry.name)
+                digest = self.get(kind, name)
             except IntegrityError as err:
-                out.append((entry.name, None, err))
+                out.append((name, None, err))
                 continue
             if digest is not None:
-                out.append((entry.name, digest, None))
+                out.append((name, digest, None))
         return out

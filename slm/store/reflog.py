@@ -1,6 +1,8 @@
-"""logs/active: one checksummed line per transition of refs/active, append-only.
+"""logs/active: one checksummed line per transition of refs/active, append-only; and
+logs/names/<kind>/<name>: the same lines for each name (slm/store/names.py), where a
+deletion (`slm rm`) is a line whose new digest is `-`.
 
-    <seq> <old id or -> <new id> <unix time> <op> <check>\n
+    <seq> <old id or -> <new id or -> <unix time> <op> <check>\n
     check = first 16 hex of BLAKE3 of everything before it on the line
 
 Each line is appended and fsynced before refs/active changes. A last line without its
@@ -28,12 +30,12 @@ _OP = re.compile(r"[a-z][a-z-]{0,31}")
 class Entry:
     seq: int
     old: str | None
-    new: str
+    new: str | None  # None only in a name's log: the name was removed
     time: float
     op: str
 
     def body(self) -> str:
-        return f"{self.seq} {self.old or NONE} {self.new} {self.time:.6f} {self.op}"
+        return f"{self.seq} {self.old or NONE} {self.new or NONE} {self.time:.6f} {self.op}"
 
 
 def _check(body: str) -> str:
@@ -45,8 +47,9 @@ def encode(entry: Entry) -> bytes:
     return f"{body} {_check(body)}\n".encode("ascii")
 
 
-def parse_line(line: str) -> Entry | None:
-    """The entry on a line (without its newline), or None if the line is not intact."""
+def parse_line(line: str, deletions: bool = False) -> Entry | None:
+    """The entry on a line (without its newline), or None if the line is not intact
+    (`deletions`: a name's log, where the new digest may be `-`)."""
     parts = line.split(" ")
     if len(parts) != 6:
         return None
@@ -54,10 +57,11 @@ def parse_line(line: str) -> Entry | None:
     if check != _check(" ".join(parts[:5])):
         return None
     try:
-        entry = Entry(int(seq), None if old == NONE else old, new, float(stamp), op)
+        entry = Entry(int(seq), None if old == NONE else old, None if new == NONE else new, float(stamp), op)
     except ValueError:
         return None
-    ok = dg.is_digest(entry.new) and (entry.old is None or dg.is_digest(entry.old))
+    new_ok = dg.is_digest(entry.new) if entry.new is not None else deletions
+    ok = new_ok and (entry.old is None or dg.is_digest(entry.old))
     return entry if ok and _OP.fullmatch(op) else None
 
 
@@ -69,8 +73,9 @@ class ReflogState:
 
 
 class Reflog:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, deletions: bool = False):
         self.path = path
+        self.deletions = deletions  # a name's log: a line may record the name's removal
 
     def read(self) -> ReflogState:
         data = fs.read_store_file(self.path, MAX_REFLOG_BYTES)
@@ -83,7 +88,7 @@ class Reflog:
             if end < 0:
                 break  # no newline: torn
             try:
-                entry = parse_line(data[pos:end].decode("ascii"))
+                entry = parse_line(data[pos:end].decode("ascii"), self.deletions)
             except UnicodeDecodeError:
                 entry = None
             if entry is None or entry.seq != len(entries) + 1:
@@ -109,7 +114,7 @@ class Reflog:
         intact: list[Entry | None] = []
         for raw in lines:
             try:
-                intact.append(parse_line(raw.decode("ascii")))
+                intact.append(parse_line(raw.decode("ascii"), self.deletions))
             except UnicodeDecodeError:
                 intact.append(None)
         while intact and intact[-1] is None:
@@ -135,7 +140,7 @@ class Reflog:
     def entries(self) -> list[Entry]:
         return self.read().entries
 
-    def append(self, old: str | None, new: str, op: str, state: ReflogState | None = None) -> Entry:
+    def append(self, old: str | None, new: str | None, op: str, state: ReflogState | None = None) -> Entry:
         state = state or self.read()
         if state.torn_tail:
             raise NeedsRecovery(f"{self.path} has a torn last line; run `slm fsck --repair`")

@@ -205,9 +205,15 @@ def test_bad_names(cli, store, store_dir, tiny_model, name):
     _assert_rejected(cli, store_dir, ["import", "base", tiny_model["gguf"], "--name", name], 4)
 
 
-def test_name_already_used_by_another_base(cli, store, store_dir, tiny_model):
-    assert cli("import", "base", tiny_model["gguf"], "--name", "taken").code == 0
-    _assert_rejected(cli, store_dir, ["import", "base", tiny_model["gguf_q"], "--name", "taken"], 4)
+def test_import_under_a_taken_name_moves_the_name(cli, store, store_dir, tiny_model):
+    """Names are refs (issue 32): a different base under a taken name moves the name; the old
+    base stays, reachable through the name's log."""
+    first = cli("import", "base", tiny_model["gguf"], "--name", "taken", "--json").json()["digest"]
+    r = cli("import", "base", tiny_model["gguf_q"], "--name", "taken", "--json")
+    assert r.code == 0 and r.json()["previous"] == first
+    assert cli("show", "taken", "--json").json()["digest"] == r.json()["digest"] != first
+    log = cli("log", "taken", "--json").json()
+    assert [(e["old"], e["new"]) for e in log] == [(first, r.json()["digest"]), (None, first)]
 
 
 def test_quant_flag_on_gguf_and_unknown_profile(cli, store, store_dir, tiny_model):

@@ -32,6 +32,7 @@ from slm.cli import run as slm_run
 from slm.store import StoreDir
 from slm.store.testing import faults
 from slm.store import digest as dg
+from slm.store.names import NAMED_KINDS
 from slm.store.testing.disk_image import Image, write_image
 from slm.store.testing.powercut import PowerCut, PowerCutHappened
 
@@ -69,6 +70,14 @@ def scenarios(t: dict) -> list[Scenario]:
         Scenario("fsck-repair-undo", (), ("fsck", "--repair"), prepare="interrupted-before-commit"),
         Scenario("fsck-repair-quarantine", (), ("fsck", "--repair"), prepare="corrupt-orphan", quarantine=True),
         Scenario("fsck-repair-torn", (), ("fsck", "--repair"), prepare="torn-reflog"),
+        # names are refs with a history: each move is a transaction whose commit point is the
+        # name's reflog line (slm.ops.naming)
+        Scenario("import-adapter-move", (("activate", "tf"),), ("import", "adapter", lora4, "--name", "a1")),
+        Scenario("tag", (("activate", "tf"),), ("tag", "t1", "tq+a1@0.5+a2")),
+        Scenario("tag-move", (("tag", "t1", "tq"),), ("tag", "t1", "tf+a2")),
+        Scenario("rm", (("tag", "t1", "tq+a2"),), ("rm", "a2")),
+        Scenario("mv", (("activate", "tf"),), ("mv", "a2", "b2")),
+        Scenario("gc-prune-now", (("rm", "a2"),), ("gc", "--prune-now")),
     ]
 
 
@@ -193,11 +202,14 @@ def prepare(case: Path, scenario: Scenario, t: dict) -> Path:
 
 
 def state(store: Path):
-    """(refs/active, the reflog as (seq, old, new, op), names by kind), or None: no store."""
+    """(refs/active, the reflog as (seq, old, new, op), names by kind and the names' reflogs
+    as "logs"), or None: no store."""
     if not (store / "config.toml").is_file():
         return None
     s = StoreDir.open(store)
-    names = {kind: dict(s.names.items(kind)) for kind in ("bases", "adapters", "compositions")}
+    names = {kind: dict(s.names.items(kind)) for kind in ("bases", "adapters", "compositions", "tags", "remotes")}
+    names["logs"] = {f"{kind}/{name}": tuple((e.seq, e.old, e.new, e.op) for e in log.entries())
+                     for kind in NAMED_KINDS for name, log in s.names.logged(kind)}
     return s.active_ref.read(), [(e.seq, e.old, e.new, e.op) for e in s.reflog.entries()], names
 
 

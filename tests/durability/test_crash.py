@@ -52,6 +52,8 @@ def _copy(template, tmp_path):
 VERBS = {
     "import": lambda t: ["import", "base", t["tiny"]["hf"], "--name", "th", "--quant", "q4_0"],
     "import-adapter": lambda t: ["import", "adapter", t["root"] / "lora2", "--name", "a2b"],
+    "import-adapter-move": lambda t: ["import", "adapter", t["root"] / "lora2", "--name", "a1"],  # a1 moves
+    "tag": lambda t: ["tag", "t1", "tq+a2@0.5"],
     "activate": lambda t: ["activate", "tq", "a1", "a2@0.5"],
     "deactivate": lambda t: ["deactivate", "a1"],
     "rollback": lambda t: ["rollback", "-n", "2"],
@@ -116,10 +118,14 @@ def _trace_ops(store_dir, args) -> list[tuple[str, str]]:
 
 def _commit_op(ops: list[tuple[str, str]], verb: str) -> int:
     """The 1-based index of the fs operation that commits `verb` (docs/recovery.md): the fsync of
-    the reflog line for a switch, the rename of the name file for an import."""
-    if verb.startswith("import"):
-        kind = "adapters" if verb == "import-adapter" else "bases"
-        hits = [i for i, (op, detail) in enumerate(ops, 1) if op == "rename" and f"/names/{kind}/" in detail]
+    the reflog line for a switch, of the name's reflog line for an import (names are refs with
+    a history: the last fsync of the append, its directory's when the append created the log)."""
+    if verb.startswith("import") or verb == "tag":
+        kind = {"import": "bases", "tag": "tags"}.get(verb, "adapters")
+        hits = [i for i, (op, detail) in enumerate(ops, 1)
+                if op in ("fsync", "fsync_dir") and f"/logs/names/{kind}" in detail]
+        assert 1 <= len(hits) <= 2, ops
+        return hits[-1]
     else:
         hits = [i for i, (op, detail) in enumerate(ops, 1) if op == "fsync" and detail.endswith("logs/active")]
     assert len(hits) == 1, ops
@@ -151,7 +157,7 @@ def test_crash_at_every_operation_of_an_activation(template, tmp_path):
 
 
 @pytest.mark.parametrize("fault", ["eio", "enospc"])
-@pytest.mark.parametrize("verb", ["activate", "rollback", "deactivate", "import-adapter"])
+@pytest.mark.parametrize("verb", ["activate", "rollback", "deactivate", "import-adapter", "import-adapter-move", "tag"])
 def test_io_error_at_every_operation_obeys_the_commit_point(template, tmp_path, verb, fault):
     """The documented contract (docs/exit-codes.md, docs/recovery.md): an I/O error before the
     commit point exits 12 and leaves the store byte for byte as it was (fsck clean without
@@ -171,7 +177,7 @@ def test_io_error_at_every_operation_obeys_the_commit_point(template, tmp_path, 
             assert slm_run(["--store", str(store_dir), "fsck"]) == 0
         else:
             assert r.returncode == 13, (op, ops[op - 1], r.returncode, r.stderr)
-            assert "committed" in r.stderr or "imported" in r.stderr
+            assert "committed" in r.stderr or "imported" in r.stderr, r.stderr
             assert slm_run(["--store", str(store_dir), "fsck", "--repair"]) == 0
             assert slm_run(["--store", str(store_dir), "fsck"]) == 0
             assert _state(store_dir) == after or verb.startswith("import")

@@ -27,7 +27,7 @@ class Result:
 
 
 _FAMILIES = {
-    "switches": ("AdapterEntry", "CompositionInfo", "Transition", "Status", "LogEntry"),
+    "switches": ("AdapterEntry", "CompositionInfo", "Transition", "Status", "LogEntry", "NameMove"),
     "generation": ("Timings", "Alternative", "TokenLogprobs", "Generation"),
     "integrity": ("Finding", "FsckReport", "GcPlan", "VerifyReport"),
     "transfer": ("ImportResult", "ExportResult", "AdapterExportResult", "BaseExportResult", "ReceiveResult",

@@ -62,6 +62,7 @@ class GcPlan(Result):
     bytes: int
     kept_blobs: int
     dry_run: bool = True
+    reflog_expiry_s: float | None = None  # name-reflog entries older than this were not kept
 
 
 @dataclass(frozen=True)

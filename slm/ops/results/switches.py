@@ -56,5 +56,18 @@ class LogEntry(Result):
     seq: int
     op: str
     old: str | None
-    new: str
+    new: str | None  # None: a name's removal (`slm log NAME`)
     time: float
+
+
+@dataclass(frozen=True)
+class NameMove(Result):
+    """A name moved (`slm tag`, `rm`, `mv`, an import under a taken name, a pull): from
+    `old` to `new` (None: absent); `moved` False when it already pointed there."""
+
+    kind: str
+    name: str
+    old: str | None
+    new: str | None
+    moved: bool
+    op: str

@@ -22,6 +22,7 @@ class ImportResult(Result):
     new_bytes: int
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    previous: str | None = None  # the name pointed here before this import moved it
 
 
 @dataclass(frozen=True)
