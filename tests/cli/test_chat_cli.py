@@ -177,7 +177,7 @@ def test_chat_leaves_on_ctrl_d_and_reports_a_bad_model_without_ending(store_dir,
     term = _chat(store_dir, tmp_path)
     try:
         term.expect(PROMPT)
-        assert "slm: error: no base named 'nosuch'" in term.type("/model nosuch")
+        assert "slm: error: no composition, tag or base named 'nosuch'" in term.type("/model nosuch")
         assert "slm: error: unknown command /nope" in term.type("/nope")
         assert _answer(term.type("Once upon a time"))  # still answering from the active composition
         os.write(term.master, b"\x04")  # Ctrl-D at the start of a line: end of input
