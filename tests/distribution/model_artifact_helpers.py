@@ -50,3 +50,26 @@ def inspect_raw(skopeo: str, ref: str) -> dict:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def publisher_world(root: Path, tiny_model) -> dict:
+    """A store that imported the tiny GGUF base and a LoRA, the LoRA exported as a GGUF LoRA
+    file: the files a publisher would have, and the digests `slm import` gives them."""
+    from helpers import tiny_store
+    from slm.cli import run
+    from slm.store import StoreDir
+
+    store = tiny_store(root, tiny_model, {"demo": 1}, steps=(("activate", "tq", "demo"),))
+    lora = root / "demo.gguf"
+    assert run(["--store", str(store), "export", "demo", "--base", "tq", "--format", "gguf-lora", "-o", str(lora)]) == 0
+    assert run(["--store", str(store), "import", "adapter", str(lora), "--name", "demo-gguf"]) == 0
+    names = StoreDir(store).names
+    return {"store": store, "gguf": tiny_model["gguf_q"], "lora": lora, "base": names.get("bases", "tq"),
+            "adapter": names.get("adapters", "demo-gguf"), "root": root}
+
+
+def pull_json(cli, store: Path, ref: str) -> dict:
+    """`slm pull REF --json` into `store`, which must succeed: its result."""
+    r = cli("--store", store, "pull", ref, "--json")
+    assert r.code == 0, r.err
+    return r.json()

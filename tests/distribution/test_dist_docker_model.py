@@ -14,7 +14,7 @@ import pytest
 
 from dist_fixtures import registry, skopeo  # noqa: F401  (fixtures)
 from helpers import refused, snapshot, tiny_store
-from model_artifact_helpers import inspect_raw, publish
+from model_artifact_helpers import inspect_raw, publish, publisher_world, pull_json
 
 CONFIG = "application/vnd.docker.ai.model.config.v0.1+json"
 GGUF = "application/vnd.docker.ai.gguf.v3"
@@ -25,27 +25,11 @@ OLLAMA_ADAPTER = "application/vnd.ollama.image.adapter"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_model):
-    from slm.cli import run
-    from slm.store import StoreDir
-
-    root = tmp_path_factory.mktemp("docker")
-    store = tiny_store(root, tiny_model, {"demo": 1}, steps=(("activate", "tq", "demo"),))
-    lora = root / "demo.gguf"
-    assert run(["--store", str(store), "export", "demo", "--base", "tq", "--format", "gguf-lora", "-o", str(lora)]) == 0
-    assert run(["--store", str(store), "import", "adapter", str(lora), "--name", "demo-gguf"]) == 0
-    names = StoreDir(store).names
-    return {"store": store, "gguf": tiny_model["gguf_q"], "lora": lora, "base": names.get("bases", "tq"),
-            "adapter": names.get("adapters", "demo-gguf"), "root": root}
+    return publisher_world(tmp_path_factory.mktemp("docker"), tiny_model)
 
 
 def _config():
     return {"config": {"format": "gguf", "quantization": "Q4_1"}, "descriptor": {}, "rootfs": {}}
-
-
-def _pull(cli, store, ref):
-    r = cli("--store", store, "pull", ref, "--json")
-    assert r.code == 0, r.err
-    return r.json()
 
 
 @pytest.mark.parametrize("adapter_type", [LORA, OLLAMA_ADAPTER])
@@ -59,7 +43,7 @@ def test_pull_docker_model_gives_the_base_and_adapter_slm_import_gives(cli, tmp_
         (adapter_type, world["lora"].read_bytes(), {"org.opencontainers.image.title": "style.gguf"})])
     store = tmp_path / "b"
     assert cli("--store", store, "init").code == 0
-    got = _pull(cli, store, ref)
+    got = pull_json(cli, store, ref)
     names = StoreDir(store).names
     assert got["base_name"] == "tinyllm" and names.get("bases", "tinyllm") == world["base"]
     assert got["adapter_names"] == ["style"] and names.get("adapters", "style") == world["adapter"]
@@ -111,7 +95,7 @@ def test_push_as_docker_writes_docker_types_and_pulls_back(cli, tmp_path, regist
     assert again["blobs_uploaded"] == 0 and again["manifest_digest"] == r.json()["manifest_digest"]
     store = tmp_path / "b"
     assert cli("--store", store, "init").code == 0
-    assert _pull(cli, store, ref)["composition_id"] == comp_id
+    assert pull_json(cli, store, ref)["composition_id"] == comp_id
 
 
 def _ia3_dir(d):
@@ -138,6 +122,6 @@ def test_push_as_docker_refuses_an_ia3_adapter_and_a_bundle_received_base(cli, t
     assert cli("--store", world["store"], "push", f"{registry.host}/ai/native:v1", "tq").code == 0
     b = tmp_path / "b"
     assert cli("--store", b, "init").code == 0
-    assert _pull(cli, b, f"{registry.host}/ai/native:v1")["base_name"] == "tq"
+    assert pull_json(cli, b, f"{registry.host}/ai/native:v1")["base_name"] == "tq"
     r = cli("--store", b, "push", "--as", "docker", f"{registry.host}/ai/native2:v1", "tq")
     assert r.code == 6 and "has no record of the GGUF file it came from" in r.err, r.err

@@ -15,7 +15,7 @@ import pytest
 
 from dist_fixtures import local_registry, registry, skopeo  # noqa: F401  (fixtures)
 from helpers import refused, snapshot, tiny_store
-from model_artifact_helpers import inspect_raw, publish
+from model_artifact_helpers import inspect_raw, publish, publisher_world, pull_json
 
 ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG = "application/vnd.cncf.model.config.v1+json"
@@ -26,30 +26,11 @@ DOC = "application/vnd.cncf.model.doc.v1.raw"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_model):
-    """A store that imported the tiny GGUF base and a LoRA, the LoRA exported as a GGUF LoRA
-    file: the files a publisher would have, and the digests `slm import` gives them."""
-    from slm.cli import run
-
-    root = tmp_path_factory.mktemp("modelpack")
-    store = tiny_store(root, tiny_model, {"demo": 1}, steps=(("activate", "tq", "demo"),))
-    lora = root / "demo.gguf"
-    assert run(["--store", str(store), "export", "demo", "--base", "tq", "--format", "gguf-lora", "-o", str(lora)]) == 0
-    assert run(["--store", str(store), "import", "adapter", str(lora), "--name", "demo-gguf"]) == 0
-    from slm.store import StoreDir
-
-    names = StoreDir(store).names
-    return {"store": store, "gguf": tiny_model["gguf_q"], "lora": lora, "base": names.get("bases", "tq"),
-            "adapter": names.get("adapters", "demo-gguf")}
+    return publisher_world(tmp_path_factory.mktemp("modelpack"), tiny_model)
 
 
 def _config(name="tiny"):
     return {"descriptor": {"name": name}, "config": {"format": "gguf"}, "modelfs": {}}
-
-
-def _pull(cli, store, ref):
-    r = cli("--store", store, "pull", ref, "--json")
-    assert r.code == 0, r.err
-    return r.json()
 
 
 def test_pull_modelpack_gguf_gives_the_base_slm_import_gives(cli, tmp_path, registry, skopeo, world):  # noqa: F811
@@ -62,12 +43,12 @@ def test_pull_modelpack_gguf_gives_the_base_slm_import_gives(cli, tmp_path, regi
         (DOC, b"# tiny\n", {"org.cncf.model.filepath": "README.md"})], ARTIFACT)
     store = tmp_path / "b"
     assert cli("--store", store, "init").code == 0
-    got = _pull(cli, store, ref)
+    got = pull_json(cli, store, ref)
     names = StoreDir(store).names
     assert got["base_name"] == "tiny" and names.get("bases", "tiny") == world["base"]
     assert got["adapter_names"] == ["demo"] and names.get("adapters", "demo") == world["adapter"]
     assert cli("--store", store, "activate", got["composition_id"]).code == 0
-    again = _pull(cli, store, ref)  # the same artifact again: the same composition, nothing new
+    again = pull_json(cli, store, ref)  # the same artifact again: the same composition, nothing new
     assert again["composition_id"] == got["composition_id"] and again["new_blobs"] == 0
 
 
@@ -124,7 +105,7 @@ def test_push_as_modelpack_shows_modelpack_types_and_the_original_gguf(cli, tmp_
     assert layer["annotations"]["org.opencontainers.image.title"] == "tq.gguf"
 
 
-def test_push_as_modelpack_of_a_composition_round_trips_through_slm_pull(cli, tmp_path, registry, skopeo, world):  # noqa: F811
+def test_push_as_modelpack_of_a_composition_round_trips_through_slmpull_json(cli, tmp_path, registry, skopeo, world):  # noqa: F811
     from slm.store import StoreDir
 
     ref = f"{registry.host}/mp/comp:v1"
@@ -138,7 +119,7 @@ def test_push_as_modelpack_of_a_composition_round_trips_through_slm_pull(cli, tm
     assert manifest["annotations"]["org.slm.composition.id"] == r.json()["composition_id"]
     store = tmp_path / "b"
     assert cli("--store", store, "init").code == 0
-    got = _pull(cli, store, ref)
+    got = pull_json(cli, store, ref)
     assert got["composition_id"] == r.json()["composition_id"]
     assert StoreDir(store).names.get("bases", "tq") == world["base"]
 
@@ -198,7 +179,7 @@ def test_smollm2_goes_out_as_its_own_gguf_and_comes_back_as_the_same_base(cli, t
     layer = inspect_raw(skopeo, ref)["layers"][0]
     assert layer["digest"] == f"sha256:{sha.hexdigest()}" and layer["size"] == smollm2_gguf.stat().st_size
     assert cli("--store", b, "init").code == 0
-    got = _pull(cli, b, ref)
+    got = pull_json(cli, b, ref)
     assert got["base_name"] == "smollm2"
     assert StoreDir(b).names.get("bases", "smollm2") == StoreDir(a).names.get("bases", "smollm2")
 
@@ -226,7 +207,7 @@ def test_pull_modelpack_weight_tar_gives_the_base_of_the_file_inside(cli, tmp_pa
         ARTIFACT)
     store = tmp_path / "b"
     assert cli("--store", store, "init").code == 0
-    got = _pull(cli, store, ref)
+    got = pull_json(cli, store, ref)
     assert StoreDir(store).names.get("bases", got["base_name"]) == world["base"]
     assert not any((store / "tmp").iterdir())
 
@@ -269,7 +250,7 @@ def test_a_crash_while_committing_a_pulled_model_leaves_old_or_new(cli, tmp_path
         assert [n.split("/")[0] for n in names] == ["adapters", "bases", "compositions"]
         comp = next(n for n in names if n.startswith("compositions/")).split("/")[1]
         assert cli("--store", store, "activate", comp).code == 0
-        again = _pull(cli, store, ref)  # pulling again sets the frame's name: exportable as GGUF
+        again = pull_json(cli, store, ref)  # pulling again sets the frame's name: exportable as GGUF
         assert again["composition_id"].endswith(comp)
         out = tmp_path / "back.gguf"
         assert cli("--store", store, "export", "crash", "--format", "gguf", "-o", out).code == 0

@@ -19,18 +19,11 @@ from slm.errors import InvalidInput
 from slm.model.chat import GEMMA3_TEMPLATE, render_chat
 from slm.model.tools import tool_format
 from slm.model.tools_gemma import INSTRUCTION, CallGate, parse_calls
+from tool_schemas import CLOCK, SCHEMAS, TOOLS
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
-           "properties": {"city": {"enum": ["paris", "oslo", "lima"]},
-                          "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
-CLOCK = {"type": "object", "additionalProperties": False, "required": ["zone"],
-         "properties": {"zone": {"enum": ["utc", "cet"]}}}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": CLOCK}}]
-SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
 ASK = [{"role": "user", "content": "What is the weather in Paris for the next two days?"}]
 SPECIAL = {"bos_token": "<bos>"}
 

@@ -12,6 +12,7 @@ import pytest
 
 from helpers import copy_store, tiny_store
 from serve_helpers import Server
+from tool_schemas import CLOCK, SCHEMAS, TOOLS
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -45,14 +46,6 @@ QWEN_STYLE_TEMPLATE = """\
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
 
-WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
-           "properties": {"city": {"enum": ["paris", "oslo", "lima"]},
-                          "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
-CLOCK = {"type": "object", "additionalProperties": False, "required": ["zone"],
-         "properties": {"zone": {"enum": ["utc", "cet"]}}}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": CLOCK}}]
-SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
 ASK = [{"role": "user", "content": "what is the weather in paris?"}]
 
 
