@@ -221,7 +221,8 @@ def bench_model(label: str, gguf: Path, a) -> dict:
                 "short": ids[:8], "long": ids}
         plan_path = work / "plan.json"
         plan_path.write_text(json.dumps(plan))
-        out = measure(label, gguf, Worker(plan_path), a) | {"import_mb_s": imported.total_bytes / 2**20 / import_s}
+        out = measure(label, gguf, Worker(plan_path), a) if a.runs else {}  # --runs 0: the HTTP figures only
+        out["import_mb_s"] = imported.total_bytes / 2**20 / import_s
         if a.serve_runs:  # after the worker has gone: never two copies of an 8B model at once
             out["http"] = serve_figures(label, gguf, store.root, adapters, work, a)
         return out
@@ -276,7 +277,7 @@ def serve_figures(label: str, gguf: Path, store_root: Path, adapters: list[str],
     """BATCH concurrent greedy completions over HTTP (a short text prompt each, --batch-steps
     tokens): `slm serve` on the base, on 4 compositions (the base and each LoRA, by spec), and
     `llama-server -np BATCH` on the same file; aggregate tok/s (bench_http). In each run one
-    server at a time, each warmed by a first round; medians over --serve-runs."""
+    server at a time, each configuration warmed by its own requests; medians over --serve-runs."""
     from bench_http import concurrent_completions, llama_server, slm_serve
 
     prompts = [f"{PROMPT} Chapter {i + 1}." for i in range(BATCH)]
@@ -284,6 +285,10 @@ def serve_figures(label: str, gguf: Path, store_root: Path, adapters: list[str],
     samples: dict = {}
 
     def add(key: str, url: str, models: list[str]) -> None:
+        # the same requests once untimed first: a configuration's first round pays for staging,
+        # the int8 copies and its prompts' prefill (both servers then reuse a cached prompt), so
+        # every configuration is timed warm, whatever ran before it
+        concurrent_completions(url, models, prompts, a.batch_steps)
         time.sleep(SETTLE_S)
         load = os.getloadavg()[0]
         got = concurrent_completions(url, models, prompts, a.batch_steps)
@@ -292,12 +297,10 @@ def serve_figures(label: str, gguf: Path, store_root: Path, adapters: list[str],
 
     for _ in range(a.serve_runs):
         with slm_serve(store_root, max_batch=BATCH) as url:
-            concurrent_completions(url, [four[i % 4] for i in range(BATCH)], prompts, 4)  # stage, warm
             add("slm serve|http8", url, ["active"] * BATCH)
             add("slm serve|http8 on 4 compositions", url, [four[i % 4] for i in range(BATCH)])
         with llama_server(bench_peers.tool("llama-server"), gguf, BATCH, max(256, 64 + a.batch_steps),
                           bench_peers.THREADS, work / "llama-server.log") as url:
-            concurrent_completions(url, ["base"] * BATCH, prompts, 4)
             add("llama-server -np 8|http8", url, ["base"] * BATCH)
     return {"tok_s": {k: med([s["value"] for s in v]) for k, v in samples.items()}, "samples": samples}
 
