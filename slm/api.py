@@ -325,9 +325,9 @@ class Runtime:
 
     # -- for a long-running server (slm serve; docs/api.md, "Serving") --------------------------
     def stage(self, comp: Composition | str) -> Loaded:
-        """Stage a composition (a Composition, stored or not; or a spec: `@active`, an id or prefix,
-        BASE+ADAPTER@W+...) as activating checks it (signature policy, memory budget), without
-        making it current. The Loaded (`.id`, `.composition`) is what a Scheduler runs on."""
+        """Stage a composition (a Composition, stored or not; or any spec slm.ops.specs reads: a tag,
+        an id or prefix, BASE+ADAPTER@W+..., @active~N, a pulled reference) as activating checks it
+        (signature policy, memory budget), without making it current. The Loaded (`.id`, `.composition`) is what a Scheduler runs on."""
         from slm.ops import budget
         from slm.ops import specs
 
