@@ -111,7 +111,10 @@ class Conversation:
                 if interrupted:
                     return
                 interrupted = True
-                view.notice("(Ctrl-C again or Ctrl-D to leave; /help lists the commands)")
+                try:
+                    view.notice("(Ctrl-C again or Ctrl-D to leave; /help lists the commands)")
+                except KeyboardInterrupt:  # the second Ctrl-C came while the notice was written
+                    return
                 continue
             interrupted = False
             if command.name == "exit":

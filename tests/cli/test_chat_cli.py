@@ -165,6 +165,7 @@ def test_chat_two_turns_a_model_switch_and_ctrl_c_during_an_answer(store_dir, tm
         # Ctrl-C at the prompt says how to leave; a second one in a row leaves, exit 0
         term.proc.send_signal(signal.SIGINT)
         term.expect("Ctrl-C again or Ctrl-D to leave")
+        term.expect(PROMPT)  # back at the prompt: the second Ctrl-C is the user's next keypress
         term.proc.send_signal(signal.SIGINT)
         assert term.close() == 0
     finally:
