@@ -16,7 +16,6 @@ imports stage are committed. A failure anywhere leaves the store as it was.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import re
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 from slm.compose.composition import AdapterRef, for_base, stamped
 from slm.compose.validate import check_adapter_fits
 from slm.distribution import model_artifacts as ma
-from slm.distribution.bundle import SHA256, sha256_of
+from slm.distribution.bundle import sha256_of
 from slm.distribution.reference import Reference
 from slm.distribution.weight_tar import copy_single_file
 from slm.errors import IntegrityError, InvalidInput
@@ -55,19 +54,11 @@ def _small(source, desc, where: str) -> bytes:
 
 def _download(source, incoming, desc, where: str, progress: Progress) -> None:
     """A layer's bytes into `incoming` (a staging file), checked as they arrive."""
-    n, sha = 0, hashlib.sha256()
     with contextlib.closing(source.chunks(desc.digest, desc.size)) as chunks:
-        for chunk in chunks:
-            n += len(chunk)
-            if n > desc.size:
-                raise IntegrityError(f"{where}: blob {desc.digest[:19]} is longer than the {desc.size} bytes "
-                                     "its descriptor says")
-            sha.update(chunk)
-            incoming.write(chunk)
-            progress.advance(len(chunk))
+        n, sha = receive.copy_bounded(chunks, incoming, desc.size, desc.digest, where, progress)
     if n != desc.size:
         raise IntegrityError(f"{where}: blob {desc.digest[:19]} is {n} bytes, its descriptor says {desc.size}")
-    if SHA256 + sha.hexdigest() != desc.digest:
+    if sha != desc.digest:
         raise IntegrityError(f"{where}: blob {desc.digest[:19]} does not hash to its sha256 digest "
                              "(tampered or damaged)")
 

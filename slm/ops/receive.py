@@ -130,17 +130,10 @@ class Receiver:
         """Stage one layer from its bytes as they arrive: size, sha256 and BLAKE3 checked on the
         way (a longer blob is refused at its first extra byte), nothing held whole; a blob that
         fails any check leaves nothing staged."""
-        digest, n, sha = layer.sha256, 0, hashlib.sha256()
+        digest = layer.sha256
         with self.staging.incoming() as blob:
-            for chunk in chunks:
-                n += len(chunk)
-                if n > layer.size:
-                    raise IntegrityError(f"{self.where}: blob {digest[:19]} is longer than the {layer.size} "
-                                         "bytes its descriptor says")
-                sha.update(chunk)
-                blob.write(chunk)
-                self.progress.advance(len(chunk))
-            _check_received(self.where, digest, layer.size, layer.blake3, n, SHA256 + sha.hexdigest(), blob.digest)
+            n, sha = copy_bounded(chunks, blob, layer.size, digest, self.where, self.progress)
+            _check_received(self.where, digest, layer.size, layer.blake3, n, sha, blob.digest)
             blob.keep()
         self.downloaded += 1
         self.bytes += n
@@ -344,3 +337,17 @@ def finish(store: StoreDir, record: str) -> None:
             naming.log_missing_line(store, kind, name, None, digest, OP)
             store.names.set(kind, name, digest)
     store.names.set("compositions", dg.hex_of(comp.id), record)
+
+
+def copy_bounded(chunks, out, size: int, digest: str, where: str, progress: Progress) -> tuple[int, str]:
+    """Copy a blob's chunks to `out` as they arrive, refused at the first byte past the `size`
+    its descriptor gives (a longer body never lands whole): (bytes copied, "sha256:<hex>")."""
+    n, sha = 0, hashlib.sha256()
+    for chunk in chunks:
+        n += len(chunk)
+        if n > size:
+            raise IntegrityError(f"{where}: blob {digest[:19]} is longer than the {size} bytes its descriptor says")
+        sha.update(chunk)
+        out.write(chunk)
+        progress.advance(len(chunk))
+    return n, SHA256 + sha.hexdigest()
