@@ -360,6 +360,8 @@ def main() -> int:
         kept = _measured(path)
         merged = {**kept, **results["models"]}
         order = sorted(merged, key=lambda k: list(MODELS).index(k) if k in MODELS else len(MODELS))
+        if a.only == "import" and "peer_build" in doc.get("scale", {}):
+            results["peer_build"] = doc["scale"]["peer_build"]  # the peers' figures are the earlier run's
         doc["scale"] = results | {"models": {k: merged[k] for k in order}}
         path.write_text(json.dumps(doc, indent=2) + "\n")
     results = json.loads(path.read_text())["scale"]
