@@ -1,8 +1,9 @@
 """The import figure of scripts/bench.py and scripts/bench_scale.py, and the disk it is bounded by.
 
-An import's speed is mostly the disk's: one `slm import base` of a 4.7 GB file writes 4.7 GB,
-and the same disk wrote at 380 MB/s in one minute and 680 MB/s in the next (writeback of an
-earlier store's deletion, other tenants of the host). One timed import says little; so here:
+An import's speed is mostly the disk's: `slm import base` writes every byte of the file, and
+the same disk can write at half the speed in one minute that it reaches in the next (writeback
+of an earlier store's deletion, other tenants of the host; docs/perf-notes.md). One timed
+import says little; so here:
 
 - `import_figures`: `slm import base` (the command, as a user runs it) RUNS times, each into a
   fresh store, each after the previous store is deleted, `os.sync()` and SETTLE_S of quiet, so
