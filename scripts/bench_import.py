@@ -11,8 +11,9 @@ import says little; so here:
   and MiB/s, and every sample (wall seconds, the command's own seconds, CPU seconds, peak RSS,
   load).
 - `write_bandwidth`: in the same run, in the same directory, the disk's sequential write
-  bandwidth the way an import writes a blob (slm.store.fs_direct: O_DIRECT where the file
-  system takes it, in BUFFER-sized writes, then fdatasync); median of RUNS, each file removed.
+  bandwidth the way an import writes its blobs (slm.store.fs_direct: O_DIRECT where the file
+  system takes it, in BUFFER-sized writes, then fdatasync; as many files at once as the sync
+  pool has threads), and as one stream; medians of RUNS, each file removed.
 
 The import's share of that bandwidth says how far it is from what this disk can do.
 """
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 RUNS = 3
@@ -94,10 +96,10 @@ def import_figures(gguf: Path, work: Path, name: str = "base", runs: int = RUNS)
     return figures, store
 
 
-def _write_once(path: Path, size: int) -> tuple[float, bool]:
+def _write_file(path: Path, size: int) -> bool:
     """Write `size` bytes of random data to a new file at `path` as slm.store.fs_direct writes a
     blob (O_DIRECT, aligned BUFFER-sized writes; the page cache where the file system refuses
-    O_DIRECT), then fdatasync; (seconds, whether O_DIRECT was used). The file is removed."""
+    O_DIRECT), then fdatasync; whether O_DIRECT was used. The file is removed."""
     from slm.store.fs_direct import BUFFER
 
     buf = mmap.mmap(-1, BUFFER)  # page-aligned, as O_DIRECT needs
@@ -110,11 +112,10 @@ def _write_once(path: Path, size: int) -> tuple[float, bool]:
     except OSError:
         fd, direct = os.open(path, flags, 0o600), 0
     try:
-        t = time.perf_counter()
         for _ in range(size // BUFFER):
             os.write(fd, view)
         os.fdatasync(fd)
-        return time.perf_counter() - t, bool(direct)
+        return bool(direct)
     finally:
         os.close(fd)
         os.unlink(path)
@@ -122,18 +123,38 @@ def _write_once(path: Path, size: int) -> tuple[float, bool]:
         buf.close()
 
 
+def _write_files(directory: Path, size: int, writers: int) -> tuple[float, bool]:
+    """`size` bytes written as `writers` files at once, one a thread (an import writes its blobs
+    on slm.store.sync_pool's threads); (seconds until every file is written and fdatasynced,
+    whether each went by O_DIRECT)."""
+    with ThreadPoolExecutor(max_workers=writers) as pool:
+        t = time.perf_counter()
+        jobs = [pool.submit(_write_file, directory / f"write-bandwidth-{i}", size // writers) for i in range(writers)]
+        direct = [job.result() for job in jobs]
+        return time.perf_counter() - t, all(direct)
+
+
 def write_bandwidth(directory: Path, mib: int = WRITE_MIB, runs: int = RUNS) -> dict:
-    """The disk's sequential write bandwidth in `directory` (median of `runs`, each after
-    os.sync() and SETTLE_S), MB/s; every sample with its load."""
+    """The disk's sequential write bandwidth in `directory`, MB/s: as an import writes (as many
+    files at once as slm.store.sync_pool.Syncs has threads: `mb_s`, the import's ceiling) and
+    as one stream (`one_stream_mb_s`, what `dd oflag=direct` measures), taking turns; medians
+    of `runs`, each sample after os.sync() and SETTLE_S, with its load."""
+    from slm.store.sync_pool import Syncs
+
     size = mib << 20
     samples = []
-    for i in range(runs):
-        load = _settle()
-        seconds, direct = _write_once(directory / f"write-bandwidth-{i}", size)
-        samples.append({"seconds": round(seconds, 3), "mb_s": round(size / 1e6 / seconds, 1), "direct": direct,
-                        "load": load})
-        print(f"disk write: {samples[-1]}", file=sys.stderr, flush=True)
-    return {"mb_s": statistics.median(s["mb_s"] for s in samples), "bytes": size,
+    for _ in range(runs):
+        for writers in (Syncs.THREADS, 1):
+            load = _settle()
+            seconds, direct = _write_files(directory, size, writers)
+            samples.append({"writers": writers, "seconds": round(seconds, 3), "mb_s": round(size / 1e6 / seconds, 1),
+                            "direct": direct, "load": load})
+            print(f"disk write: {samples[-1]}", file=sys.stderr, flush=True)
+
+    def median(writers: int) -> float:
+        return statistics.median(s["mb_s"] for s in samples if s["writers"] == writers)
+
+    return {"mb_s": median(Syncs.THREADS), "writers": Syncs.THREADS, "one_stream_mb_s": median(1), "bytes": size,
             "direct": all(s["direct"] for s in samples), "samples": samples}
 
 

@@ -71,14 +71,15 @@ def _import_table(models: dict) -> None:
     if not rows:
         return
     print("\n| model (file) | slm import base, MB/s | MiB/s | seconds | CPU seconds | peak RSS | disk write, MB/s "
-          "| import / disk | imports | load |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| one stream | import / disk | imports | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows.values():
         i, disk = r["import"], r["import"]["disk_write"]
         loads = [s["load"] for s in i["samples"]]
         print(f"| {r['what']} | {i['mb_s']:.0f} | {i['mib_s']:.0f} | {i['median_seconds']:.2f} | "
               f"{i['median_cpu_s']:.2f} | {i['peak_rss_bytes'] / 2**20:.0f} MiB | {disk['mb_s']:.0f}"
-              f"{'' if disk['direct'] else ' (page cache)'} | {100 * i['share_of_disk_write']:.0f}% | "
+              f"{'' if disk['direct'] else ' (page cache)'} | {_num(disk.get('one_stream_mb_s'), 0)} | "
+              f"{100 * i['share_of_disk_write']:.0f}% | "
               f"{len(i['samples'])} | {sorted(loads)[len(loads) // 2]:.1f} |")
 
 
