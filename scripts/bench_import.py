@@ -10,10 +10,11 @@ import says little; so here:
   that no sample pays for the one before; the median in MB/s (10^6 bytes, as issue 35 counts)
   and MiB/s, and every sample (wall seconds, the command's own seconds, CPU seconds, peak RSS,
   load).
-- `write_bandwidth`: in the same run, in the same directory, the disk's sequential write
-  bandwidth the way an import writes its blobs (slm.store.fs_direct: O_DIRECT where the file
-  system takes it, in BUFFER-sized writes, then fdatasync; as many files at once as the sync
-  pool has threads), and as one stream; medians of RUNS, each file removed.
+- `write_bandwidth` (and `import_and_disk`, where a round of it precedes each import): in the
+  same run, in the same directory, the disk's sequential write bandwidth the way an import
+  writes its blobs (slm.store.fs_direct: O_DIRECT where the file system takes it, in
+  BUFFER-sized writes, then fdatasync; as many files at once as the sync pool has threads),
+  and as one stream; medians of RUNS, each file removed.
 
 The import's share of that bandwidth says how far it is from what this disk can do.
 """
@@ -72,27 +73,40 @@ def _run_import(store: Path, gguf: Path, name: str) -> dict:
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "peak_rss_bytes": usage.ru_maxrss * 1024}
 
 
-def import_figures(gguf: Path, work: Path, name: str = "base", runs: int = RUNS) -> tuple[dict, Path]:
-    """`runs` imports of `gguf` (each into a fresh store at work/"store"); the figures and the
-    store of the last one, kept for the caller's other measurements."""
+def _import_sample(store: Path, gguf: Path, name: str) -> dict:
+    """One import into a fresh store at `store` (the previous one deleted, then _settle)."""
     from slm.store import init_store
 
+    shutil.rmtree(store, ignore_errors=True)
+    init_store(store)
+    load = _settle()
+    sample = _run_import(store, gguf, name) | {"load": load}
+    print(f"{gguf.name}: import {sample}", file=sys.stderr, flush=True)
+    return sample
+
+
+def import_figures(gguf: Path, work: Path, name: str = "base", runs: int = RUNS,
+                   disk: bool = False) -> tuple[dict, Path]:
+    """`runs` imports of `gguf` (each into a fresh store at work/"store"); the figures and the
+    store of the last one, kept for the caller's other measurements. With `disk`, each import
+    takes turns with a round of the disk's write bandwidth in `work` (_disk_samples: the two
+    see the disk in the same minutes), and the import's share of it."""
     store = work / "store"
     _warm(gguf)
-    samples = []
+    samples, disk_samples = [], []
     for _ in range(runs):
-        shutil.rmtree(store, ignore_errors=True)
-        init_store(store)
-        load = _settle()
-        sample = _run_import(store, gguf, name) | {"load": load}
-        samples.append(sample)
-        print(f"{gguf.name}: import {sample}", file=sys.stderr, flush=True)
+        if disk:
+            disk_samples += _disk_samples(work, WRITE_MIB << 20)
+        samples.append(_import_sample(store, gguf, name))
     total = samples[0]["total_bytes"]
     seconds = statistics.median(s["seconds"] for s in samples)
     figures = {"mb_s": total / 1e6 / seconds, "mib_s": total / 2**20 / seconds, "median_seconds": seconds,
-               "total_bytes": total, "samples": samples}
-    figures["median_cpu_s"] = statistics.median(s["cpu_s"] for s in samples)
-    figures["peak_rss_bytes"] = max(s["peak_rss_bytes"] for s in samples)
+               "total_bytes": total, "samples": samples,
+               "median_cpu_s": statistics.median(s["cpu_s"] for s in samples),
+               "peak_rss_bytes": max(s["peak_rss_bytes"] for s in samples)}
+    if disk:
+        figures["disk_write"] = _disk_summary(disk_samples)
+        figures["share_of_disk_write"] = figures["mb_s"] / figures["disk_write"]["mb_s"]
     return figures, store
 
 
@@ -134,34 +148,40 @@ def _write_files(directory: Path, size: int, writers: int) -> tuple[float, bool]
         return time.perf_counter() - t, all(direct)
 
 
-def write_bandwidth(directory: Path, mib: int = WRITE_MIB, runs: int = RUNS) -> dict:
-    """The disk's sequential write bandwidth in `directory`, MB/s: as an import writes (as many
-    files at once as slm.store.sync_pool.Syncs has threads: `mb_s`, the import's ceiling) and
-    as one stream (`one_stream_mb_s`, what `dd oflag=direct` measures), taking turns; medians
-    of `runs`, each sample after os.sync() and SETTLE_S, with its load."""
+def _disk_samples(directory: Path, size: int) -> list[dict]:
+    """One round of the disk's write bandwidth in `directory`: `size` bytes as an import writes
+    them (as many files at once as slm.store.sync_pool.Syncs has threads) and as one stream
+    (what `dd oflag=direct` measures), each after _settle, with its load."""
     from slm.store.sync_pool import Syncs
 
-    size = mib << 20
     samples = []
-    for _ in range(runs):
-        for writers in (Syncs.THREADS, 1):
-            load = _settle()
-            seconds, direct = _write_files(directory, size, writers)
-            samples.append({"writers": writers, "seconds": round(seconds, 3), "mb_s": round(size / 1e6 / seconds, 1),
-                            "direct": direct, "load": load})
-            print(f"disk write: {samples[-1]}", file=sys.stderr, flush=True)
+    for writers in (Syncs.THREADS, 1):
+        load = _settle()
+        seconds, direct = _write_files(directory, size, writers)
+        samples.append({"writers": writers, "seconds": round(seconds, 3), "mb_s": round(size / 1e6 / seconds, 1),
+                        "bytes": size, "direct": direct, "load": load})
+        print(f"disk write: {samples[-1]}", file=sys.stderr, flush=True)
+    return samples
 
-    def median(writers: int) -> float:
-        return statistics.median(s["mb_s"] for s in samples if s["writers"] == writers)
 
-    return {"mb_s": median(Syncs.THREADS), "writers": Syncs.THREADS, "one_stream_mb_s": median(1), "bytes": size,
+def _disk_summary(samples: list[dict]) -> dict:
+    """`mb_s`: the median as an import writes (the import's ceiling); `one_stream_mb_s`: as one
+    stream; `direct`: whether every sample went by O_DIRECT."""
+    writers = max(s["writers"] for s in samples)
+
+    def median(n: int) -> float:
+        return statistics.median(s["mb_s"] for s in samples if s["writers"] == n)
+
+    return {"mb_s": median(writers), "writers": writers, "one_stream_mb_s": median(1), "bytes": samples[0]["bytes"],
             "direct": all(s["direct"] for s in samples), "samples": samples}
 
 
+def write_bandwidth(directory: Path, mib: int = WRITE_MIB, runs: int = RUNS) -> dict:
+    """The disk's sequential write bandwidth in `directory` alone: `runs` rounds of
+    _disk_samples, summarised by _disk_summary (MB/s)."""
+    return _disk_summary([s for _ in range(runs) for s in _disk_samples(directory, mib << 20)])
+
+
 def import_and_disk(gguf: Path, work: Path, name: str = "base", runs: int = RUNS) -> tuple[dict, Path]:
-    """import_figures and write_bandwidth in `work`, the import's share of the disk's bandwidth."""
-    disk = write_bandwidth(work, runs=runs)
-    figures, store = import_figures(gguf, work, name, runs)
-    figures["disk_write"] = disk
-    figures["share_of_disk_write"] = figures["mb_s"] / disk["mb_s"]
-    return figures, store
+    """import_figures with the disk's write bandwidth, taking turns, in `work`."""
+    return import_figures(gguf, work, name, runs, disk=True)
