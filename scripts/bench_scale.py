@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench_import  # noqa: E402
 import bench_peers  # noqa: E402
 import bench_scale_lora  # noqa: E402
 import gemma3_path  # noqa: E402
@@ -202,15 +203,16 @@ def sample(fn) -> dict:
 
 def bench_model(label: str, gguf: Path, a) -> dict:
     from slm.ops.activation import activate
-    from slm.ops.importing import import_base
-    from slm.store import init_store
+    from slm.store import StoreDir
 
+    bench_peers.PEERS.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"scale-{label}-", dir=bench_peers.PEERS))
     try:
-        store, _ = init_store(work / "store")
-        t = time.perf_counter()
-        imported = import_base(store, gguf, "base")
-        import_s = time.perf_counter() - t
+        # the import figures first, on a quiet machine; the last import's store is the one measured
+        imported, store_root = bench_import.import_and_disk(gguf, work, "base", a.import_runs)
+        if a.only == "import":
+            return {"import": imported, "import_mb_s": imported["mib_s"]}
+        store = StoreDir(store_root)
         adapters = bench_scale_lora.import_loras(store, gguf, work)
         lora_comp_id = activate(store, "base", [adapters[0]]).active.id
         comp_id = activate(store, "base", []).active.id  # the base stays the active composition
@@ -222,7 +224,8 @@ def bench_model(label: str, gguf: Path, a) -> dict:
         plan_path = work / "plan.json"
         plan_path.write_text(json.dumps(plan))
         out = measure(label, gguf, Worker(plan_path), a) if a.runs else {}  # --runs 0: the HTTP figures only
-        out["import_mb_s"] = imported.total_bytes / 2**20 / import_s
+        out["import"] = imported
+        out["import_mb_s"] = imported["mib_s"]  # MiB/s, the key's meaning before "import" had its own section
         if a.serve_runs:  # after the worker has gone: never two copies of an 8B model at once
             out["http"] = serve_figures(label, gguf, store.root, adapters, work, a)
         return out
@@ -305,6 +308,11 @@ def serve_figures(label: str, gguf: Path, store_root: Path, adapters: list[str],
     return {"tok_s": {k: med([s["value"] for s in v]) for k, v in samples.items()}, "samples": samples}
 
 
+def _measured(path: Path) -> dict:
+    """The models of bench.json's "scale" section, as an earlier run wrote them."""
+    return json.loads(path.read_text()).get("scale", {}).get("models", {}) if path.exists() else {}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
@@ -317,6 +325,11 @@ def main() -> int:
                    help="runs of the HTTP figures (slm serve, llama-server -np 8); 0: none")
     p.add_argument("--lora-runs", type=int, default=1, help="runs that also take the LoRA r=16 decode A/B")
     p.add_argument("--lora-tokens", type=int, default=64, help="decode steps of each side of a LoRA A/B")
+    p.add_argument("--import-runs", type=int, default=bench_import.RUNS,
+                   help="imports (each into a fresh store) and disk-write samples; the figures are their medians")
+    p.add_argument("--only", choices=["import"],
+                   help="import: only the import figures and the disk's write bandwidth, merged into each "
+                        "model's entry (its other figures kept)")
     p.add_argument("--out", type=Path, default=HERE.parent / "docs")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
@@ -334,16 +347,21 @@ def main() -> int:
             entry = {"what": what, "skipped": "file not available"}
         else:
             settings = {k: v for k, v in vars(a).items() if k not in ("worker", "plan", "out", "models")}
-            entry = {"what": what, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                     "settings": settings} | bench_model(label, gguf, a)
+            date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            if a.only == "import":  # the model's other figures, from an earlier run, stay as they were
+                entry = _measured(path).get(label, {"what": what}) | bench_model(label, gguf, a) | {"import_date": date}
+            else:
+                entry = {"what": what, "date": date, "settings": settings} | bench_model(label, gguf, a)
         results["models"][label] = entry
         # written after every model, into the models measured before (a long run that stops
         # keeps what it measured; one model can be re-measured alone)
         a.out.mkdir(exist_ok=True)
         doc = json.loads(path.read_text()) if path.exists() else {}
-        kept = doc.get("scale", {}).get("models", {})
+        kept = _measured(path)
         merged = {**kept, **results["models"]}
         order = sorted(merged, key=lambda k: list(MODELS).index(k) if k in MODELS else len(MODELS))
+        if a.only == "import" and "peer_build" in doc.get("scale", {}):
+            results["peer_build"] = doc["scale"]["peer_build"]  # the peers' figures are the earlier run's
         doc["scale"] = results | {"models": {k: merged[k] for k in order}}
         path.write_text(json.dumps(doc, indent=2) + "\n")
     results = json.loads(path.read_text())["scale"]

@@ -24,6 +24,7 @@ def print_tables(results: dict) -> None:
     dates = sorted(r["date"] for r in results["models"].values() if "date" in r)
     print(f"{dates[0]} to {dates[-1]}; {m['cpu']} (family {m.get('cpu_family')}, model {m.get('model')}), "
           f"{m['cpus']} cores, {', '.join(m.get('isa', []))}; llama.cpp: {results['peer_build'].splitlines()[0]}")
+    _import_table(results["models"])
     models = {k: v for k, v in results["models"].items() if "tok_s" in v}
     if not models:
         return
@@ -61,6 +62,25 @@ def print_tables(results: dict) -> None:
     skipped = [f"{k} ({v['skipped']})" for k, v in results["models"].items() if "skipped" in v]
     if skipped:
         print(f"\nskipped: {', '.join(skipped)}")
+
+
+def _import_table(models: dict) -> None:
+    """`slm import base` of each file (scripts/bench_import.py): medians, and the disk's own
+    sequential write bandwidth measured in the same run and directory."""
+    rows = {k: r for k, r in models.items() if "import" in r}
+    if not rows:
+        return
+    print("\n| model (file) | slm import base, MB/s | MiB/s | seconds | CPU seconds | peak RSS | disk write, MB/s "
+          "| one stream | import / disk | imports | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows.values():
+        i, disk = r["import"], r["import"]["disk_write"]
+        loads = [s["load"] for s in i["samples"]]
+        print(f"| {r['what']} | {i['mb_s']:.0f} | {i['mib_s']:.0f} | {i['median_seconds']:.2f} | "
+              f"{i['median_cpu_s']:.2f} | {i['peak_rss_bytes'] / 2**20:.0f} MiB | {disk['mb_s']:.0f}"
+              f"{'' if disk['direct'] else ' (page cache)'} | {_num(disk.get('one_stream_mb_s'), 0)} | "
+              f"{100 * i['share_of_disk_write']:.0f}% | "
+              f"{len(i['samples'])} | {sorted(loads)[len(loads) // 2]:.1f} |")
 
 
 def _lora_table(models: dict) -> None:

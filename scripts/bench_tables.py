@@ -81,6 +81,10 @@ def print_throughput(r: dict) -> None:
           f"adapter) {s['in_process_cold_adapter'] * 1e3:.1f} ms, `slm activate` wall "
           f"{s['slm_activate_wall'] * 1e3:.0f} ms")
     rss, est = r["peak_rss_bytes"], r["memory_estimate_bytes"]
-    print(f"import: {r['import_mb_s']:.0f} MB/s; peak RSS base {rss['base'] / 2**20:.0f} MiB "
+    imp = r.get("import")
+    if imp:  # median of the imports (scripts/bench_import.py), beside the disk's write bandwidth
+        print(f"\nimport: {imp['mb_s']:.0f} MB/s ({imp['mib_s']:.0f} MiB/s, median of {len(imp['samples'])}), "
+              f"{100 * imp['share_of_disk_write']:.0f}% of the disk's {imp['disk_write']['mb_s']:.0f} MB/s write bandwidth")
+    print(f"import: {r['import_mb_s']:.0f} MiB/s; peak RSS base {rss['base'] / 2**20:.0f} MiB "
           f"(estimate {est['base'] / 2**20:.0f}), LoRA {rss['lora'] / 2**20:.0f} MiB (estimate "
           f"{est['lora'] / 2**20:.0f}); skipped: {r['skipped'] or 'none'}")

@@ -41,6 +41,25 @@ _GGML_IEEE = dict(over="ignore", invalid="ignore")
 # a chunk's temporaries (a few float32 copies of it: ~4 MiB each) stay in cache/RAM cheaply.
 CHUNK_ELEMENTS = 1 << 20
 
+
+def all_finite_floats(values: np.ndarray) -> bool:
+    """Whether every IEEE float in `values` (any shape or strides: a block field is a strided
+    view) is finite: no value has the all-ones exponent of inf and NaN. Read as integers, one
+    AND and one max over the field: np.isfinite on a strided float16 field converts each value
+    to a wider float first, and an import checks every block's scale of a whole base (the A/B
+    in the commit that added this). Anything but a 2-, 4- or 8-byte float is left to np.isfinite."""
+    exponent = _EXPONENT_BITS.get(values.dtype.itemsize) if values.dtype.kind == "f" else None
+    if exponent is None:
+        return bool(np.isfinite(values).all())
+    if values.size == 0:
+        return True
+    bits = values.view(values.dtype.str.replace("f", "u"))  # same width and byte order
+    return int((bits & exponent).max()) != exponent
+
+
+# the exponent field of an IEEE binary16, binary32 and binary64, by width in bytes
+_EXPONENT_BITS = {2: 0x7C00, 4: 0x7F800000, 8: 0x7FF0000000000000}
+
 ShapeLike = int | Sequence[int]
 BufferLike = np.ndarray | bytes | bytearray | memoryview
 
@@ -227,7 +246,7 @@ class Codec(ABC):
         raw = self._checked_bytes(data, dims)
         if self.block_dtype is not None and self.scale_fields:
             blocks = raw.view(self.block_dtype)  # (n_blocks,) zero-copy
-            return all(bool(np.isfinite(blocks[f]).all()) for f in self.scale_fields)
+            return all(all_finite_floats(blocks[f]) for f in self.scale_fields)
         step = max(1, CHUNK_ELEMENTS // self.block_size)
         out = np.empty((min(step, raw.size // self.type_size), self.block_size), np.float32)
         with np.errstate(**_GGML_IEEE):
