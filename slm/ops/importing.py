@@ -73,14 +73,15 @@ def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: byte
     quantize; activations must not wait for it). Returns (manifest digest, digests new to the
     store, what the name pointed at before if this import moved it). `side_names` ((kind,
     digest) of SIDE_KINDS, slm.store.names) are set to their digest under the manifest's hex
-    after the commit point, still under the lock (so no gc sees their blobs unnamed): a crash
-    between the two leaves the import without them, which importing the file again sets."""
+    after the commit point, still under the lock (so no gc sees their blobs unnamed), unless
+    an earlier import of the same base set them (Names.set_once): a crash between the two
+    leaves the import without them, which importing the file again sets."""
     digest = staging.put(manifest)
     fs.point("import.staged")
     with store.locked():
         committed = _commit_locked(store, staging, kind, name, digest)
         for side_kind, side_digest in side_names:
-            store.names.set(side_kind, dg.hex_of(digest), side_digest)
+            store.names.set_once(side_kind, dg.hex_of(digest), side_digest)
         return committed
 
 

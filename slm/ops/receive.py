@@ -271,7 +271,7 @@ def commit(store: StoreDir, comp: Composition, record: str, staging,
            side_names: tuple[tuple[str, str, str], ...] = ()) -> list[str]:
     """Under the store lock: intent, blobs, names, composition record (the commit point).
     `side_names` ((kind, name, digest) of slm.store.names.SIDE_KINDS: a pulled GGUF's frame)
-    are set after it, still under the lock, as `slm import base` sets them."""
+    are set after it where absent, still under the lock, as `slm import base` sets them."""
     with store.locked():
         for kind, name, digest in names_of(comp):
             existing = store.names.get(kind, name)
@@ -300,7 +300,7 @@ def commit(store: StoreDir, comp: Composition, record: str, staging,
             tx.commit(lambda: store.names.set("compositions", hex_id, record),  # the commit point
                       landed=lambda: store.names.get("compositions", hex_id) == record)
         for kind, name, digest in side_names:
-            store.names.set(kind, name, digest)
+            store.names.set_once(kind, name, digest)
     return new
 
 

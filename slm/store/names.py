@@ -122,6 +122,16 @@ class Names:
         fs.atomic_replace(self._path(kind, name), (digest + "\n").encode("ascii"))
         return True
 
+    def set_once(self, kind: str, name: str, digest: str) -> bool:
+        """Point a name at a digest unless it already points somewhere: the records beside a
+        base (SIDE_KINDS) describe the import that brought it, and a later import of the same
+        base (the same digest from another path, or a header differing only where the base's
+        identity does not look) leaves them as they are, so taking that import back
+        (`slm rm`, `slm gc`) leaves the store as it was. Returns whether it was set."""
+        if self.get(kind, name) is not None:
+            return False
+        return self.set(kind, name, digest)
+
     def remove(self, kind: str, name: str) -> None:
         path = self._path(kind, name)
         if path.exists():

@@ -195,3 +195,22 @@ def test_a_crash_in_a_tag_is_finished_or_undone_by_fsck(store_dir, point, commit
         assert store.names.get("tags", "prod") is None
         after = snapshot(store_dir)
         assert {k for k in after if "compositions" in k} == {k for k in before if "compositions" in k}
+
+
+def test_a_second_import_of_the_same_base_leaves_its_records_and_is_taken_back_whole(cli, tiny_model, store_dir, tmp_path):
+    """The same GGUF under another path and name is the same base: its origin and GGUF frame
+    records (SIDE_KINDS) keep the first import's, so `rm` and `gc --prune-now` of the second
+    leave the store as it was (names' histories aside)."""
+    tq = _json(cli, "show", "tq")["digest"]
+    side = {p.relative_to(store_dir): p.read_bytes() for p in (store_dir / "names").rglob("*")
+            if p.is_file() and p.parent.name in ("origins", "gguf")}
+    assert side, "the first import recorded where the base came from"
+    before = {k: v for k, v in snapshot(store_dir).items() if not k.startswith(("cache", "logs/names"))}
+    copy = tmp_path / "elsewhere.gguf"
+    copy.write_bytes(tiny_model["gguf_q"].read_bytes())
+    assert cli("import", "base", copy, "--name", "again").code == 0
+    assert _json(cli, "show", "again")["digest"] == tq
+    assert {p: (store_dir / p).read_bytes() for p in side} == side
+    assert cli("rm", "again").code == 0 and cli("gc", "--prune-now").code == 0
+    after = {k: v for k, v in snapshot(store_dir).items() if not k.startswith(("cache", "logs/names"))}
+    assert after == before
