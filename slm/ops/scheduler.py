@@ -382,9 +382,10 @@ class Scheduler:
         groups: dict[int, list[Job]] = {}
         for job in self.running:
             groups.setdefault(id(job.loaded.model.t), []).append(job)  # rows of one base share a step
-        if self.metrics:
-            self.metrics.batch_rows.observe(len(self.running))
         for jobs in groups.values():
+            if self.metrics:  # what shares this one step: its rows, and the compositions they run on
+                self.metrics.batch_rows.observe(len(jobs))
+                self.metrics.step_compositions.observe(len({job.loaded.id for job in jobs}))
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 errors = decode([j.seq for j in jobs], self.kernels)
             for job, error in zip(jobs, errors):

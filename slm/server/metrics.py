@@ -20,8 +20,10 @@ class Metrics:
         self.tokens = Counter("slm_tokens", "Tokens processed", ["kind"], registry=r)  # prompt, completion
         self.queue_depth = Gauge("slm_queue_depth", "Requests admitted but not yet decoding", registry=r)
         self.running = Gauge("slm_running_requests", "Requests in the decode batch", registry=r)
-        self.batch_rows = Histogram("slm_batch_rows", "Rows per decode step", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+        self.batch_rows = Histogram("slm_batch_rows", "Rows per decode step (rows of one base share it)", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
                                     registry=r)
+        self.step_compositions = Histogram("slm_step_compositions", "Compositions whose rows share a decode step",
+                                           buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
         self.cancelled = Counter("slm_cancelled_requests", "Requests cancelled (client gone, shutdown)", registry=r)
         self.switches = Counter("slm_switches", "Hot swaps of the active composition", ["result"], registry=r)
         self.switch_notice = Histogram("slm_switch_notice_seconds", "refs/active changed -> the server saw it",
