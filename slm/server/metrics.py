@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (the /metrics content type)
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class Metrics:
@@ -24,6 +25,12 @@ class Metrics:
                                     registry=r)
         self.step_compositions = Histogram("slm_step_compositions", "Compositions whose rows share a decode step",
                                            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+        # where the engine's time goes: decode steps and prompt chunks (the rest of a request's
+        # time is waiting its turn, and HTTP)
+        self.step_seconds = Histogram("slm_decode_step_seconds", "Time of one decode step (all its rows)",
+                                      buckets=STEP_BUCKETS, registry=r)
+        self.prefill_seconds = Histogram("slm_prefill_chunk_seconds", "Time of one prompt chunk's prefill",
+                                         buckets=STEP_BUCKETS, registry=r)
         self.cancelled = Counter("slm_cancelled_requests", "Requests cancelled (client gone, shutdown)", registry=r)
         self.switches = Counter("slm_switches", "Hot swaps of the active composition", ["result"], registry=r)
         self.switch_notice = Histogram("slm_switch_notice_seconds", "refs/active changed -> the server saw it",
