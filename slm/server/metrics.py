@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (the /metrics content type)
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -12,6 +12,9 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
+        # process_cpu_seconds_total, process_resident_memory_bytes...: the server's CPU time
+        # tells its cost apart from the wall time a loaded machine stretches
+        ProcessCollector(registry=r)
         self.requests = Counter("slm_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
                                 registry=r)
         self.latency = Histogram("slm_request_seconds", "Request latency (to the last byte)", ["endpoint"],

@@ -146,3 +146,7 @@ def test_the_server_decodes_requests_on_four_compositions_together_and_as_alone(
     comps = {line.split('le="')[1].split('"')[0]: float(line.split()[-1])
              for line in text.decode().splitlines() if line.startswith("slm_step_compositions_bucket")}
     assert comps["+Inf"] > comps["1.0"], f"no decode step ran rows of more than one composition: {comps}"
+    steps = [float(line.split()[-1]) for line in text.decode().splitlines()
+             if line.startswith("slm_decode_step_seconds_count")]
+    assert steps == [comps["+Inf"]]  # every step timed, and observed once
+    assert b"\nprocess_cpu_seconds_total " in text  # the server's CPU time, beside the wall time
