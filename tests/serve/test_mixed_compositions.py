@@ -26,7 +26,9 @@ LORA = dict(rank=4, std=0.5, hidden=64, intermediate=128, layers=2, kv_dim=32)
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, tiny_model):
-    return tiny_store(tmp_path_factory.mktemp("mixed"), tiny_model, adapters=3, lora=LORA)
+    # tq, the quantized tiny base, and tf, the float one: another base of the same shapes
+    return tiny_store(tmp_path_factory.mktemp("mixed"), tiny_model, adapters=3, lora=LORA,
+                      bases={"tq": "gguf_q", "tf": "gguf"})
 
 
 @pytest.fixture
@@ -83,6 +85,18 @@ def _alone(runtime, work) -> list[str]:
         scheduler.stop()
 
 
+def _run_together(scheduler, work) -> list[str]:
+    """The jobs queued before the engine starts (admitted together), run to their end."""
+    answers = [Answer() for _ in work]
+    for (loaded, req), answer in zip(work, answers):
+        scheduler.submit(scheduler.prepare(loaded, req, answer))
+    scheduler.start()
+    try:
+        return [answer.wait().text for answer in answers]
+    finally:
+        scheduler.stop()
+
+
 def _histogram(metrics: Metrics, name: str) -> dict[str, float]:
     """A histogram's cumulative buckets, le -> count, and "sum": the sum of what it observed."""
     samples = [s for family in metrics.registry.collect() if family.name == name for s in family.samples]
@@ -93,15 +107,7 @@ def _histogram(metrics: Metrics, name: str) -> dict[str, float]:
 def test_eight_requests_on_four_compositions_are_decoded_in_shared_steps(runtime):
     work = _work(runtime)
     metrics = Metrics()
-    scheduler = runtime.scheduler(max_batch=8, metrics=metrics)
-    answers = [Answer() for _ in work]
-    for (loaded, req), answer in zip(work, answers):  # queued before the engine starts: admitted together
-        scheduler.submit(scheduler.prepare(loaded, req, answer))
-    scheduler.start()
-    try:
-        texts = [answer.wait().text for answer in answers]
-    finally:
-        scheduler.stop()
+    texts = _run_together(runtime.scheduler(max_batch=8, metrics=metrics), work)
     rows, comps = _histogram(metrics, "slm_batch_rows"), _histogram(metrics, "slm_step_compositions")
     # one prompt is prefilled between two steps: ROWS - 1 steps while the rows join, then each
     # row's remaining tokens, one a step (had the compositions been decoded apart: 4x as many)
@@ -113,6 +119,25 @@ def test_eight_requests_on_four_compositions_are_decoded_in_shared_steps(runtime
     assert texts == _alone(runtime, work)
     for p in range(len(PROMPTS)):  # each row ran its own composition: one prompt, four answers
         assert len(set(texts[p * len(SPECS):(p + 1) * len(SPECS)])) == len(SPECS)
+
+
+def test_a_composition_staged_after_its_base_left_the_staged_table_shares_the_running_rows_step(template, tmp_path):
+    """A runtime that keeps one composition staged: the first one on tq leaves the table when tf
+    is staged, while a request still runs on it; the next one on tq shares its tensors (not a
+    second map of the base, re-hashed and packed again) and so its decode step."""
+    runtime = slm.Runtime(slm.Store.open(copy_store(template, tmp_path)), threads=1, max_staged=1)
+    first = runtime.stage("tq+a1")
+    runtime.stage("tf")
+    assert [c.base_name for c in runtime.staged()] == ["tf"]
+    later = runtime.stage("tq+a2")
+    assert later.model.t is first.model.t
+    eos = sorted(first.tokenizer.eos_ids)
+    metrics = Metrics()
+    work = [(first, _request(PROMPTS[0], eos)), (later, _request(PROMPTS[1], eos))]
+    _run_together(runtime.scheduler(max_batch=8, metrics=metrics), work)
+    rows, comps = _histogram(metrics, "slm_batch_rows"), _histogram(metrics, "slm_step_compositions")
+    assert rows["+Inf"] == (len(work) - 1) + (MAX_TOKENS - 1)  # one step for both (two: twice as many)
+    assert comps["+Inf"] - comps["1.0"] == MAX_TOKENS - len(work)  # ...on both compositions
 
 
 def test_the_server_decodes_requests_on_four_compositions_together_and_as_alone(template, tmp_path, runtime):
