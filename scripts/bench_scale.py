@@ -10,9 +10,9 @@ context for llama-bench, 128 greedy steps after an 8-token prompt for slm), pref
 step, the one `slm serve` runs, against llama-batched-bench -npl 8; and in the default mode the
 same 8 on 4 compositions: the base and three random LoRAs r=16, scripts/bench_scale_lora.py).
 In the first --lora-runs runs, the LoRA r=16's decode overhead, base and LoRA alternating in
-the worker's process. After the worker, the HTTP figures (--serve-runs): 8 concurrent
-completions through `slm serve` (on the base, and on the 4 compositions) and through
-`llama-server -np 8` on the same file (scripts/bench_http.py). slm runs in its exact mode
+the worker's process. After the worker, the HTTP figures (--serve-runs, --serve-samples): 8
+concurrent completions through `slm serve` (on the base, and on the 4 compositions, taking
+turns) and through `llama-server -np 8` on the same file (scripts/bench_http.py). slm runs in its exact mode
 and its default (int8) one, in a worker process of its own (the mechanism of
 scripts/bench.py); llama-bench runs once (-r 1) per sample; every sample is preceded by
 SETTLE_S of quiet, the systems take turns within each run, and the tables give medians. The
