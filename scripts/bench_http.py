@@ -129,4 +129,32 @@ def concurrent_completions(url: str, models: list[str], prompts: list[str], max_
     elapsed = time.perf_counter() - t
     if errors or any(x is None for x in tokens):
         raise RuntimeError(f"{url}: {'; '.join(errors) or 'a request did not finish in time'}")
-    return {"tok_s": sum(tokens) / elapsed, "tokens": tokens}
+    return {"tok_s": sum(tokens) / elapsed, "tokens": tokens, "wall_s": elapsed}
+
+
+# `slm serve`'s /metrics series that say where its engine's time went (docs/serve.md)
+ENGINE_SERIES = {"steps": "slm_decode_step_seconds_count", "step_s": "slm_decode_step_seconds_sum",
+                 "rows": "slm_batch_rows_sum", "compositions": "slm_step_compositions_sum",
+                 "prefill_chunks": "slm_prefill_chunk_seconds_count", "prefill_s": "slm_prefill_chunk_seconds_sum",
+                 "cpu_s": "process_cpu_seconds_total"}
+
+
+def engine_counters(url: str) -> dict:
+    """ENGINE_SERIES read from a `slm serve`'s /metrics now (totals since it started)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        values = {line.split()[0]: float(line.split()[1]) for line in r.read().decode().splitlines()
+                  if line and not line.startswith("#")}
+    return {key: values.get(name, 0.0) for key, name in ENGINE_SERIES.items()}
+
+
+def engine_share(before: dict, after: dict, wall_s: float) -> dict:
+    """What the engine did between two engine_counters: decode steps, their mean rows and
+    compositions, the share of the wall time in decode steps and in prefill (the rest:
+    admission, waiting, HTTP), and the server process's CPU seconds (all its threads: on a
+    loaded machine less stretched than the wall time)."""
+    d = {k: after[k] - before[k] for k in ENGINE_SERIES}
+    steps = d["steps"] or 1.0
+    return {"steps": int(d["steps"]), "rows_per_step": round(d["rows"] / steps, 2),
+            "compositions_per_step": round(d["compositions"] / steps, 2),
+            "prefill_chunks": int(d["prefill_chunks"]), "decode_share": round(d["step_s"] / wall_s, 3),
+            "prefill_share": round(d["prefill_s"] / wall_s, 3), "cpu_s": round(d["cpu_s"], 2)}

@@ -10,9 +10,9 @@ context for llama-bench, 128 greedy steps after an 8-token prompt for slm), pref
 step, the one `slm serve` runs, against llama-batched-bench -npl 8; and in the default mode the
 same 8 on 4 compositions: the base and three random LoRAs r=16, scripts/bench_scale_lora.py).
 In the first --lora-runs runs, the LoRA r=16's decode overhead, base and LoRA alternating in
-the worker's process. After the worker, the HTTP figures (--serve-runs): 8 concurrent
-completions through `slm serve` (on the base, and on the 4 compositions) and through
-`llama-server -np 8` on the same file (scripts/bench_http.py). slm runs in its exact mode
+the worker's process. After the worker, the HTTP figures (--serve-runs, --serve-samples): 8
+concurrent completions through `slm serve` (on the base, and on the 4 compositions, taking
+turns) and through `llama-server -np 8` on the same file (scripts/bench_http.py). slm runs in its exact mode
 and its default (int8) one, in a worker process of its own (the mechanism of
 scripts/bench.py); llama-bench runs once (-r 1) per sample; every sample is preceded by
 SETTLE_S of quiet, the systems take turns within each run, and the tables give medians. The
@@ -280,32 +280,48 @@ def serve_figures(label: str, gguf: Path, store_root: Path, adapters: list[str],
     """BATCH concurrent greedy completions over HTTP (a short text prompt each, --batch-steps
     tokens): `slm serve` on the base, on 4 compositions (the base and each LoRA, by spec), and
     `llama-server -np BATCH` on the same file; aggregate tok/s (bench_http). In each run one
-    server at a time, each configuration warmed by its own requests; medians over --serve-runs."""
-    from bench_http import concurrent_completions, llama_server, slm_serve
+    server at a time, each configuration warmed first by its own requests (staging, the int8
+    copies, its prompts' prefill: every configuration is then timed warm, whatever ran before
+    it), then --serve-samples samples of each, one and four compositions taking turns (a change
+    of load hits both alike); medians over every run's samples, and the median of the ratios
+    four / one of the samples taken side by side. Each slm sample keeps what the server's
+    engine did meanwhile (bench_http.engine_share: steps, rows and compositions a step, the
+    time in decode steps and in prefill)."""
+    from bench_http import concurrent_completions, engine_counters, engine_share, llama_server, slm_serve
 
     prompts = [f"{PROMPT} Chapter {i + 1}." for i in range(BATCH)]
     four = ["base"] + [f"base+{x}" for x in adapters]
+    configs = {"slm serve|http8": ["active"] * BATCH,
+               "slm serve|http8 on 4 compositions": [four[i % 4] for i in range(BATCH)]}
     samples: dict = {}
 
-    def add(key: str, url: str, models: list[str]) -> None:
-        # the same requests once untimed first: a configuration's first round pays for staging,
-        # the int8 copies and its prompts' prefill (both servers then reuse a cached prompt), so
-        # every configuration is timed warm, whatever ran before it
-        concurrent_completions(url, models, prompts, a.batch_steps)
+    def add(key: str, url: str, models: list[str], engine: bool) -> None:
         time.sleep(SETTLE_S)
         load = os.getloadavg()[0]
+        before = engine_counters(url) if engine else None
         got = concurrent_completions(url, models, prompts, a.batch_steps)
-        samples.setdefault(key, []).append({"value": got["tok_s"], "tokens": got["tokens"], "load": round(load, 2)})
-        print(f"{label}: {key} {samples[key][-1]}", file=sys.stderr, flush=True)
+        sample = {"value": got["tok_s"], "tokens": got["tokens"], "load": round(load, 2)}
+        if engine:
+            sample["engine"] = engine_share(before, engine_counters(url), got["wall_s"])
+        samples.setdefault(key, []).append(sample)
+        print(f"{label}: {key} {sample}", file=sys.stderr, flush=True)
 
     for _ in range(a.serve_runs):
         with slm_serve(store_root, max_batch=BATCH) as url:
-            add("slm serve|http8", url, ["active"] * BATCH)
-            add("slm serve|http8 on 4 compositions", url, [four[i % 4] for i in range(BATCH)])
+            for models in configs.values():
+                concurrent_completions(url, models, prompts, a.batch_steps)
+            for _ in range(a.serve_samples):
+                for key, models in configs.items():
+                    add(key, url, models, engine=True)
         with llama_server(bench_peers.tool("llama-server"), gguf, BATCH, max(256, 64 + a.batch_steps),
                           bench_peers.THREADS, work / "llama-server.log") as url:
-            add("llama-server -np 8|http8", url, ["base"] * BATCH)
-    return {"tok_s": {k: med([s["value"] for s in v]) for k, v in samples.items()}, "samples": samples}
+            concurrent_completions(url, ["base"] * BATCH, prompts, a.batch_steps)
+            for _ in range(a.serve_samples):
+                add("llama-server -np 8|http8", url, ["base"] * BATCH, engine=False)
+    one, on_four = samples["slm serve|http8"], samples["slm serve|http8 on 4 compositions"]
+    return {"tok_s": {k: med([s["value"] for s in v]) for k, v in samples.items()},
+            "four_over_one": med([f["value"] / o["value"] for o, f in zip(one, on_four)]),
+            "load_median": med([s["load"] for v in samples.values() for s in v]), "samples": samples}
 
 
 def _measured(path: Path) -> dict:
@@ -322,7 +338,9 @@ def main() -> int:
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--batch-steps", type=int, default=32, help="decode steps of each batched sequence")
     p.add_argument("--serve-runs", type=int, default=1,
-                   help="runs of the HTTP figures (slm serve, llama-server -np 8); 0: none")
+                   help="runs of the HTTP figures (slm serve, llama-server -np 8; each run starts each server once); 0: none")
+    p.add_argument("--serve-samples", type=int, default=3,
+                   help="samples of each HTTP figure in a run (one and four compositions taking turns)")
     p.add_argument("--lora-runs", type=int, default=1, help="runs that also take the LoRA r=16 decode A/B")
     p.add_argument("--lora-tokens", type=int, default=64, help="decode steps of each side of a LoRA A/B")
     p.add_argument("--import-runs", type=int, default=bench_import.RUNS,
@@ -334,6 +352,8 @@ def main() -> int:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.serve_runs and a.serve_samples < 1:
+        p.error("--serve-samples must be at least 1 (or --serve-runs 0: no HTTP figures)")
     if a.worker:
         return worker(a.plan)
     path = a.out / "bench.json"

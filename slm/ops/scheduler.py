@@ -359,8 +359,11 @@ class Scheduler:
         if self.threads is not None:
             model.kernels.set_threads(self.threads)
         model.kernels.set_activations(self.activations)
+        started = time.perf_counter()
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             logits = prefill_next(job.seq, self.prefill_chunk)
+        if self.metrics:
+            self.metrics.prefill_seconds.observe(time.perf_counter() - started)
         if logits is None:
             self.prefilling.rotate(-1)  # to the back: the next prompt's turn
             return
@@ -382,11 +385,15 @@ class Scheduler:
         groups: dict[int, list[Job]] = {}
         for job in self.running:
             groups.setdefault(id(job.loaded.model.t), []).append(job)  # rows of one base share a step
-        if self.metrics:
-            self.metrics.batch_rows.observe(len(self.running))
         for jobs in groups.values():
+            if self.metrics:  # what shares this one step: its rows, and the compositions they run on
+                self.metrics.batch_rows.observe(len(jobs))
+                self.metrics.step_compositions.observe(len({job.loaded.id for job in jobs}))
+            started = time.perf_counter()
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 errors = decode([j.seq for j in jobs], self.kernels)
+            if self.metrics:
+                self.metrics.step_seconds.observe(time.perf_counter() - started)
             for job, error in zip(jobs, errors):
                 if error is not None:
                     self._fail(job, error)
