@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 from helpers import random_overlay, tiny_store
+from test_kernels_kquants import blocks, tensor
 
 from slm.model import kernels_native, modes
 from slm.model.int8_factors import copies_of
@@ -110,3 +111,26 @@ def test_int8_factor_copies_are_built_only_in_the_int8_mode(tmp_path, tiny_model
 
     float_bytes = exact.memory_estimate(loaded)["adapters"] / ADAPTER_COPIES
     assert default.memory_estimate(loaded8)["adapters"] == int((ADAPTER_COPIES + INT8_FACTOR_COPIES) * float_bytes)
+
+
+@pytest.mark.parametrize("rows", [96, 37])  # whole tiles of B^T's halves; a partial last one
+@pytest.mark.parametrize("mode", modes.MODES)
+def test_rows_sharing_a_term_in_groups_of_any_size_equal_each_row_alone(mode, rows):
+    """One product over 9 rows whose terms come in groups of 1 to 4 rows (the kernel reads a
+    group's factors once and, in the int8 mode, adds B^T's halves to two rows at a time, an odd
+    row alone): every row's output is bit for bit the single-row product with its own term."""
+    rng = np.random.default_rng(rows)
+    cols, tokens = 128, 9
+    w = tensor(T.Q4_1, blocks(T.Q4_1, rows, cols, seed=rows, adversarial=False))
+    pairs = [((rng.standard_normal((r, cols)) / np.sqrt(cols)).astype(np.float32),
+              (0.1 * rng.standard_normal((r, rows))).astype(np.float32)) for r in (16, 8, 16)]
+    group_of = [0, 1, 0, 2, 1, 0, None, 1, 0]  # groups of 4, 3 and 1 rows, and a row without a term
+    terms = [None if g is None else pairs[g] for g in group_of]
+    x = rng.standard_normal((tokens, cols)).astype(np.float32)
+    kern = kernels_native.NativeKernels()
+    modes.use(kern, mode)
+    out = kern.matmul_rows(x, [w], [terms])[0]
+    for t in range(tokens):
+        alone = kern.matmul_many(x[t:t + 1], [w], [terms[t]])[0]
+        assert alone[0].tobytes() == out[t].tobytes(), t
+    assert out[0].tobytes() != kern.matmul_many(x[:1], [w])[0][0].tobytes()  # the term was added
