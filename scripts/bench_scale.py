@@ -8,7 +8,8 @@ scripts/make_shape_gguf.py; made once into .peers/models): decode tok/s (-n 128 
 context for llama-bench, 128 greedy steps after an 8-token prompt for slm), prefill tok/s of a
 512-token prompt, and aggregate decode tok/s of 8 sequences decoded together (slm's batched
 step, the one `slm serve` runs, against llama-batched-bench -npl 8; and in the default mode the
-same 8 on 4 compositions: the base and three random LoRAs r=16, scripts/bench_scale_lora.py).
+same 8 on 4 compositions: the base and three random LoRAs r=16, scripts/bench_scale_lora.py;
+these two figures --batch-pairs times each per batched run, alternated).
 In the first --lora-runs runs, the LoRA r=16's decode overhead, base and LoRA alternating in
 the worker's process. After the worker, the HTTP figures (--serve-runs, --serve-samples): 8
 concurrent completions through `slm serve` (on the base, and on the 4 compositions, taking
@@ -179,6 +180,7 @@ def worker(plan_path: Path) -> int:
     w = SlmScaleWorker(json.loads(plan_path.read_text()))
     for mode in ("float32", "int8"):  # warm-up: the pages mapped, the scratch allocated
         w.prefill(mode, 64), w.decode(mode, 4)
+    w.batched4("int8", 2)  # and the 4 compositions' int8 factors and packed rows built
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
@@ -249,8 +251,12 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
                 add(f"llama-bench|{op}", lambda: bench_peers.llama_bench(gguf, op, n))
             if run < a.batch_runs:
                 add("slm|batch8", lambda: slm.ask(op="batched", mode="float32", n=a.batch_steps))
-                add("slm int8|batch8", lambda: slm.ask(op="batched", mode="int8", n=a.batch_steps))
-                add("slm int8|batch8 on 4 compositions", lambda: slm.ask(op="batched4", mode="int8", n=a.batch_steps))
+                # 8 on one and 8 on 4 compositions: --batch-pairs samples each, their order
+                # alternated, so that their ratio is never one sample against one other
+                pair = [("slm int8|batch8", "batched"), ("slm int8|batch8 on 4 compositions", "batched4")]
+                for k in range(a.batch_pairs):
+                    for key, op in pair if k % 2 == 0 else pair[::-1]:
+                        add(key, lambda: slm.ask(op=op, mode="int8", n=a.batch_steps))
                 add("llama-batched-bench|batch8", lambda: bench_peers.llama_batched_bench(
                     gguf, BATCH, BATCH_PROMPT, a.batch_steps)["decode_tok_s"])
             if run < a.lora_runs:
@@ -334,6 +340,8 @@ def main() -> int:
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--batch-runs", type=int, default=2, help="runs that also take the batched figures")
+    p.add_argument("--batch-pairs", type=int, default=3,
+                   help="in each of those runs, samples of the int8 8-on-one and 8-on-4 figures, alternated")
     p.add_argument("--decode", type=int, default=128)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--batch-steps", type=int, default=32, help="decode steps of each batched sequence")

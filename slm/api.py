@@ -332,7 +332,7 @@ class Runtime:
         from slm.ops import specs
 
         loaded = self._rt.stage(comp if isinstance(comp, Composition) else specs.resolve(self.store._s, comp))
-        budget.check(budget.of_staged(loaded.staged), self.memory_budget, "this composition")
+        budget.check(budget.of_staged(loaded.staged, mode=self.mode), self.memory_budget, "this composition")
         return loaded
 
     def switch(self, comp: Composition | str) -> Loaded:
@@ -349,7 +349,7 @@ class Runtime:
         """A staged composition's memory estimate (the one `slm activate` checks), as JSON."""
         from slm.ops import budget
 
-        return budget.of_staged(loaded.staged).to_json()
+        return budget.of_staged(loaded.staged, mode=self.mode).to_json()
 
     def scheduler(self, max_batch: int = 8, max_queue: int = 32, prefill_chunk: int | None = None,
                   metrics: object | None = None, log: Callable[[str], None] = print) -> Scheduler:

@@ -6,10 +6,11 @@
           the tokenizer (~300 bytes per vocabulary entry: measured 484 for SmolLM2's
           byte-level BPE with its merges, 206 for Gemma 3's SentencePiece pieces)
       B   base bytes: every quantized blob is memory-mapped and read once per token
-      A   adapters: their float32 tensors, 1.9 times (the bytes read, and the overlay copies made
+      A   adapters: their float32 tensors, 1.5 times (the bytes read, and the overlay copies made
           from them while they are still held: measured 1.24x on SmolLM2's r=16 LoRA, 1.47x
-          on Gemma 3's, peak RSS of `slm run`; plus up to 0.4x for the int8 mode's copies of
-          a LoRA's factors, slm.model.int8_factors: A as Q8_0, 0.27 of its bytes, B^T as halves)
+          on Gemma 3's, peak RSS of `slm run`); in the int8 mode 0.4x more, its copies of a
+          LoRA's factors (slm.model.int8_factors: A as Q8_0, 0.27 of its bytes, B^T as halves),
+          which the exact mode never builds
       D   dequantization scratch: bounded, allocated once (slm.model.kernels)
       R   activations for a prefill of T tokens over S positions:
           4 bytes x T x (6 hidden + 4 ffn + 3 heads x S), plus T x vocab when all logits are kept
@@ -32,7 +33,8 @@ RUNTIME_BYTES = 50 << 20
 FUSED_KERNEL_BYTES = 8 << 20  # a second 4 MiB scratch, OpenMP and prefill threads
 TOKENIZER_BYTES_PER_TOKEN = 300
 SCRATCH_BYTES = 4 << 20
-ADAPTER_COPIES = 1.9  # peak bytes per float32 adapter byte (A above)
+ADAPTER_COPIES = 1.5  # peak bytes per float32 adapter byte (A above)
+INT8_FACTOR_COPIES = 0.4  # and in the int8 mode, its copies of the LoRA factors
 SLACK = 0.10
 DEFAULT_POSITIONS = 512  # what `slm activate` plans for: a 512-token prompt + generation
 
@@ -64,8 +66,9 @@ class Estimate:
 
 def estimate(arch: dict, base_bytes: int, adapter_float_bytes: int, positions: int,
              prompt_tokens: int | None = None, all_logits: bool = False,
-             fused_kernels: bool = False, sequences: int = 1) -> Estimate:
-    """sequences: how many sequences of `positions` one request runs at once (a server's n
+             fused_kernels: bool = False, sequences: int = 1, int8_factors: bool = False) -> Estimate:
+    """int8_factors: the composition runs in the int8 mode, which holds its own copies of the
+    LoRA factors. sequences: how many sequences of `positions` one request runs at once (a server's n
     choices): each has its own KV cache and its own logits row a step; the prompt is
     prefilled once at a time."""
     T = prompt_tokens if prompt_tokens is not None else positions
@@ -77,7 +80,7 @@ def estimate(arch: dict, base_bytes: int, adapter_float_bytes: int, positions: i
     return Estimate(
         runtime=RUNTIME_BYTES + (FUSED_KERNEL_BYTES if fused_kernels else 0) + TOKENIZER_BYTES_PER_TOKEN * v,
         base=base_bytes,
-        adapters=int(ADAPTER_COPIES * adapter_float_bytes),
+        adapters=int((ADAPTER_COPIES + (INT8_FACTOR_COPIES if int8_factors else 0)) * adapter_float_bytes),
         scratch=SCRATCH_BYTES,
         activations=4 * T * per_token + 4 * v * sequences,
         kv_cache=2 * kept * arch["num_kv_heads"] * arch["head_dim"] * 4 * sequences,

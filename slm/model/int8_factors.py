@@ -8,8 +8,10 @@ block product, as for any Q8_0 weight) and B^T as IEEE halves in tiles of 32 out
 tile's ranks in one contiguous run): 38% of the float32 bytes. The
 float32 mode (`--exact`) never reads them.
 
-Built once per pair of factors (the first time a kernel descriptor is made for them), kept
-while both arrays live, never written to the store. Every descriptor of the same factors (the
+Built once per pair of factors, the first time a kernel descriptor of the int8 mode is made
+for them (the float32 mode's descriptors point at the float32 factors alone, so a composition
+run only with `--exact` holds no copies), kept while both arrays live, never written to the
+store. Every descriptor of the same factors (the
 op path's jobs, the batch's terms, the native step's) points at the same copies, so that a row
 gets the same bits whichever path runs it.
 """
@@ -46,6 +48,12 @@ def int8_factors(a: np.ndarray, b_t: np.ndarray) -> tuple[np.ndarray | None, np.
             for array in (a, b_t):  # gone with either array (its id may then name another)
                 weakref.finalize(array, _COPIES.pop, key, None)
     return got
+
+
+def copies_of(a: np.ndarray, b_t: np.ndarray) -> tuple | None:
+    """The copies int8_factors made of these factors, or None when it has made none (nothing is
+    built here)."""
+    return _COPIES.get((id(a), id(b_t)))
 
 
 def _make(a: np.ndarray, b_t: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:

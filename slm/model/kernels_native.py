@@ -66,12 +66,14 @@ class Term(ctypes.Structure):
                 ("a8", ctypes.c_void_p), ("bt16", ctypes.c_void_p)]
 
 
-def term_of(a: np.ndarray, b_t: np.ndarray) -> Term:
-    """The descriptor of the low-rank term (A, B^T): the float32 factors, and the int8 mode's
-    copies of them (slm.model.int8_factors; kept alive with A and B^T)."""
+def term_of(a: np.ndarray, b_t: np.ndarray, int8: bool) -> Term:
+    """The descriptor of the low-rank term (A, B^T): the float32 factors and, for a product in
+    the int8 mode (int8), the int8 mode's copies of them (slm.model.int8_factors; kept alive
+    with A and B^T). The float32 mode never reads the copies, so its descriptors do not make
+    them: a composition run only in exact mode holds none."""
     from slm.model.int8_factors import int8_factors
 
-    a8, bt16 = int8_factors(a, b_t)
+    a8, bt16 = int8_factors(a, b_t) if int8 else (None, None)
     return Term(a.shape[0], a.ctypes.data, b_t.ctypes.data, None if a8 is None else a8.ctypes.data,
                 None if bt16 is None else bt16.ctypes.data)
 
@@ -253,7 +255,7 @@ class NativeKernels(ReferenceKernels):
     def _row_terms(self, weights: list[QuantTensor], row_terms: list[list], tokens: int):
         """The (weights x rows) Term array, built once per combination (a batch keeps its rows'
         compositions from step to step) and kept with the arrays it points into."""
-        key = (tokens, *map(id, weights), *(id(t) for terms in row_terms for t in terms))
+        key = (self.int8, tokens, *map(id, weights), *(id(t) for terms in row_terms for t in terms))
         cached = self._terms.get(key)
         if cached is not None:
             return cached[0]
@@ -267,7 +269,7 @@ class NativeKernels(ReferenceKernels):
                     if a.shape != (b_t.shape[0], w.cols) or b_t.shape[1] != w.rows:
                         raise KernelArgumentError(f"{w.name}: low-rank term A {a.shape}, B^T {b_t.shape} "
                                                   f"for a {w.rows} x {w.cols} weight")
-                    array[j * tokens + t] = term_of(a, b_t)
+                    array[j * tokens + t] = term_of(a, b_t, self.int8)
         if len(self._terms) > 4096:  # batches come and go: keep the memory bounded
             self._terms.clear()
         self._terms[key] = (array, row_terms)
@@ -296,7 +298,7 @@ class NativeKernels(ReferenceKernels):
                     if not (a.ndim == b_t.ndim == 2 and a.shape == (b_t.shape[0], w.cols) and b_t.shape[1] == w.rows):
                         raise KernelArgumentError(f"{w.name}: low-rank term A {a.shape}, B^T {b_t.shape} "
                                                   f"does not fit the weight {w.shape}")
-                    t = term_of(a, b_t)
+                    t = term_of(a, b_t, self.int8)
                     job.rank, job.lora_a, job.lora_bt, job.lora_a8, job.lora_bt16 = t.rank, t.a, t.bt, t.a8, t.bt16
             plan = (jobs, weights[0].cols, tuple(w.rows for w in weights))
         # the arrays stay alive with the descriptors that point into them

@@ -90,7 +90,8 @@ class NativeStep:
     def __init__(self, model, terms: list):
         cfg = model.cfg
         self.model = model
-        self.keep = [terms]
+        self.low_rank = terms  # per (layer, projection): None or (A, B^T), the arrays the terms point into
+        self.keep = []
         layers = (Layer * cfg.num_layers)()
         for i, layer in enumerate(layers):
             p = f"blk.{i}."
@@ -109,11 +110,13 @@ class NativeStep:
                           cfg.intermediate_size, ACTIVATIONS[cfg.desc.activation], cfg.qk_row_layout == "gguf",
                           cfg.rms_norm_eps, 1.0 if model.q_scale is None else float(model.q_scale),
                           ctypes.addressof(layers), self._hold(model.vectors["output_norm.weight"]))
-        # (layers, 7) slm_term: this composition's fused LoRA terms (rank 0: none)
+        # (layers, 7) slm_term: this composition's fused LoRA terms (rank 0: none), their int8
+        # mode's factors added on the first int8 step (_int8_terms)
         self.terms = (kn.Term * (cfg.num_layers * len(PROJECTIONS)))()
         for k, term in enumerate(terms):
             if term is not None:
-                self.terms[k] = kn.term_of(*term)
+                self.terms[k] = kn.term_of(*term, int8=False)
+        self.int8_terms = False
         # the RoPE base of table 0 (full layers) and, if any layer slides, of table 1
         sliding = any(t == "sliding_attention" for t in cfg.layer_types)
         self.bases = (cfg.rope_theta, cfg.rope_theta_local) if sliding else (cfg.rope_theta,)
@@ -128,6 +131,14 @@ class NativeStep:
                     self.keep.append(pk)
                     layer.w[j].packed = pk.ctypes.data
         self.packed = True
+
+    def _add_int8_terms(self) -> None:
+        """Points the terms at the int8 mode's copies of their factors (int8_factors: built the
+        first time any descriptor of the int8 mode asks, the same copies the op path reads)."""
+        for k, term in enumerate(self.low_rank):
+            if term is not None:
+                self.terms[k] = kn.term_of(*term, int8=True)
+        self.int8_terms = True
 
     @staticmethod
     def _norms(desc) -> list[str]:
@@ -190,8 +201,12 @@ class NativeStep:
                           ctypes.addressof(view.slots), ctypes.addressof(step.terms),
                           rope.ctypes.data + i * rope.strides[0])
         self.desc.int8 = self.model.kernels.int8 if int8 is None else int8
-        if self.desc.int8 and not self.packed:
-            self._pack()
+        if self.desc.int8:
+            for step in {id(s): s for s, _ in steps}.values():  # every row's terms, this step's packed rows
+                if not step.int8_terms:
+                    step._add_int8_terms()
+            if not self.packed:
+                self._pack()
         work = _work(kn.LIB.slm_step_work_bytes(ctypes.byref(self.desc), B, rows))
         status = kn.LIB.slm_decode_step(ctypes.byref(self.desc), B, rows, x.ctypes.data, out.ctypes.data,
                                         work.ctypes.data, work.nbytes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from slm.compose.memory import DEFAULT_POSITIONS, Estimate, estimate, parse_size
 from slm.errors import BudgetExceeded
+from slm.model import modes
 from slm.model.kernel_choice import fused_selected
 from slm.ops.compositions import Staged
 from slm.store import StoreDir
@@ -17,10 +18,13 @@ def resolve(store: StoreDir, flag: str | None) -> int | None:
 
 
 def of_staged(staged: Staged, positions: int = DEFAULT_POSITIONS, prompt_tokens: int | None = None,
-              all_logits: bool = False, sequences: int = 1) -> Estimate:
+              all_logits: bool = False, sequences: int = 1, mode: str | None = None) -> Estimate:
+    """mode: the numerics mode it runs in (slm.model.modes); None: the default mode."""
     adapter_bytes = sum(m.total_bytes for _, m in staged.adapters)
+    mode = modes.resolve(False) if mode is None else mode
     return estimate(staged.base.architecture, staged.base.total_bytes, adapter_bytes, positions,
-                    prompt_tokens, all_logits, fused_kernels=fused_selected(), sequences=sequences)
+                    prompt_tokens, all_logits, fused_kernels=fused_selected(), sequences=sequences,
+                    int8_factors=mode == modes.INT8)
 
 
 def check(est: Estimate, budget: int | None, what: str) -> None:

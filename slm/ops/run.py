@@ -222,7 +222,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     if len(prompt_ids) >= context:
         raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}")
     positions = min(context, len(prompt_ids) + o.max_tokens)
-    est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=keep_logits)
+    est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=keep_logits, mode=mode)
     budget.check(est, budget.resolve(store, o.memory_budget), "this run")
 
     prompt_cache = DiskPromptCache(store.path("cache"), budget_of(store.config), mode)

@@ -41,6 +41,7 @@ from typing import Callable
 import numpy as np
 
 from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
+from slm.model import modes
 from slm.model.allocator import release_freed_memory
 from slm.model.chat import chat_prompt_ids
 from slm.model.tools import tool_format
@@ -190,7 +191,8 @@ class Scheduler:
 
             req = replace(req, max_tokens=max_tokens)
         # the whole request: its n choices run at once, each with its own KV cache
-        est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids), sequences=req.n)
+        est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids), sequences=req.n,
+                               mode=modes.INT8 if self.activations == "int8" else modes.EXACT)
         budget.check(est, self.budget, "this request" if req.n == 1 else f"this request ({req.n} choices)")
         grammar = grammar_for(loaded, req.response_format, req.tools)  # (a schema the engine refuses: InvalidInput)
         return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,

@@ -147,7 +147,21 @@ static void add_rows_half(const slm_term *term, const term_group *g, const int64
         const int64_t t0 = r / BT_TILE * BT_TILE, end = t0 + BT_TILE < r1 ? t0 + BT_TILE : r1;
         const uint16_t *tile = term->bt16 + t0 * rank; /* (rank, BT_TILE) */
         if (r == t0 && end == t0 + BT_TILE) {
-            for (int64_t s = g->first; s >= 0; s = g->next[s * count + j]) {
+            int64_t s = g->first;
+            /* the group's rows two at a time: each half of the tile converted once for both */
+            for (int64_t s2; s >= 0 && (s2 = g->next[s * count + j]) >= 0; s = g->next[s2 * count + j]) {
+                const float *u = g->u + g->u_at[s * count + j], *u2 = g->u + g->u_at[s2 * count + j];
+                float *o = g->out + s * rows + t0, *o2 = g->out + s2 * rows + t0;
+                vf y[BT_TILE / LANES], y2[BT_TILE / LANES];
+                for (int v = 0; v < BT_TILE / LANES; v++) y[v] = load_vf(o + v * LANES), y2[v] = load_vf(o2 + v * LANES);
+                for (int64_t k = 0; k < rank; k++)
+                    for (int v = 0; v < BT_TILE / LANES; v++) {
+                        const vf b = load_halves(tile + k * BT_TILE + v * LANES);
+                        y[v] = fma_vf(u[k], b, y[v]), y2[v] = fma_vf(u2[k], b, y2[v]);
+                    }
+                memcpy(o, y, sizeof y), memcpy(o2, y2, sizeof y2);
+            }
+            if (s >= 0) { /* an odd row out: the same operations alone */
                 const float *u = g->u + g->u_at[s * count + j];
                 float *o = g->out + s * rows + t0;
                 vf y[BT_TILE / LANES];
