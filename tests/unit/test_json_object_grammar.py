@@ -70,7 +70,9 @@ def _key(chars: int) -> str:
 
 
 def _number(integer: int, fraction: int, exponent: int) -> str:
-    return '{"a":-' + "9" * integer + ("." + "5" * fraction if fraction else "") + ("e+" + "7" * exponent if exponent else "") + "}"
+    fraction_part = "." + "5" * fraction if fraction else ""
+    exponent_part = "e+" + "7" * exponent if exponent else ""
+    return '{"a":-' + "9" * integer + fraction_part + exponent_part + "}"
 
 
 ORDINARY = [
