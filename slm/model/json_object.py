@@ -24,13 +24,15 @@ grammar is (slm.model.grammar.JSON_OPTIONS).
 
 from __future__ import annotations
 
-MAX_DEPTH = 5
-MAX_MEMBERS = 16
-MAX_ITEMS = 16
-MAX_KEY_CHARS = 40
-MAX_STRING_CHARS = 160
+import functools
+
+MAX_DEPTH = 4
+MAX_MEMBERS = 10
+MAX_ITEMS = 12
+MAX_KEY_CHARS = 32
+MAX_STRING_CHARS = 100
 MAX_INT_DIGITS = 15
-MAX_FRACTION_DIGITS = 10
+MAX_FRACTION_DIGITS = 8
 MAX_EXPONENT_DIGITS = 3
 
 # One character of a JSON string: anything but a quote, a backslash or a control character,
@@ -60,8 +62,10 @@ def json_object_lark() -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.cache
 def json_object_grammar() -> str:
-    """The bounded grammar in llguidance's grammar JSON, as compile_grammar takes it."""
+    """The bounded grammar in llguidance's grammar JSON, as compile_grammar takes it (built once:
+    it is the same for every request)."""
     from llguidance import LLMatcher
 
     return LLMatcher.grammar_from_lark(json_object_lark())

@@ -125,7 +125,8 @@ def _allowed(matcher: LLMatcher) -> set[int]:
 def _loop(byte_tokenizer, opening: str, again: str, limit: int = 20000) -> str:
     """What a writer gets that writes `opening` and then `again` forever, taking at each step
     its next byte if the grammar allows it and else the first allowed of a quote, a closing
-    brace or bracket, a colon, or the end (a model's next-likeliest tokens): the answer it ends with."""
+    brace or bracket, a colon, the end, or else the lowest allowed byte (a model's next-likeliest
+    tokens): the answer it ends with."""
     matcher = _matcher(byte_tokenizer)
     wanted = itertools.chain(opening.encode(), itertools.cycle(again.encode()))
     out = bytearray()
@@ -133,7 +134,7 @@ def _loop(byte_tokenizer, opening: str, again: str, limit: int = 20000) -> str:
         allowed = _allowed(matcher)
         byte = next(wanted)
         if byte not in allowed:
-            byte = next(b for b in (*b'"}]:', EOS) if b in allowed)
+            byte = next((b for b in (*b'"}]:', EOS) if b in allowed), min(allowed))
         if byte == EOS:
             assert matcher.is_accepting()
             return out.decode()
