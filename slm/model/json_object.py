@@ -17,6 +17,10 @@ context-free, and JSON schema has no such keyword (uniqueItems is for arrays' it
 is what bounds a member repeated. A document beyond these bounds needs a json_schema response
 format (docs/serve.md, "Structured output").
 
+The bounds count characters, not tokens: llguidance's Lark form can bound a lexeme in tokens
+(`body[max_tokens=N]`), but it ends the lexeme wherever the count runs out, inside an escape
+too (a backslash, then the forced closing quote, which the backslash escapes).
+
 The grammar is llguidance's Lark form; its lexemes are compact JSON (no whitespace between
 tokens: with whitespace allowed a weak model can spend its budget on spaces), as the json_schema
 grammar is (slm.model.grammar.JSON_OPTIONS).
