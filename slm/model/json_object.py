@@ -7,14 +7,17 @@ does not parse. This grammar is JSON with every structure bounded, so a loop is 
 grammar (the string must close, the object must close) and the answer still parses:
 
 - nesting: at most MAX_DEPTH objects/arrays one in another (the answer itself is the first);
-- an object: at most MAX_MEMBERS members; an array: at most MAX_ITEMS items;
+- an object at depth d (the answer is at depth 1): at most MEMBERS_AT_DEPTH[d - 1] members; an
+  array: at most ITEMS_AT_DEPTH[d - 1] items. The bounds narrow with depth: a document's
+  breadth is at its top, and a loop one level down (an object's members repeated inside each
+  item of a list, say) is what runs longest, each level multiplying the one above;
 - a key: at most MAX_KEY_CHARS characters, a string value at most MAX_STRING_CHARS (an escape
   counts as one); a number: at most MAX_INT_DIGITS digits before the point, MAX_FRACTION_DIGITS
   after it, MAX_EXPONENT_DIGITS in its exponent.
 
 What a grammar cannot forbid is a repeated key: "no key twice" over keys of any spelling is not
-context-free, and JSON schema has no such keyword (uniqueItems is for arrays' items); MAX_MEMBERS
-is what bounds a member repeated. A document beyond these bounds needs a json_schema response
+context-free, and JSON schema has no such keyword (uniqueItems is for arrays' items); the
+member bound is what ends a member repeated. A document beyond these bounds needs a json_schema response
 format (docs/serve.md, "Structured output").
 
 The bounds count characters, not tokens: llguidance's Lark form can bound a lexeme in tokens
@@ -30,9 +33,9 @@ from __future__ import annotations
 
 import functools
 
-MAX_DEPTH = 4
-MAX_MEMBERS = 10
-MAX_ITEMS = 12
+MEMBERS_AT_DEPTH = (10, 6, 4, 3)
+ITEMS_AT_DEPTH = (12, 8, 6, 4)
+MAX_DEPTH = len(MEMBERS_AT_DEPTH)
 MAX_KEY_CHARS = 32
 MAX_STRING_CHARS = 100
 MAX_INT_DIGITS = 15
@@ -59,8 +62,9 @@ def json_object_lark() -> str:
     lines = ["start: obj1", f"KEY: {_string(MAX_KEY_CHARS)}", f"STRING: {_string(MAX_STRING_CHARS)}",
              f"NUMBER: {_number()}", 'scalar: STRING | NUMBER | "true" | "false" | "null"']
     for depth in range(1, MAX_DEPTH + 1):
-        lines += [f'obj{depth}: "{{" (KEY ":" value{depth} ("," KEY ":" value{depth}){{0,{MAX_MEMBERS - 1}}})? "}}"',
-                  f'arr{depth}: "[" (value{depth} ("," value{depth}){{0,{MAX_ITEMS - 1}}})? "]"']
+        members, items = MEMBERS_AT_DEPTH[depth - 1], ITEMS_AT_DEPTH[depth - 1]
+        lines += [f'obj{depth}: "{{" (KEY ":" value{depth} ("," KEY ":" value{depth}){{0,{members - 1}}})? "}}"',
+                  f'arr{depth}: "[" (value{depth} ("," value{depth}){{0,{items - 1}}})? "]"']
         deeper = f" | obj{depth + 1} | arr{depth + 1}" if depth < MAX_DEPTH else ""
         lines.append(f"value{depth}: scalar{deeper}")
     return "\n".join(lines) + "\n"

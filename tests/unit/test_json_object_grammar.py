@@ -53,12 +53,21 @@ def _nested(depth: int) -> str:
     return '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
 
 
-def _members(count: int) -> str:
-    return "{" + ",".join(f'"k{i}":{i}' for i in range(count)) + "}"
+def _inside(depth: int, container: str) -> str:
+    """`container` as the one value of objects nested so that it is at `depth` (the answer: 1)."""
+    return '{"a":' * (depth - 1) + container + "}" * (depth - 1)
 
 
-def _items(count: int) -> str:
-    return '{"a":[' + ",".join(["1"] * count) + "]}"
+def _members(depth: int, count: int) -> str:
+    return _inside(depth, "{" + ",".join(f'"k{i}":{i}' for i in range(count)) + "}")
+
+
+def _items(depth: int, count: int) -> str:
+    return _inside(depth, "[" + ",".join(["1"] * count) + "]")
+
+
+EVERY_BOUND_AT_DEPTH = [(depth, members, items) for depth, (members, items)
+                        in enumerate(zip(bounds.MEMBERS_AT_DEPTH, bounds.ITEMS_AT_DEPTH), start=1)]
 
 
 def _string(chars: int) -> str:
@@ -81,7 +90,8 @@ ORDINARY = [
     '"owner":{"name":"Zoë","city":"東京","phones":[{"kind":"home","n":"+44 20"}]}}',
     '{"text":"a \\"quote\\", a \\\\ backslash, a tab\\t and \\u00e9","empty":"","list":[]}',
     '{"n":[0,-0.5,1e10,2.5E-3,-7],"nested":[[1,2],[3,[4]]],"emoji":"🐈"}',
-    _nested(bounds.MAX_DEPTH), _members(bounds.MAX_MEMBERS), _items(bounds.MAX_ITEMS),
+    _nested(bounds.MAX_DEPTH), *(_members(depth, members) for depth, members, _ in EVERY_BOUND_AT_DEPTH),
+    *(_items(depth, items) for depth, _, items in EVERY_BOUND_AT_DEPTH if depth > 1),
     _string(bounds.MAX_STRING_CHARS), _key(bounds.MAX_KEY_CHARS),
     _number(bounds.MAX_INT_DIGITS, bounds.MAX_FRACTION_DIGITS, bounds.MAX_EXPONENT_DIGITS),
     '{"a":"' + "é" * bounds.MAX_STRING_CHARS + '"}',  # the bound counts characters, not bytes
@@ -96,8 +106,8 @@ def test_the_bounded_json_object_grammar_takes_ordinary_objects_up_to_each_bound
 
 BEYOND = {
     "nesting": _nested(bounds.MAX_DEPTH + 1),
-    "members": _members(bounds.MAX_MEMBERS + 1),
-    "items": _items(bounds.MAX_ITEMS + 1),
+    **{f"members at depth {depth}": _members(depth, members + 1) for depth, members, _ in EVERY_BOUND_AT_DEPTH},
+    **{f"items at depth {depth}": _items(depth, items + 1) for depth, _, items in EVERY_BOUND_AT_DEPTH if depth > 1},
     "string": _string(bounds.MAX_STRING_CHARS + 1),
     "key": _key(bounds.MAX_KEY_CHARS + 1),
     "integer digits": _number(bounds.MAX_INT_DIGITS + 1, 0, 0),
