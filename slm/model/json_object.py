@@ -17,8 +17,9 @@ grammar (the string must close, the object must close) and the answer still pars
 
 What a grammar cannot forbid is a repeated key: "no key twice" over keys of any spelling is not
 context-free, and JSON schema has no such keyword (uniqueItems is for arrays' items); the
-member bound is what ends a member repeated. A document beyond these bounds needs a json_schema response
-format (docs/serve.md, "Structured output").
+member bound is what ends a member repeated, so a loop of long members at the top can still
+reach a small max_tokens. A document beyond these bounds needs a json_schema response format
+(docs/serve.md, "Structured output", has the measured counts).
 
 The bounds count characters, not tokens: llguidance's Lark form can bound a lexeme in tokens
 (`body[max_tokens=N]`), but it ends the lexeme wherever the count runs out, inside an escape
