@@ -111,7 +111,9 @@ class ResponseFormat:
     `slm run --json-schema FILE`."""
 
     kind: str  # "json_object" or "json_schema"
-    schema_json: str  # the schema as JSON text ("{"type": "object"}" for json_object)
+    # the schema as JSON text; "{"type": "object"}" for json_object, whose grammar is that
+    # schema's with every structure bounded (slm.model.json_object)
+    schema_json: str
     name: str | None = None
 
     @property

@@ -9,6 +9,7 @@ import uuid
 
 from slm.errors import InvalidInput
 from slm.model.grammar import GrammarMask, compile_grammar, json_schema_grammar
+from slm.model.json_object import json_object_grammar
 from slm.model.tools import tool_format
 from slm.ops.loading import Loaded
 from slm.ops.request import ResponseFormat, ToolCall, Tools
@@ -23,6 +24,8 @@ def grammar_for(loaded: Loaded, fmt: ResponseFormat | None, tools: Tools | None 
         raise InvalidInput("response_format and a forced tool_choice both constrain the answer; give one")
     if forced:
         grammar = tool_format(loaded.tokenizer.chat_template).grammar(tools.definitions, tools.name, tools.parallel)
+    elif fmt is not None and fmt.kind == "json_object":  # any object, each structure bounded
+        grammar = json_object_grammar()
     elif fmt is not None:
         grammar = json_schema_grammar(fmt.schema)
     else:
