@@ -64,7 +64,7 @@ def bench_structured(loaded, steps: int, runs: int, log=print) -> dict:
         seqs = []
         for ids, c in zip(prompts, constrained):
             seq = new_sequence(model, ids, Sampler(), StopRules((), steps + 2), len(ids) + steps + 3,
-                               grammar_masks(loaded, grammar) if c else ())
+                               grammar_masks(loaded, grammar, steps + 2) if c else ())
             logits = None
             while logits is None:
                 logits = prefill_next(seq, 512)

@@ -150,7 +150,8 @@ def _take(seq: Sequence, logits: np.ndarray) -> str | None:
     seq.next_token = token
     if seq.logprobs is not None and token not in seq.stops.eos_ids:
         seq.token_logprobs.append(token_logprob(raw, token, seq.logprobs))  # (before on_text hears of it)
-    return seq.stops.take(token, cache_full=seq.cache.length >= seq.cache.capacity)
+    closing = any(getattr(process, "closing", False) for process in seq.processors)  # (slm.model.grammar)
+    return seq.stops.take(token, cache_full=seq.cache.length >= seq.cache.capacity, closing=closing)
 
 
 def check_finite(row: np.ndarray) -> None:

@@ -10,6 +10,13 @@ End of generation: the engine lets an end-of-generation token through only where
 accepts, and once the grammar can take no more bytes it allows nothing else, so a constrained
 answer stops when its grammar is complete.
 
+Closing within the budget: a mask given the row's max_tokens (`budget`) watches, in the last
+CLOSE_WINDOW tokens, how many tokens the answer's shortest closing takes (slm.model.json_closing:
+`"]}` for `{"tags":["a","b`); once that, plus CLOSE_MARGIN, is all the budget left, it forces the
+closing, token by token, if the row's own matcher accepts the whole of it. A JSON answer that
+would have been cut by max_tokens then still parses; it is reported as cut (`closing` is set:
+its finish reason is "length", slm.model.stops), never as an answer that ended by itself.
+
 llguidance is imported on the first constrained request: `slm run` without --json-schema and
 a server that never sees response_format never load it.
 """
@@ -23,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from slm.errors import InvalidInput
+from slm.model.json_closing import closing
 
 if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
@@ -33,6 +41,11 @@ JSON_OPTIONS = {"whitespace_flexible": False}
 ANY_JSON_OBJECT = {"type": "object"}
 
 _LOCK = threading.Lock()
+# the last tokens of a budget in which a row's closing is measured each step, and the tokens
+# kept beyond the closing's own length: one token can lengthen the closing by several (a `"` that
+# opens a key commits the answer to `":null}`)
+CLOSE_WINDOW = 64
+CLOSE_MARGIN = 8
 
 
 def json_schema_grammar(schema: dict) -> str:
@@ -105,16 +118,19 @@ class GrammarMask:
     unpacked bits. A constrained row costs its decode step a few hundredths of a millisecond
     besides the engine's own mask computation (docs/benchmarks.md, "Structured output")."""
 
-    def __init__(self, tok: TextTokenizer, grammar: str, n_vocab: int):
+    def __init__(self, tok: TextTokenizer, grammar: str, n_vocab: int, budget: int | None = None):
         from llguidance import LLMatcher
 
-        self.matcher = LLMatcher(grammar_tokenizer(tok, n_vocab), grammar, log_level=0)
+        self.lltok = grammar_tokenizer(tok, n_vocab)
+        self.matcher = LLMatcher(self.lltok, grammar, log_level=0)
         if self.matcher.is_error():
             raise InvalidInput(f"the grammar cannot be compiled: {_one_line(self.matcher.get_error())}")
         self.eos = sorted(tok.eos_ids)
         self.consumed = 0
         self.words = np.zeros((n_vocab + 31) // 32, dtype=np.int32)  # bit i: token i allowed
         self.out: np.ndarray | None = None
+        self.budget = budget  # the row's max_tokens (None: never closed early)
+        self.closing = False  # the answer is being closed to fit its budget
 
     def __call__(self, ids: list[int], logits: np.ndarray) -> np.ndarray:
         while self.consumed < len(ids):  # the tokens sampled since the last call
@@ -127,6 +143,11 @@ class GrammarMask:
         if self.matcher.is_error():  # (cannot happen while every token came through the mask)
             out[self.eos] = logits[self.eos]
             return out
+        forced = self._closing_token(ids)
+        if forced is not None:
+            self.closing = True
+            out[forced] = logits[forced] if np.isfinite(logits[forced]) else 0.0
+            return out
         self.matcher.unsafe_compute_mask_ptr(self.words.ctypes.data, self.words.nbytes)
         allowed = np.unpackbits(self.words.view(np.uint8), count=logits.shape[-1], bitorder="little").view(bool)
         np.copyto(out, logits, where=allowed)
@@ -135,6 +156,22 @@ class GrammarMask:
     @property
     def complete(self) -> bool:
         return self.matcher.is_accepting()
+
+    def _closing_token(self, ids: list[int]) -> int | None:
+        """The next token of the answer's closing, if the budget left is no more than the
+        closing needs (and the matcher accepts the closing whole, then the end); else None."""
+        left = None if self.budget is None else self.budget - len(ids)  # tokens still to sample
+        if left is None or left > CLOSE_WINDOW or self.matcher.is_accepting():
+            return None
+        suffix = closing(self.lltok.decode_bytes(ids).decode("utf-8", "replace"))
+        if not suffix:
+            return None
+        tokens = self.lltok.tokenize_str(suffix)
+        if len(tokens) + CLOSE_MARGIN < left:
+            return None
+        if self.matcher.validate_tokens(tokens + self.eos[:1]) != len(tokens) + 1:
+            return None  # the grammar wants more than the structure's closing (a required key, say)
+        return tokens[0]
 
 
 def _one_line(err) -> str:

@@ -239,7 +239,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     gen = generate(model, prompt_ids, o.max_tokens, sampler,
                    tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
                    prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text,
-                   processors=processors + grammar_masks(loaded, grammar), logprobs=o.logprobs,
+                   processors=processors + grammar_masks(loaded, grammar, o.max_tokens), logprobs=o.logprobs,
                    stop_sequences=o.stop)
     comp = loaded.composition
     result = Generation(

@@ -154,7 +154,8 @@ class Scheduler:
         jobs = [first]
         for index in range(1, req.n):
             jobs.append(Job(first.rid, first.req, loaded, first.prompt_ids, sink_of(index), first.capacity,
-                            processors=grammar_masks(loaded, first.grammar), grammar=first.grammar))
+                            processors=grammar_masks(loaded, first.grammar, first.req.max_tokens),
+                            grammar=first.grammar))
         for index, (job, seed) in enumerate(zip(jobs, seeds)):
             job.index, job.seed, job.twin = index, seed, first if index else None
         return jobs
@@ -196,7 +197,8 @@ class Scheduler:
         budget.check(est, self.budget, "this request" if req.n == 1 else f"this request ({req.n} choices)")
         grammar = grammar_for(loaded, req.response_format, req.tools)  # (a schema the engine refuses: InvalidInput)
         return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
-                   capacity=len(ids) + max_tokens, processors=grammar_masks(loaded, grammar), grammar=grammar)
+                   capacity=len(ids) + max_tokens, processors=grammar_masks(loaded, grammar, max_tokens),
+                   grammar=grammar)
 
     def submit(self, job: Job) -> None:
         self.submit_all([job])

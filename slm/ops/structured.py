@@ -40,8 +40,9 @@ def tool_answer(loaded: Loaded, text: str) -> tuple[str | None, tuple[ToolCall, 
     return content, tuple(ToolCall(f"call_{uuid.uuid4().hex[:24]}", c.name, c.arguments) for c in calls)
 
 
-def grammar_masks(loaded: Loaded, grammar: str | None) -> tuple:
-    """The logit processors of one sequence following `grammar` (its own matcher)."""
+def grammar_masks(loaded: Loaded, grammar: str | None, max_tokens: int) -> tuple:
+    """The logit processors of one sequence following `grammar` (its own matcher), closing a
+    JSON answer within `max_tokens` (slm.model.grammar)."""
     if grammar is None:
         return ()
-    return (GrammarMask(loaded.tokenizer, grammar, loaded.model.cfg.vocab_size),)
+    return (GrammarMask(loaded.tokenizer, grammar, loaded.model.cfg.vocab_size, budget=max_tokens),)
