@@ -53,10 +53,25 @@ def _warm(path: Path) -> None:
             pass
 
 
+# `python -m slm` that writes its own peak RSS (VmHWM, this process's memory since its exec) to
+# stderr as it exits: the rusage of a child started by vfork (as subprocess does) counts the
+# parent's pages as they were at the exec, so a benchmark holding a model made an import look
+# 800 MB large
+_WITH_PEAK = (
+    "import atexit, runpy, sys\n"
+    "def _peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            sys.stderr.write('peak-rss-kib ' + line.split()[1] + '\\n')\n"
+    "atexit.register(_peak)\n"
+    "sys.argv[0] = 'slm'\n"
+    "runpy.run_module('slm', run_name='__main__', alter_sys=True)\n")
+
+
 def _run_import(store: Path, gguf: Path, name: str) -> dict:
-    """One `slm import base` in a process of its own: its wall time, CPU time and peak RSS
-    (os.wait4: this child's own figures, not every child's)."""
-    argv = [sys.executable, "-m", "slm", "--store", str(store), "import", "base", str(gguf), "-n", name, "--json"]
+    """One `slm import base` in a process of its own: its wall time, CPU time (os.wait4: this
+    child's own) and peak RSS (its own VmHWM, _WITH_PEAK)."""
+    argv = [sys.executable, "-c", _WITH_PEAK, "--store", str(store), "import", "base", str(gguf), "-n", name, "--json"]
     with tempfile.TemporaryFile() as err:
         t = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err)
@@ -68,9 +83,12 @@ def _run_import(store: Path, gguf: Path, name: str) -> dict:
         if proc.returncode:
             err.seek(0)
             raise RuntimeError(f"slm import base failed ({proc.returncode}): {err.read().decode(errors='replace').strip()}")
+        err.seek(0)
+        peaks = [int(line.split()[1]) for line in err.read().decode(errors="replace").splitlines()
+                 if line.startswith("peak-rss-kib ")]
     result = json.loads(out)
     return {"seconds": round(wall, 3), "command_seconds": result["seconds"], "total_bytes": result["total_bytes"],
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "peak_rss_bytes": usage.ru_maxrss * 1024}
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "peak_rss_bytes": peaks[-1] * 1024 if peaks else None}
 
 
 def _import_sample(store: Path, gguf: Path, name: str) -> dict:
