@@ -26,7 +26,8 @@ TIMEOUT = 60  # seconds: a hang, not a slow machine
 
 # slm.model's light modules, each written so as not to import NumPy or the executor; the C
 # extension itself checks an adapter's float32 tensors finite (slm.model.finite)
-MODEL_MODULES_ALLOWED = {"slm.model", "slm.model.finite", "slm.model.kernel_choice", "slm.model._qkernels"}
+MODEL_MODULES_ALLOWED = {"slm.model", "slm.model.finite", "slm.model.kernel_choice", "slm.model.modes",
+                         "slm.model._qkernels"}
 
 
 @pytest.fixture(scope="module")
