@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 # Compact JSON: no whitespace between tokens. With flexible whitespace a weak model can spend
 # its whole budget on spaces and never close the object.
 JSON_OPTIONS = {"whitespace_flexible": False}
-ANY_JSON_OBJECT = {"type": "object"}
 
 _LOCK = threading.Lock()
 # the last tokens of a budget in which a row's closing is measured each step, and the tokens

@@ -43,3 +43,8 @@ def use(kernels, mode: str) -> None:
 def activations_of(mode: str) -> str:
     """The kernels' activations setting for a mode ("float32" or "int8")."""
     return _ACTIVATIONS[mode]
+
+
+def of_activations(activations: str) -> str:
+    """The mode whose kernels take this activations setting (activations_of, the other way)."""
+    return next(mode for mode, setting in _ACTIVATIONS.items() if setting == activations)

@@ -193,7 +193,7 @@ class Scheduler:
             req = replace(req, max_tokens=max_tokens)
         # the whole request: its n choices run at once, each with its own KV cache
         est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids), sequences=req.n,
-                               mode=modes.INT8 if self.activations == "int8" else modes.EXACT)
+                               mode=modes.of_activations(self.activations))
         budget.check(est, self.budget, "this request" if req.n == 1 else f"this request ({req.n} choices)")
         grammar = grammar_for(loaded, req.response_format, req.tools)  # (a schema the engine refuses: InvalidInput)
         return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
