@@ -8,8 +8,9 @@ scripts/make_shape_gguf.py; made once into .peers/models): decode tok/s (-n 128 
 context for llama-bench, 128 greedy steps after an 8-token prompt for slm), prefill tok/s of a
 512-token prompt, and aggregate decode tok/s of 8 sequences decoded together (slm's batched
 step, the one `slm serve` runs, against llama-batched-bench -npl 8; and in the default mode the
-same 8 on 4 compositions: the base and three random LoRAs r=16, scripts/bench_scale_lora.py;
-these two figures --batch-pairs times each per batched run, alternated).
+same 8 on one LoRA r=16 and on 4 compositions: the base and three random LoRAs r=16,
+scripts/bench_scale_lora.py; these three figures --batch-pairs times each per batched run,
+taking turns, and their ratios as medians of each round's).
 In the first --lora-runs runs, the LoRA r=16's decode overhead, base and LoRA alternating in
 the worker's process. After the worker, the HTTP figures (--serve-runs, --serve-samples): 8
 concurrent completions through `slm serve` (on the base, and on the 4 compositions, taking
@@ -53,6 +54,9 @@ MODELS_DIR = bench_peers.PEERS / "models"
 BATCH = 8  # sequences decoded together
 BATCH_PROMPT = 16  # tokens of each batched sequence's prompt
 LORA_AB_STEPS = 8  # decode steps of one block of the LoRA A/B
+# the batched figures of the default mode a round of --batch-pairs takes, in turn: (key, worker op)
+BATCH_TRIPLE = [("slm int8|batch8", "batched"), ("slm int8|batch8 on one LoRA", "batched_lora"),
+                ("slm int8|batch8 on 4 compositions", "batched4")]
 
 
 def shape_gguf(shape: str, qtype: str) -> Path | None:
@@ -146,6 +150,12 @@ class SlmScaleWorker:
         are timed, as llama-batched-bench's speed_tg."""
         return self._batch(mode, n, [self._mode(mode)] * BATCH)
 
+    def batched_lora(self, mode: str, n: int) -> float:
+        """batched, the BATCH sequences on one LoRA r=16 composition: every row pays the LoRA's
+        own terms, read once for all of them (the cost of the LoRA, apart from mixing)."""
+        self._mode(mode)
+        return self._batch(mode, n, [self.four[1]] * BATCH)
+
     def batched4(self, mode: str, n: int) -> float:
         """batched, the BATCH sequences on 4 compositions: the base and three LoRAs r=16 (two
         rows each, interleaved), each row adding its own composition's terms in the same step."""
@@ -180,7 +190,7 @@ def worker(plan_path: Path) -> int:
     w = SlmScaleWorker(json.loads(plan_path.read_text()))
     for mode in ("float32", "int8"):  # warm-up: the pages mapped, the scratch allocated
         w.prefill(mode, 64), w.decode(mode, 4)
-    w.batched4("int8", 2)  # and the 4 compositions' int8 factors and packed rows built
+    w.batched4("int8", 2), w.batched_lora("int8", 2)  # and the 4 compositions' int8 factors and packed rows built
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
@@ -251,11 +261,11 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
                 add(f"llama-bench|{op}", lambda: bench_peers.llama_bench(gguf, op, n))
             if run < a.batch_runs:
                 add("slm|batch8", lambda: slm.ask(op="batched", mode="float32", n=a.batch_steps))
-                # 8 on one and 8 on 4 compositions: --batch-pairs samples each, their order
-                # alternated, so that their ratio is never one sample against one other
-                pair = [("slm int8|batch8", "batched"), ("slm int8|batch8 on 4 compositions", "batched4")]
+                # 8 on one, on one LoRA and on 4 compositions: --batch-pairs rounds, the three
+                # in each, their order alternated, so that a ratio is never one sample against
+                # one other (rounds: their ratios, the median in the table)
                 for k in range(a.batch_pairs):
-                    for key, op in pair if k % 2 == 0 else pair[::-1]:
+                    for key, op in BATCH_TRIPLE if k % 2 == 0 else BATCH_TRIPLE[::-1]:
                         add(key, lambda: slm.ask(op=op, mode="int8", n=a.batch_steps))
                 add("llama-batched-bench|batch8", lambda: bench_peers.llama_batched_bench(
                     gguf, BATCH, BATCH_PROMPT, a.batch_steps)["decode_tok_s"])
@@ -266,10 +276,17 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
         slm.close()
     lora_ab = samples.pop("slm int8|lora r=16 A/B", [])
     medians = {k: med([s["value"] for s in v]) for k, v in samples.items()}
+    rounds = [dict(zip([key for key, _ in BATCH_TRIPLE], values))
+              for values in zip(*(samples.get(key, []) for key, _ in BATCH_TRIPLE))]
     weights = streamed_bytes(gguf)
     out = {"file": gguf.name, "file_bytes": gguf.stat().st_size, "streamed_bytes_per_token": weights,
            "tok_s": medians, "samples": samples,
            "load_median": med([s["load"] for v in samples.values() for s in v])}
+    if rounds:  # the ratios of each round's three samples, taken minutes apart at most
+        one, lora, four = (key for key, _ in BATCH_TRIPLE)
+        ratio = lambda a, b: med([r[a]["value"] / r[b]["value"] for r in rounds])  # noqa: E731
+        out["batch_ratios"] = {"four_over_one": ratio(four, one), "four_over_lora": ratio(four, lora),
+                               "lora_over_one": ratio(lora, one), "rounds": len(rounds)}
     if lora_ab:  # each sample a dict of its own (bench_inprocess.lora_overhead_ab); the medians of its figures
         out["lora_overhead_ab_int8"] = {k: med([s["value"][k] for s in lora_ab]) for k in lora_ab[0]["value"]}
         out["lora_overhead_ab_int8"]["load"] = med([s["load"] for s in lora_ab])
@@ -341,7 +358,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--batch-runs", type=int, default=2, help="runs that also take the batched figures")
     p.add_argument("--batch-pairs", type=int, default=3,
-                   help="in each of those runs, samples of the int8 8-on-one and 8-on-4 figures, alternated")
+                   help="in each of those runs, rounds of the int8 8-on-one, 8-on-one-LoRA and 8-on-4 figures, taking turns")
     p.add_argument("--decode", type=int, default=128)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--batch-steps", type=int, default=32, help="decode steps of each batched sequence")

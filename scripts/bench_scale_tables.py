@@ -46,17 +46,22 @@ def print_tables(results: dict) -> None:
               f"{r['tok_s']['read_bandwidth_gb_s']:.1f} GB/s | " +
               " | ".join(f"{100 * share[k]:.0f}%" if k in share else "-" for k in ("slm", "slm int8", "llama-bench"))
               + " |")
-    print("\n| model (file) | slm 8 sequences, aggregate decode tok/s | slm int8 | slm int8, 8 on 4 compositions "
-          "| 8 on 4 / 8 on one | llama-batched-bench -npl 8 | slm / llama | slm int8 / llama |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| model (file) | slm 8 sequences, aggregate decode tok/s | slm int8 | slm int8, 8 on one LoRA "
+          "| slm int8, 8 on 4 compositions | 8 on 4 / 8 on one | 8 on 4 / 8 on one LoRA | llama-batched-bench -npl 8 "
+          "| slm / llama | slm int8 / llama |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in models.values():
         t = r["tok_s"]
         s, q, ll = t.get("slm|batch8"), t.get("slm int8|batch8"), t.get("llama-batched-bench|batch8")
-        four = t.get("slm int8|batch8 on 4 compositions")
+        lora, four = t.get("slm int8|batch8 on one LoRA"), t.get("slm int8|batch8 on 4 compositions")
         if ll is None and s is None:
             continue
-        print(f"| {r['what']} | {_num(s)} | {_num(q)} | {_num(four)} | {_ratio(four, q)} | {_num(ll)} | "
-              f"{_ratio(s, ll)} | {_ratio(q, ll)} |")
+        # the medians of each round's ratios where the run has them (bench_scale's batch_ratios)
+        ratios = r.get("batch_ratios", {})
+        over_one = f"{ratios['four_over_one']:.2f}x" if ratios else _ratio(four, q)
+        over_lora = f"{ratios['four_over_lora']:.2f}x" if ratios else _ratio(four, lora)
+        print(f"| {r['what']} | {_num(s)} | {_num(q)} | {_num(lora)} | {_num(four)} | {over_one} | {over_lora} | "
+              f"{_num(ll)} | {_ratio(s, ll)} | {_ratio(q, ll)} |")
     _lora_table(models)
     _http_table(models)
     skipped = [f"{k} ({v['skipped']})" for k, v in results["models"].items() if "skipped" in v]
