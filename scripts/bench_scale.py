@@ -364,10 +364,10 @@ def main() -> int:
     p.add_argument("--batch-steps", type=int, default=32, help="decode steps of each batched sequence")
     p.add_argument("--serve-runs", type=int, default=1,
                    help="runs of the HTTP figures (slm serve, llama-server -np 8; each run starts each server once); 0: none")
-    p.add_argument("--serve-samples", type=int, default=3,
+    p.add_argument("--serve-samples", type=int, default=7,
                    help="samples of each HTTP figure in a run (one and four compositions taking turns)")
     p.add_argument("--lora-runs", type=int, default=1, help="runs that also take the LoRA r=16 decode A/B")
-    p.add_argument("--lora-tokens", type=int, default=64, help="decode steps of each side of a LoRA A/B")
+    p.add_argument("--lora-tokens", type=int, default=256, help="decode steps of each side of a LoRA A/B")
     p.add_argument("--import-runs", type=int, default=bench_import.RUNS,
                    help="imports (each into a fresh store) and disk-write samples; the figures are their medians")
     p.add_argument("--only", choices=["import"],
