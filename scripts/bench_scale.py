@@ -282,9 +282,12 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
     out = {"file": gguf.name, "file_bytes": gguf.stat().st_size, "streamed_bytes_per_token": weights,
            "tok_s": medians, "samples": samples,
            "load_median": med([s["load"] for v in samples.values() for s in v])}
-    if rounds:  # the ratios of each round's three samples, taken minutes apart at most
+    if rounds:  # the median of the ratios of each round's samples, taken seconds apart
         one, lora, four = (key for key, _ in BATCH_TRIPLE)
-        ratio = lambda a, b: med([r[a]["value"] / r[b]["value"] for r in rounds])  # noqa: E731
+
+        def ratio(a: str, b: str) -> float:
+            return med([r[a]["value"] / r[b]["value"] for r in rounds])
+
         out["batch_ratios"] = {"four_over_one": ratio(four, one), "four_over_lora": ratio(four, lora),
                                "lora_over_one": ratio(lora, one), "rounds": len(rounds)}
     if lora_ab:  # each sample a dict of its own (bench_inprocess.lora_overhead_ab); the medians of its figures
