@@ -69,16 +69,21 @@ def print_tables(results: dict) -> None:
         print(f"\nskipped: {', '.join(skipped)}")
 
 
+def _table(models: dict, key: str, columns: list[str]) -> list[dict]:
+    """The models that have `key`; when there are any, a table's head (the model column, then
+    `columns`, all right-aligned but the first) printed for them."""
+    rows = [r for r in models.values() if key in r]
+    if rows:
+        print("\n| model (file) | " + " | ".join(columns) + " |")
+        print("|---|" + "---:|" * len(columns))
+    return rows
+
+
 def _import_table(models: dict) -> None:
     """`slm import base` of each file (scripts/bench_import.py): medians, and the disk's own
     sequential write bandwidth measured in the same run and directory."""
-    rows = {k: r for k, r in models.items() if "import" in r}
-    if not rows:
-        return
-    print("\n| model (file) | slm import base, MB/s | MiB/s | seconds | CPU seconds | peak RSS | disk write, MB/s "
-          "| one stream | import / disk | imports | load |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows.values():
+    for r in _table(models, "import", ["slm import base, MB/s", "MiB/s", "seconds", "CPU seconds", "peak RSS",
+                                       "disk write, MB/s", "one stream", "import / disk", "imports", "load"]):
         i, disk = r["import"], r["import"]["disk_write"]
         loads = [s["load"] for s in i["samples"]]
         print(f"| {r['what']} | {i['mb_s']:.0f} | {i['mib_s']:.0f} | {i['median_seconds']:.2f} | "
@@ -89,13 +94,9 @@ def _import_table(models: dict) -> None:
 
 
 def _lora_table(models: dict) -> None:
-    rows = {k: r for k, r in models.items() if "lora_overhead_ab_int8" in r}
-    if not rows:
-        return
-    print("\n| model (file) | base ms/token | LoRA r=16 ms/token | overhead | base CPU ms/token | LoRA CPU ms/token "
-          "| CPU overhead | tokens a side | load |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows.values():
+    for r in _table(models, "lora_overhead_ab_int8", ["base ms/token", "LoRA r=16 ms/token", "overhead",
+                                                      "base CPU ms/token", "LoRA CPU ms/token", "CPU overhead",
+                                                      "tokens a side", "load"]):
         ab = r["lora_overhead_ab_int8"]
         print(f"| {r['what']} | {ab['base_ms_per_token']:.1f} | {ab['lora_ms_per_token']:.1f} | "
               f"{100 * ab['overhead']:+.1f}% | {ab['base_cpu_ms_per_token']:.1f} | {ab['lora_cpu_ms_per_token']:.1f} | "
@@ -103,13 +104,8 @@ def _lora_table(models: dict) -> None:
 
 
 def _http_table(models: dict) -> None:
-    rows = {k: r for k, r in models.items() if "http" in r}
-    if not rows:
-        return
-    print("\n| model (file) | slm serve, 8 concurrent requests, tok/s | slm serve, 8 on 4 compositions "
-          "| 8 on 4 / 8 on one | llama-server -np 8 | slm / llama-server |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for r in rows.values():
+    for r in _table(models, "http", ["slm serve, 8 concurrent requests, tok/s", "slm serve, 8 on 4 compositions",
+                                     "8 on 4 / 8 on one", "llama-server -np 8", "slm / llama-server"]):
         t = r["http"]["tok_s"]
         s, four, ll = t.get("slm serve|http8"), t.get("slm serve|http8 on 4 compositions"), t.get("llama-server -np 8|http8")
         # the median of the ratios of samples taken side by side where the run kept them
