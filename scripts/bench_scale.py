@@ -11,8 +11,9 @@ step, the one `slm serve` runs, against llama-batched-bench -npl 8; and in the d
 same 8 on one LoRA r=16 and on 4 compositions: the base and three random LoRAs r=16,
 scripts/bench_scale_lora.py; these three figures --batch-pairs times each per batched run,
 taking turns, and their ratios as medians of each round's).
-In the first --lora-runs runs, the LoRA r=16's decode overhead, base and LoRA alternating in
-the worker's process. After the worker, the HTTP figures (--serve-runs, --serve-samples): 8
+After the worker, the LoRA r=16's decode overhead: --lora-processes A/Bs, base and LoRA
+alternating, each in a worker process started for it. Then the HTTP figures (--serve-runs,
+--serve-samples, --serve-seconds): 8
 concurrent completions through `slm serve` (on the base, and on the 4 compositions, taking
 turns) and through `llama-server -np 8` on the same file (scripts/bench_http.py). slm runs in its exact mode
 and its default (int8) one, in a worker process of its own (the mechanism of
@@ -45,10 +46,11 @@ sys.path.insert(0, str(HERE))
 
 import bench_import  # noqa: E402
 import bench_peers  # noqa: E402
+import bench_scale_http  # noqa: E402
 import bench_scale_lora  # noqa: E402
 import gemma3_path  # noqa: E402
 import smollm2_path  # noqa: E402
-from bench_common import PROMPT, SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med  # noqa: E402
+from bench_common import SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med  # noqa: E402
 
 MODELS_DIR = bench_peers.PEERS / "models"
 BATCH = 8  # sequences decoded together
@@ -185,12 +187,16 @@ class SlmScaleWorker:
         return BATCH * n / (time.perf_counter() - t)
 
 
-def worker(plan_path: Path) -> int:
-    """A JSON request per line on stdin ({"op", "mode", "n"}), a JSON answer per line on stdout."""
+def worker(plan_path: Path, lora_only: bool) -> int:
+    """A JSON request per line on stdin ({"op", "mode", "n"}), a JSON answer per line on stdout.
+    lora_only: warmed for the LoRA A/B alone (int8, the base and the LoRA)."""
     w = SlmScaleWorker(json.loads(plan_path.read_text()))
-    for mode in ("float32", "int8"):  # warm-up: the pages mapped, the scratch allocated
-        w.prefill(mode, 64), w.decode(mode, 4)
-    w.batched4("int8", 2), w.batched_lora("int8", 2)  # and the 4 compositions' int8 factors and packed rows built
+    if lora_only:
+        w.prefill("int8", 64), w.lora_ab("int8", 2 * LORA_AB_STEPS)
+    else:
+        for mode in ("float32", "int8"):  # warm-up: the pages mapped, the scratch allocated
+            w.prefill(mode, 64), w.decode(mode, 4)
+        w.batched4("int8", 2), w.batched_lora("int8", 2)  # and the 4 compositions' int8 factors and packed rows built
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
@@ -202,8 +208,9 @@ def worker(plan_path: Path) -> int:
 class Worker(WorkerProcess):
     """The driver's end of the slm worker process (its samples take their quiet in sample())."""
 
-    def __init__(self, plan_path: Path):
-        super().__init__("slm", [sys.executable, __file__, "--worker", "--plan", str(plan_path)])
+    def __init__(self, plan_path: Path, lora_only: bool = False):
+        super().__init__("slm", [sys.executable, __file__, "--worker", "--plan", str(plan_path)] +
+                         (["--lora-only"] if lora_only else []))
 
 
 def sample(fn) -> dict:
@@ -236,10 +243,12 @@ def bench_model(label: str, gguf: Path, a) -> dict:
         plan_path = work / "plan.json"
         plan_path.write_text(json.dumps(plan))
         out = measure(label, gguf, Worker(plan_path), a) if a.runs else {}  # --runs 0: the HTTP figures only
+        if a.lora_processes:  # after the worker has gone (never two copies of an 8B model at once)
+            out.update(lora_figures(label, plan_path, a))
         out["import"] = imported
         out["import_mb_s"] = imported["mib_s"]  # MiB/s, the key's meaning before "import" had its own section
         if a.serve_runs:  # after the worker has gone: never two copies of an 8B model at once
-            out["http"] = serve_figures(label, gguf, store.root, adapters, work, a)
+            out["http"] = bench_scale_http.serve_figures(label, gguf, store.root, adapters, work, a, BATCH)
         return out
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -269,12 +278,9 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
                         add(key, lambda: slm.ask(op=op, mode="int8", n=a.batch_steps))
                 add("llama-batched-bench|batch8", lambda: bench_peers.llama_batched_bench(
                     gguf, BATCH, BATCH_PROMPT, a.batch_steps)["decode_tok_s"])
-            if run < a.lora_runs:
-                add("slm int8|lora r=16 A/B", lambda: slm.ask(op="lora_ab", mode="int8", n=a.lora_tokens))
             print(f"{label}: run {run + 1}/{a.runs} done", file=sys.stderr, flush=True)
     finally:
         slm.close()
-    lora_ab = samples.pop("slm int8|lora r=16 A/B", [])
     medians = {k: med([s["value"] for s in v]) for k, v in samples.items()}
     rounds = [dict(zip([key for key, _ in BATCH_TRIPLE], values))
               for values in zip(*(samples.get(key, []) for key, _ in BATCH_TRIPLE))]
@@ -290,10 +296,6 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
 
         out["batch_ratios"] = {"four_over_one": ratio(four, one), "four_over_lora": ratio(four, lora),
                                "lora_over_one": ratio(lora, one), "rounds": len(rounds)}
-    if lora_ab:  # each sample a dict of its own (bench_inprocess.lora_overhead_ab); the medians of its figures
-        out["lora_overhead_ab_int8"] = {k: med([s["value"][k] for s in lora_ab]) for k in lora_ab[0]["value"]}
-        out["lora_overhead_ab_int8"]["load"] = med([s["load"] for s in lora_ab])
-        out["samples"]["slm int8|lora r=16 A/B"] = lora_ab
     bw = medians["read_bandwidth_gb_s"]
     # the share of the read bandwidth a decode rate uses: weight bytes per token x tok/s
     out["bandwidth_share"] = {k.split("|")[0]: weights * v / 1e9 / bw for k, v in medians.items()
@@ -302,52 +304,25 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
     return out
 
 
-def serve_figures(label: str, gguf: Path, store_root: Path, adapters: list[str], work: Path, a) -> dict:
-    """BATCH concurrent greedy completions over HTTP (a short text prompt each, --batch-steps
-    tokens): `slm serve` on the base, on 4 compositions (the base and each LoRA, by spec), and
-    `llama-server -np BATCH` on the same file; aggregate tok/s (bench_http). In each run one
-    server at a time, each configuration warmed first by its own requests (staging, the int8
-    copies, its prompts' prefill: every configuration is then timed warm, whatever ran before
-    it), then --serve-samples samples of each, one and four compositions taking turns (a change
-    of load hits both alike); medians over every run's samples, and the median of the ratios
-    four / one of the samples taken side by side. Each slm sample keeps what the server's
-    engine did meanwhile (bench_http.engine_share: steps, rows and compositions a step, the
-    time in decode steps and in prefill)."""
-    from bench_http import concurrent_completions, engine_counters, engine_share, llama_server, slm_serve
-
-    prompts = [f"{PROMPT} Chapter {i + 1}." for i in range(BATCH)]
-    four = ["base"] + [f"base+{x}" for x in adapters]
-    configs = {"slm serve|http8": ["active"] * BATCH,
-               "slm serve|http8 on 4 compositions": [four[i % 4] for i in range(BATCH)]}
-    samples: dict = {}
-
-    def add(key: str, url: str, models: list[str], engine: bool) -> None:
-        time.sleep(SETTLE_S)
-        load = os.getloadavg()[0]
-        before = engine_counters(url) if engine else None
-        got = concurrent_completions(url, models, prompts, a.batch_steps)
-        sample = {"value": got["tok_s"], "tokens": got["tokens"], "load": round(load, 2)}
-        if engine:
-            sample["engine"] = engine_share(before, engine_counters(url), got["wall_s"])
-        samples.setdefault(key, []).append(sample)
-        print(f"{label}: {key} {sample}", file=sys.stderr, flush=True)
-
-    for _ in range(a.serve_runs):
-        with slm_serve(store_root, max_batch=BATCH) as url:
-            for models in configs.values():
-                concurrent_completions(url, models, prompts, a.batch_steps)
-            for _ in range(a.serve_samples):
-                for key, models in configs.items():
-                    add(key, url, models, engine=True)
-        with llama_server(bench_peers.tool("llama-server"), gguf, BATCH, max(256, 64 + a.batch_steps),
-                          bench_peers.THREADS, work / "llama-server.log") as url:
-            concurrent_completions(url, ["base"] * BATCH, prompts, a.batch_steps)
-            for _ in range(a.serve_samples):
-                add("llama-server -np 8|http8", url, ["base"] * BATCH, engine=False)
-    one, on_four = samples["slm serve|http8"], samples["slm serve|http8 on 4 compositions"]
-    return {"tok_s": {k: med([s["value"] for s in v]) for k, v in samples.items()},
-            "four_over_one": med([f["value"] / o["value"] for o, f in zip(one, on_four)]),
-            "load_median": med([s["load"] for v in samples.values() for s in v]), "samples": samples}
+def lora_figures(label: str, plan_path: Path, a) -> dict:
+    """The LoRA r=16 decode A/B (bench_inprocess.lora_overhead_ab) in --lora-processes worker
+    processes, one after the other, each started for it: within a process base and LoRA take
+    turns, and from one process to the next the figure moves by a few percent (where its memory
+    landed), so a process's figure alone says little. The medians of the processes' figures,
+    with the lowest and highest overhead; each process's A/B under "samples"."""
+    ab = []
+    for _ in range(a.lora_processes):
+        slm = Worker(plan_path, lora_only=True)
+        try:
+            ab.append(sample(lambda: slm.ask(op="lora_ab", mode="int8", n=a.lora_tokens)))
+        finally:
+            slm.close()
+        print(f"{label}: slm int8|lora r=16 A/B {ab[-1]}", file=sys.stderr, flush=True)
+    figures = {k: med([s["value"][k] for s in ab]) if isinstance(v, float) else v for k, v in ab[0]["value"].items()}
+    overheads = [s["value"]["overhead"] for s in ab]
+    figures |= {"load": med([s["load"] for s in ab]), "processes": len(ab),
+                "overhead_lowest": min(overheads), "overhead_highest": max(overheads)}
+    return {"lora_overhead_ab_int8": figures, "lora_samples": ab}
 
 
 def _measured(path: Path) -> dict:
@@ -369,7 +344,10 @@ def main() -> int:
                    help="runs of the HTTP figures (slm serve, llama-server -np 8; each run starts each server once); 0: none")
     p.add_argument("--serve-samples", type=int, default=7,
                    help="samples of each HTTP figure in a run (one and four compositions taking turns)")
-    p.add_argument("--lora-runs", type=int, default=1, help="runs that also take the LoRA r=16 decode A/B")
+    p.add_argument("--serve-seconds", type=float, default=3.0,
+                   help="an HTTP sample repeats its 8 concurrent requests until it has lasted this long")
+    p.add_argument("--lora-processes", type=int, default=3,
+                   help="LoRA r=16 decode A/Bs, each in a worker process of its own, after the worker; 0: none")
     p.add_argument("--lora-tokens", type=int, default=256, help="decode steps of each side of a LoRA A/B")
     p.add_argument("--import-runs", type=int, default=bench_import.RUNS,
                    help="imports (each into a fresh store) and disk-write samples; the figures are their medians")
@@ -379,11 +357,12 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=HERE.parent / "docs")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--lora-only", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.serve_runs and a.serve_samples < 1:
         p.error("--serve-samples must be at least 1 (or --serve-runs 0: no HTTP figures)")
     if a.worker:
-        return worker(a.plan)
+        return worker(a.plan, a.lora_only)
     path = a.out / "bench.json"
     results: dict = {"machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), **cpu_kind()},
                      "peer_build": bench_peers.build_info(), "models": {}}

@@ -25,7 +25,17 @@ def print_tables(results: dict) -> None:
     print(f"{dates[0]} to {dates[-1]}; {m['cpu']} (family {m.get('cpu_family')}, model {m.get('model')}), "
           f"{m['cpus']} cores, {', '.join(m.get('isa', []))}; llama.cpp: {results['peer_build'].splitlines()[0]}")
     _import_table(results["models"])
-    models = {k: v for k, v in results["models"].items() if "tok_s" in v}
+    _throughput_tables({k: v for k, v in results["models"].items() if "tok_s" in v})
+    _lora_table(results["models"])
+    _http_table(results["models"])
+    skipped = [f"{k} ({v['skipped']})" for k, v in results["models"].items() if "skipped" in v]
+    if skipped:
+        print(f"\nskipped: {', '.join(skipped)}")
+
+
+def _throughput_tables(models: dict) -> None:
+    """Decode, prefill, the share of the read bandwidth, the batched step: the models the
+    worker measured (a run with --runs 0 takes only the LoRA, HTTP and import figures)."""
     if not models:
         return
     for op, title in (("decode", "decode tok/s"), ("prefill", "prefill tok/s")):
@@ -62,11 +72,6 @@ def print_tables(results: dict) -> None:
         over_lora = f"{ratios['four_over_lora']:.2f}x" if ratios else _ratio(four, lora)
         print(f"| {r['what']} | {_num(s)} | {_num(q)} | {_num(lora)} | {_num(four)} | {over_one} | {over_lora} | "
               f"{_num(ll)} | {_ratio(s, ll)} | {_ratio(q, ll)} |")
-    _lora_table(models)
-    _http_table(models)
-    skipped = [f"{k} ({v['skipped']})" for k, v in results["models"].items() if "skipped" in v]
-    if skipped:
-        print(f"\nskipped: {', '.join(skipped)}")
 
 
 def _table(models: dict, key: str, columns: list[str]) -> list[dict]:
@@ -95,12 +100,16 @@ def _import_table(models: dict) -> None:
 
 def _lora_table(models: dict) -> None:
     for r in _table(models, "lora_overhead_ab_int8", ["base ms/token", "LoRA r=16 ms/token", "overhead",
-                                                      "base CPU ms/token", "LoRA CPU ms/token", "CPU overhead",
-                                                      "tokens a side", "load"]):
+                                                      "lowest, highest", "base CPU ms/token", "LoRA CPU ms/token",
+                                                      "CPU overhead", "tokens a side", "processes", "load"]):
         ab = r["lora_overhead_ab_int8"]
+        # (runs before the A/B had processes of its own: one process, no range)
+        spread = (f"{100 * ab['overhead_lowest']:+.1f}%, {100 * ab['overhead_highest']:+.1f}%"
+                  if "processes" in ab else "-")
         print(f"| {r['what']} | {ab['base_ms_per_token']:.1f} | {ab['lora_ms_per_token']:.1f} | "
-              f"{100 * ab['overhead']:+.1f}% | {ab['base_cpu_ms_per_token']:.1f} | {ab['lora_cpu_ms_per_token']:.1f} | "
-              f"{100 * ab['overhead_cpu']:+.1f}% | {ab['blocks'] * ab['steps_per_block']} | {ab['load']:.1f} |")
+              f"{100 * ab['overhead']:+.1f}% | {spread} | {ab['base_cpu_ms_per_token']:.1f} | "
+              f"{ab['lora_cpu_ms_per_token']:.1f} | {100 * ab['overhead_cpu']:+.1f}% | "
+              f"{ab['blocks'] * ab['steps_per_block']} | {ab.get('processes', 1)} | {ab['load']:.1f} |")
 
 
 def _http_table(models: dict) -> None:
