@@ -307,8 +307,8 @@ def measure(label: str, gguf: Path, slm: Worker, a) -> dict:
 def lora_figures(label: str, plan_path: Path, a) -> dict:
     """The LoRA r=16 decode A/B (bench_inprocess.lora_overhead_ab) in --lora-processes worker
     processes, one after the other, each started for it: within a process base and LoRA take
-    turns, and from one process to the next the figure moves by a few percent (where its memory
-    landed), so a process's figure alone says little. The medians of the processes' figures,
+    turns, and from one process to the next the figure moves by a few percent (why was not
+    pinned down), so a process's figure alone says little. The medians of the processes' figures,
     with the lowest and highest overhead; each process's A/B under "samples"."""
     ab = []
     for _ in range(a.lora_processes):
