@@ -106,6 +106,7 @@ def _load() -> ctypes.CDLL | None:
         "slm_rope": (None, [p, p, p, p, i64, i64, i64, i32]),
         "slm_attend_one": (i32, [p, p, p, p, i64, i64, i64, i64]),
         "slm_attend_causal": (i32, [p, p, p, p, i64, i64, i64, i64, i64, i64, i64, i64]),
+        "slm_attend_causal_team": (i32, [p, p, p, p, i64, i64, i64, i64, i64, i64]),
         "slm_swiglu": (None, [p, p, p, i64]),
         "slm_geglu": (None, [p, p, p, i64]),
     }
@@ -313,9 +314,11 @@ class NativeKernels(ReferenceKernels):
 
     def _split(self, count: int, values: int, fn) -> None:
         """fn(start, stop) over [0, count) (rows, or values), in two halves on the two threads
-        when there are `values` >= SPLIT_MIN_VALUES to compute. The prompt's work is parallel
-        on these threads, as its BLAS products are, never in an OpenMP region, whose threads
-        would spin on a core afterwards while the products run."""
+        when there are `values` >= SPLIT_MIN_VALUES to compute. In the float32 mode the
+        prompt's work is parallel on these threads, as its BLAS products are, never in an
+        OpenMP region, whose threads would spin on a core afterwards while the products run.
+        (In the int8 mode the products run on the OpenMP team, and so does the attention,
+        attend_causal: its share of a prompt's time is far larger than these ops'.)"""
         if self.pool is None or values < SPLIT_MIN_VALUES or count < 2:
             fn(0, count)
         else:
@@ -364,12 +367,18 @@ class NativeKernels(ReferenceKernels):
     def attend_causal(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, first: int, window: int) -> np.ndarray:
         """Causal attention of q (T, nh, hd) at positions first.. over k, v (first + T, n_kv, hd),
         within the window (0: none), on the two threads: mathops.attend's result (within
-        float32 rounding), in tiles of query rows that share their keys (_qkernels.c)."""
+        float32 rounding), in tiles of query rows that share their keys (_qkernels.c). In the
+        int8 mode on the OpenMP team that ran the prompt's products (its threads would
+        otherwise spin beside these two); the same tiles, the same bits."""
         T, nh, hd = q.shape
         if k.ndim != 3 or k.shape != v.shape or k.shape[0] != first + T or \
                 k.shape[2] != hd or nh % k.shape[1] or not all(_f32_c(a) for a in (q, k, v)):
             return mathops.attend(q, k, v, first, window)
         out = np.empty((T, nh * hd), dtype=np.float32)
+        if self.int8:  # the prompt's products run on the OpenMP team: so does its attention
+            check_status(LIB.slm_attend_causal_team(_addr(q), _addr(k), _addr(v), _addr(out), T, first, window, nh,
+                                                    k.shape[1], hd), "slm_attend_causal_team", "attention")
+            return out
         parts = 1 if self.pool is None else 2
 
         def part(i: int) -> int:  # every parts-th tile of the prompt

@@ -192,7 +192,8 @@ def test_causal_attention_matches_numpy(first, window, heads, kv_heads, head_dim
     tile's range scored) against the NumPy definition that masks a dense product: GQA (6 heads
     on 2; Gemma 3's 4 on 1 at 256 values a head; 20 per kv head, more than a tile's rows), plain
     multi-head with a head size no vector width divides, queries after cached positions,
-    windows shorter and longer than the prompt, 1 and 2 threads."""
+    windows shorter and longer than the prompt, 1 and 2 threads, on the prefill's own threads
+    (float32 mode) and on the OpenMP team (int8 mode: the same tiles, the same bits)."""
     from slm.model import mathops
 
     rng = np.random.default_rng([first, window, heads, head_dim])
@@ -203,12 +204,14 @@ def test_causal_attention_matches_numpy(first, window, heads, kv_heads, head_dim
     want = mathops.attend(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), first, window)
     fused = kernels_native.NativeKernels()
     outs = []
-    for threads in (1, 2):
-        fused.set_threads(threads)
-        outs.append(fused.attend_causal(q, k, v, first, window))
-        assert outs[-1].shape == want.shape and outs[-1].dtype == np.float32
-        assert np.abs(outs[-1] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
-    assert outs[0].tobytes() == outs[1].tobytes()  # each tile computed whole by one thread
+    for mode in ("float32", "int8"):
+        fused.set_activations(mode)
+        for threads in (1, 2):
+            fused.set_threads(threads)
+            outs.append(fused.attend_causal(q, k, v, first, window))
+            assert outs[-1].shape == want.shape and outs[-1].dtype == np.float32
+            assert np.abs(outs[-1] - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert len({out.tobytes() for out in outs}) == 1  # each tile computed whole by one thread
 
 
 def test_causal_attention_passes_nan_through():

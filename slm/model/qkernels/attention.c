@@ -1,7 +1,8 @@
 /* qkernels/attention.c: attention over a cache of float32 keys and values.
  *
  * slm_attend_causal: a prompt's queries, in tiles of query rows that share their keys (the
- * prefill, kernels_native.py, on its own two threads). slm_attend_one: one position's query
+ * prefill, kernels_native.py: on its own two threads, or on the OpenMP team with
+ * slm_attend_causal_team). slm_attend_one: one position's query
  * (the op-by-op decode), through attend_range (a range of its heads, a kv group at a time in
  * attend_heads), which step.c's fused step calls for its share of the heads. Grouped-query
  * attention, sliding windows and the softmax (a vector at a time, exp_vf) are handled here.
@@ -31,9 +32,10 @@
  *
  * The masked keys outside the tile's range are never computed; inside it at most
  * ATT_POSITIONS - 1 per row are (and weigh 0). One call computes every parts-th tile, with no
- * parallel region of its own: the prefill runs its parts on its own two threads
- * (kernels_native.py), as it does its BLAS products, so that no OpenMP thread spins on a core
- * while they work. */
+ * parallel region of its own: in the float32 mode the prefill runs its parts on its own two
+ * threads (kernels_native.py), as it does its BLAS products, so that no OpenMP thread spins on
+ * a core while they work; in the int8 mode, whose prompt products run on the OpenMP team,
+ * slm_attend_causal_team runs them on that team. */
 
 #define ATT_ROWS 16
 #define ATT_POSITIONS 4
@@ -295,4 +297,22 @@ int slm_attend_causal(const float *q, const float *k, const float *v, float *out
     }
     free(kt);
     return 0;
+}
+
+/* slm_attend_causal on the kernels' OpenMP team, each thread its share of the tiles (the same
+ * tiles, so the same bits, as any split): for a prompt whose products run on that team (the
+ * int8 mode), whose threads would otherwise spin beside the prefill's own two threads while
+ * they attend. Returns -2 when out of memory. */
+int slm_attend_causal_team(const float *q, const float *k, const float *v, float *out, int64_t T, int64_t first,
+                           int64_t window, int64_t nh, int64_t n_kv, int64_t hd) {
+    int status = 0;
+#pragma omp parallel
+    {
+        const int mine = slm_attend_causal(q, k, v, out, T, first, window, nh, n_kv, hd, thread_index(), thread_count());
+        if (mine != 0) {
+#pragma omp atomic write
+            status = mine;
+        }
+    }
+    return status;
 }
