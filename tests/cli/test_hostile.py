@@ -248,4 +248,3 @@ def test_ctrl_c_while_a_command_works_says_interrupted(store_dir):
             p.kill()
     out, err = p.communicate(timeout=QUICK)
     assert p.returncode == 130 and err.decode() == "slm: interrupted\n", err
-

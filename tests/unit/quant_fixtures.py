@@ -43,6 +43,7 @@ def assert_bit_exact(name: str, x: np.ndarray) -> None:
         ref = gq.dequantize(theirs, qtype)
     np.testing.assert_array_equal(bits(codec.dequantize(ours, x.shape)), bits(ref))
 
+
 def random_values(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     n = 1 << 18  # 4 distributions x 262,144 = 1,048,576 values
