@@ -242,7 +242,7 @@ def bench_model(label: str, gguf: Path, a) -> dict:
                 "short": ids[:8], "long": ids}
         plan_path = work / "plan.json"
         plan_path.write_text(json.dumps(plan))
-        out = measure(label, gguf, Worker(plan_path), a) if a.runs else {}  # --runs 0: the HTTP figures only
+        out = measure(label, gguf, Worker(plan_path), a) if a.runs else {}  # --runs 0: LoRA, HTTP, import only
         if a.lora_processes:  # after the worker has gone (never two copies of an 8B model at once)
             out.update(lora_figures(label, plan_path, a))
         out["import"] = imported
