@@ -44,12 +44,14 @@ def assert_bit_exact(name: str, x: np.ndarray) -> None:
     np.testing.assert_array_equal(bits(codec.dequantize(ours, x.shape)), bits(ref))
 
 
-def random_values(seed: int) -> dict[str, np.ndarray]:
+def random_values(seed: int, normal_row: int = 1024) -> dict[str, np.ndarray]:
+    """Four distributions of 2**18 values each: 1,048,576 values in all (test_quant.py's and,
+    with rows of 2048 normal values, test_quant_kquants.py's)."""
     rng = np.random.default_rng(seed)
-    n = 1 << 18  # 4 distributions x 262,144 = 1,048,576 values
+    n = 1 << 18
     log_uniform = rng.choice([-1.0, 1.0], n) * 10.0 ** rng.uniform(-44, 38, n)
     return {
-        "normal": rng.normal(0, 0.02, n).astype(np.float32).reshape(-1, 1024),
+        "normal": rng.normal(0, 0.02, n).astype(np.float32).reshape(-1, normal_row),
         "uniform_wide": rng.uniform(-1e5, 1e5, n).astype(np.float32).reshape(-1, 256),
         "heavy_tailed": rng.standard_t(1.5, n).astype(np.float32).reshape(64, -1),
         # magnitudes from subnormal to near float32 max, so some scales overflow float16

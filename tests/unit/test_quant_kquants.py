@@ -20,6 +20,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 
+from quant_fixtures import random_values  # noqa: E402
 from slm.quant import GGMLType, QuantError, get_codec, ggml_type_label  # noqa: E402
 
 K_TYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
@@ -49,21 +50,7 @@ def assert_decodes_like_gguf(name: str, raw: np.ndarray) -> None:
 # ---------------------------------------------------------------- inputs, fixed seeds
 
 
-def random_values(seed: int) -> dict[str, np.ndarray]:
-    """Four distributions of 2**18 values each: 1,048,576 values in all."""
-    rng = np.random.default_rng(seed)
-    n = 1 << 18
-    log_uniform = rng.choice([-1.0, 1.0], n) * 10.0 ** rng.uniform(-44, 38, n)
-    return {
-        "normal": rng.normal(0, 0.02, n).astype(np.float32).reshape(-1, 2048),
-        "uniform_wide": rng.uniform(-1e5, 1e5, n).astype(np.float32).reshape(-1, 256),
-        "heavy_tailed": rng.standard_t(1.5, n).astype(np.float32).reshape(64, -1),
-        # magnitudes from subnormal to near float32 max: scales overflow float16
-        "log_uniform": log_uniform.astype(np.float32).reshape(-1, 4096),
-    }
-
-
-RANDOM = random_values(seed=2024)
+RANDOM = random_values(seed=2024, normal_row=2048)
 
 
 def adversarial_superblocks() -> dict[str, np.ndarray]:
