@@ -36,7 +36,7 @@
  *   qkernels/matmul.c     products over many weights: slm_matmul, slm_matmul_rows (one
  *                         parallel region, LoRA terms added in it), slm_dequantize
  *   qkernels/attention.c  attention: slm_attend_one (a decode step's query), slm_attend_causal
- *                         (a prompt's queries, in tiles)
+ *                         (a prompt's queries, in tiles; slm_attend_causal_team on the team)
  *   qkernels/ops.c        the small ops of a layer: slm_rms_norm, slm_rope, slm_swiglu,
  *                         slm_geglu
  *   qkernels/step.c       the fused decode step: slm_decode_step, every layer of one token per
