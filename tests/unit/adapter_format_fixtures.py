@@ -1,6 +1,7 @@
 """What the adapter-format tests share (test_adapter_formats.py, test_adapter_formats_handmade.py,
 test_adapter_import_with_base.py): the one-line error check, and PEFT directories and GGUF LoRA
-files built by hand (safetensors / gguf packages, no torch)."""
+files built by hand (safetensors / gguf packages, no torch), and the warnings of torch and PEFT
+all three leave aside (PEFT_WARNINGS, each file's pytestmark)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
 
 import gguf
 from gguf import GGMLQuantizationType as QT
 
 P = "base_model.model."
+
+PEFT_WARNINGS = [
+    pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning"),
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+]
 
 
 def one_line_error(excinfo, *fragments: str) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapter_format_fixtures import one_line_error
+from adapter_format_fixtures import PEFT_WARNINGS, one_line_error
 from slm.errors import Incompatible, InvalidInput
 from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
 from slm.formats.llama import gguf_to_hf_module, hf_to_gguf_name, permute_gguf_to_hf
@@ -30,10 +30,7 @@ from slm.formats.peft import (
 
 N_HEADS, N_KV_HEADS = 4, 2  # the tiny model's (scripts/make_tiny_model.py)
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning"),
-    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
-]
+pytestmark = PEFT_WARNINGS
 
 
 # ============================================================================ oracle fixtures

@@ -16,6 +16,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from adapter_format_fixtures import (
+    PEFT_WARNINGS,
     LORA_CFG,
     P,
     SHIRA_CFG,
@@ -30,10 +31,7 @@ from slm.errors import InvalidInput, NotFound
 from slm.formats.gguf_lora import is_gguf_lora, read_gguf_lora
 from slm.formats.peft import is_peft_dir, read_peft_adapter
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning"),
-    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
-]
+pytestmark = PEFT_WARNINGS
 
 
 # ====================================================== hand-made PEFT files (no torch needed)

@@ -5,9 +5,9 @@ activation would."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from adapter_format_fixtures import (
+    PEFT_WARNINGS,
     LORA_CFG,
     P,
     SHIRA_CFG,
@@ -19,10 +19,7 @@ from adapter_format_fixtures import (
 )
 from helpers import one_line, snapshot
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning"),
-    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
-]
+pytestmark = PEFT_WARNINGS
 
 
 def _stored_targets(store, name):
