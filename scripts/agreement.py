@@ -132,8 +132,8 @@ def measure(oracle, ids: list[int], run: dict) -> dict:
 
 def run_base(label: str, gguf: Path, store_root: Path, a) -> dict:
     from slm.model.oracle import Oracle
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
     from slm.store import init_store
 
     store, _ = init_store(store_root)

@@ -61,7 +61,7 @@ class SlmSystem:
 
     def __init__(self, plan: dict):
         import slm
-        from slm.ops.staging import StagedCompositions
+        from slm.ops.infer.staging import StagedCompositions
         from slm.store import StoreDir
 
         slm.keep_freed_memory()  # as `slm run` does
@@ -274,9 +274,9 @@ BASES = {
 
 
 def bench_base(base: str, a) -> dict:
-    from slm.ops.activation import activate
-    from slm.ops.importing import import_adapter
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.activation import activate
+    from slm.ops.store.importing import import_adapter
+    from slm.ops.infer.loading import load_base_model
     from slm.store import StoreDir
 
     locate, lora_shape, lora_arch, n_heads, n_kv_heads = BASES[base]
@@ -355,7 +355,7 @@ def bench_base(base: str, a) -> dict:
     results["throughput_samples"] = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in samples.items()}  # the spread
     results["skipped"] = skipped
 
-    from slm.ops.staging import StagedCompositions
+    from slm.ops.infer.staging import StagedCompositions
 
     rt = StagedCompositions(store)
     results["lora_overhead_ab"] = lora_overhead_ab(rt, comp_ids, short)

@@ -106,8 +106,8 @@ def bench_batching(store, base: str, adapters: list[str], a, activations: str = 
     activations: the kernels' mode for every product (both sides of each ratio)."""
     from slm.model.batch import Row, decode_step
     from slm.model.kernels import default_kernels
-    from slm.ops import compositions
-    from slm.ops.staging import StagedCompositions
+    from slm.ops.infer import compositions
+    from slm.ops.infer.staging import StagedCompositions
 
     rt = StagedCompositions(store)
     loaded = [rt.stage(compositions.build(store, base, spec)) for spec in ([], *([x] for x in adapters))]

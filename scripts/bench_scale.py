@@ -110,8 +110,8 @@ class SlmScaleWorker:
 
     def __init__(self, plan: dict):
         import slm
-        from slm.ops import compositions
-        from slm.ops.staging import StagedCompositions
+        from slm.ops.infer import compositions
+        from slm.ops.infer.staging import StagedCompositions
         from slm.store import StoreDir
 
         slm.keep_freed_memory()  # as `slm run` does
@@ -221,7 +221,7 @@ def sample(fn) -> dict:
 
 
 def bench_model(label: str, gguf: Path, a) -> dict:
-    from slm.ops.activation import activate
+    from slm.ops.store.activation import activate
     from slm.store import StoreDir
 
     bench_peers.PEERS.mkdir(parents=True, exist_ok=True)

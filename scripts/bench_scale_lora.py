@@ -31,7 +31,7 @@ def lora_shape(gguf: Path) -> dict:
 
 def import_loras(store, gguf: Path, work: Path) -> list[str]:
     """ADAPTERS (r=16, seeds 0, 1, 2) made for `gguf`'s shape and imported into `store`; their names."""
-    from slm.ops.importing import import_adapter
+    from slm.ops.store.importing import import_adapter
 
     shape = lora_shape(gguf)
     for seed, name in enumerate(ADAPTERS):

@@ -34,8 +34,8 @@ def slm(tree, *args):
 BATCH = r'''
 import sys, time, numpy as np
 from slm.store import StoreDir
-from slm.ops import compositions
-from slm.ops.loading import load_composition
+from slm.ops.infer import compositions
+from slm.ops.infer.loading import load_composition
 from slm.model.batch import Row, decode_step
 from slm.model.kernels import default_kernels
 s = StoreDir.open(sys.argv[1])

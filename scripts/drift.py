@@ -33,10 +33,10 @@ import smollm2_path  # noqa: E402
 
 from slm.model.decoder import Decoder  # noqa: E402
 from slm.model.weights import QuantTensor  # noqa: E402
-from slm.ops import compositions  # noqa: E402
-from slm.ops.importing import import_adapter, import_base  # noqa: E402
-from slm.ops.loading import load_composition  # noqa: E402
-from slm.ops.verify import oracle  # noqa: E402
+from slm.ops.infer import compositions  # noqa: E402
+from slm.ops.store.importing import import_adapter, import_base  # noqa: E402
+from slm.ops.infer.loading import load_composition  # noqa: E402
+from slm.ops.infer.verify import oracle  # noqa: E402
 from slm.store import init_store  # noqa: E402
 
 PROMPT = "Once upon a time, in a small village, the capital of France was 2024 km away."

@@ -25,9 +25,9 @@ import numpy as np  # noqa: E402
 
 def decode(gguf: Path, work: Path, activations: str, tokens: int) -> None:
     import slm
-    from slm.ops.activation import activate
-    from slm.ops.importing import import_base
-    from slm.ops.staging import StagedCompositions
+    from slm.ops.store.activation import activate
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.staging import StagedCompositions
     from slm.store import init_store
 
     store, _ = init_store(work / "store")

@@ -114,7 +114,7 @@ def torture(rounds: int, seed: int, work: Path) -> Counter:
 
 def concurrency(work: Path, writers: int, each: int) -> dict:
     store = work / "store"
-    writer = ("import sys\nfrom slm.ops.activation import activate\nfrom slm.store import StoreDir\n"
+    writer = ("import sys\nfrom slm.ops.store.activation import activate\nfrom slm.store import StoreDir\n"
               "s = StoreDir.open(sys.argv[1]); w = int(sys.argv[2])\n"
               "for i in range(int(sys.argv[3])): activate(s, 'tq', [f'a1@{1000000 + w * 10000 + i}'])\n")
     reader = ("import sys, time\nfrom slm.store import StoreDir\ns = StoreDir.open(sys.argv[1]); n = 0\n"

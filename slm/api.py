@@ -29,20 +29,20 @@ from slm.store.digest import short as short_digest, short_pair as short_digest_p
 # pay for the importer, the executor, the tokenizer or the distribution code (docs/perf-notes.md).
 if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
-    from slm.ops.loading import Loaded
+    from slm.ops.infer.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
+    from slm.ops.infer.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
                                  Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
-    from slm.ops.run import RunOptions
-    from slm.ops.scheduler import Scheduler
+    from slm.ops.infer.run import RunOptions
+    from slm.ops.infer.scheduler import Scheduler
 
 
 def __getattr__(name: str):  # what a Scheduler runs (slm serve builds them), loaded on first use
     if name not in ("ChatMessage", "GenerationRequest", "ResponseFormat", "ToolCall", "Tools"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from slm.ops import request  # (PEP 562: `slm activate` needs none of these dataclasses)
+    from slm.ops.infer import request  # (PEP 562: `slm activate` needs none of these dataclasses)
     return getattr(request, name)
 
 
@@ -84,7 +84,7 @@ class Store(StoreNames):
     # -- import ----------------------------------------------------------------------------
     def import_base(self, path: str | os.PathLike, name: str, quant: str | None = None,
                     progress: Progress | None = None) -> ImportResult:
-        from slm.ops import importing
+        from slm.ops.store import importing
 
         return importing.import_base(self._s, Path(path), name, quant, progress)
 
@@ -92,14 +92,14 @@ class Store(StoreNames):
                        base: str | None = None) -> ImportResult:
         """Import a PEFT adapter directory or a GGUF LoRA. With `base` (a stored base's name or
         digest), the adapter's shapes are taken from that base and it must fit it."""
-        from slm.ops import importing
+        from slm.ops.store import importing
 
         return importing.import_adapter(self._s, Path(path), name, progress, base)
 
     # -- compositions and the active one ---------------------------------------------------
     def compose(self, base: str, adapters: Sequence[str] = ()) -> Composition:
         """A composition from a base and "NAME[@WEIGHT]" specs in load order; writes nothing."""
-        from slm.ops import compositions
+        from slm.ops.infer import compositions
 
         return compositions.build(self._s, base, list(adapters))
 
@@ -107,7 +107,7 @@ class Store(StoreNames):
         """The composition any spec names (docs/cli.md, "Composition specs"): a tag, a base,
         "BASE+ADAPTER@W+...", an id or unique prefix, "@active", "@active~N", a pulled
         "HOST/repo:tag". Writes nothing (a composed one is not stored)."""
-        from slm.ops import specs
+        from slm.ops.store import specs
 
         return specs.resolve(self._s, spec)
 
@@ -120,7 +120,7 @@ class Store(StoreNames):
         order); or `file` names a composition manifest (TOML), as `slm activate -f`. With
         `upgrade`, `comp` is at most a composition id (default: the active one), rebuilt for
         this runtime as `upgrade()` does (`slm activate --upgrade`)."""
-        from slm.ops import activation
+        from slm.ops.store import activation
 
         if upgrade:
             if adapters or file is not None:
@@ -136,34 +136,34 @@ class Store(StoreNames):
     def upgrade(self, comp: Composition | str | None = None, memory_budget: str | None = None) -> Transition:
         """Rebuild a composition (default: the active one) for this runtime version, verify it
         against the oracle, and make it active (docs/concepts.md, "Runtime upgrades")."""
-        from slm.ops.upgrade import upgrade
+        from slm.ops.store.upgrade import upgrade
 
         ref = comp.id if isinstance(comp, Composition) else comp
         return upgrade(self._s, ref, memory_budget)
 
     def deactivate(self, adapter: str) -> Transition:
-        from slm.ops import activation
+        from slm.ops.store import activation
 
         return activation.deactivate(self._s, adapter)
 
     def rollback(self, steps: int | None = None, to: str | None = None) -> Transition:
-        from slm.ops import activation
+        from slm.ops.store import activation
 
         return activation.rollback(self._s, steps, to)
 
     def status(self) -> Status:
-        from slm.ops import activation
+        from slm.ops.store import activation
 
         return activation.status(self._s)
 
     def log(self) -> list[LogEntry]:
         """Every transition of the active composition, newest first."""
-        from slm.ops import activation
+        from slm.ops.store import activation
 
         return activation.log(self._s)
 
     def active(self) -> Composition | None:
-        from slm.ops import activation
+        from slm.ops.store import activation
 
         return activation.active(self._s)
 
@@ -171,31 +171,31 @@ class Store(StoreNames):
     def tokenizer(self, base: str) -> TextTokenizer:
         """The tokenizer of a base (query_tokenizer_info): encode, decode, special tokens."""
         from slm.model.tokenizer import load_tokenizer
-        from slm.ops.resolve import load_base
+        from slm.ops.store.resolve import load_base
 
         _, manifest = load_base(self._s, base)
         return load_tokenizer(self._s.objects.read_verified(manifest.tokenizer_digest))
 
     def ls(self) -> list[dict]:
-        from slm.ops import inspect
+        from slm.ops.store import inspect
 
         return inspect.list_entries(self._s)
 
     def show(self, ref: str) -> dict:
-        from slm.ops import inspect
+        from slm.ops.store import inspect
 
         return inspect.show(self._s, ref)
 
     # -- integrity -----------------------------------------------------------------------------
     def verify(self, comp: Composition | str | None = None, numerics: bool = True,
                progress: Progress | None = None) -> VerifyReport:
-        from slm.ops import verify
+        from slm.ops.infer import verify
 
         ref = comp.id if isinstance(comp, Composition) else comp
         return verify.verify(self._s, ref, numerics, progress)
 
     def fsck(self, repair: bool = False, progress: Progress | None = None) -> FsckReport:
-        from slm.ops import fsck
+        from slm.ops.store import fsck
 
         return fsck.fsck(self._s, repair, progress)
 
@@ -203,7 +203,7 @@ class Store(StoreNames):
            prune_now: bool = False) -> GcPlan:
         """Remove what nothing reaches: kept are every name, every name's reflog entry newer than
         config.toml's gc.reflog_expiry (prune_now: none of them), refs/active and its reflog."""
-        from slm.ops import gc
+        from slm.ops.store import gc
 
         return gc.gc(self._s, dry_run, on_plan, prune_now)
 
@@ -213,14 +213,14 @@ class Store(StoreNames):
                progress: Progress | None = None) -> ExportResult | AdapterExportResult | BaseExportResult:
         """A composition as an OCI image layout ("slm"), a base as its GGUF file ("gguf"), or one LoRA
         adapter for llama.cpp ("gguf-lora") or PEFT ("peft"). Writes files only."""
-        from slm.ops import exporting
+        from slm.ops.ship import exporting
 
         return exporting.export(self._s, ref, Path(out), format, base, tag, progress)
 
     def import_bundle(self, path: str | os.PathLike, tag: str | None = None,
                       progress: Progress | None = None) -> ReceiveResult:
         """Receive an OCI image layout (directory or tar): every byte re-hashed, one transaction."""
-        from slm.ops import bundles
+        from slm.ops.ship import bundles
 
         return bundles.import_bundle(self._s, Path(path), tag, progress)
 
@@ -228,14 +228,14 @@ class Store(StoreNames):
              progress: Progress | None = None, as_format: str = "slm") -> PushResult:
         """Upload a composition (default: the active one) to host[:port]/repo[:tag]: as slm's own
         bundle, or (`as_format` "modelpack" / "docker") as a model artifact of GGUF files."""
-        from slm.ops import registry_ops
+        from slm.ops.ship import registry_ops
 
         ref = comp.id if isinstance(comp, Composition) else comp
         return registry_ops.push(self._s, reference, ref, insecure, progress, as_format)
 
     def pull(self, reference: str, insecure: bool = False, progress: Progress | None = None) -> ReceiveResult:
         """Receive a composition from host[:port]/repo[:tag|@sha256:..]; only missing blobs move."""
-        from slm.ops import registry_ops
+        from slm.ops.ship import registry_ops
 
         return registry_ops.pull(self._s, reference, insecure, progress)
 
@@ -243,15 +243,15 @@ class Store(StoreNames):
              out: str | os.PathLike | None = None, signature: str | os.PathLike | None = None,
              certificate: str | os.PathLike | None = None, chain: Sequence[str] = ()) -> SignResult | OmsSignResult:
         """Sign a stored composition (default: the active one) with an Ed25519 PEM key; format
-        "oms": OpenSSF Model Signing of the directory `comp` names (slm.ops.oms_signing)."""
-        from slm.ops import oms_signing
+        "oms": OpenSSF Model Signing of the directory `comp` names (slm.ops.ship.oms_signing)."""
+        from slm.ops.ship import oms_signing
 
         ref = comp.id if isinstance(comp, Composition) else comp
         return oms_signing.sign_as_asked(self._s, ref, key, format, out, signature, certificate, chain)
 
     def verify_signatures(self, comp: Composition | str | None = None, keys: Sequence[str] = ()) -> SignatureReport:
         """Each signature of a composition checked; trusted = config.toml trusted_keys + `keys`."""
-        from slm.ops import signing
+        from slm.ops.ship import signing
 
         ref = comp.id if isinstance(comp, Composition) else comp
         return signing.verify_signatures(self._s, ref, list(keys))
@@ -260,7 +260,7 @@ class Store(StoreNames):
                 numerics: bool = True, progress: Progress | None = None) -> Certified:
         """verify, then write the report as a certificate signed with `key`, bound to the
         composition id; returns a Certified (the report and the path)."""
-        from slm.ops import signing
+        from slm.ops.ship import signing
 
         ref = comp.id if isinstance(comp, Composition) else comp
         return signing.certify(self._s, ref, Path(key), Path(out), numerics, progress)
@@ -288,7 +288,7 @@ class Store(StoreNames):
     def run(self, options: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
         """`slm run`: load the active composition (or options.base), generate, stop at a switch
         of refs/active unless options.on_switch is "finish"; --logits-out written on success."""
-        from slm.ops import run
+        from slm.ops.infer import run
 
         return run.run_prompt(self._s, options, on_text)
 
@@ -304,9 +304,9 @@ class Runtime:
     def __init__(self, store: Store, max_staged: int = 8, threads: int | None = None,
                  exact: bool = False, memory_budget: str | None = None) -> None:
         from slm.model import modes
-        from slm.ops import budget
-        from slm.ops.run import check_threads
-        from slm.ops.staging import StagedCompositions
+        from slm.ops.infer import budget
+        from slm.ops.infer.run import check_threads
+        from slm.ops.infer.staging import StagedCompositions
 
         check_threads(threads)
         # the numerics mode, part of the runtime's identity: "int8" by default where the C
@@ -325,11 +325,11 @@ class Runtime:
 
     # -- for a long-running server (slm serve; docs/api.md, "Serving") --------------------------
     def stage(self, comp: Composition | str) -> Loaded:
-        """Stage a composition (a Composition, stored or not; or any spec slm.ops.specs reads: a tag,
+        """Stage a composition (a Composition, stored or not; or any spec slm.ops.store.specs reads: a tag,
         an id or prefix, BASE+ADAPTER@W+..., @active~N, a pulled reference) as activating checks it
         (signature policy, memory budget), without making it current. The Loaded (`.id`, `.composition`) is what a Scheduler runs on."""
-        from slm.ops import budget
-        from slm.ops import specs
+        from slm.ops.infer import budget
+        from slm.ops.store import specs
 
         loaded = self._rt.stage(comp if isinstance(comp, Composition) else specs.resolve(self.store._s, comp))
         budget.check(budget.of_staged(loaded.staged, mode=self.mode), self.memory_budget, "this composition")
@@ -347,7 +347,7 @@ class Runtime:
 
     def memory_estimate(self, loaded: Loaded) -> dict[str, int]:
         """A staged composition's memory estimate (the one `slm activate` checks), as JSON."""
-        from slm.ops import budget
+        from slm.ops.infer import budget
 
         return budget.of_staged(loaded.staged, mode=self.mode).to_json()
 
@@ -358,7 +358,7 @@ class Runtime:
         GenerationRequest on a staged composition, `submit(job)` queues it (Busy when full,
         ShuttingDown once draining); events go to its sink (docs/api.md, "Serving")."""
         from slm.model import modes
-        from slm.ops.scheduler import Scheduler
+        from slm.ops.infer.scheduler import Scheduler
 
         chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
         return Scheduler(max_batch, max_queue, self.threads, self.memory_budget, metrics, log,
@@ -367,15 +367,15 @@ class Runtime:
 
 def check_sampling(temperature: float, top_p: float, seed: int | None, max_temperature: float = math.inf) -> None:
     """The one check of sampling options (slm run's, the sessions', the server's; the server takes
-    OpenAI's temperature range, 0 to 2): slm.model.sampling.check_sampling's InvalidInput."""
-    from slm.model.sampling import check_sampling as check
+    OpenAI's temperature range, 0 to 2): slm.engine.sampling.check_sampling's InvalidInput."""
+    from slm.engine.sampling import check_sampling as check
 
     check(temperature, top_p, seed, max_temperature)
 
 
 def check_processing(**options: object) -> None:
     """The check of the other options (top_k, min_p, penalties, logit_bias, logprobs, n, stop):
-    slm.model.sampling.check_processing's InvalidInput naming the option."""
-    from slm.model.sampling import check_processing as check
+    slm.engine.sampling.check_processing's InvalidInput naming the option."""
+    from slm.engine.sampling import check_processing as check
 
     check(**options)

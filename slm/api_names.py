@@ -12,28 +12,28 @@ if TYPE_CHECKING:
 
 
 class StoreNames:
-    """Names of a Store: each a movable pointer with its own reflog (slm.ops.naming)."""
+    """Names of a Store: each a movable pointer with its own reflog (slm.ops.store.naming)."""
 
     def tag(self, name: str, spec: Composition | str) -> NameMove:
         """Name a composition (validated as activating it would be); an existing tag moves."""
-        from slm.ops import naming
+        from slm.ops.store import naming
 
         return naming.tag(self._s, name, spec if isinstance(spec, Composition) else self.composition(spec))
 
     def rm(self, name: str) -> NameMove:
         """Remove a name; its history stays (`name_log`), its objects until gc expires it."""
-        from slm.ops import naming
+        from slm.ops.store import naming
 
         return naming.rm(self._s, name)
 
     def mv(self, old: str, new: str) -> list[NameMove]:
         """Rename: `new` takes `old`'s object, then `old` goes."""
-        from slm.ops import naming
+        from slm.ops.store import naming
 
         return naming.mv(self._s, old, new)
 
     def name_log(self, name: str) -> list[LogEntry]:
         """Every move of a name, newest first (`slm log NAME`)."""
-        from slm.ops import naming
+        from slm.ops.store import naming
 
         return naming.history(self._s, name)

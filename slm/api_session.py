@@ -12,10 +12,10 @@ if TYPE_CHECKING:
     import numpy as np
 
     from slm.api import Runtime
-    from slm.ops.loading import Loaded
-    from slm.ops.request import ChatMessage, ResponseFormat
+    from slm.ops.infer.loading import Loaded
+    from slm.ops.infer.request import ChatMessage, ResponseFormat
     from slm.ops.results import Generation
-    from slm.ops.run import RunOptions
+    from slm.ops.infer.run import RunOptions
 
 
 class Session:
@@ -31,8 +31,8 @@ class Session:
 
     def _options(self, response_format: dict | ResponseFormat | None = None, **fields: object) -> RunOptions:
         from slm.model import modes
-        from slm.ops.request import ResponseFormat
-        from slm.ops.run import RunOptions
+        from slm.ops.infer.request import ResponseFormat
+        from slm.ops.infer.run import RunOptions
 
         return RunOptions(threads=self.runtime.threads, exact=self.runtime.mode == modes.EXACT,
                           response_format=ResponseFormat.of(response_format), **fields)
@@ -46,7 +46,7 @@ class Session:
         """seed None: a fresh random seed (Generation.seed); chat: the prompt in the base's chat template,
         after `system` if given (implies chat); stop: up to 4 stop sequences; logprobs k: each token's logprob
         and its k likeliest alternatives (docs/api.md); response_format: OpenAI's object or a ResponseFormat."""
-        from slm.ops import run
+        from slm.ops.infer import run
 
         options = self._options(response_format, prompt=prompt, max_tokens=max_tokens, temperature=temperature,
                                 top_p=top_p, seed=seed, chat=chat, top_k=top_k, min_p=min_p,
@@ -61,16 +61,16 @@ class Session:
         """The next answer to a conversation (ChatMessage or {"role", "content"} dicts, oldest
         first) in the base's chat template, with generate's keyword options. on_text(piece): the
         answer as it decodes; cancel: an Event that, once set, ends it (stop_reason "cancelled")."""
-        from slm.ops import run
+        from slm.ops.infer import run
 
         o = self._options(options.pop("response_format", None), prompt="", messages=tuple(messages),
-                          max_tokens=max_tokens, **options)  # (the messages are checked by slm.ops.run)
+                          max_tokens=max_tokens, **options)  # (the messages are checked by slm.ops.infer.run)
         return run.generate_on(self.runtime.store._s, self._loaded, o, on_text=on_text, cancel=cancel)[0]
 
     def generate_choices(self, prompt: str, n: int, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                          seed: int | None = None, chat: bool = False, **options: object) -> list[Generation]:
         """The server's n choices of one prompt: choice i is generate's answer with seed s + i, or a fresh seed."""
-        from slm.model.sampling import check_processing as check, choice_seeds
+        from slm.engine.sampling import check_processing as check, choice_seeds
 
         check(n=n)
         return [self.generate(prompt, max_tokens, temperature, top_p, s, chat, **options) for s in choice_seeds(seed, n)]
@@ -79,7 +79,7 @@ class Session:
                seed: int | None = None, chat: bool = False, response_format: dict | ResponseFormat | None = None,
                **sampling: object) -> Iterator[str]:
         """The text in pieces as they decode (generate's options); closing the iterator ends the generation."""
-        from slm.ops import run
+        from slm.ops.infer import run
 
         pieces: queue.Queue = queue.Queue()
         options = self._options(response_format, prompt=prompt, max_tokens=max_tokens, temperature=temperature,
@@ -109,6 +109,6 @@ class Session:
     def logits(self, token_ids: Sequence[int], prompt_length: int | None = None) -> np.ndarray:
         """Float32 logits (positions x vocab) of a token sequence, computed from scratch as generate
         computes them: ids[:prompt_length] (default: all) as a prompt, the rest one step a token."""
-        from slm.ops import run
+        from slm.ops.infer import run
 
         return run.logits_of(self._loaded, token_ids, self.runtime.mode, prompt_length)

@@ -77,7 +77,7 @@ def run_cmd(
 ) -> None:
     """Generate text on the active composition (or --model SPEC, --base), streaming it."""
     import slm
-    from slm.ops.run import RunOptions, prompt_from_stdin
+    from slm.ops.infer.run import RunOptions, prompt_from_stdin
 
     slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
 
@@ -113,7 +113,7 @@ def serve(
     grace: float = typer.Option(10.0, "--grace", metavar="SECONDS",
                                 parser=decimal, help="On SIGTERM/SIGINT, how long running requests get to finish."),
     prefill_chunk: int = typer.Option(
-        512, "--prefill-chunk", metavar="TOKENS", parser=integer,  # slm.model.generate.PREFILL_CHUNK (not imported: start-up)
+        512, "--prefill-chunk", metavar="TOKENS", parser=integer,  # slm.engine.generate.PREFILL_CHUNK (not imported: start-up)
         help="Prompt tokens prefilled between two decode steps of the running requests."),
     json_out: bool = JsonOpt,
 ) -> None:

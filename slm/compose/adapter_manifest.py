@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 SCHEMA = "slm.adapter/1"
 # dtype: (NumPy's name, bytes per value); NumPy itself is imported only to make arrays, not to
-# parse or check a manifest (an activation imports no NumPy: slm.ops.compositions.stage)
+# parse or check a manifest (an activation imports no NumPy: slm.ops.infer.compositions.stage)
 DTYPES = {"f32": ("<f4", 4), "i64": ("<i8", 8)}
 # the tensors of each kind (slm.formats.adapter_source.ADAPTER_KINDS: the same kinds, held equal by
 # tests/unit/test_adapters.py; that module is not imported here, as an activation would pay for its classes)

@@ -68,7 +68,7 @@ class Catalog:
                 raise NotFound(self.active_error or "nothing is active: run `slm activate BASE [ADAPTER...]` "
                                "or name a composition in `model`")
             return active
-        return self.stage(self.store.composition(model))  # the one spec grammar (slm.ops.specs)
+        return self.stage(self.store.composition(model))  # the one spec grammar (slm.ops.store.specs)
 
     # -- following refs/active ---------------------------------------------------------------
     def start(self) -> None:

@@ -1,7 +1,7 @@
 """config.toml, the store's settings, read strictly.
 
     format = 1                         the store format (top level)
-    require_signed = true              the signing policy (top level; slm.ops.policy)
+    require_signed = true              the signing policy (top level; slm.ops.ship.policy)
     trusted_keys = ["ed25519:<b64>"]   (top level)
 
     [defaults]
@@ -10,7 +10,7 @@
 
     [cache]
     prompt_bytes = "1G"                the on-disk prompt cache's budget, all entries together
-                                       (slm.ops.prefix_cache; 0 keeps none)
+                                       (slm.ops.infer.prefix_cache; 0 keeps none)
   [gc]
     reflog_expiry = "90d"              how long a name's old targets stay reachable through its
                                        reflog (s, m, h, d or w; a bare number is days)

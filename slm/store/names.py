@@ -8,7 +8,7 @@
 
 A name file is replaced atomically (fs.atomic_replace), so readers see old or new. Every user
 name (all kinds but compositions) has a reflog, logs/names/<kind>/<file>, moved in the same
-transaction as the name (slm.ops.naming: its line is the commit point).
+transaction as the name (slm.ops.store.naming: its line is the commit point).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from slm.store.reflog import Reflog
 
 KINDS = ("bases", "adapters", "compositions", "tags", "remotes")
 NAMED_KINDS = ("bases", "adapters", "tags", "remotes")  # user names, each with a reflog
-# names beside a base, keyed by its digest's hex, not looked up by users (slm.ops.resolve
+# names beside a base, keyed by its digest's hex, not looked up by users (slm.ops.store.resolve
 # searches KINDS only): "gguf" -> the record of the GGUF file it was imported from
 # (slm.formats.gguf_frame), "origins" -> where it was imported from (slm.formats.base_origin);
 # kept by gc while the base is

@@ -29,7 +29,7 @@ Two variations, both stated where the transaction is opened:
                       `slm fsck --repair` clears the intent and the next run finishes the work.
 
 This is the only module that begins or ends an intent or raises CommittedIncomplete
-(tests/unit/test_structure.py checks it); `slm fsck --repair` (slm.ops.fsck) finishes or undoes
+(tests/unit/test_structure.py checks it); `slm fsck --repair` (slm.ops.store.fsck) finishes or undoes
 what an interrupted transaction left, from the intent alone.
 """
 

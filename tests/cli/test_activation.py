@@ -185,7 +185,7 @@ def test_the_prefix_cache_writes_through_the_fs_layer(cli, two_bases, store_dir,
     fault injection reach them), not writes beside the layer. Recorded through the layer's
     public fault-hook seam, generating with the API (the CLI installs its own hook)."""
     import slm
-    from slm.ops import prefix_cache
+    from slm.ops.infer import prefix_cache
     from slm.store import digest as dg
     from slm.store import fs
 
@@ -212,7 +212,7 @@ def test_a_json_run_stopped_by_a_switch_prints_one_document(cli, two_bases, monk
     import json
 
     import slm
-    from slm.ops.prefix_cache import DiskPromptCache
+    from slm.ops.infer.prefix_cache import DiskPromptCache
 
     pinned = _activate(cli, "tq")["active"]["id"]
     switched: list[bool] = []
@@ -280,7 +280,7 @@ def test_an_activation_loads_no_module_it_does_not_use(cli, two_bases, store_dir
     lora = make_random_lora.make_random_lora(tmp_path / "lora", rank=2, hidden=64, intermediate=128,
                                              layers=2, kv_dim=32, seed=3)
     assert cli("import", "adapter", lora, "--name", "l").code == 0
-    unused = ["slm.ops.signing", "slm.formats.adapter_source",
+    unused = ["slm.ops.ship.signing", "slm.formats.adapter_source",
               "slm.formats.base_source", "slm.distribution.signing", "cryptography"]
     probe = ("import sys; from slm.cli import run; "
              f"code = run(['--store', {str(store_dir)!r}, 'activate', 'tq', 'l']); "

@@ -18,7 +18,7 @@ WORKERS, EACH = 8, 50
 
 WRITER = textwrap.dedent("""
     import sys
-    from slm.ops.activation import activate
+    from slm.ops.store.activation import activate
     from slm.store import StoreDir
     store, worker, each = StoreDir.open(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     for i in range(each):

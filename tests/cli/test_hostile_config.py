@@ -179,7 +179,7 @@ def test_verify_numerics_is_refused_but_integrity_alone_is_not(cli, store_dir, c
 
 def test_api_sessions_are_refused_by_the_signing_policy(store_dir, ci_key):
     import slm
-    from slm.ops.run import RunOptions
+    from slm.ops.infer.run import RunOptions
 
     _policy_on(store_dir, ci_key[1])
     store = slm.Store.open(store_dir)

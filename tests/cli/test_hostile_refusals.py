@@ -308,7 +308,7 @@ def test_an_unsupported_architecture_is_named_and_changes_nothing(cli, store_dir
 def test_the_float32_factor_check_is_numpys_float32_product():
     """The weight x scale check of an activation (no NumPy) against NumPy's float32 product,
     around float32's largest value and for values past it."""
-    from slm.ops.compositions import _finite_in_float32
+    from slm.ops.infer.compositions import _finite_in_float32
 
     big = float(np.finfo(np.float32).max)
     values = [0.0, 1.0, 2.0, 0.5, 1e-45, 1e-38, 3e38, big, big * (1 + 2**-25), big * (1 + 2**-23), 1e39,

@@ -136,7 +136,7 @@ def test_staging_one_composition_from_many_threads_stages_it_once(tiny_store):
 
 @pytest.mark.parametrize("temperature", [*TINY_TEMPERATURES, 1e-300, 1e-45])
 def test_a_tiny_temperature_samples_the_largest_logit(temperature):
-    from slm.model.sampling import Sampler
+    from slm.engine.sampling import Sampler
 
     logits = np.random.default_rng(3).standard_normal(500).astype(np.float32)  # (V,), no ties
     for top_p in (1.0, 0.5):
@@ -147,7 +147,7 @@ def test_a_tiny_temperature_samples_the_largest_logit(temperature):
 
 
 def test_a_huge_temperature_samples_every_token_alike():
-    from slm.model.sampling import Sampler
+    from slm.engine.sampling import Sampler
 
     sampler = Sampler(1e308, 1.0, seed=1)
     logits = np.array([-1e4, 0.0, 3e4], dtype=np.float32)
@@ -193,7 +193,7 @@ def test_the_api_refuses_bad_sampling_options_with_invalid_input(tiny_store, kwa
 
 @pytest.mark.parametrize("temperature", [*TINY_TEMPERATURES, 2.0])
 def test_the_server_accepts_a_tiny_temperature_and_its_sampler_takes_it(temperature):
-    from slm.model.sampling import Sampler
+    from slm.engine.sampling import Sampler
     from slm.server.protocol import parse_request
 
     req = parse_request({"prompt": "hi", "temperature": temperature, "top_p": 0.9, "seed": 3}, chat=False)

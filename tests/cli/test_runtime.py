@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from slm.ops.staging import StagedCompositions
+from slm.ops.infer.staging import StagedCompositions
 
 
 def test_switching_in_process_is_exact(cli, store, tiny_model, tmp_path):

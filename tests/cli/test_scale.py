@@ -16,7 +16,7 @@ import slm
 from helpers import ADVISORY, one_line, peak_rss_of, refused, snapshot, wait_until
 from slm.compose.base_manifest import parse_base_manifest
 from slm.formats import gguf
-from slm.ops import importing
+from slm.ops.store import importing
 from slm.store import digest as dg
 from slm.store import objects as objects_module
 from slm.store import verified
@@ -44,7 +44,7 @@ def shaped(tmp_path_factory) -> dict:
 
 def _import_in_child(store_dir, path) -> int:
     """The peak RSS of a fresh `slm import base` of `path` with pieces of TEST_PIECE bytes."""
-    code = ("import sys; import slm.ops.importing as i; i.PIECE_BYTES = int(sys.argv[1]); "
+    code = ("import sys; import slm.ops.store.importing as i; i.PIECE_BYTES = int(sys.argv[1]); "
             "from slm.cli import run; sys.exit(run(sys.argv[2:]))")
     peak, _ = peak_rss_of([sys.executable, "-c", code, str(TEST_PIECE), "--store", str(store_dir),
                            "import", "base", str(path), "--name", path.stem])
@@ -225,7 +225,7 @@ def test_loading_gives_the_tokenizers_garbage_back_before_the_weights_are_read(t
     touches a weight page: `slm run` keeps freed heap blocks for its prompts
     (slm.model.allocator), so without this the garbage of a 128k-token vocabulary stays resident
     beside the mapped weights."""
-    from slm.ops import loading
+    from slm.ops.infer import loading
 
     events: list[str] = []
     real_tokenizer, real_tensors = loading.load_tokenizer, loading.load_tensors
@@ -303,7 +303,7 @@ def test_a_vocabulary_with_user_defined_tokens_keeps_its_tokenizer(tiny_model):
 
 def test_slm_run_releases_the_encoder_once_its_prompt_is_encoded(tiny_model, tmp_path, monkeypatch):
     from slm.model import tokenizer as tokenizer_module
-    from slm.ops.run import RunOptions
+    from slm.ops.infer.run import RunOptions
 
     store = slm.Store.init(tmp_path / "store")
     store.import_base(tiny_model["gguf_q"], "tq")

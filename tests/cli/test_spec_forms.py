@@ -1,5 +1,5 @@
 """One spec grammar everywhere (issue 32): every verb that takes a composition accepts every
-form of slm.ops.specs, and each form names the same composition in every verb.
+form of slm.ops.store.specs, and each form names the same composition in every verb.
 
 Forms: a tag, an id prefix, BASE+ADAPTER@W, @active, @active~N, a pulled HOST/repo:tag, and
 -f manifest.toml where the verb takes a file. The registry is a real docker-registry on

@@ -39,8 +39,8 @@ def _rank_mixed_lora(tmp_path):
 
 
 def _logits(store, base, *adapters):
-    from slm.ops import compositions
-    from slm.ops.loading import load_composition
+    from slm.ops.infer import compositions
+    from slm.ops.infer.loading import load_composition
 
     model = load_composition(store, compositions.build(store, base, list(adapters))).model
     return model.forward(np.asarray(IDS), model.new_cache(len(IDS)), "all")

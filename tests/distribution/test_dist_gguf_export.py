@@ -102,8 +102,8 @@ IDS = [1, 5, 9, 2, 7, 3, 11, 4]
 
 def _slm_logits(store_dir, base):
 
-    from slm.ops import compositions
-    from slm.ops.loading import load_composition
+    from slm.ops.infer import compositions
+    from slm.ops.infer.loading import load_composition
     from slm.store import StoreDir
 
     store = StoreDir.open(store_dir)

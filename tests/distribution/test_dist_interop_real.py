@@ -19,9 +19,10 @@ WEIGHT = 0.8
 def world(tmp_path_factory, smollm2_gguf):
     import make_random_lora
 
-    from slm.ops import activation, exporting
-    from slm.ops.importing import import_adapter, import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store import activation
+    from slm.ops.ship import exporting
+    from slm.ops.store.importing import import_adapter, import_base
+    from slm.ops.infer.loading import load_base_model
     from slm.store import init_store
 
     root = tmp_path_factory.mktemp("interop")
@@ -37,8 +38,8 @@ def world(tmp_path_factory, smollm2_gguf):
 
 
 def _slm_logits(store, *adapters):
-    from slm.ops import compositions
-    from slm.ops.loading import load_composition
+    from slm.ops.infer import compositions
+    from slm.ops.infer.loading import load_composition
 
     model = exact(load_composition(store, compositions.build(store, "smollm2", list(adapters))).model)
     ids = _slm_logits.ids

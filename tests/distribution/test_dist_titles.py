@@ -71,7 +71,7 @@ def test_titled_push_pulls_back_to_the_same_composition(cli, tmp_path, registry,
 def test_a_title_that_is_a_path_is_refused(tmp_path, composed):
     from slm.distribution.bundle import parse_manifest
     from slm.errors import InvalidInput
-    from slm.ops import bundles
+    from slm.ops.ship import bundles
     from slm.store import StoreDir
 
     plan = bundles.plan(StoreDir(composed), None)

@@ -208,7 +208,7 @@ def test_streamed_blobs_follow_auth_and_redirects_and_keep_the_connection(cli, b
     and redirects each blob to storage on another origin: the pull succeeds, the storage never
     sees the credentials, and each streamed body read to its end leaves its connection for the
     next request (one connection to the storage for all of them)."""
-    from slm.ops import receive
+    from slm.ops.ship import receive
 
     manifest, blobs = bundle
     monkeypatch.setattr(receive, "AHEAD_MAX", 0)

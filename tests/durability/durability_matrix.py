@@ -71,7 +71,7 @@ def scenarios(t: dict) -> list[Scenario]:
         Scenario("fsck-repair-quarantine", (), ("fsck", "--repair"), prepare="corrupt-orphan", quarantine=True),
         Scenario("fsck-repair-torn", (), ("fsck", "--repair"), prepare="torn-reflog"),
         # names are refs with a history: each move is a transaction whose commit point is the
-        # name's reflog line (slm.ops.naming)
+        # name's reflog line (slm.ops.store.naming)
         Scenario("import-adapter-move", (("activate", "tf"),), ("import", "adapter", lora4, "--name", "a1")),
         Scenario("tag", (("activate", "tf"),), ("tag", "t1", "tq+a1@0.5+a2")),
         Scenario("tag-move", (("tag", "t1", "tq"),), ("tag", "t1", "tf+a2")),

@@ -29,7 +29,7 @@ def adapters(tmp_path_factory, hf_base):
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory, smollm2_gguf, adapters):
-    from slm.ops.importing import import_adapter, import_base
+    from slm.ops.store.importing import import_adapter, import_base
     from slm.store import init_store
 
     store, _ = init_store(tmp_path_factory.mktemp("real-adapters") / "store")
@@ -41,14 +41,14 @@ def real(tmp_path_factory, smollm2_gguf, adapters):
 
 @pytest.fixture(scope="module")
 def prompt_ids(real):
-    from slm.ops.loading import load_base_model
+    from slm.ops.infer.loading import load_base_model
 
     return load_base_model(real, "smollm2").tokenizer.encode(PROMPT)
 
 
 def _logits(store, base, *adapter_specs):
-    from slm.ops import compositions
-    from slm.ops.loading import load_composition
+    from slm.ops.infer import compositions
+    from slm.ops.infer.loading import load_composition
 
     model = exact(load_composition(store, compositions.build(store, base, list(adapter_specs))).model)
     ids = _logits.ids

@@ -50,7 +50,7 @@ def test_metadata_reads_into_a_gemma3_description(arch, gemma_gguf):
 
 @pytest.fixture(scope="module")
 def store(gemma_gguf, tmp_path_factory):
-    from slm.ops.importing import import_base
+    from slm.ops.store.importing import import_base
     from slm.store import init_store
 
     store, _ = init_store(tmp_path_factory.mktemp("gemma") / "store")
@@ -68,10 +68,10 @@ def test_import_greedy_text_and_verify(store, arch, transformers_model):
     tokens; `slm verify` passes (integrity and numerics against the float64 oracle)."""
     import torch
 
-    from slm.model.generate import generate
-    from slm.model.sampling import Sampler
-    from slm.ops.loading import load_base_model
-    from slm.ops.verify import verify
+    from slm.engine.generate import generate
+    from slm.engine.sampling import Sampler
+    from slm.ops.infer.loading import load_base_model
+    from slm.ops.infer.verify import verify
 
     loaded = load_base_model(store, "gemma")
     assert loaded.staged.base.architecture == arch and loaded.staged.base.qk_row_layout == "hf"
@@ -94,7 +94,7 @@ def test_quantized_weights_agree_with_transformers(store, transformers_model):
     import torch
 
     from slm.model.oracle import Oracle
-    from slm.ops.loading import load_base_model
+    from slm.ops.infer.loading import load_base_model
 
     ids = [2] + np.random.default_rng(0).integers(3, 262_000, 599).tolist()
     loaded = load_base_model(store, "gemma")

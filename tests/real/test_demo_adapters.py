@@ -51,7 +51,7 @@ def is_english(text: str) -> bool:
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory, smollm2_gguf):
-    from slm.ops.importing import import_adapter, import_base
+    from slm.ops.store.importing import import_adapter, import_base
     from slm.store import init_store
 
     store, _ = init_store(tmp_path_factory.mktemp("demo") / "store")

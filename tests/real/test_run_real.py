@@ -19,7 +19,7 @@ PROMPT = "Once upon a time, in a small village,"
 
 @pytest.fixture(scope="module")
 def real_store(tmp_path_factory, smollm2_gguf):
-    from slm.ops.importing import import_base
+    from slm.ops.store.importing import import_base
     from slm.store import init_store
 
     store, _ = init_store(tmp_path_factory.mktemp("real") / "store")

@@ -226,7 +226,7 @@ def test_ids_and_text_match_llama_cpp(tmp_path, prefix):
 
 def _stream_matches_decode(tok, ids) -> None:
     """TextStream's text after every token is decode(ids so far), bit for bit."""
-    from slm.model.detokenize import TextStream
+    from slm.engine.detokenize import TextStream
 
     stream = TextStream(tok.decode)
     for i, token in enumerate(ids):

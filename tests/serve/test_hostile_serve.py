@@ -281,7 +281,7 @@ def test_prefill_chunk_default_is_the_one_slm_run_prefills_with():
     import typer.main
 
     from slm.cli import app
-    from slm.model.generate import PREFILL_CHUNK
+    from slm.engine.generate import PREFILL_CHUNK
 
     command = next(c for c in typer.main.get_command(app).commands.values() if c.name == "serve")
     option = next(p for p in command.params if p.name == "prefill_chunk")
@@ -291,7 +291,7 @@ def test_prefill_chunk_default_is_the_one_slm_run_prefills_with():
 def test_chunked_prefill_in_the_server_equals_slm_run_on_the_tiny_model(cli, tiny_store, monkeypatch):
     """With a chunk of 16 tokens in both (the prefill spans 14 chunks and a last partial
     one), a greedy answer of the server equals `slm run`'s, and again from the prompt cache."""
-    import slm.model.generate as generate
+    import slm.engine.generate as generate
 
     from slm.api import Store
 

@@ -3,7 +3,7 @@ template does not, and its GGUF carries none: slm falls back to GEMMA3_TEMPLATE)
 functions through its prompt, as Google's function-calling guide describes: the instruction and
 the function definitions in the first user turn, a call as the JSON object {"name",
 "parameters"} and nothing else. slm renders tools that way for a Gemma-turn template, reads
-calls back the same way and enforces forced calls with the grammar (slm.model.tools_gemma).
+calls back the same way and enforces forced calls with the grammar (slm.engine.tools_gemma).
 The server path on the tiny model with the Gemma template; then the real Gemma 3 270M."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from helpers import copy_store, tiny_store
 from serve_helpers import Server
 from slm.errors import InvalidInput
 from slm.model.chat import GEMMA3_TEMPLATE, render_chat
-from slm.model.tools import tool_format
-from slm.model.tools_gemma import INSTRUCTION, CallGate, parse_calls
+from slm.engine.tools import tool_format
+from slm.engine.tools_gemma import INSTRUCTION, CallGate, parse_calls
 from tool_schemas import CLOCK, SCHEMAS, TOOLS
 
 openai = pytest.importorskip("openai")

@@ -11,7 +11,7 @@ import pytest
 import slm
 from helpers import copy_store, tiny_store
 from serve_helpers import Server
-from slm.ops import budget
+from slm.ops.infer import budget
 
 N = 4
 MAX_TOKENS = 2000

@@ -366,7 +366,7 @@ def test_a_seeded_request_is_reproduced_byte_for_byte_inside_a_batch_of_8_mixed_
 def test_n_choices_prefill_the_prompt_once_and_each_equals_its_seed_alone(store, monkeypatch):
     """Choice 0 prefills; the others copy its keys and values (the prompt cache) and still give
     what their seed gives alone."""
-    import slm.ops.scheduler as scheduling
+    import slm.ops.infer.scheduler as scheduling
 
     runtime = slm.Runtime(store, threads=1)
     loaded = runtime.stage(store.active())

@@ -11,7 +11,7 @@ import json
 import pytest
 
 import slm
-from slm.model import json_object as bounds
+from slm.engine import json_object as bounds
 from serve_helpers import Server
 from test_openai_structured import REAL_SCHEMA
 
@@ -71,10 +71,10 @@ def test_gemma3_twenty_of_twenty_validate_chat_and_completions_streamed_and_not(
 @pytest.mark.slow
 def test_json_object_twenty_of_twenty_parse_on_smollm2_and_gemma3(tmp_path, smollm2_gguf, gemma_gguf):
     """json_object on both bases, 10 sampled answers each: every one is a JSON object within
-    json_object's bounds (slm.model.json_object). The bounds close a string, a number, an object
+    json_object's bounds (slm.engine.json_object). The bounds close a string, a number, an object
     or a nesting that loops; a loop of whole members (or the same key again: no grammar can
     forbid a repeated key) can still reach max_tokens, and such an answer is closed to fit it
-    (slm.model.grammar, finish_reason "length"), so it parses too. Measured before the closing,
+    (slm.engine.grammar, finish_reason "length"), so it parses too. Measured before the closing,
     temperature 0.6, seeds 0-19, 256 tokens: 14 of 20 parsed on SmolLM2, 19 of 20 on Gemma 3
     (8 and 13 under a bare {"type": "object"})."""
     answers = []
@@ -92,7 +92,7 @@ def test_json_object_twenty_of_twenty_parse_on_smollm2_and_gemma3(tmp_path, smol
 
 
 def _within_bounds(value, depth: int = 0) -> bool:
-    """Whether a JSON value keeps json_object's bounds (slm.model.json_object), nested `depth`
+    """Whether a JSON value keeps json_object's bounds (slm.engine.json_object), nested `depth`
     containers deep."""
     if isinstance(value, dict):
         return (depth < bounds.MAX_DEPTH and len(value) <= bounds.MEMBERS_AT_DEPTH[depth]

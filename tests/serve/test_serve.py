@@ -298,9 +298,9 @@ def test_prompt_cache_is_keyed_by_composition(tiny_model, store):
     """The server's prompt cache gives an entry back only to the composition that made it."""
     import numpy as np
 
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
-    from slm.model.prompt_cache import MemoryPromptCache
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
+    from slm.engine.prompt_cache import MemoryPromptCache
 
     import_base(store, tiny_model["gguf_q"], "tq")
     model = load_base_model(store, "tq").model

@@ -41,8 +41,8 @@ def loaded(cli, store, tiny_model, adapters):
 
 def _logits(cli, *composition):
     """Activate, then return the prompt logits the executor computes for IDS."""
-    from slm.ops.activation import active
-    from slm.ops.loading import load_composition
+    from slm.ops.store.activation import active
+    from slm.ops.infer.loading import load_composition
     from slm.store import StoreDir, find_store
 
     assert cli("activate", *composition).code == 0

@@ -29,7 +29,7 @@ def fixture(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def imported(fixture, tmp_path_factory):
-    from slm.ops.importing import import_base
+    from slm.ops.store.importing import import_base
     from slm.store import init_store
 
     store, _ = init_store(tmp_path_factory.mktemp("store") / "s")
@@ -57,7 +57,7 @@ def _transformers(fixture, gguf_name=None):
 
 
 def _ours(store, name, ids=IDS, kernels=None):
-    from slm.ops.loading import load_base_model
+    from slm.ops.infer.loading import load_base_model
 
     model = load_base_model(store, name).model
     if kernels is not None:
@@ -68,7 +68,7 @@ def _ours(store, name, ids=IDS, kernels=None):
 
 def _oracle(store, name, ids=IDS):
     from slm.model.oracle import Oracle
-    from slm.ops.loading import load_base_model
+    from slm.ops.infer.loading import load_base_model
 
     loaded = load_base_model(store, name)
     return Oracle(loaded.staged.base.architecture, loaded.staged.base.qk_row_layout, loaded.model.t).logits(ids)
@@ -86,7 +86,7 @@ def test_fixture_is_deterministic(fixture, tmp_path):
 
 
 def test_hf_and_gguf_imports_describe_the_same_model(imported, fixture):
-    from slm.ops.resolve import load_base
+    from slm.ops.store.resolve import load_base
 
     _, hf = load_base(imported, "hf")
     _, gg = load_base(imported, "gguf")
@@ -104,7 +104,7 @@ def test_gemma3_manifest_records_the_attention_pattern(imported, fixture):
         pytest.skip("Gemma 3 only")
     from transformers import AutoConfig
 
-    from slm.ops.resolve import load_base
+    from slm.ops.store.resolve import load_base
 
     arch = load_base(imported, "gguf")[1].architecture
     config = AutoConfig.from_pretrained(fixture["hf"])
@@ -147,7 +147,7 @@ def test_gemma3_attention_scale_and_softcap_from_config(fixture, tmp_path):
     import json
     import shutil
 
-    from slm.ops.importing import import_base
+    from slm.ops.store.importing import import_base
     from slm.store import init_store
 
     if fixture["arch"] != "gemma3":
@@ -177,7 +177,7 @@ def test_decode_in_chunks_matches_one_prefill(imported, fixture, kernels):
     """Chunks of 1 and of several positions, before and after a sliding layer's ring wraps."""
     from slm.model import kernels_native
     from slm.model.kernels import ReferenceKernels
-    from slm.ops.loading import load_base_model
+    from slm.ops.infer.loading import load_base_model
 
     if kernels == "fused" and not kernels_native.available():
         pytest.skip("C kernels not built")
@@ -198,7 +198,7 @@ def test_decode_in_chunks_matches_one_prefill(imported, fixture, kernels):
 
 
 def test_prefix_cache_state_restores_a_wrapped_ring(imported, fixture):
-    from slm.ops.loading import load_base_model
+    from slm.ops.infer.loading import load_base_model
 
     model = load_base_model(imported, "gguf").model
     ids = list(np.random.default_rng(2).integers(0, fixture["vocab_size"], 11))
@@ -231,8 +231,8 @@ def lora(fixture, tmp_path_factory):
 
 
 def test_peft_lora_agrees_and_comes_off_bit_for_bit(cli, store, fixture, lora):
-    from slm.ops.activation import active
-    from slm.ops.loading import load_composition
+    from slm.ops.store.activation import active
+    from slm.ops.infer.loading import load_composition
 
     if fixture["arch"] == "qwen3":
         pytest.skip("Gemma 3 and Qwen2 (biases) cover the adapter path")
@@ -290,8 +290,8 @@ def test_gguf_lora_of_the_family_agrees_with_peft(cli, store, fixture, lora, tmp
     assert r.code == 0, r.err
     shown = cli("show", "g", "--json").json()
     assert shown["row_layout"] == "hf" and shown["requires"]["family"] == fixture["arch"]
-    from slm.ops.activation import active
-    from slm.ops.loading import load_composition
+    from slm.ops.store.activation import active
+    from slm.ops.infer.loading import load_composition
 
     assert cli("activate", "b", "g").code == 0
     model = load_composition(store, active(store)).model

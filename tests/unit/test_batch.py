@@ -93,8 +93,8 @@ def test_decode_step_rows_equal_their_single_runs(mode, tiny_model, store):
     decoded together for 6 greedy steps, rows joining late: every row's logits are bit for bit
     those of its own model decoding alone, in the default mode (int8) and in the exact one."""
     from slm.model.decoder import Decoder
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
 
     import_base(store, tiny_model["gguf_q"], "tq")
     base = load_base_model(store, "tq").model
@@ -163,8 +163,8 @@ def test_decode_step_other_families(arch, mode, tmp_path, store):
     import make_tiny_model
 
     from slm.model.decoder import Decoder
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
 
     fixture = make_tiny_model.make_tiny_model(tmp_path / arch, seed=0, arch=arch)
     import_base(store, fixture["gguf_q"], "m")

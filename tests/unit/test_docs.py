@@ -16,8 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MAP = ROOT / "docs" / "architecture.md"
 
-# A code reference on the page: in backticks, a path (`slm/ops/run.py`, `slm/model/`) or a
-# dotted name (`slm.ops.run`, `slm.ops.run.generate_on`, `slm.api.Session.generate`).
+# A code reference on the page: in backticks, a path (`slm/ops/infer/run.py`, `slm/model/`) or a
+# dotted name (`slm.ops.infer.run`, `slm.ops.infer.run.generate_on`, `slm.api.Session.generate`).
 _REFERENCE = re.compile(r"`(slm(?:[./][A-Za-z_][\w]*)*(?:\.py|/)?)`")
 
 

@@ -9,8 +9,8 @@ from helpers import exact
 from slm.model.kernels import ReferenceKernels
 from slm.model.mathops import rope, rope_tables
 from slm.model.tokenizer import load_tokenizer
-from slm.ops.loading import load_base_model
-from slm.ops.resolve import load_base
+from slm.ops.infer.loading import load_base_model
+from slm.ops.store.resolve import load_base
 from slm.formats import llama as llama_names
 from slm.store import init_store
 
@@ -19,7 +19,7 @@ PROMPT_IDS = [5, 17, 42, 99, 123, 7, 250, 31, 8, 64, 300, 2]
 
 @pytest.fixture(scope="module")
 def tiny_store(tmp_path_factory, tiny_model):
-    from slm.ops.importing import import_base
+    from slm.ops.store.importing import import_base
 
     store, _ = init_store(tmp_path_factory.mktemp("exec") / "store")
     import_base(store, tiny_model["gguf"], "gguf-f32")

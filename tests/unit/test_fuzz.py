@@ -39,8 +39,8 @@ FUZZ_SMALL = settings.get_profile("ci-small" if PROFILE == "ci" else PROFILE)
 
 @pytest.fixture(scope="module")
 def fuzz_store(tmp_path_factory, tiny_model):
-    from slm.ops.activation import activate
-    from slm.ops.importing import import_base
+    from slm.ops.store.activation import activate
+    from slm.ops.store.importing import import_base
     from slm.store import init_store
 
     store, _ = init_store(tmp_path_factory.mktemp("fuzz") / "store")
@@ -51,7 +51,7 @@ def fuzz_store(tmp_path_factory, tiny_model):
 
 
 def run_show(store, comp_id):
-    from slm.ops.inspect import show_composition
+    from slm.ops.store.inspect import show_composition
 
     return show_composition(store, comp_id)["manifest_toml"]
 
@@ -328,8 +328,8 @@ def test_malformed_gguf_lora_headers(fuzz_store, tmp_path_factory, capsys, data)
 @pytest.fixture(scope="module")
 def log_store(tmp_path_factory, tiny_model):
     """A store with three transitions (a reflog of three lines) and the bytes of one intent."""
-    from slm.ops.activation import activate
-    from slm.ops.importing import import_base
+    from slm.ops.store.activation import activate
+    from slm.ops.store.importing import import_base
     from slm.store import init_store
 
     store, _ = init_store(tmp_path_factory.mktemp("fuzz-log") / "store")

@@ -1,5 +1,5 @@
-"""The one generation core (issue 34): the stop rules and streamed text (slm.model.stops), the
-step-wise generator over rows (slm.model.generation) that `slm run`, the API and the server
+"""The one generation core (issue 34): the stop rules and streamed text (slm.engine.stops), the
+step-wise generator over rows (slm.engine.generation) that `slm run`, the API and the server
 drive, and the prompt-cache interface with its memory and disk backends."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import pytest
 
 from helpers import one_line, snapshot
 from slm.errors import InvalidInput, NumericsError
-from slm.model import generation
-from slm.model.generate import PREFILL_CHUNK, generate
-from slm.model.generation import decode, first_token, new_sequence, prefill_next
-from slm.model.prompt_cache import MemoryPromptCache
-from slm.model.sampling import Sampler
-from slm.model.stops import CONTEXT, EOS, LENGTH, STOP, StopRules
-from slm.ops.prefix_cache import DiskPromptCache, budget_of
+from slm.engine import generation
+from slm.engine.generate import PREFILL_CHUNK, generate
+from slm.engine.generation import decode, first_token, new_sequence, prefill_next
+from slm.engine.prompt_cache import MemoryPromptCache
+from slm.engine.sampling import Sampler
+from slm.engine.stops import CONTEXT, EOS, LENGTH, STOP, StopRules
+from slm.ops.infer.prefix_cache import DiskPromptCache, budget_of
 
 # -- stop rules and streamed text (a vocabulary of one character per token) --------------------
 VOCAB = "abcdefghijklmnopqrstuvwxyzEND "
@@ -96,8 +96,8 @@ def test_stop_sequences_need_a_decoder():
 # -- the step-wise generator on the tiny model --------------------------------------------------
 @pytest.fixture
 def loaded(tiny_model, store):
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
 
     import_base(store, tiny_model["gguf_q"], "tq")
     return load_base_model(store, "tq")

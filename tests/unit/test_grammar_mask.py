@@ -1,4 +1,4 @@
-"""The grammar mask (slm.model.grammar.GrammarMask), which allocates nothing per token: at every
+"""The grammar mask (slm.engine.grammar.GrammarMask), which allocates nothing per token: at every
 step its row is the logits where llguidance allows the token and -inf elsewhere, the input row
 is left as it was (the logprobs are computed from it), and two rows' masks never mix."""
 
@@ -11,7 +11,7 @@ import slm
 from helpers import tiny_store
 
 pytest.importorskip("llguidance")
-from slm.model.grammar import GrammarMask, compile_grammar, json_schema_grammar  # noqa: E402
+from slm.engine.grammar import GrammarMask, compile_grammar, json_schema_grammar  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}, "name": {"type": "string",
                                                                                      "maxLength": 8}},

@@ -1,4 +1,4 @@
-"""The streamed GGUF import (slm.ops.importing._checked, slm.store.fs_direct): every byte stored
+"""The streamed GGUF import (slm.ops.store.importing._checked, slm.store.fs_direct): every byte stored
 is the file's, every block scale is checked finite, and a lying header string array is refused
 before anything of its claimed size is allocated."""
 
@@ -16,8 +16,8 @@ from helpers import snapshot
 
 from slm.errors import InvalidInput
 from slm.formats.gguf import read_gguf
-from slm.ops.importing import import_base
-from slm.ops.resolve import load_base
+from slm.ops.store.importing import import_base
+from slm.ops.store.resolve import load_base
 from slm.quant import get_codec
 from slm.quant.base import all_finite_floats
 

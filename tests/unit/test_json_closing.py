@@ -1,5 +1,5 @@
-"""An answer bound by a JSON grammar is closed within its max_tokens (slm.model.grammar's budget,
-slm.model.json_closing's shortest closing): it parses even when the budget ends it, and it says
+"""An answer bound by a JSON grammar is closed within its max_tokens (slm.engine.grammar's budget,
+slm.engine.json_closing's shortest closing): it parses even when the budget ends it, and it says
 it was cut (finish reason "length"), never that it ended by itself."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import slm
 from helpers import tiny_store
-from slm.model.json_closing import closing
+from slm.engine.json_closing import closing
 
 pytest.importorskip("llguidance")
 

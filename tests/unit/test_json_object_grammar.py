@@ -1,4 +1,4 @@
-"""The bounded grammar of `response_format: json_object` (slm.model.json_object), driven byte by
+"""The bounded grammar of `response_format: json_object` (slm.engine.json_object), driven byte by
 byte through llguidance's own matcher: it takes ordinary objects (nested, arrays, unicode and
 escaped strings, numbers) up to each bound, refuses one step beyond each, and a writer that
 loops inside a structure is made to close it, so its answer still parses."""
@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("llguidance")
 from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper  # noqa: E402
 
-from slm.model import json_object as bounds  # noqa: E402
-from slm.model.json_object import json_object_grammar  # noqa: E402
+from slm.engine import json_object as bounds  # noqa: E402
+from slm.engine.json_object import json_object_grammar  # noqa: E402
 
 EOS = 256
 

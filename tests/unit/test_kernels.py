@@ -58,8 +58,8 @@ def test_float_types_match_an_independent_product(codec, tokens):
 
 
 def test_fused_model_matches_reference(tiny_model, store):
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
 
     import_base(store, tiny_model["gguf_q"], "tq")
     import_base(store, tiny_model["hf"], "nf", quant="nf4")
@@ -79,8 +79,8 @@ def test_fused_model_matches_reference(tiny_model, store):
 def test_fused_low_rank_matches_reference_overlays(tiny_model, store):
     """LoRAs added inside the C kernel (one, or two stacked, or followed by an IA3 scale that
     forbids the fusion on that layer) give the reference overlays' logits within 1e-5."""
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
 
     import_base(store, tiny_model["gguf_q"], "tq")
     model = load_base_model(store, "tq").model
@@ -121,8 +121,8 @@ def test_the_executor_uses_overlays_only_through_their_protocol(tiny_model, stor
     give the real overlays' logits bit for bit, on both kernel sets, IA3 input scales and
     sparse deltas included."""
     from slm.model.overlays import TargetData, build_overlay
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
 
     import_base(store, tiny_model["gguf_q"], "tq")
     model = load_base_model(store, "tq").model
@@ -231,8 +231,8 @@ def test_results_do_not_depend_on_thread_count(tiny_model, store):
     """Each output is computed whole by one thread in a fixed order, and the prefill's chunks
     and query ranges do not depend on the thread count: 1 and 2 threads agree bit for bit,
     with fused LoRA terms and through a long prompt (dequantize + BLAS) and decode steps."""
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
 
     import_base(store, tiny_model["gguf_q"], "tq")
     model = load_base_model(store, "tq").model
@@ -252,7 +252,7 @@ def test_results_do_not_depend_on_thread_count(tiny_model, store):
 
 
 def test_run_threads_option(cli, store, tiny_model, tmp_path):
-    from slm.ops.importing import import_base
+    from slm.ops.store.importing import import_base
 
     import_base(store, tiny_model["gguf_q"], "tq")
     texts = []

@@ -84,8 +84,8 @@ def test_int8_factors_fall_back_to_float32_where_they_cannot_hold_the_term():
 def test_int8_lora_results_do_not_depend_on_thread_count(tiny_model, store):
     """The int8 mode with LoRA terms on every linear layer: 1 and 2 threads agree bit for bit
     over a prompt and decode steps."""
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
 
     import_base(store, tiny_model["gguf_q"], "tq")
     model = load_base_model(store, "tq").model

@@ -1,6 +1,6 @@
 """The sampling options beyond temperature/top_p/seed (issue 31): the penalties and the bias as
-logit processors (slm.model.processors), top_k and min_p in the Sampler, fresh random seeds,
-the seeds of n choices, and the one check of every option (slm.model.sampling)."""
+logit processors (slm.engine.processors), top_k and min_p in the Sampler, fresh random seeds,
+the seeds of n choices, and the one check of every option (slm.engine.sampling)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from slm.errors import InvalidInput
-from slm.model.generation import token_logprob
-from slm.model.processors import FrequencyPresence, LogitBias, RepeatPenalty, processors_for
-from slm.model.sampling import MAX_SEED, Sampler, check_processing, check_sampling, choice_seeds, random_seed
+from slm.engine.generation import token_logprob
+from slm.engine.processors import FrequencyPresence, LogitBias, RepeatPenalty, processors_for
+from slm.engine.sampling import MAX_SEED, Sampler, check_processing, check_sampling, choice_seeds, random_seed
 
 
 def test_frequency_and_presence_penalties_follow_openais_definition():

@@ -1,5 +1,5 @@
 """Session.logits's rows are a generation's rows (issue 31: logprobs equal log-softmax of
-Session.logits in the default int8 mode too). slm.model.generate.sequence_logits computes a
+Session.logits in the default int8 mode too). slm.engine.generate.sequence_logits computes a
 prompt in generate's prefill chunks and the answer one decode step a token; a pass that keeps
 every row's logits gives its last row the bits of a last-row-only pass (the row the first
 token is sampled from), though a product over many rows may take other kernels (BLAS for a
@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slm.model import generate as generation, kernels_native
-from slm.model.sampling import Sampler
+from slm.engine import generate as generation
+from slm.model import kernels_native
+from slm.engine.sampling import Sampler
 
 pytestmark = pytest.mark.skipif(not kernels_native.available(), reason="C kernels not built")
 gguf = pytest.importorskip("gguf")

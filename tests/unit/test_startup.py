@@ -52,15 +52,15 @@ def heavy(modules: set[str]) -> list[str]:
         if m.split(".")[0] in ("numpy", "rich", "tokenizers", "jinja2", "cryptography", "urllib3")
         or m.startswith(("slm.distribution", "slm.server", "slm.formats.gguf", "slm.quant.registry", "slm.quant.base"))
         or (m.startswith("slm.model.") and m not in MODEL_MODULES_ALLOWED)
-        or m in ("slm.ops.importing", "slm.ops.loading", "slm.ops.run", "slm.ops.request", "slm.ops.scheduler",
-                 "slm.ops.verify", "slm.ops.fsck", "slm.ops.bundles", "slm.render_dist")
+        or m in ("slm.ops.store.importing", "slm.ops.infer.loading", "slm.ops.infer.run", "slm.ops.infer.request", "slm.ops.infer.scheduler",
+                 "slm.ops.infer.verify", "slm.ops.store.fsck", "slm.ops.ship.bundles", "slm.render_dist")
         or (m.startswith("slm.ops.results.") and m != "slm.ops.results.switches"))
 
 
 def test_activate_imports_neither_numpy_nor_the_model_nor_the_distribution(tmp_path, template):
     store = copy_store(template, tmp_path)
     modules = modules_of(tmp_path, store, "activate", "tq", "a1@0.5")  # a real switch: adapter blobs read
-    assert "slm.ops.activation" in modules and "slm.ops.results.switches" in modules  # it ran the activation
+    assert "slm.ops.store.activation" in modules and "slm.ops.results.switches" in modules  # it ran the activation
     assert heavy(modules) == []
     # it switched: the same light closure did the whole job
     assert "a1" in subprocess.run([sys.executable, "-m", "slm", "--store", str(store), "status"],
@@ -85,6 +85,6 @@ def test_the_light_set_is_what_a_generation_does_load(tmp_path, template):
     store = copy_store(template, tmp_path)
     modules = modules_of(tmp_path, store, "run", "hi", "-n", "1", "--json")
     found = heavy(modules)
-    for name in ("numpy", "slm.ops.run", "slm.ops.loading", "slm.ops.results.generation", "slm.quant.registry"):
+    for name in ("numpy", "slm.ops.infer.run", "slm.ops.infer.loading", "slm.ops.results.generation", "slm.quant.registry"):
         assert name in found, name
     assert any(m.startswith("slm.model.") and m not in MODEL_MODULES_ALLOWED for m in found)

@@ -159,8 +159,8 @@ def test_native_batch_rows_equal_their_single_runs(family):
 def test_native_step_declines_what_it_lacks(tiny_model, store):
     """A weight type without a C kernel (the tiny model's F16 attn_v) or an overlay applied
     after the kernel (IA3, sparse) takes the op path."""
-    from slm.ops.importing import import_base
-    from slm.ops.loading import load_base_model
+    from slm.ops.store.importing import import_base
+    from slm.ops.infer.loading import load_base_model
 
     import_base(store, tiny_model["gguf_q"], "tq")
     assert load_base_model(store, "tq").model.native_step() is None  # F16 attn_v

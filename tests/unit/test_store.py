@@ -137,7 +137,7 @@ def test_digest_helpers():
 def test_one_prefix_rule_for_digests_and_composition_ids(cli, tiny_model):
     """Abbreviated base digests and composition ids resolve by one rule (MIN_PREFIX hex digits,
     unique): `show` of a base and `rollback --to` of a composition accept the same lengths."""
-    from slm.ops.resolve import MIN_PREFIX
+    from slm.ops.store.resolve import MIN_PREFIX
 
     assert cli("init").code == 0
     base = cli("import", "base", tiny_model["gguf_q"], "--name", "tq", "--json").json()["digest"]

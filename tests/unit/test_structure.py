@@ -41,7 +41,7 @@ def test_cli_commands_only_parse_and_print():
         for node in ast.walk(fn):
             assert not isinstance(node, (ast.Raise, ast.Try)), \
                 f"slm/cli {fn.name}: line {node.lineno} decides (raise/try): move it below the API"
-    allowed = {"slm", "slm.render", "slm.errors", "slm.api", "slm.store.testing.faults", "slm.ops.run",
+    allowed = {"slm", "slm.render", "slm.errors", "slm.api", "slm.store.testing.faults", "slm.ops.infer.run",
                "slm.cli", "slm.cli.common"}
     for node in (node for tree in trees for node in ast.walk(tree)):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("slm"):
@@ -49,7 +49,7 @@ def test_cli_commands_only_parse_and_print():
             beside = node.module.startswith("slm.server.")  # the server sits on the API, as cli does
             assert node.module in allowed or beside or (node.module == "slm.store.testing" and names == {"faults"}), \
                 f"slm/cli imports {node.module}: call the API instead"
-            if node.module == "slm.ops.run":
+            if node.module == "slm.ops.infer.run":
                 assert {a.name for a in node.names} <= {"RunOptions", "prompt_from_stdin"}
 
 
@@ -68,7 +68,7 @@ _WRITES = re.compile(r"\bos\.(unlink|remove|rename|replace|makedirs|mkdir|rmdir|
 # through the fs layer too): only --logits-out's np.save into that guarded output is a writing
 # call here. And the power-cut simulator (test-only), which plays the kernel rewriting the disk
 # after a cut. None: the whole module.
-_OUTSIDE_THE_STORE = {"slm/ops/run.py": "class LogitsFile", "slm/store/testing/powercut.py": None,
+_OUTSIDE_THE_STORE = {"slm/ops/infer/run.py": "class LogitsFile", "slm/store/testing/powercut.py": None,
                       "slm/store/testing/disk_image.py": None}
 
 
@@ -101,9 +101,9 @@ _BROAD_KEPT = {
     ("slm/conversation.py", "Conversation.ask"): "the answer's worker thread hands the exception to the asker, "
                                                  "which raises it",
     ("slm/server/catalog.py", "Catalog._watch"): "the refs/active watcher logs a failed look and keeps watching",
-    ("slm/ops/scheduler.py", "Scheduler._loop"):
+    ("slm/ops/infer/scheduler.py", "Scheduler._loop"):
         "a failed batch step fails its requests (HTTP 500) and the server goes on",
-    ("slm/ops/scheduler.py", "Scheduler._guarded"):
+    ("slm/ops/infer/scheduler.py", "Scheduler._guarded"):
         "a failed prefill (or chunk) fails its request (HTTP 500) and the server goes on",
 }
 
@@ -183,8 +183,8 @@ def test_every_kernel_source_is_built_headed_and_mapped():
 
 
 _TRANSACTION = "slm/store/transaction.py"
-_TRANSACTIONS = ("slm/ops/activation.py", "slm/ops/importing.py", "slm/ops/receive.py", "slm/ops/signing.py",
-                 "slm/ops/gc.py")
+_TRANSACTIONS = ("slm/ops/store/activation.py", "slm/ops/store/importing.py", "slm/ops/ship/receive.py", "slm/ops/ship/signing.py",
+                 "slm/ops/store/gc.py")
 
 
 def _journal_protocol_uses(tree: ast.Module) -> list[int]:
@@ -260,10 +260,10 @@ def _decided_stop_reasons(tree: ast.Module) -> list[int]:
 
 
 def test_stop_reasons_are_decided_in_one_module():
-    """slm/model/stops.py decides "eos", "length" and "context" for `slm run`, the API and the
+    """slm/engine/stops.py decides "eos", "length" and "context" for `slm run`, the API and the
     server alike (the engine once had its own copy of generate's stop rules)."""
     found = {path: lines for path, tree in _modules().items() if (lines := _decided_stop_reasons(tree))}
-    assert list(found) == ["slm/model/stops.py"], found
+    assert list(found) == ["slm/engine/stops.py"], found
 
 
 _SAMPLING_OPTIONS = {"temperature", "top_p", "seed"}
@@ -289,8 +289,8 @@ def _sampling_bound_checks(tree: ast.Module) -> list[int]:
 
 
 def test_sampling_options_are_validated_in_one_module():
-    """slm.model.sampling.check_sampling is the one check of temperature, top_p and seed (the
+    """slm.engine.sampling.check_sampling is the one check of temperature, top_p and seed (the
     server passes its narrower temperature range to it); no other module compares them with
     bounds of its own."""
     found = {path: lines for path, tree in _modules().items() if (lines := _sampling_bound_checks(tree))}
-    assert list(found) == ["slm/model/sampling.py"], found
+    assert list(found) == ["slm/engine/sampling.py"], found

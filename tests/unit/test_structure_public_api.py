@@ -140,7 +140,7 @@ def test_every_result_the_api_returns_derives_from_result_and_is_exported():
     from slm.compose.composition import Composition
     from slm.model.tokenizer import TextTokenizer
     from slm.ops import results
-    from slm.ops.loading import Loaded
+    from slm.ops.infer.loading import Loaded
 
     values = {Composition, TextTokenizer, Loaded}
     ns = _api_namespace()
@@ -214,7 +214,7 @@ def test_the_server_sits_on_the_public_api():
 def test_the_server_check_catches_a_reach_below_the_api():
     """The check above finds each kind of reach (so its passing means something)."""
     reaches = {
-        "from slm.model.batch import decode_step": 1, "import slm.ops.budget": 1, "from slm import errors": 1,
+        "from slm.model.batch import decode_step": 1, "import slm.ops.infer.budget": 1, "from slm import errors": 1,
         "from ..ops import budget": 1, "store._s.active_ref": 1, "session._loaded.model": 1,
         "from slm.api import Runtime": 0, "from slm import InvalidInput": 0, "from slm.server.protocol import x": 0,
         "from . import protocol": 0, "self._seen = None": 0, "import numpy": 0,

@@ -1,0 +1,116 @@
+"""Why a generation stops, and the text it streams until then: the one module that decides both.
+
+`slm run`, the Python API and `slm serve` all end their generations here (slm.engine.generation
+drives a StopRules per sequence). After each sampled token the checks run in this order:
+
+1. the caller's reason (`slm run`: "switched" when refs/active changed);
+2. "eos": an end-of-generation token (its text is not part of the answer); "length" instead if
+   a grammar closed the answer to fit max_tokens (`closing`, slm.engine.grammar): the answer was
+   cut, even though the end came before the last token;
+3. "stop": one of the request's stop sequences appeared in the text (the text ends before it);
+4. "length": max_tokens tokens generated;
+5. "context": the sequence's KV cache is full.
+
+The text streams as soon as it decodes to whole characters (TextStream), except a tail that
+could still become a stop sequence: it is held back until the next token settles it, so no
+client ever receives a part of a stop sequence. When generation ends the rest is flushed
+(all of it, or up to the stop sequence).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from slm.engine.detokenize import TextStream
+
+EOS, STOP, LENGTH, CONTEXT = "eos", "stop", "length", "context"
+SWITCHED = "switched"  # `slm run`'s caller reason: refs/active changed mid-generation (--on-switch stop)
+CANCELLED = "cancelled"  # the server's: the client went away or the server stops
+
+INCOMPLETE = "\ufffd"  # what decode gives for a character whose bytes are not all there yet
+
+
+class StopRules:
+    """One sequence's stop state: the generated ids, the text so far, what was sent of it, and
+    once generation is over the reason (None while it goes on)."""
+
+    def __init__(self, eos_ids: Iterable[int], max_tokens: int,
+                 decode: Callable[[list[int]], str] | None = None, stop_sequences: Iterable[str] = (),
+                 on_text: Callable[[str], None] | None = None,
+                 caller: Callable[[int], str | None] | None = None):
+        """decode: the tokenizer's, to follow the text (None: ids only, no text, no stop
+        sequences). on_text(piece): each new piece of text as it settles. caller(token): a
+        reason of the caller's to stop after this token, or None."""
+        self.eos_ids, self.max_tokens = frozenset(eos_ids), max_tokens
+        self.stop_sequences = tuple(s for s in stop_sequences if s)
+        if self.stop_sequences and decode is None:
+            raise ValueError("stop sequences need the tokenizer's decode")
+        self.stream = TextStream(decode) if decode is not None else None
+        self.on_text, self.caller = on_text, caller
+        self.ids: list[int] = []  # every generated token, an end-of-generation one included
+        self.sent = 0  # characters of text already given to on_text
+        self.cut: int | None = None  # where a stop sequence begins in the text
+        self.reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The answer's text so far: the generated tokens but end-of-generation ones, up to a
+        stop sequence that ended it."""
+        full = self.stream.text if self.stream is not None else ""
+        return full if self.cut is None else full[:self.cut]
+
+    def take(self, token: int, cache_full: bool, closing: bool = False) -> str | None:
+        """Record a sampled token (cache_full: its sequence has no position left for the next;
+        closing: a grammar is closing the answer to fit max_tokens); returns the stop reason
+        when generation ends with it, else None."""
+        self.ids.append(token)
+        eos = token in self.eos_ids
+        if self.stream is not None and not eos:
+            self.stream.push(token)
+        reason = self.caller(token) if self.caller else None
+        if reason:
+            return self.finish(reason)
+        if eos:
+            return self.finish(LENGTH if closing else EOS)
+        if self._stop_sequence_seen():
+            return self.finish(STOP)
+        if len(self.ids) >= self.max_tokens:
+            return self.finish(LENGTH)
+        if cache_full:
+            return self.finish(CONTEXT)
+        self._send(self._settled_text())
+        return None
+
+    def finish(self, reason: str) -> str:
+        """End generation for `reason`, sending the rest of the text (up to a stop sequence)."""
+        if self.reason is None:
+            self.reason = reason
+            self._send(self.text)
+        return self.reason
+
+    def _stop_sequence_seen(self) -> bool:
+        if not self.stop_sequences or self.stream is None:
+            return False
+        text = self.stream.text
+        if text.endswith(INCOMPLETE):
+            return False  # an incomplete character cannot complete a stop sequence yet
+        start = max(0, self.sent - max(map(len, self.stop_sequences)))
+        found = [p for p in (text.find(s, start) for s in self.stop_sequences) if p >= 0]
+        if found:
+            self.cut = min(found)
+        return bool(found)
+
+    def _settled_text(self) -> str:
+        """The text that may go out now: whole characters, and no tail that could still grow
+        into a stop sequence."""
+        text = self.stream.text if self.stream is not None else ""
+        if text.endswith(INCOMPLETE):
+            return text[:self.sent]  # wait for the character's next bytes
+        hold = max((k for s in self.stop_sequences for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        return text[:len(text) - hold]
+
+    def _send(self, text: str) -> None:
+        if len(text) > self.sent:
+            if self.on_text is not None:
+                self.on_text(text[self.sent:])
+            self.sent = len(text)

@@ -1,0 +1,202 @@
+"""A generation request as the scheduler (slm.ops.infer.scheduler) takes it: what to generate and
+how, with nothing of the wire format that carried it (slm.server.protocol converts an HTTP
+body into one; slm.api exports both types)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from slm.errors import InvalidInput
+
+MAX_SCHEMA_BYTES = 256 << 10  # a schema's JSON text: far above any real one
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call an assistant made (in a conversation sent back) or makes (parsed from an answer)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI carries it
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system", "user", "assistant" or "tool"
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+
+    def to_template(self) -> dict:
+        """The message as chat templates read it (None fields left out by the renderer)."""
+        out: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A request's functions and how it may use them (OpenAI's tools, tool_choice and
+    parallel_tool_calls), checked for shape; the base's template decides the rest."""
+
+    definitions_json: str  # [{"type": "function", "function": {"name", "description", "parameters"}}]
+    choice: str = "auto"  # "none", "auto", "required" or "function" (the one named)
+    name: str | None = None  # choice "function": the function it must call
+    parallel: bool = True
+
+    @property
+    def definitions(self) -> list[dict]:
+        return json.loads(self.definitions_json)
+
+    @property
+    def parsed(self) -> bool:
+        """Whether calls are read out of the answer (not with tool_choice "none")."""
+        return self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        """Whether the answer must be calls (required or a named function): a grammar says so."""
+        return self.choice in ("required", "function")
+
+    @classmethod
+    def of(cls, tools, choice=None, parallel=None) -> "Tools | None":
+        if tools is None:
+            if choice not in (None, "none", "auto"):
+                raise InvalidInput("tool_choice needs tools")
+            return None
+        if not isinstance(tools, list) or not tools:
+            raise InvalidInput("tools must be a non-empty list of {type: function, function: {...}}")
+        names = []
+        for i, t in enumerate(tools):
+            f = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+            if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+                raise InvalidInput(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}}")
+            if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
+                raise InvalidInput(f"tools[{i}].function.parameters must be a JSON schema object")
+            names.append(f["name"])
+        if len(set(names)) != len(names):
+            raise InvalidInput("tools: two functions have the same name")
+        name = None
+        if choice is None:
+            choice = "auto"
+        elif isinstance(choice, dict):
+            f = choice.get("function") if choice.get("type") == "function" else None
+            name = f.get("name") if isinstance(f, dict) else None
+            if name not in names:
+                raise InvalidInput("tool_choice must name one of the tools: {type: function, function: {name}}")
+            choice = "function"
+        elif choice not in ("none", "auto", "required"):
+            raise InvalidInput("tool_choice must be none, auto, required or {type: function, function: {name}}")
+        if parallel is not None and not isinstance(parallel, bool):
+            raise InvalidInput("parallel_tool_calls must be true or false")
+        text = json.dumps(tools, ensure_ascii=False)
+        if len(text.encode()) > MAX_SCHEMA_BYTES:
+            raise InvalidInput(f"tools are over {MAX_SCHEMA_BYTES >> 10} KiB")
+        return cls(text, choice, name, True if parallel is None else parallel)
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """What the answer must be: any JSON object ("json_object") or a document valid under a
+    JSON schema ("json_schema"); enforced by grammar-constrained decoding (slm.ops.infer.structured).
+    The same for the server's response_format, Session.generate(response_format=...) and
+    `slm run --json-schema FILE`."""
+
+    kind: str  # "json_object" or "json_schema"
+    # the schema as JSON text; "{"type": "object"}" for json_object, whose grammar is that
+    # schema's with every structure bounded (slm.engine.json_object)
+    schema_json: str
+    name: str | None = None
+
+    @property
+    def schema(self) -> dict:
+        return json.loads(self.schema_json)
+
+    @classmethod
+    def of(cls, value) -> "ResponseFormat | None":
+        """OpenAI's response_format object ({"type": "text" | "json_object" | "json_schema",
+        "json_schema": {"name", "schema", "strict"}}), checked; None for text (no constraint).
+        A ResponseFormat passes through."""
+        if value is None or isinstance(value, ResponseFormat):
+            return value
+        if not isinstance(value, dict):
+            raise InvalidInput("response_format must be an object with a type")
+        kind = value.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls("json_object", json.dumps({"type": "object"}))
+        if kind != "json_schema":
+            raise InvalidInput("response_format.type must be text, json_object or json_schema")
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise InvalidInput("response_format.json_schema must be an object with name and schema")
+        name, schema, strict = spec.get("name"), spec.get("schema"), spec.get("strict")
+        if name is not None and not isinstance(name, str):
+            raise InvalidInput("response_format.json_schema.name must be a string")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidInput("response_format.json_schema.strict must be true or false")
+        return cls.from_schema(schema, name, "response_format.json_schema.schema")
+
+    @classmethod
+    def from_file(cls, path) -> "ResponseFormat":
+        """`slm run --json-schema FILE`: a JSON schema read from a file (InvalidInput if it
+        cannot be read or is not a JSON object)."""
+        from pathlib import Path
+
+        try:
+            with open(Path(path), "rb") as f:
+                data = f.read(MAX_SCHEMA_BYTES + 1)
+        except OSError as err:
+            raise InvalidInput(f"--json-schema {path}: {err.strerror or err}") from err
+        if len(data) > MAX_SCHEMA_BYTES:
+            raise InvalidInput(f"--json-schema {path}: over {MAX_SCHEMA_BYTES >> 10} KiB")
+        try:
+            schema = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise InvalidInput(f"--json-schema {path} is not JSON ({type(err).__name__})") from err
+        return cls.from_schema(schema, Path(path).stem, f"--json-schema {path}")
+
+    @classmethod
+    def from_schema(cls, schema, name: str | None = None, what: str = "the JSON schema") -> "ResponseFormat":
+        if not isinstance(schema, dict):
+            raise InvalidInput(f"{what} must be a JSON object")
+        text = json.dumps(schema, ensure_ascii=False)
+        if len(text.encode()) > MAX_SCHEMA_BYTES:
+            raise InvalidInput(f"{what} is over {MAX_SCHEMA_BYTES >> 10} KiB")
+        return cls("json_schema", text, name)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A prompt (or a chat) and its sampling options, checked for everything that needs no
+    model; what needs the model (the prompt's length against the context, the memory budget,
+    a schema's grammar against the vocabulary) the scheduler checks when it prepares the request."""
+
+    chat: bool
+    prompt: str  # not chat: the prompt text
+    messages: tuple[ChatMessage, ...]  # chat: the conversation
+    max_tokens: int
+    max_tokens_given: bool  # False: max_tokens is a default, lowered to what the context leaves
+    temperature: float
+    top_p: float
+    seed: int | None  # None: each choice a fresh random seed; s: choice i uses s + i
+    stop: tuple[str, ...]  # stop sequences: the text ends before the first one
+    n: int = 1  # choices, decoded as rows of the batch (at most the scheduler's max_batch)
+    top_k: int = 0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs; ids checked against the vocabulary
+    logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives
+    response_format: ResponseFormat | None = None  # None: free text
+    tools: Tools | None = None  # chat: functions the model may call (docs/serve.md, "Tools")

@@ -1,0 +1,306 @@
+"""`slm run`: generate text on the active composition, or on a base alone."""
+
+from __future__ import annotations
+
+import numbers
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from slm.errors import InvalidInput, SlmError, UsageError
+from slm.model import modes
+from slm.model.chat import chat_prompt_ids
+from slm.engine.generate import generate, sequence_logits
+from slm.engine.processors import processors_for
+from slm.engine.sampling import Sampler, check_processing, check_sampling, logit_bias_items
+from slm.engine.stops import CANCELLED, SWITCHED
+from slm.ops.infer import budget, compositions
+from slm.ops.infer.loading import Loaded, load_composition
+from slm.ops.results import Alternative, CompositionInfo, Generation, Timings, TokenLogprobs
+from slm.ops.infer.request import ChatMessage, ResponseFormat
+from slm.ops.infer.structured import grammar_for, grammar_masks
+from slm.ops.infer.prefix_cache import DiskPromptCache, budget_of
+from slm.store import StoreDir, outputs
+
+
+MAX_THREADS = 256
+
+
+@dataclass
+class RunOptions:
+    prompt: str
+    base: str | None = None  # None: the active composition (or `model`)
+    model: str | None = None  # a composition spec (slm.ops.store.specs), run without activating it
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None  # None: a fresh random seed (reported in the Generation)
+    chat: bool = False
+    logits_out: Path | None = None
+    memory_budget: str | None = None
+    on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
+    threads: int | None = None  # None: every core
+    exact: bool = False  # float32 products (slm.model.modes); the default is int8 where the kernels have it
+    top_k: int = 0  # 0: no limit
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0  # 1: off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict | None = None  # {token id: -100..100}
+    logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives
+    response_format: ResponseFormat | None = None  # the answer follows it (grammar-constrained)
+    json_schema: Path | None = None  # --json-schema FILE: read into response_format
+    system: str | None = None  # a system message before the prompt (implies chat)
+    stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first one
+    messages: tuple | None = None  # a conversation (ChatMessage or {"role", "content"}) instead of the prompt
+
+
+def prompt_from_stdin(stream) -> str:
+    """`slm run -`: the prompt from standard input, strictly UTF-8."""
+    data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidInput(f"the prompt on standard input is not UTF-8 text (byte {err.start})") from err
+
+
+def _check_text(text, what: str) -> None:
+    if not isinstance(text, str):
+        raise InvalidInput(f"{what} must be text (str), not {type(text).__name__}")
+    if not text:
+        raise InvalidInput(f"{what} is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # undecodable argv bytes arrive as lone surrogates
+        raise InvalidInput(f"{what} is not UTF-8 text") from err
+
+
+def _check_options(o: RunOptions) -> None:
+    if o.messages is None:
+        _check_text(o.prompt, "the prompt")
+    else:
+        conversation(o)
+    if o.system is not None:
+        _check_text(o.system, "the system message")
+    check_sampling(o.temperature, o.top_p, o.seed)  # (before the model loads: a fast refusal)
+    check_processing(o.top_k, o.min_p, o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.logit_bias,
+                     o.logprobs, stop=o.stop)
+    if not (_whole(o.max_tokens) and o.max_tokens >= 0):
+        raise InvalidInput(f"max_tokens must be an integer >= 0, not {o.max_tokens!r}")
+    if o.on_switch not in ("stop", "finish"):
+        raise InvalidInput("--on-switch must be 'stop' or 'finish'")
+    check_threads(o.threads)
+    modes.resolve(o.exact)
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def conversation(o: RunOptions) -> list[dict] | None:
+    """The messages to render with the base's chat template (None: the prompt is plain text):
+    `messages`, or the prompt as a user message (chat, or a system message given), each
+    after `system` if given. A message is a ChatMessage or a {"role", "content"} dict."""
+    if o.messages is None:
+        turns = [{"role": "user", "content": o.prompt}] if o.chat or o.system is not None else None
+    else:
+        if not o.messages:
+            raise InvalidInput("the conversation has no messages")
+        turns = [m.to_template() if isinstance(m, ChatMessage) else m for m in o.messages]
+        for i, m in enumerate(turns):
+            if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
+                raise InvalidInput(f"message {i}: a message is {{role: system|user|assistant, content: text}}")
+            if m["role"] == "user":  # (an assistant's answer may be empty: one stopped at once)
+                _check_text(m["content"], f"message {i}'s content")
+    if turns is not None and o.system is not None:
+        turns = [{"role": "system", "content": o.system}, *turns]
+    return turns
+
+
+def _whole(value) -> bool:
+    """An integer, not a bool (True is an Integral) nor a float."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_threads(threads: int | None) -> None:
+    """The kernels' thread count: None (every core) or a whole number in [1, MAX_THREADS]."""
+    if threads is not None and not (_whole(threads) and 1 <= threads <= MAX_THREADS):
+        raise InvalidInput(f"--threads must be between 1 and {MAX_THREADS}")
+
+
+class LogitsFile:
+    """--logits-out: the guarded output path (slm.store.outputs): refused inside the store,
+    written to a temporary beside the target, fsynced and renamed over it only when the run
+    succeeds, so a failing run leaves the target as it was (a user's file is never truncated or
+    deleted). The temporary is created before the long part, so an unwritable place fails fast.
+    An existing regular file is replaced (the file a symlink there names)."""
+
+    def __init__(self, target: Path, store_root: Path):
+        self.out = outputs.OutputFile(Path(target), store_root, "--logits-out", replace=True)
+
+    def commit(self, logits: np.ndarray) -> None:
+        with self.out:
+            np.save(self.out, logits)
+            self.out.commit()
+
+    def discard(self) -> None:
+        if not self.out.committed:
+            self.out.discard()
+
+
+def run_prompt(store: StoreDir, o: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
+    _check_options(o)
+    if o.json_schema is not None:  # (before the model loads: a bad file is a fast refusal)
+        o = replace(o, response_format=ResponseFormat.from_file(o.json_schema), json_schema=None)
+    out_file = LogitsFile(o.logits_out, store.root) if o.logits_out else None
+    try:
+        # overflow shows as non-finite logits, refused with exit 10: no NumPy warnings on stderr
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return _run(store, o, on_text, out_file)
+    except BaseException:
+        if out_file:
+            out_file.discard()
+        raise
+
+
+def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -> Generation:
+    if o.base is not None and o.model is not None:
+        raise UsageError("give --base or --model, not both")
+    if o.model is not None:  # run without activating: staged as activate checks it, refs/active untouched
+        from slm.ops.store import specs
+
+        comp = specs.resolve(store, o.model)
+    elif o.base is not None:
+        comp = compositions.build(store, o.base, [])
+    else:
+        comp = compositions.load_active(store, "run `slm activate BASE [ADAPTER...]`, or pass --model SPEC")
+    loaded = load_composition(store, comp)
+    # Generation is pinned to the composition it started on. When running the active one,
+    # each token boundary checks refs/active; a switch stops generation unless told to finish.
+    watch = o.base is None and o.model is None and o.on_switch == "stop"
+    result, logits = generate_on(store, loaded, o, on_text, keep_logits=out_file is not None, watch=watch,
+                                 encode_once=True)
+    if out_file:
+        out_file.commit(logits)
+        result = replace(result, logits_out=str(o.logits_out))
+    return result
+
+
+def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, keep_logits: bool = False,
+                watch: bool = False, encode_once: bool = False,
+                cancel: threading.Event | None = None) -> tuple[Generation, np.ndarray | None]:
+    """Generate on a loaded composition: `slm run` and the API's sessions share this.
+
+    Returns the result and, with keep_logits, the float32 logits (positions x vocab) of every
+    prompt and generated position. watch: stop at a token boundary once refs/active no longer
+    names this composition. cancel: once set (by any thread), stop at the next token boundary
+    ("cancelled"). encode_once: `loaded` serves this generation only (slm run), so its
+    tokenizer keeps only what decoding needs once the prompt is encoded (release_encoder).
+    """
+    _check_options(o)
+    tok, model = loaded.tokenizer, loaded.model
+    mode = modes.resolve(o.exact)
+    with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
+        if o.threads is not None:
+            model.kernels.set_threads(o.threads)  # OpenMP threads: this thread's own setting
+        modes.use(model.kernels, mode)
+    turns = conversation(o)
+    if turns is not None:
+        prompt_ids = chat_prompt_ids(tok, turns)
+    else:
+        prompt_ids = tok.encode(o.prompt)
+    if not prompt_ids:
+        raise InvalidInput("the prompt encodes to no tokens")
+    grammar = grammar_for(loaded, o.response_format)  # (needs the encoder: before its release)
+    if encode_once:  # (a one-shot run: its tokenizer only decodes from here on; issue 35)
+        tok.release_encoder()
+    context = model.cfg.context_length
+    if len(prompt_ids) >= context:
+        raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}")
+    positions = min(context, len(prompt_ids) + o.max_tokens)
+    est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=keep_logits, mode=mode)
+    budget.check(est, budget.resolve(store, o.memory_budget), "this run")
+
+    prompt_cache = DiskPromptCache(store.path("cache"), budget_of(store.config), mode)
+
+    def on_token(token: int) -> str | None:
+        if cancel is not None and cancel.is_set():
+            return CANCELLED
+        return SWITCHED if watch and _switched(store, loaded.id) else None
+
+    check_processing(logit_bias=o.logit_bias, vocab_size=model.cfg.vocab_size)
+    sampler = Sampler(o.temperature, o.top_p, o.seed, o.top_k, o.min_p)  # (seed None: a fresh one)
+    processors = processors_for(o.frequency_penalty, o.presence_penalty, o.repeat_penalty,
+                                logit_bias_items(o.logit_bias))
+    gen = generate(model, prompt_ids, o.max_tokens, sampler,
+                   tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
+                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text,
+                   processors=processors + grammar_masks(loaded, grammar, o.max_tokens), logprobs=o.logprobs,
+                   stop_sequences=o.stop)
+    comp = loaded.composition
+    result = Generation(
+        composition=loaded.id,
+        base=comp.base,
+        adapters=CompositionInfo.of(comp).adapters,
+        prefix_cache="hit" if gen.prefix_hit else "miss",
+        prompt_tokens=tuple(prompt_ids),
+        tokens=tuple(gen.ids),
+        text=tok.decode([t for t in gen.ids if t not in tok.eos_ids]) if gen.stop_cut is None else gen.stop_cut,
+        stop_reason=gen.stop_reason,
+        timings=Timings(round(gen.prefill_s, 4), round(gen.decode_s, 4), round(gen.prefill_tok_s, 2),
+                        round(gen.decode_tok_s, 2)),
+        memory_estimate=est.to_json(),
+        seed=sampler.seed,
+        logprobs=None if o.logprobs is None else tuple(logprob_view(tok, r) for r in gen.logprobs),
+        mode=mode,
+    )
+    logits = np.stack(gen.logits).astype(np.float32) if keep_logits else None  # (positions, vocab)
+    return result, logits
+
+
+def logprob_view(tok, record) -> TokenLogprobs:
+    """A slm.engine.generation.TokenLogprob with the tokens' texts (the API's and `--json`'s)."""
+    text = lambda t: tok.decode([t])  # noqa: E731
+    return TokenLogprobs(record.token, text(record.token), record.logprob,
+                         tuple(Alternative(t, text(t), lp) for t, lp in record.top))
+
+
+def _switched(store: StoreDir, pinned: str) -> bool:
+    try:
+        return store.active_ref.read() != pinned
+    except SlmError:  # a ref we cannot read (damaged, replaced) is not the one we pinned
+        return True
+
+
+def logits_of(loaded: Loaded, token_ids, mode: str, prompt_length: int | None = None) -> np.ndarray:
+    """Float32 logits (positions x vocab) of a token sequence, computed from scratch in `mode`
+    (slm.model.modes; the API's Session.logits) as a generation computes them
+    (slm.engine.generate.sequence_logits: the first prompt_length ids, all by default, as its
+    prompt, the rest as its answer): the ids checked first (integers, in the vocabulary, within
+    the context; prompt_length 1..len)."""
+    model = loaded.model
+    with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
+        modes.use(model.kernels, mode)
+    values = list(token_ids)
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in values):
+        raise InvalidInput("logits needs token ids (integers)")
+    try:
+        ids = np.asarray(values, dtype=np.int64)
+    except OverflowError as err:
+        raise InvalidInput("a token id is beyond int64") from err
+    if ids.ndim != 1 or ids.size == 0:
+        raise InvalidInput("logits needs a non-empty sequence of token ids")
+    vocab, context = model.cfg.vocab_size, model.cfg.context_length
+    if ids.min() < 0 or ids.max() >= vocab:  # a negative id would index from the end
+        raise InvalidInput(f"token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
+    if ids.size > context:
+        raise InvalidInput(f"{ids.size} token ids; the context holds {context}")
+    if prompt_length is not None and (isinstance(prompt_length, bool) or not isinstance(prompt_length, numbers.Integral)
+                                      or not 1 <= prompt_length <= ids.size):
+        raise InvalidInput(f"prompt_length must be an integer in [1, {ids.size}], not {prompt_length!r}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        return sequence_logits(model, ids, None if prompt_length is None else int(prompt_length))  # (T, V)

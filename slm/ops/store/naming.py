@@ -1,0 +1,217 @@
+"""Names are refs with a history: `slm tag`, `slm rm`, `slm mv`, `slm log NAME`, and the one
+step that moves a name (an import under a taken name uses it too).
+
+A name (base, adapter, tag, pulled registry reference) points at an immutable object; moving
+it is a store transaction like an activation:
+
+    journal intent -> (a composition record a tag needs, durable) -> the name's reflog line
+    (THE COMMIT POINT) -> names/<kind>/<name> replaced or removed -> journal cleared
+
+A failure before the reflog line is durable is undone (the line cut back, a record this
+transaction created removed); after it, the move is committed and `slm fsck --repair` finishes
+it from the intent and the log (slm.ops.store.fsck). Objects are never touched: the old target stays
+reachable through the name's reflog until `gc.reflog_expiry` (slm.ops.store.gc).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from slm.compose.composition import Composition, stamped
+from slm.errors import InvalidInput, NeedsRecovery, NotFound
+from slm.ops.results import NameMove
+from slm.ops.store.suggest import did_you_mean
+from slm.store import StoreDir, fs
+from slm.store import digest as dg
+from slm.store.names import NAMED_KINDS, file_name
+from slm.store.reflog import Reflog, ReflogState
+from slm.store.transaction import Transaction
+
+# ops whose line records that the name went away (its new digest is `-`)
+DELETING_OPS = ("rm", "mv-away")
+KIND_LABEL = {"bases": "base", "adapters": "adapter", "tags": "tag", "remotes": "pulled reference"}
+
+
+def intent_name(kind: str, name: str) -> str:
+    return f"name-{kind}-{file_name(kind, name)}"
+
+
+def open_log(store: StoreDir, kind: str, name: str) -> tuple[Reflog, ReflogState]:
+    """A name's reflog and its state; NeedsRecovery if a crash tore its last line."""
+    log = store.names.log(kind, name)
+    state = log.read()
+    if state.torn_tail:
+        raise NeedsRecovery(f"the log of {KIND_LABEL[kind]} {name!r} ends with a torn line; "
+                            "run `slm fsck --repair`")
+    return log, state
+
+
+def move_steps(store: StoreDir, tx: Transaction, kind: str, name: str, old: str | None,
+               new: str | None, op: str, state: ReflogState) -> None:
+    """Inside an open transaction: the name's reflog line (the commit point), then its file."""
+    tx.commit(lambda: log_line(store, tx, kind, name, old, new, op, state))
+    fs.point("name.after-log")
+    if new is None:
+        store.names.remove(kind, name)
+    else:
+        store.names.set(kind, name, new)
+
+
+def log_line(store: StoreDir, tx: Transaction, kind: str, name: str, old: str | None,
+             new: str | None, op: str, state: ReflogState | None = None) -> None:
+    """Append a name's reflog line inside `tx`, its undo registered first (a receive logs the
+    names it sets this way, before its own commit point)."""
+    log = store.names.log(kind, name)
+    if state is None:
+        state = open_log(store, kind, name)[1]
+    existed = log.path.exists()
+    new_dirs = [d for d in (log.path.parent.parent, log.path.parent) if not d.is_dir()]
+
+    def cut_back() -> None:  # an append whose fsync failed may sit in the page cache
+        if not existed:  # a failed first move leaves no log, and no folder it made
+            fs.remove_any(log.path)
+            for folder in reversed(new_dirs):
+                if folder.is_dir() and not any(folder.iterdir()):
+                    fs.remove_any(folder)
+        elif log.path.stat().st_size > state.intact_size:
+            fs.truncate(log.path, state.intact_size)
+
+    tx.on_undo(cut_back)
+    for folder in new_dirs:
+        fs.mkdir(folder)
+    log.append(old, new, op, state)
+
+
+def log_missing_line(store: StoreDir, kind: str, name: str, old: str | None, new: str | None, op: str) -> None:
+    """`slm fsck --repair` finishing a move: its reflog line, unless it is already the last."""
+    log = store.names.log(kind, name)
+    entries = log.read().entries
+    if entries and (entries[-1].old, entries[-1].new, entries[-1].op) == (old, new, op):
+        return
+    fs.mkdir(log.path.parent.parent)
+    fs.mkdir(log.path.parent)
+    log.append(old, new, op)
+
+
+def refuse_pending(store: StoreDir) -> None:
+    if store.journal.pending():
+        raise NeedsRecovery("an earlier transaction was interrupted; run `slm fsck --repair`")
+
+
+def move(store: StoreDir, kind: str, name: str, new: str | None, op: str,
+         prepare: Callable[[Transaction], bool] | None = None) -> NameMove:
+    """Point a name at `new` (None: remove it), one journaled transaction. `prepare(tx)` runs
+    first inside it (storing what `new` needs, with its undo) and says whether it created the
+    record `new` names."""
+    with store.locked():
+        refuse_pending(store)
+        old = store.names.get(kind, name)
+        if old == new:
+            return NameMove(kind[:-1], name, old, new, False, op)
+        _, state = open_log(store, kind, name)
+        created = prepare is not None and not _record_exists(store, kind, new)
+        with store.transaction(intent_name(kind, name), op, new or old, old=old, created=created,
+                               done=f"the move of {KIND_LABEL[kind]} {name!r} is committed") as tx:
+            if prepare is not None:
+                prepare(tx)
+            move_steps(store, tx, kind, name, old, new, op, state)
+    return NameMove(kind[:-1], name, old, new, True, op)
+
+
+def _record_exists(store: StoreDir, kind: str, new: str | None) -> bool:
+    return new is None or kind not in ("tags", "remotes") or \
+        store.names.get("compositions", dg.hex_of(new)) is not None
+
+
+def store_record(store: StoreDir, tx: Transaction, comp: Composition, op: str) -> None:
+    """The composition record a tag or a pulled reference names, stored (if missing) inside
+    `tx` with its undo: a composition is named by its id, and its id by its record."""
+    hex_id = dg.hex_of(comp.id)
+    if store.names.get("compositions", hex_id) is not None:
+        return
+    new_blobs: list[str] = []
+    tx.on_undo(lambda: store.objects.remove_new(new_blobs))
+    tx.on_undo(lambda: store.names.remove("compositions", hex_id))
+    staging = store.objects.staging()
+    try:
+        digest = staging.put(stamped(comp, f"slm {op}").to_toml())
+        new_blobs.extend(staging.commit())
+    finally:
+        staging.discard()
+    store.names.set("compositions", hex_id, digest)
+
+
+def tag(store: StoreDir, name: str, comp: Composition) -> NameMove:
+    """`slm tag NAME SPEC`: name a composition (validated as activating it would be; the
+    signing policy is not asked: a tag runs nothing, and an unsigned composition must be
+    stored, e.g. tagged, before `slm sign` can sign it)."""
+    from slm.ops.infer import compositions
+
+    for kind in ("bases", "adapters"):
+        if store.names.get(kind, name) is not None:
+            raise InvalidInput(f"{name!r} is already the name of {'a base' if kind == 'bases' else 'an adapter'}; "
+                               "a tag needs a name of its own")
+    with store.locked():
+        compositions.stage(store, comp, load_overlays=False)
+        return move(store, "tags", name, comp.id, "tag", lambda tx: store_record(store, tx, comp, "tag"))
+
+
+def name_remote(store: StoreDir, reference: str, comp: Composition) -> NameMove:
+    """After a pull: the registry reference names what was pulled under it."""
+    return move(store, "remotes", reference, comp.id, "pull", lambda tx: store_record(store, tx, comp, "pull"))
+
+
+def kinds_of(store: StoreDir, name: str, with_history: bool = False) -> list[str]:
+    """The kinds that hold `name` now (with_history: or whose log knows it)."""
+    out = []
+    for kind in NAMED_KINDS:
+        try:
+            logged = with_history and store.names.log(kind, name).path.is_file() and \
+                store.names.log(kind, name).path.stat().st_size > 0
+            if logged or store.names.get(kind, name) is not None:
+                out.append(kind)
+        except InvalidInput:
+            continue  # not a valid name of that kind
+    return out
+
+
+def _one_kind(store: StoreDir, name: str, with_history: bool = False) -> str:
+    kinds = kinds_of(store, name, with_history)
+    if not kinds:
+        raise NotFound(f"no name {name!r}" + did_you_mean(name, all_names(store)))
+    if len(kinds) > 1:
+        raise InvalidInput(f"{name!r} names a {' and a '.join(KIND_LABEL[k] for k in kinds)}; "
+                           "rename one of them first")
+    return kinds[0]
+
+
+def rm(store: StoreDir, name: str) -> NameMove:
+    """`slm rm NAME`: the name goes; its history and the objects stay until gc expires them."""
+    with store.locked():
+        return move(store, _one_kind(store, name), name, None, "rm")
+
+
+def mv(store: StoreDir, old_name: str, new_name: str) -> list[NameMove]:
+    """`slm mv OLD NEW`: NEW takes OLD's object, then OLD goes (two name transactions: a crash
+    between them leaves both names on the object, nothing lost)."""
+    with store.locked():
+        kind = _one_kind(store, old_name)
+        file_name(kind, new_name)  # a valid name, checked before anything moves
+        if kinds_of(store, new_name):
+            raise InvalidInput(f"{new_name!r} is taken; `slm rm {new_name}` first or choose another name")
+        digest = store.names.get(kind, old_name)
+        return [move(store, kind, new_name, digest, "mv"), move(store, kind, old_name, None, "mv-away")]
+
+
+def history(store: StoreDir, name: str) -> list:
+    """`slm log NAME`: every move of a name, newest first (a removed name's too)."""
+    from slm.ops.results import LogEntry
+
+    kind = _one_kind(store, name, with_history=True)
+    _, state = open_log(store, kind, name)
+    return [LogEntry(e.seq, e.op, e.old, e.new, e.time) for e in reversed(state.entries)]
+
+
+def all_names(store: StoreDir) -> list[str]:
+    """Every user name, for "did you mean" (damaged name files skipped: fsck reports them)."""
+    return sorted({name for kind in NAMED_KINDS for name, digest, _ in store.names.scan(kind) if digest})
