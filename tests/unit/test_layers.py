@@ -1,5 +1,5 @@
 """The floors of the house: every import of slm inside slm/ goes to the importer's own floor
-or one below it, as docs/architecture.md's layer table states (the table is checked against
+or a floor below it, as docs/architecture.md's layer table states (the table is checked against
 FLOORS here, so the page and the rule cannot drift apart). Imports inside functions and under
 TYPE_CHECKING count too: a dependency is one whenever it is written."""
 
@@ -76,14 +76,10 @@ def imported_modules(path: str, tree: ast.Module, submodules: set[str]) -> list[
     return found
 
 
-def _submodules(paths) -> set[str]:
-    return {_module_name(p) for p in paths}
-
-
 def upward_imports(modules: dict[str, ast.Module]) -> list[tuple[str, int, str]]:
     """(file, line, module) of each import to a floor above the file's own; a module on no
     floor is reported the same way, as (file, 0, "no floor")."""
-    submodules = _submodules(modules)
+    submodules = {_module_name(p) for p in modules}
     found = []
     for path, tree in modules.items():
         own = floor_of(_module_name(path))
