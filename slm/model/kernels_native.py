@@ -185,10 +185,10 @@ class NativeKernels(ReferenceKernels):
 
     def set_activations(self, mode: str) -> None:
         """"float32" (the exact mode's: every product in float32, within 1e-5 of the reference
-        kernels) or "int8" (the default mode's, slm.model.modes): the input of every fused product over a block type that takes it
-        (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) quantized to int8 per 32 values and the block dot products
-        taken in integers, as llama.cpp does: faster decoding, logits that move (by how much:
-        docs/numerics.md). A new kernel set starts in float32 until its mode is set."""
+        kernels) or "int8" (the default mode's, slm.model.modes): the input of every fused
+        product over a block type that takes it (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
+        quantized to int8 per 32 values, the block dot products taken in integers as llama.cpp
+        does: faster, logits that move (docs/numerics.md). A new kernel set starts in float32."""
         if mode not in ACTIVATION_MODES:
             raise KernelArgumentError(f"activations {mode!r}: one of {', '.join(ACTIVATION_MODES)}")
         self.int8 = mode == "int8"
