@@ -2,7 +2,7 @@
 
 An import's speed is mostly the disk's: `slm import base` writes every byte of the file, and
 the same disk can write at half the speed in one minute that it reaches in the next (writeback
-of an earlier store's deletion, other tenants of the host; docs/perf-notes.md). One timed
+of an earlier store's deletion, other tenants of the host; notes/perf-notes.md). One timed
 import says little; so here:
 
 - `import_figures`: `slm import base` (the command, as a user runs it) RUNS times, each into a

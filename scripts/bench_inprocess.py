@@ -50,11 +50,11 @@ def lora_overhead_ab(rt, comp_ids: dict, prompt: list, blocks: int = 40, steps: 
 
 
 def int8_error(rt, comp_ids: dict, tok, positions: int = 96, greedy: int = 64) -> dict:
-    """What the opt-in int8 activations cost in fidelity, on this base, base and LoRA: a fixed
-    text fed one token at a time (every product then takes int8 inputs) in both modes, the
-    largest logit difference against the default and against the logits' spread (max - min),
-    how often the top token agrees; and how many of `greedy` greedy tokens after PROMPT are the
-    same text."""
+    """What the default int8 mode costs in fidelity against the exact one, on this base, base
+    and LoRA: a fixed text fed one token at a time (every product then takes int8 inputs) in
+    both modes, the largest logit difference against the exact mode and against the logits'
+    spread (max - min), how often the top token agrees; and how many of `greedy` greedy tokens
+    after PROMPT are the same text."""
     text = tok.encode(" ".join(["The quick brown fox jumps over the lazy dog while the farmer "
                                 "counts his sheep in the morning light."] * 8))[:positions]
     out = {}

@@ -1,5 +1,5 @@
 """Two source trees of slm against each other on one store, interleaved run by run (issue 34's
-before/after: docs/perf-notes.md).
+before/after: notes/perf-notes.md).
 
     python scripts/bench_trees.py BEFORE_TREE AFTER_TREE STORE [ROUNDS]
 

@@ -4,7 +4,7 @@ recording limited to the timed steps (attached after the import, staging and war
     python scripts/profile_decode.py FILE.gguf [--activations float32|int8] [--tokens 64]
 
 Prints the decode rate and `perf report`'s top symbols (self time). Needs perf
-(linux-perf / linux-tools); docs/perf-notes.md has the findings.
+(linux-perf / linux-tools); notes/perf-notes.md has the findings.
 """
 
 from __future__ import annotations

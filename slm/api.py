@@ -26,7 +26,7 @@ from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
 
 # Each method imports the operation it runs: `slm activate` (a new process each time) must not
-# pay for the importer, the executor, the tokenizer or the distribution code (docs/perf-notes.md).
+# pay for the importer, the executor, the tokenizer or the distribution code it does not use.
 if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.infer.loading import Loaded

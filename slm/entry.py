@@ -35,7 +35,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, exit_at_once)  # before anything slow: start-up begins here
     # slm parallelises its matrix-vector work itself (C kernels on OpenMP threads, and two
     # threads for a prompt's BLAS work). A multi-threaded OpenBLAS pool spinning beside them
-    # made a decode step on 2 busy cores 20-100x slower (docs/perf-notes.md): a default for
+    # would take the cores they wait for, many times over on a small busy machine: a default for
     # the command, set before NumPy loads. A program that embeds slm sets its own (docs/api.md);
     # importing slm sets nothing.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

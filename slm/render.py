@@ -14,8 +14,8 @@ from slm.store import digest as dg
 
 @cache
 def out():
-    """The rich console on stdout, made on first use: importing rich is ~40 ms of start-up,
-    which commands that print plain lines or JSON do not pay."""
+    """The rich console on stdout, made on first use: importing rich is a noticeable share of
+    start-up, which commands that print plain lines or JSON do not pay."""
     from rich.console import Console
 
     return Console(highlight=False, soft_wrap=True)

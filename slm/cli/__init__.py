@@ -65,8 +65,8 @@ def _invoked(argv: list[str]) -> str | None:
 
 def app_for(argv: list[str]) -> typer.Typer:
     """The app with only the command `argv` invokes: typer builds the parameters of every
-    command it holds from their signatures before it parses anything, ~10 ms of each run for
-    commands that do not run. The whole app when no known verb is named (`slm --help`, no
+    command it holds from their signatures before it parses anything: start-up paid by every
+    run for commands that do not run. The whole app when no known verb is named (`slm --help`, no
     verb, a misspelt one: their help and suggestions list every command)."""
     verb = _invoked(argv)
     commands = [c for c in app.registered_commands

@@ -95,7 +95,8 @@ _PARSED_MAX = 4
 def parse_base_manifest(data: bytes, what: str = "base manifest") -> BaseManifest:
     """The manifest in `data`, validated. An activation reads its base manifest twice (to
     build the composition, then to stage it): the same bytes parse to the same manifest, so
-    the last few parses are remembered (TOML parsing of 272 tensors is ~45 ms)."""
+    the last few parses are remembered (a manifest of hundreds of tensors is worth parsing
+    once)."""
     data = bytes(data)
     manifest = _PARSED.get(data)
     if manifest is None:

@@ -3,12 +3,11 @@
     P = (O + B + A + D + R + KV) * (1 + slack)
       O   runtime: the interpreter and libraries (+8 MiB with the fused C kernels: their second
           prefill scratch buffer and threads), plus
-          the tokenizer (~300 bytes per vocabulary entry: measured 484 for SmolLM2's
-          byte-level BPE with its merges, 206 for Gemma 3's SentencePiece pieces)
+          the tokenizer (~300 bytes per vocabulary entry: more for a byte-level BPE with its
+          merges, less for SentencePiece pieces)
       B   base bytes: every quantized blob is memory-mapped and read once per token
       A   adapters: their float32 tensors, 1.5 times (the bytes read, and the overlay copies made
-          from them while they are still held: measured 1.24x on SmolLM2's r=16 LoRA, 1.47x
-          on Gemma 3's, peak RSS of `slm run`); in the int8 mode 0.4x more, its copies of a
+          from them while they are still held); in the int8 mode 0.4x more, its copies of a
           LoRA's factors (slm.model.int8_factors: A as Q8_0, 0.27 of its bytes, B^T as halves),
           which the exact mode never builds
       D   dequantization scratch: bounded, allocated once (slm.model.kernels)
@@ -17,8 +16,8 @@
       KV  the KV cache: 2 x kv_heads x head_dim x 4 bytes per position a layer keeps: S for a
           full-attention layer, at most its window for a sliding one (slm.model.decoder.KVCache);
           one per sequence of a request (a server's n choices: n caches, n logits rows a step)
-The constants were measured on SmolLM2-135M (docs/numerics.md, "Memory"); the slack covers
-the allocator and NumPy temporaries.
+The constants come from peak RSS of `slm run` (docs/numerics.md, "Memory", has the figures);
+the slack covers the allocator and NumPy temporaries.
 """
 
 from __future__ import annotations

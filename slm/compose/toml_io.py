@@ -1,12 +1,12 @@
 """Reading and writing manifest TOML, with errors that name the manifest.
 
-Reading uses the standard library's tomllib (strict TOML 1.0, and about 20x faster than
-tomlkit's style-preserving parser: that parse was 0.3 s of every `slm activate`). Writing:
-the manifests' digests depend on every byte, so the bytes are tomlkit's; for the shapes a
-base or adapter manifest has (scalars, then tables of scalars, arrays of tables whose entries
-hold scalars and tables of scalars) `_plain_dumps` writes those same bytes itself, 50x faster
-(tomlkit took 0.1-0.3 s of an import of SmolLM2), and anything else goes to tomlkit, imported
-only then. tests/unit/test_toml_io.py holds the two to the same bytes.
+Reading uses the standard library's tomllib (strict TOML 1.0; tomlkit's style-preserving
+parser is many times slower, and every `slm activate` reads manifests). Writing: the
+manifests' digests depend on every byte, so the bytes are tomlkit's; for the shapes a base or
+adapter manifest has (scalars, then tables of scalars, arrays of tables whose entries hold
+scalars and tables of scalars) `_plain_dumps` writes those same bytes itself, without
+tomlkit's per-item overhead on a manifest of hundreds of tensors, and anything else goes to
+tomlkit, imported only then. tests/unit/test_toml_io.py holds the two to the same bytes.
 """
 
 from __future__ import annotations
@@ -151,9 +151,9 @@ def loads(data: bytes, what: str) -> dict:
         raise InvalidInput(f"{what}: not valid TOML ({' '.join(str(err).split())})") from err
 
 
-# Reading the plain shapes back. tomllib is pure Python: the manifests of a base and an
-# adapter (a line per field, 700 tensors) took it ~60 ms of every `slm activate`, a new process
-# each time. `_plain_loads` reads the lines `_plain_dumps` writes (and only those: one
+# Reading the plain shapes back. tomllib is pure Python, and the manifests of a base and an
+# adapter (a line per field, hundreds of tensors) are read by every `slm activate`, a new
+# process each time. `_plain_loads` reads the lines `_plain_dumps` writes (and only those: one
 # `key = value` or header per line, bare keys, strings without escapes, no comments, no
 # inline tables) into exactly the document tomllib gives, and returns None for anything else,
 # which tomllib then reads (or refuses). tests/unit/test_toml_io.py compares the two on generated

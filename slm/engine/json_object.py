@@ -19,7 +19,7 @@ What a grammar cannot forbid is a repeated key: "no key twice" over keys of any 
 context-free, and JSON schema has no such keyword (uniqueItems is for arrays' items); the
 member bound is what ends a member repeated, so a loop of long members at the top can still
 reach a small max_tokens. A document beyond these bounds needs a json_schema response format
-(docs/serve.md, "Structured output", has the measured counts).
+(docs/serve.md, "Structured output").
 
 The bounds count characters, not tokens: llguidance's Lark form can bound a lexeme in tokens
 (`body[max_tokens=N]`), but it ends the lexeme wherever the count runs out, inside an escape

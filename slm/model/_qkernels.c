@@ -21,8 +21,8 @@
  *                         decoding of a block's scales and codes, a whole row into floats
  *   qkernels/rows.c       products, float path: rows of one weight against up to SLM_FTILE
  *                         rows of x, in register tiles
- *   qkernels/rows_q8.c    products, int8 path (opt-in): x quantized per 32 values, integer
- *                         dot products per block
+ *   qkernels/rows_q8.c    products, int8 path (the default mode): x quantized per 32 values,
+ *                         integer dot products per block
  *   qkernels/rows_q8k.c   the same for the K types Q4_K, Q5_K, Q6_K: integer dot products
  *                         per 32 values of a super-block, unit scales applied in integers
  *   qkernels/rows_q4x8.c  the same for Q4_0 rows repacked eight at a time: eight rows'

@@ -3,11 +3,10 @@ it; a program that embeds slm may, docs/api.md).
 
 A prompt's products and activations are arrays of megabytes, allocated and freed a few times
 per layer. glibc's malloc serves such blocks with mmap and gives them back to the kernel when
-they are freed (or trims the heap's top), so new ones are page-faulted in and zeroed again:
-on a 512-token SmolLM2 prompt ~8% of the samples were the kernel's page faults and page
-clearing, and keeping freed blocks in the heap for reuse made the prompt 10-25% faster
-(Gemma 3: 3%; docs/perf-notes.md). Peak RSS measured the same within 2% (a freed block is
-reused, not added to); the heap keeps what it held at its peak until the process ends.
+they are freed (or trims the heap's top), so new ones are page-faulted in and zeroed again,
+kernel work a prompt pays a few times per layer. Keeping freed blocks in the heap for reuse
+spares it without raising the peak (a freed block is reused, not added to); the heap keeps
+what it held at its peak until the process ends.
 Changes nothing but glibc's two settings, and nothing on a C library without mallopt."""
 
 from __future__ import annotations

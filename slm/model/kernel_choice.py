@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 # What a product's input may be quantized to (NativeKernels.set_activations): float32, the
-# default, within 1e-5 of the reference kernels; int8, opt-in, faster and measurably less exact.
+# exact mode's (`--exact`), within 1e-5 of the reference kernels; int8, the default mode's
+# (slm.model.modes), faster and less exact (docs/numerics.md).
 ACTIVATION_MODES = ("float32", "int8")
 
 

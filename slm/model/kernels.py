@@ -88,7 +88,8 @@ class ReferenceKernels(Kernels):
         self.scratch = np.empty(scratch_elems, dtype=np.float32)
 
     def set_activations(self, mode: str) -> None:
-        """Products in float32 (int8 activations are the C kernels' opt-in mode)."""
+        """Products in float32 (the int8 mode, the default where slm's C kernels are built,
+        needs them: without them the exact mode is the default)."""
         if mode != "float32":
             raise KernelArgumentError(f"activations {mode!r} need slm's C kernels (these are {self.name})")
 

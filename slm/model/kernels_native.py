@@ -41,8 +41,8 @@ MAX_JOBS = 4  # SLM_MAX_JOBS in qkernels/matmul.c
 # In the int8 mode, inputs longer than FUSED_MAX_TOKENS (a prompt's chunks) still take the fused
 # kernel for these types, packed (T_Q4_0, T_Q4_1, T_Q5_0, T_Q4_K, T_Q6_K), through the packed GEMM
 # (qkernels/gemm_packed.c): over the dequantized BLAS product it saves the dequantization and
-# multiplies int8 (docs/perf-notes.md), and BLAS would read the weight's own pages again, which
-# the packed copy released (packed_copies).
+# multiplies int8, and BLAS would read the weight's own pages again, which the packed copy
+# released (packed_copies).
 INT8_LONG_TYPES = (2, 3, 6, 12, 14)
 # A norm, RoPE or gated activation over at least this many values (a prompt's) is split
 # between the two threads: a split costs a thread dispatch, about 30k values' work, so each
@@ -184,11 +184,11 @@ class NativeKernels(ReferenceKernels):
         self.int8 = False  # see set_activations
 
     def set_activations(self, mode: str) -> None:
-        """"float32" (the default: every product in float32, within 1e-5 of the reference
-        kernels) or "int8": the input of every fused product over a block type that takes it
-        (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) quantized to int8 per 32 values and the block dot products
-        taken in integers, as llama.cpp does: faster decoding, logits that move (measured in
-        docs/numerics.md). Opt-in."""
+        """"float32" (the exact mode's: every product in float32, within 1e-5 of the reference
+        kernels) or "int8" (the default mode's, slm.model.modes): the input of every fused
+        product over a block type that takes it (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)
+        quantized to int8 per 32 values, the block dot products taken in integers as llama.cpp
+        does: faster, logits that move (docs/numerics.md). A new kernel set starts in float32."""
         if mode not in ACTIVATION_MODES:
             raise KernelArgumentError(f"activations {mode!r}: one of {', '.join(ACTIVATION_MODES)}")
         self.int8 = mode == "int8"

@@ -4,7 +4,7 @@ Shutdown (SIGTERM or SIGINT): uvicorn stops accepting connections and the schedu
 nothing new (503); running requests go on until `grace` seconds less min(1 s, grace / 4),
 then whatever is left is cancelled (its stream ends, a whole answer gets a 503 JSON error)
 and the process exits 0, within about the grace period plus one prefill chunk (the scheduler
-stops between two chunks; measured in tests/serve/test_serve_real.py, tests/serve/test_hostile_serve.py);
+stops between two chunks; tests/serve/test_serve_real.py, tests/serve/test_hostile_serve.py);
 a client that stops reading its stream can hold the exit up to STRAGGLER_S longer.
 A second signal cancels at once; the handlers still answer, and the process exits 0.
 """

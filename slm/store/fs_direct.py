@@ -5,7 +5,7 @@ Why: an import copies a whole base from the user's file into the store. Through 
 the kernel copies every page into a new page-cache page and writeback then walks them page by
 page: most of an import's CPU, and CPU is what a small loaded machine lacks. Through O_DIRECT
 the bytes go from one aligned buffer to the disk: one read into the buffer, no new pages, no
-writeback (docs/perf-notes.md has the figures). Durability is the caller's, as for
+writeback. Durability is the caller's, as for
 every new file: it is fsynced before it is named.
 
 Only whole aligned blocks go this way. The tail (under ALIGN bytes), a range under MIN_BYTES, a

@@ -43,7 +43,8 @@ class ObjectStore:
         return self.dir / dg.hex_of(digest)
 
     def _path_text(self, digest: str) -> str:
-        """`path` as a string, for the checks made once per blob (pathlib costs ~10x the stat)."""
+        """`path` as a string, for the checks made once per blob (building a pathlib path costs
+        more than the stat it is for)."""
         return os.path.join(self._dir_text, digest[len(dg.PREFIX):])
 
     def has(self, digest: str) -> bool:

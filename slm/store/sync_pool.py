@@ -35,8 +35,8 @@ class Syncs:
         self._pending: list = []  # every job handed over since the last wait(), in order
         # the jobs that may still hold their bytes, oldest first, and those bytes: the front is
         # dropped once done (a job further on that is done early is counted until its turn:
-        # the bound holds, a little early); a scan of every job at every file was quadratic,
-        # 7% of a 272-file import (measured)
+        # the bound holds, a little early): a scan of every job at every file would be
+        # quadratic in an import's files
         self._held: collections.deque = collections.deque()
         self._held_bytes = 0
 

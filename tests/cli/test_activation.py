@@ -245,7 +245,7 @@ def test_a_held_lock_gives_a_clear_busy_error(cli, two_bases, store_dir):
 
 def test_an_activation_imports_no_numpy(cli, two_bases, store_dir, tmp_path):
     """`slm activate` is a new process each time, and importing NumPy was most of its start-up
-    (docs/perf-notes.md): every check of an activation (manifests, tensor sizes, finite adapter
+    (notes/perf-notes.md): every check of an activation (manifests, tensor sizes, finite adapter
     values, the memory estimate) runs without it, both ways (base + adapter, base alone)."""
     import subprocess
     import sys

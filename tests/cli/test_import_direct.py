@@ -1,7 +1,7 @@
 """`slm import base` copies a GGUF's large tensors into the store with O_DIRECT (slm.store.fs_direct:
 no page-cache copy, no writeback pass), and falls back to the page cache's copy wherever the file
 system refuses it: the same blobs either way, each verified, and an I/O error fails the import
-before anything is named (docs/perf-notes.md, issue 35)."""
+before anything is named (notes/perf-notes.md, issue 35)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`slm import base` of a GGUF: the work that does not need the disk runs while the tensors'
-copies and fsyncs finish, not after them (docs/perf-notes.md, issue 35)."""
+copies and fsyncs finish, not after them (notes/perf-notes.md, issue 35)."""
 
 from __future__ import annotations
 

@@ -75,10 +75,120 @@ def unresolved(refs: list[str], root: Path = ROOT) -> list[str]:
     return missing
 
 
+# A short code name on the page: `Decoder.forward`, `StopRules`, `to_json()`, `fs.atomic_replace`:
+# a class (CamelCase) or a call (`()`), alone or with members, or a module's name with a name in
+# it. File names (`config.toml`) and single lower-case words (an option, a key) are not names.
+_SHORT = re.compile(r"`((?!slm[./])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(\(\))?`")
+_FILE_SUFFIXES = {"toml", "json", "md", "py", "gguf", "safetensors", "txt", "c", "h", "so"}
+
+
+def short_references(text: str) -> list[str]:
+    refs = set()
+    for name, call in _SHORT.findall(text):
+        parts = name.split(".")
+        if len(parts) > 1 and parts[-1] in _FILE_SUFFIXES:
+            continue
+        camel = parts[0][0].isupper() and not parts[0].isupper()
+        if camel or call or len(parts) > 1:
+            refs.add(name + call)
+    return sorted(refs)
+
+
+def _members(cls: ast.ClassDef) -> set[str]:
+    """What a class defines: its body's names, and the attributes its methods set on self."""
+    names = set(_defined(cls.body))
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                isinstance(node.value, ast.Name) and node.value.id == "self":
+            names.add(node.attr)
+    return names
+
+
+def _index(root: Path) -> tuple[dict[str, list[set[str]]], dict[str, list[dict]], set[str]]:
+    """Every class of slm/ by name (its members, one set per definition), every module by its
+    last name (the names it defines at the top), and every function and method name."""
+    classes: dict[str, list[set[str]]] = {}
+    modules: dict[str, list[dict]] = {}
+    functions: set[str] = set()
+    for path in sorted((root / "slm").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        name = path.parent.name if path.name == "__init__.py" else path.stem
+        modules.setdefault(name, []).append(_defined(tree.body))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, []).append(_members(node))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.add(node.name)
+    return classes, modules, functions
+
+
+def unresolved_short(refs: list[str], root: Path = ROOT) -> list[str]:
+    """The short names that name nothing in slm/: a class that no module defines, a member no
+    class of that name has, a call no function or method is, a module name no module has or
+    whose module does not define the name after it."""
+    classes, modules, functions = _index(root)
+    missing = []
+    for ref in refs:
+        call = ref.endswith("()")
+        head, *rest = ref.removesuffix("()").split(".")
+        if not rest:
+            found = head in classes or (call and head in functions)
+        elif head in classes:
+            found = len(rest) == 1 and any(rest[0] in members for members in classes[head])
+        elif head in modules:
+            found = any(_resolves(scope, rest) for scope in modules[head])
+        else:
+            found = False
+        if not found:
+            missing.append(ref)
+    return missing
+
+
+def _resolves(scope: dict[str, ast.AST], names: list[str]) -> bool:
+    for i, name in enumerate(names):
+        node = scope.get(name)
+        if node is None:
+            return False
+        if i + 1 < len(names):
+            if not isinstance(node, ast.ClassDef):
+                return False
+            scope = {n: ast.Pass() for n in _members(node)} | _defined(node.body)  # members: no deeper
+    return True
+
+
 def test_every_module_and_function_the_map_names_exists():
     refs = references(MAP.read_text())
     assert len(refs) >= 60, refs  # the page names the path of each request, not a handful
     assert unresolved(refs) == []
+
+
+def test_every_short_name_the_map_gives_exists():
+    """`Decoder.forward` or `Scheduler.submit` on the page, not only `slm.model.decoder....`:
+    a call the code does not have fails here, however it is written."""
+    refs = short_references(MAP.read_text())
+    assert len(refs) >= 5, refs
+    assert unresolved_short(refs) == []
+
+
+def test_the_short_name_check_catches_what_does_not_exist(tmp_path):
+    """The check itself, on a small tree of its own: a planted class, member, call or module
+    name that the tree does not have is caught; what it has passes, and words that are not
+    code names are not taken for names."""
+    pkg = tmp_path / "slm" / "ops"
+    pkg.mkdir(parents=True)
+    (tmp_path / "slm" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scheduler.py").write_text("class Scheduler:\n    LIMIT = 3\n    def __init__(self):\n"
+                                      "        self.pending = []\n    def submit_all(self):\n        pass\n\n"
+                                      "def prepare_choices():\n    pass\n")
+    present = ["Scheduler", "Scheduler.submit_all", "Scheduler.pending", "Scheduler.LIMIT", "prepare_choices()",
+               "scheduler.prepare_choices", "scheduler.Scheduler.submit_all"]
+    absent = ["Sched", "Scheduler.submit", "Scheduler.submit_all.inner", "prepare()", "scheduler.prepare",
+              "scheduler.Scheduler.prepare", "schedulr.prepare_choices"]
+    assert unresolved_short(present + absent, tmp_path) == absent
+    text = ("`Scheduler.submit` and `prepare()` beside `slm.ops.run`, `config.toml`, `model`, `SLM_FAULTS`, "
+            "`--exact`, `slm run` and `fs.atomic_replace`")
+    assert short_references(text) == ["Scheduler.submit", "fs.atomic_replace", "prepare()"]
 
 
 def test_every_package_of_slm_is_on_the_map():

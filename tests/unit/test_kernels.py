@@ -294,7 +294,7 @@ def test_the_finite_check_finds_every_non_finite_float32(monkeypatch, path):
         finite.f32_all_finite(b"\0" * 6)
 
 
-# ------------------------------------------------------- int8 activations (opt-in), exactly
+# ----------------------------------------------- int8 activations (the default mode), exactly
 
 def _int8_codes(ggml_type, raw: np.ndarray):
     """(d, m, q) of every block of raw (rows, bytes per row), from the block layouts of

@@ -1,5 +1,5 @@
 """What the short-lived commands import: `slm activate` and `slm status` run as a new process
-each time, and their start-up is most of their time (docs/perf-notes.md, issue 35). A module
+each time, and their start-up is most of their time (notes/perf-notes.md, issue 35). A module
 pulled into their import closure by a top-level import (NumPy, the executor, the tokenizer, the
 distribution code, the other verbs' results) is caught here by name, not by a timing."""
 

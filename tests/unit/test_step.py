@@ -175,7 +175,7 @@ def test_native_step_declines_what_it_lacks(tiny_model, store):
     assert Decoder(base.cfg, t).native_step() is None
 
 
-# ------------------------------------------------------------------ int8 activations (opt-in)
+# --------------------------------------------------------- int8 activations (the default mode)
 
 INT8_TYPES = [gguf.GGMLQuantizationType[t] for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")]
 
@@ -190,7 +190,7 @@ def _int8(models: list[Decoder]) -> list[Decoder]:
                          [(f, gguf.GGMLQuantizationType.Q8_0) for f in FAMILIES[1:]],
                          ids=lambda v: getattr(v, "name", v))
 def test_int8_step_is_the_int8_op_path_bit_for_bit(family, ggml_type, monkeypatch):
-    """The opt-in int8 activations keep the step's promise (the same arithmetic as the op
+    """The int8 activations (the default mode) keep the step's promise (the same arithmetic as the op
     path, bit for bit); they move the logits, by a bounded amount. (The K types' products mix
     with the Q8_0 head's in the same mode.)"""
     from slm.model.step_native import NativeStep

@@ -1,4 +1,4 @@
-/* qkernels/rows_q8.c: products of one weight, int8 path (opt-in activations).
+/* qkernels/rows_q8.c: products of one weight, int8 path (the default mode's activations).
  *
  * quantize_x8 quantizes x per 32 values; dot_rows_q8 / dot_tiles_q8 take each block's dot
  * product in integers (AVX2: VNNI where the CPU has it), for the 32-value types (Q8_TYPE).
@@ -11,14 +11,14 @@
 #include "simd.h"
 #include "blocks.h"
 
-/* ---------------------------------------------------------------- int8 activations (opt-in)
+/* ---------------------------------------------------------------- int8 activations (default)
  *
- * The faster mode that moves results (docs/numerics.md): x quantized once per product, per
- * 32 values, to q = round(x / dx) in -127..127 with dx = max|x| / 127, and each block's dot
- * product taken in integers, exactly: x . w over a block = dw * dx * (q . qw) (+ m * xs for the
- * types with a min, xs = dx * sum(q): the rounded block's own sum, as llama.cpp takes it; the
- * float sum instead weights x's rounding errors by uncentred codes, and they add up instead of
- * cancelling: docs/numerics.md). Only the 32-value types (Q4_0, Q4_1, Q5_0, Q5_1,
+ * The default mode: faster, its results moved from the exact mode's (docs/numerics.md). x is
+ * quantized once per product, per 32 values, to q = round(x / dx) in -127..127 with
+ * dx = max|x| / 127, and each block's dot product taken in integers, exactly: x . w over a
+ * block = dw * dx * (q . qw) (+ m * xs for the types with a min, xs = dx * sum(q): the rounded
+ * block's own sum, as llama.cpp takes it; the float sum instead weights x's rounding errors by
+ * uncentred codes, and they add up instead of cancelling: docs/numerics.md). Only the 32-value types (Q4_0, Q4_1, Q5_0, Q5_1,
  * Q8_0) take it; the others keep float activations in the same call. A row's result is the
  * same sequence of operations whatever rows share the call, as on the float path. */
 #define SLM_TILE 4 /* rows of int8 x per dot_rows_q8 call */

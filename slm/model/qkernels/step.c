@@ -60,7 +60,7 @@ typedef struct {             /* the base: its sizes, its family's choices, its l
     float eps, q_scale;      /* q_scale: queries are multiplied by it (1: not) */
     const slm_layer *layer;  /* (layers) */
     const float *output_norm;
-    int32_t int8;            /* 1: int8 activations for the products that take them (opt-in) */
+    int32_t int8;            /* 1: int8 activations for the products that take them (default mode) */
     int32_t pad;
 } slm_model;
 

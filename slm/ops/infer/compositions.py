@@ -135,7 +135,8 @@ def stage(store: StoreDir, comp: Composition, verify_base: bool = True, load_ove
 
     with ThreadPoolExecutor(max_workers=1) as background:
         # Re-hashing the base (BLAKE3 and file reads release the GIL) overlaps with parsing
-        # and checking the adapters, which hold it: about 40 ms off an activation.
+        # and checking the adapters, which hold it: an activation waits for the longer of the
+        # two, not their sum.
         base_check = background.submit(store.objects.first_bad, unknown)
         try:
             return _stage_adapters(store, comp, base, load_overlays)

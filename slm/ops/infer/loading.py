@@ -44,7 +44,7 @@ def load_composition(store: StoreDir, comp: Composition, verify: bool = True) ->
     # library, then frees the Python side: at 128k tokens tens of MB that the C heap keeps
     # (slm run asks it to keep freed blocks for prompts: slm.model.allocator) and nothing reuses.
     # Given back before the weights' pages come in: peak RSS is the mapped file plus what is
-    # live, not plus what the loading left behind (docs/perf-notes.md, issue 35).
+    # live, not plus what the loading left behind.
     release_freed_memory()
     return loaded
 

@@ -216,7 +216,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     if not prompt_ids:
         raise InvalidInput("the prompt encodes to no tokens")
     grammar = grammar_for(loaded, o.response_format)  # (needs the encoder: before its release)
-    if encode_once:  # (a one-shot run: its tokenizer only decodes from here on; issue 35)
+    if encode_once:  # (a one-shot run: its tokenizer only decodes from here on)
         tok.release_encoder()
     context = model.cfg.context_length
     if len(prompt_ids) >= context:

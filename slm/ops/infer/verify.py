@@ -26,8 +26,8 @@ from slm.store import digest as dg
 PROBES = ("Once upon a time, in a small village, the capital of France was 2024 km away.\n"
           "def fibonacci(n):",)
 # float32 executor vs float64 oracle on the same bytes: summation order and float32 rounding
-# stay far below these (measured max 2e-4 on SmolLM2, docs/numerics.md); a 1% error in one
-# adapter's scale does not.
+# stay far below these (docs/numerics.md has the differences); an error of a hundredth in
+# one adapter's scale does not.
 MAX_ABS_TOL = 1e-3
 MEAN_ABS_TOL = 1e-4
 

@@ -9,7 +9,7 @@ any layer from slm/ops up may build these without a cycle.
 One module per verb family, each loaded when one of its names is first asked for
 (`from slm.ops.results import Transition`, PEP 562): creating a frozen dataclass compiles each
 of its generated methods, and `slm activate`, a process of its own each time, needs only the
-switches' results (docs/perf-notes.md).
+switches' results: it pays start-up for those alone.
 """
 
 from __future__ import annotations

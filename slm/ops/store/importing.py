@@ -201,7 +201,8 @@ def _stage_gguf_frame(source: BaseSource, staging) -> tuple[tuple[str, str], ...
 
 PREFETCH = 2
 # the most bytes of a source file an import holds at once per tensor in flight (PREFETCH + 1):
-# a GGUF is read in pieces of this size, each let go of before the next (docs/perf-notes.md)
+# a GGUF is read in pieces of this size, each let go of before the next, so that an import's
+# memory does not grow with the size of the model
 PIECE_BYTES = 16 << 20
 
 
