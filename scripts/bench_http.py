@@ -42,12 +42,13 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def slm_serve(store: Path, max_batch: int = 8):
+def slm_serve(store: Path, max_batch: int = 8, env: dict | None = None):
     """`slm serve --port 0 --max-batch N` on `store` (its active composition, and any spec a
-    request names); yields its base URL once it has said where it listens."""
+    request names); yields its base URL once it has said where it listens. env: the server
+    process's environment (None: this one's)."""
     proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store), "serve", "--port", "0",
                              "--max-batch", str(max_batch)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            text=True)
+                            text=True, env=env)
     lines: queue.Queue = queue.Queue()
 
     def drain() -> None:  # the pipe read to its end, so that the server never blocks on it

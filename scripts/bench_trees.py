@@ -1,16 +1,20 @@
-"""Two source trees of slm against each other on one store, interleaved run by run (issue 34's
-before/after: notes/perf-notes.md).
+"""Two source trees of slm against each other on one store, interleaved run by run: a
+refactor's before and after.
 
     python scripts/bench_trees.py BEFORE_TREE AFTER_TREE STORE [ROUNDS]
 
 Each tree is a checkout with its C extension built (`python setup.py build_ext --inplace`);
 STORE holds a base named `smollm2` (the bundled SmolLM2). Per round, each tree in turn (the
 order alternating): `slm run -n 128` decode tok/s, the prefill of a ~460-token prompt (a new
-prompt each round: the prompt cache never answers), `slm activate` wall time, and 8 rows
-decoded together through slm.model.batch.decode_step. Prints each sample and the medians.
+prompt each round: the prompt cache never answers), `slm activate` wall time, and 8 greedy
+completions at once through the tree's own `slm serve` (every figure through the command line
+or HTTP, so that trees with different internals compare). Prints each sample and the medians.
 """
 import json, os, statistics, subprocess, sys, time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_http import concurrent_completions, slm_serve  # noqa: E402
 
 BEFORE, AFTER = sys.argv[1], sys.argv[2]
 STORE = Path(sys.argv[3])
@@ -20,7 +24,7 @@ WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing 
 
 
 def env(tree):
-    return {**os.environ, "PYTHONPATH": tree, "OMP_WAIT_POLICY": "passive"}
+    return {**os.environ, "PYTHONPATH": tree}  # as users run it: the default OpenMP wait policy
 
 
 def slm(tree, *args):
@@ -31,33 +35,13 @@ def slm(tree, *args):
     return r.stdout, time.perf_counter() - t
 
 
-BATCH = r'''
-import sys, time, numpy as np
-from slm.store import StoreDir
-from slm.ops.infer import compositions
-from slm.ops.infer.loading import load_composition
-from slm.model.batch import Row, decode_step
-from slm.model.kernels import default_kernels
-s = StoreDir.open(sys.argv[1])
-loaded = load_composition(s, compositions.build(s, "smollm2", []))
-m = loaded.model
-k = default_kernels()
-rows = []
-for i in range(8):
-    c = m.new_cache(160); m.forward(np.asarray([1, 2, 3 + i]), c, "last"); rows.append(Row(m, c, 5))
-t = time.perf_counter()
-for _ in range(32):
-    decode_step(rows, k)
-    for r in rows: r.token = 7
-print(8 * 32 / (time.perf_counter() - t))
-'''
-
-
 def batching(tree):
-    r = subprocess.run([PY, "-c", BATCH, str(STORE)], env=env(tree), capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(r.stderr)
-    return float(r.stdout.strip())
+    """8 greedy completions at once through the tree's own `slm serve` (the scheduler's batched
+    step, over HTTP: the same request whatever the engine's internals are)."""
+    with slm_serve(STORE, max_batch=8, env=env(tree)) as url:
+        prompts = [f"Chapter {i + 1}. Once upon a time," for i in range(8)]
+        concurrent_completions(url, ["active"] * 8, prompts, 8)  # warm: staged, prompts cached
+        return concurrent_completions(url, ["active"] * 8, prompts, 64)["tok_s"]
 
 
 def sample(tree, rnd):
