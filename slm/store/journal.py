@@ -1,15 +1,18 @@
 """journal/: the intent of an in-flight transaction, written before it acts.
 
-    journal/<name>.intent
+    journal/<kind>.intent or journal/<kind>-<key>.intent
         one checked line (slm/store/checked_line.py) whose body is
         "<op> <old id or -> <new id> <flags>"   or, as first written, "<op> <old id or -> <new id>"
 
+    kind: which transaction this is, and so who finishes or undoes it after a crash (the
+          kinds and their recovery: slm.ops.store.transaction_kinds); key: which one of that
+          kind (an import's name, a received composition's id), so that two may be in flight.
     flags: "created" when the transaction itself creates the record that names <new>
            (a composition record, an import's name), so that undoing it removes that record
            and nothing a user made earlier; "-" otherwise.
 
 Written (fsynced) before the transaction writes anything else, removed after. If one is
-found, a transaction was interrupted: `slm fsck --repair` finishes it (its reflog line is
+found, a transaction was interrupted: `slm fsck --repair` finishes it (its commit point is
 durable) or undoes it (it is not).
 """
 
@@ -30,6 +33,12 @@ _OP = re.compile(r"[a-z][a-z-]{0,31}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%-]{0,250}")  # % : an encoded registry reference
 
 
+def intent_name(kind: str, key: str = "") -> str:
+    """The name of a transaction's intent: its kind, then the key that tells apart two of that
+    kind in flight at once (none for a kind of which there is only ever one)."""
+    return f"{kind}-{key}" if key else kind
+
+
 @dataclass(frozen=True)
 class Intent:
     name: str
@@ -37,6 +46,14 @@ class Intent:
     old: str | None
     new: str
     created: bool = False  # the transaction creates the record naming `new`
+
+    @property
+    def kind(self) -> str:
+        return self.name.partition("-")[0]
+
+    @property
+    def key(self) -> str:
+        return self.name.partition("-")[2]
 
 
 def parse_intent(name: str, data: bytes) -> Intent:
@@ -76,10 +93,12 @@ class Journal:
             raise
         return Intent(name, op, old, new, created)
 
-    def end(self, intent: Intent) -> None:
+    def end(self, intent: Intent | Path) -> None:
+        """Clear an intent, durably: the last step of a transaction, whether it went through or
+        `slm fsck --repair` finished or undid it. A damaged record (its path, as `pending` gives
+        it) is removed whatever stands there: a file, a FIFO, a directory."""
         fs.point("journal.before-clear")
-        fs.unlink(self.root / f"{intent.name}.intent")
-        fs.fsync_dir(self.root)
+        fs.remove_any(intent if isinstance(intent, Path) else self.root / f"{intent.name}.intent")
 
     def pending(self) -> list[Intent | Path]:
         """Intents on disk; a damaged one (or anything else named *.intent) as its path."""
