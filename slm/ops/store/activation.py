@@ -9,8 +9,8 @@ reflog is cut back, a composition record this transaction created is removed, th
 cleared): the store is as it was, and the command fails with the error's own exit code. A
 failure after it is not a failure of the transition, which is committed and survives: the
 command exits with INCOMPLETE (13) and `slm fsck --repair` finishes it (`recover`, below). A
-command that finds the store inconsistent (an interrupted transaction, a torn reflog, a ref that disagrees with
-the reflog) refuses before writing anything and points to `slm fsck --repair`.
+command that finds the store inconsistent (an interrupted transaction, a torn reflog, a ref
+that disagrees with the reflog) refuses before writing anything and points to `slm fsck --repair`.
 """
 
 from __future__ import annotations
