@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from slm.compose.adapter_manifest import AdapterManifest, TargetRecord, TensorRef, parse_adapter_manifest, tensor_bytes
+from slm.compose.adapter_manifest import (AdapterManifest, TargetRecord, TensorRef, parse_adapter_manifest,
+                                          tensor_bytes)
 from slm.compose.base_manifest import BaseManifest, TensorRecord, parse_base_manifest, tensor_order
 from slm.compose.validate import check_adapter_fits
 from slm.errors import InvalidInput, NotFound, SlmError
