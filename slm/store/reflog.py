@@ -3,7 +3,7 @@ logs/names/<kind>/<name>: the same lines for each name (slm/store/names.py), whe
 deletion (`slm rm`) is a line whose new digest is `-`.
 
     <seq> <old id or -> <new id or -> <unix time> <op> <check>\n
-    check = first 16 hex of BLAKE3 of everything before it on the line
+    (each a checked line: slm/store/checked_line.py)
 
 Each line is appended and fsynced before refs/active changes. A last line without its
 newline or with a bad check is a torn tail from a crash: readers ignore it and report it;
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slm.errors import IntegrityError, NeedsRecovery
+from slm.store import checked_line
 from slm.store import digest as dg
 from slm.store import fs
 
@@ -38,24 +39,18 @@ class Entry:
         return f"{self.seq} {self.old or NONE} {self.new or NONE} {self.time:.6f} {self.op}"
 
 
-def _check(body: str) -> str:
-    return dg.of_bytes(body.encode("ascii"))[len(dg.PREFIX):][:16]
-
-
 def encode(entry: Entry) -> bytes:
-    body = entry.body()
-    return f"{body} {_check(body)}\n".encode("ascii")
+    return checked_line.encode(entry.body())
 
 
-def parse_line(line: str, deletions: bool = False) -> Entry | None:
-    """The entry on a line (without its newline), or None if the line is not intact
+def parse_line(line: bytes, deletions: bool = False) -> Entry | None:
+    """The entry on a line (with its newline), or None if the line is not intact
     (`deletions`: a name's log, where the new digest may be `-`)."""
-    parts = line.split(" ")
-    if len(parts) != 6:
+    body = checked_line.decode(line)
+    parts = [] if body is None else body.split(" ")
+    if len(parts) != 5:
         return None
-    seq, old, new, stamp, op, check = parts
-    if check != _check(" ".join(parts[:5])):
-        return None
+    seq, old, new, stamp, op = parts
     try:
         entry = Entry(int(seq), None if old == NONE else old, None if new == NONE else new, float(stamp), op)
     except ValueError:
@@ -87,10 +82,7 @@ class Reflog:
             end = data.find(b"\n", pos)
             if end < 0:
                 break  # no newline: torn
-            try:
-                entry = parse_line(data[pos:end].decode("ascii"), self.deletions)
-            except UnicodeDecodeError:
-                entry = None
+            entry = parse_line(data[pos:end + 1], self.deletions)
             if entry is None or entry.seq != len(entries) + 1:
                 if data.find(b"\n", end + 1) >= 0:
                     raise IntegrityError(
@@ -111,12 +103,7 @@ class Reflog:
         """
         data = fs.read_store_file(self.path, MAX_REFLOG_BYTES) or b""
         lines = data.split(b"\n")[:-1]  # the part after the last newline is a torn tail
-        intact: list[Entry | None] = []
-        for raw in lines:
-            try:
-                intact.append(parse_line(raw.decode("ascii"), self.deletions))
-            except UnicodeDecodeError:
-                intact.append(None)
+        intact = [parse_line(raw + b"\n", self.deletions) for raw in lines]
         while intact and intact[-1] is None:
             intact.pop()
         out: list[Entry] = []

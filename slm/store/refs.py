@@ -1,6 +1,6 @@
 """refs/active: the one pointer that names the active composition.
 
-    refs/active   "<composition id> <check>\n"   check = first 16 hex of BLAKE3(id)
+    refs/active   "<composition id> <check>\n"   (a checked line: slm/store/checked_line.py)
 
 Replaced with fs.atomic_replace (temp, fsync, rename, fsync dir), so a reader sees the old or
 the new pointer, never a mix; the check catches a file that was damaged some other way.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slm.errors import IntegrityError
+from slm.store import checked_line
 from slm.store import digest as dg
 from slm.store import fs
 
@@ -18,20 +19,13 @@ from slm.store import fs
 MAX_REF_BYTES = 4096
 
 
-def _check(value: str) -> str:
-    return dg.of_bytes(value.encode("ascii"))[len(dg.PREFIX):][:16]
-
-
 def encode_ref(value: str) -> bytes:
-    return f"{value} {_check(value)}\n".encode("ascii")
+    return checked_line.encode(value)
 
 
 def decode_ref(data: bytes, where: str) -> str:
-    try:
-        value, check = data.decode("ascii").rstrip("\n").split(" ")
-    except (UnicodeDecodeError, ValueError) as err:
-        raise IntegrityError(f"{where} is damaged (run `slm fsck`)") from err
-    if not data.endswith(b"\n") or not dg.is_digest(value) or check != _check(value):
+    value = checked_line.decode(data)
+    if value is None or not dg.is_digest(value):
         raise IntegrityError(f"{where} is damaged (run `slm fsck`)")
     return value
 

@@ -28,17 +28,28 @@ Two variations, both stated where the transaction is opened:
                       only unreachable data); a failure leaves the intent and raises as it is,
                       `slm fsck --repair` clears the intent and the next run finishes the work.
 
+After a crash, the intent names its transaction's kind (slm.store.journal.intent_name), and the
+kind's own `recover(store, intent, seen) -> Recovery`, beside its forward code, decides from
+the intent and the disk whether it finishes or undoes it (the kinds are listed in
+slm.ops.store.transaction_kinds); `slm fsck --repair` runs that step and ends the intent
+(`end_interrupted`).
+
 This is the only module that begins or ends an intent or raises CommittedIncomplete
-(tests/unit/test_structure.py checks it); `slm fsck --repair` (slm.ops.store.fsck) finishes or undoes
-what an interrupted transaction left, from the intent alone.
+(tests/unit/test_structure.py checks it).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from slm.errors import CommittedIncomplete, SlmError
 from slm.store.journal import Intent, Journal
+from slm.store.reflog import Entry
+
+if TYPE_CHECKING:
+    from slm.store.store import StoreDir
 
 # What counts as "a step after the commit point failed": an error the store reports, or Ctrl-C
 # (the change is durable; saying "interrupted" would suggest it was not made). Anything else
@@ -131,3 +142,36 @@ def _says_yes(landed: Callable[[], bool]) -> bool:
         return bool(landed())
     except SlmError:
         return False
+
+
+# -- after a crash: what `slm fsck --repair` does with an intent it finds --------------------
+
+@dataclass(frozen=True)
+class Seen:
+    """What `slm fsck` established before it reads the journal, for a kind's `recover` to
+    decide on: the committed transitions of refs/active (the reflog's intact lines, as rebuilt
+    if it was damaged) and which blobs are intact (every one was re-hashed)."""
+    transitions: list[Entry]
+    intact: Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """A kind's decision on one of its interrupted transactions: what was interrupted, what
+    `--repair` does about it, and the step that does it (finish or undo; None when clearing
+    the intent is all there is to do)."""
+    what: str
+    action: str
+    step: Callable[[], None] | None = None
+
+
+Recover = Callable[["StoreDir", Intent, Seen], Recovery]
+
+
+def end_interrupted(journal: Journal, intent: Intent | Path, step: Callable[[], None] | None = None) -> None:
+    """`slm fsck --repair`'s end of an interrupted transaction: its kind's step, then the
+    intent cleared as a transaction that went through clears it (a damaged record, given as
+    its path, is removed whatever it is). A step that fails leaves the intent for another run."""
+    if step is not None:
+        step()
+    journal.end(intent)

@@ -126,3 +126,25 @@ def test_interrupted_import_is_finished_by_repair(cli, store, store_dir, tiny_mo
     assert cli("fsck", "--repair").code == 0
     assert [e["name"] for e in cli("ls", "--json").json()] == ["tq"]
     assert cli("run", "hello", "--base", "tq", "-n", "2").code == 0
+
+
+@pytest.mark.hostile
+def test_an_intent_of_an_unknown_kind_is_reported_not_guessed_at(cli, store, store_dir):
+    """Only the kind that wrote an intent knows how to finish or undo it: fsck used to treat any
+    intent it did not recognise as an interrupted switch and undo it. Now it reports it, leaves
+    it (and everything else) as it is, and exits 5: the operator decides."""
+    from helpers import snapshot
+    from slm.store import digest as dg
+
+    store.journal.begin("rebase-main", "rebase", None, dg.of_bytes(b"what a newer slm was doing"))
+    before = snapshot(store_dir)
+    for args in (("fsck", "--json"), ("fsck", "--repair", "--json")):
+        r = cli(*args)
+        assert r.code == 5, (args, r.err)
+        [finding] = r.json()["findings"]
+        assert finding["problem"] == "unknown-intent" and not finding["repairable"] and not finding["repaired"]
+        assert "journal/rebase-main.intent" in finding["what"] and "'rebase'" in finding["what"]
+    assert snapshot(store_dir) == before, "an intent nobody knows is left as it is"
+    assert [i.name for i in store.journal.pending()] == ["rebase-main"]
+    r = cli("fsck")
+    assert r.code == 5 and "cannot be repaired from inside the store" in r.out

@@ -338,10 +338,9 @@ def log_store(tmp_path_factory, tiny_model):
     for base in ("tq", "tf", "tq"):
         activate(store, base, [])
     entries = store.reflog.entries()
-    body = f"activate {entries[-1].new} {entries[-2].new} -"
-    from slm.store.journal import _check as intent_check
+    from slm.store import checked_line
 
-    intent = f"{body} {intent_check(body)}\n".encode("ascii")
+    intent = checked_line.encode(f"activate {entries[-1].new} {entries[-2].new} -")
     return store, (store.root / "logs" / "active").read_bytes(), intent
 
 

@@ -189,3 +189,17 @@ def test_the_store_lock_is_re_entrant_in_a_thread_and_exclusive_across_threads(s
     worker.start()
     worker.join()
     assert outcome == ["busy", "got it"]
+
+
+def test_an_intent_names_its_transaction_kind_and_key():
+    """fsck dispatches on an intent's kind: the first word of its name, before the key that
+    tells two transactions of that kind apart."""
+    from slm.store.journal import Intent, intent_name
+
+    new = dg.of_bytes(b"new")
+    assert intent_name("active") == "active"
+    assert intent_name("import", "base-my-model") == "import-base-my-model"
+    intent = Intent("import-base-my-model", "import", None, new)
+    assert (intent.kind, intent.key) == ("import", "base-my-model")
+    alone = Intent("gc", "gc", None, new)
+    assert (alone.kind, alone.key) == ("gc", "")

@@ -183,8 +183,8 @@ def test_every_kernel_source_is_built_headed_and_mapped():
 
 
 _TRANSACTION = "slm/store/transaction.py"
-_TRANSACTIONS = ("slm/ops/store/activation.py", "slm/ops/store/importing.py", "slm/ops/ship/receive.py", "slm/ops/ship/signing.py",
-                 "slm/ops/store/gc.py")
+_TRANSACTIONS = ("slm/ops/store/activation.py", "slm/ops/store/importing.py", "slm/ops/ship/receive.py",
+                 "slm/ops/ship/signing.py", "slm/ops/store/gc.py", "slm/ops/store/naming.py")
 
 
 def _journal_protocol_uses(tree: ast.Module) -> list[int]:
@@ -207,11 +207,31 @@ def _journal_protocol_uses(tree: ast.Module) -> list[int]:
 def test_the_journal_protocol_is_implemented_once():
     """Activation, import, receive, signing and gc each wrote the intent, the commit point, the
     undo and the CommittedIncomplete by hand: one transaction object (slm.store.transaction)
-    owns them, and every one of the five opens it."""
+    owns them, and every one of them opens it."""
     found = {path: lines for path, tree in _modules().items() if (lines := _journal_protocol_uses(tree))}
     assert set(found) == {_TRANSACTION}, {p: l for p, l in found.items() if p != _TRANSACTION}
     for path in _TRANSACTIONS:
         assert ".transaction(" in (ROOT / path).read_text(), f"{path} does not open a store transaction"
+
+
+def test_every_journaled_transaction_kind_owns_its_recovery():
+    """fsck held every kind's roll-forward and undo in one class, dispatching on strings and
+    treating an intent it did not recognise as a switch: now each module that opens a journaled
+    transaction names its intent by its KIND, defines `recover` beside it, and the one table
+    fsck dispatches on (slm.ops.store.transaction_kinds) lists exactly those."""
+    import importlib
+
+    from slm.ops.store.transaction_kinds import RECOVER
+
+    kinds = {}
+    for path in _TRANSACTIONS:
+        text = (ROOT / path).read_text()
+        if "journaled=False" in text:
+            continue  # journals nothing: nothing to recover
+        module = importlib.import_module(path[:-3].replace("/", "."))
+        assert "store.transaction(intent_name(KIND" in text, f"{path}: its intent is not named by its KIND"
+        kinds[module.KIND] = module.recover
+    assert RECOVER == kinds
 
 
 def test_the_test_hooks_live_outside_the_store_main_modules():

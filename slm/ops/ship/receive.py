@@ -9,9 +9,9 @@
 
 Nothing is visible before every byte is verified. A failure before the record is set is
 undone before the command returns (blobs and names it added removed, intent cleared). A crash
-is recovered by `slm fsck --repair`: if every blob the record names is stored it finishes the
-transaction (names, record), else it clears the intent (the blobs are junk for `slm gc`): old
-or new, never a mix.
+is recovered by `slm fsck --repair` (`recover`): if every blob the record names is stored it
+finishes the transaction (names, record), else it clears the intent (the blobs are junk for
+`slm gc`): old or new, never a mix.
 """
 
 from __future__ import annotations
@@ -30,15 +30,17 @@ from slm.compose.composition import Composition, architecture_digest, parse_comp
 from slm.distribution import mediatypes as mt
 from slm.distribution import signing
 from slm.distribution.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, sha256_of
-from slm.errors import IntegrityError, InvalidInput, NotFound, SlmError
+from slm.errors import IntegrityError, InvalidInput, SlmError
 from slm.ops.infer import compositions
 from slm.ops.store import naming
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import ReceiveResult
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
+from slm.store.journal import Intent, intent_name
+from slm.store.transaction import Recovery, Seen
 
-OP = "bundle"
+OP = KIND = "bundle"  # the op and the kind of journal/bundle-<composition hex>.intent
 WINDOW = 16  # small blobs fetched ahead of staging
 AHEAD_MAX = 1 << 20  # the largest blob fetched ahead whole; a larger one is streamed when its turn comes
 
@@ -55,10 +57,6 @@ class BlobSource(Protocol):
     def blob(self, digest: str, size: int) -> bytes: ...
 
     def chunks(self, digest: str, size: int) -> Iterator[bytes]: ...
-
-
-def intent_name(comp_id: str) -> str:
-    return f"{OP}-{dg.hex_of(comp_id)}"
 
 
 def names_of(comp: Composition) -> list[tuple[str, str, str]]:
@@ -283,7 +281,7 @@ def commit(store: StoreDir, comp: Composition, record: str, staging,
         had_record = store.names.get("compositions", hex_id)
         new_dirs = [store.names.root / k for k in ("bases", "adapters", "compositions")
                     if not (store.names.root / k).is_dir()]  # names.set creates them: undo removes them
-        with store.transaction(intent_name(comp.id), OP, record, created=had_record is None,
+        with store.transaction(intent_name(KIND, hex_id), OP, record, created=had_record is None,
                                done=f"composition {dg.short(comp.id)} is received") as tx:
             new: list[str] = []
             named: list[tuple[str, str]] = []
@@ -316,28 +314,31 @@ def _remove_empty(folders) -> None:
             fs.remove_any(folder)
 
 
-def recover(store: StoreDir, record: str) -> tuple[bool, str]:
-    """fsck's decision for an interrupted bundle transaction: (finishable, description). It is
-    finishable if every blob its record names is stored intact; finishing sets the free names
-    and the record (`finish`)."""
+def recover(store: StoreDir, intent: Intent, seen: Seen) -> Recovery:
+    """An interrupted receive is finished if every blob its record (the intent's new id) names
+    is stored intact: the names still free are set, then the record. Otherwise it is undone by
+    clearing the intent (`slm gc` removes what it stored)."""
+    record, what = intent.new, "a composition"
     try:
         comp = parse_composition(store.objects.read_verified(record))
+        what = f"composition {dg.short(comp.id)}"
         base = parse_base_manifest(store.objects.read_verified(comp.base))
         adapters = [parse_adapter_manifest(store.objects.read_verified(a.digest)) for a in comp.adapters]
-        blobs = expected_blobs(comp, record, base, adapters)
-        complete = store.objects.first_bad(list(blobs)) is None
-    except (SlmError, NotFound):
-        return False, "not all blobs stored"
-    return complete, f"composition {dg.short(comp.id)}"
+        complete = all(seen.intact(d) for d in expected_blobs(comp, record, base, adapters))
+    except SlmError:
+        complete = False
+    if not complete:
+        return Recovery(f"interrupted receive of {what} (not all its blobs stored)",
+                        "undo it (`slm gc` removes what it stored)")
 
-
-def finish(store: StoreDir, record: str) -> None:
-    comp = parse_composition(store.objects.read_verified(record))
-    for kind, name, digest in names_of(comp):
-        if store.names.get(kind, name) is None:
-            naming.log_missing_line(store, kind, name, None, digest, OP)
-            store.names.set(kind, name, digest)
-    store.names.set("compositions", dg.hex_of(comp.id), record)
+    def finish() -> None:
+        for kind, name, digest in names_of(comp):
+            if store.names.get(kind, name) is None:
+                naming.log_missing_line(store, kind, name, None, digest, OP)
+                store.names.set(kind, name, digest)
+        store.names.set("compositions", dg.hex_of(comp.id), record)
+    return Recovery(f"interrupted receive of {what} (all its blobs are stored)",
+                    "finish it: set its names and composition record", finish)
 
 
 def copy_bounded(chunks, out, size: int, digest: str, where: str, progress: Progress) -> tuple[int, str]:

@@ -8,9 +8,9 @@ A failure before the reflog line is durable is undone before the command returns
 reflog is cut back, a composition record this transaction created is removed, the intent
 cleared): the store is as it was, and the command fails with the error's own exit code. A
 failure after it is not a failure of the transition, which is committed and survives: the
-command exits with INCOMPLETE (13) and `slm fsck --repair` finishes it. A command that finds
-the store inconsistent (an interrupted transaction, a torn reflog, a ref that disagrees with
-the reflog) refuses before writing anything and points to `slm fsck --repair`.
+command exits with INCOMPLETE (13) and `slm fsck --repair` finishes it (`recover`, below). A
+command that finds the store inconsistent (an interrupted transaction, a torn reflog, a ref
+that disagrees with the reflog) refuses before writing anything and points to `slm fsck --repair`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,14 @@ from slm.ops.store.suggest import did_you_mean
 from slm.ops.results import CompositionInfo, Transition
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
+from slm.store.journal import Intent, intent_name
 from slm.store.reflog import ReflogState
+from slm.store.transaction import Recovery, Seen
 
 if TYPE_CHECKING:
     from slm.ops.results import LogEntry, Status
+
+KIND = "active"  # journal/active.intent: one switch at a time
 
 
 def preflight(store: StoreDir) -> tuple[ReflogState, str | None]:
@@ -71,7 +75,7 @@ def switch(store: StoreDir, comp: Composition, op: str, memory_budget: str | Non
 def _commit(store: StoreDir, comp: Composition, op: str, old: str | None, log: ReflogState) -> None:
     new = comp.id
     created = store.names.get("compositions", dg.hex_of(new)) is None
-    with store.transaction("active", op, new, old=old, created=created,
+    with store.transaction(intent_name(KIND), op, new, old=old, created=created,
                            done=f"the transition to {dg.short(new)} is committed") as tx:
         new_blobs: list[str] = []
         tx.on_undo(lambda: store.objects.remove_new(new_blobs))
@@ -82,6 +86,23 @@ def _commit(store: StoreDir, comp: Composition, op: str, old: str | None, log: R
         tx.on_undo(lambda: _cut_reflog(store, log.intact_size))
         tx.commit(lambda: store.reflog.append(old, new, op, log))  # durable: the commit point
         store.active_ref.write(new)
+
+
+def recover(store: StoreDir, intent: Intent, seen: Seen) -> Recovery:
+    """An interrupted switch is committed if the reflog's last line is its transition: then
+    finishing it is refs/active following the reflog, which fsck sets. Otherwise it is undone:
+    the composition record it created is removed, unless a reflog line names that composition."""
+    old, new = dg.short_pair(intent.old or "-", intent.new)
+    last = seen.transitions[-1] if seen.transitions else None
+    if last is not None and (last.old, last.new) == (intent.old, intent.new):
+        return Recovery(f"interrupted {intent.op} from {old} to {new}, committed in the reflog",
+                        "finish it (refs/active follows the reflog)")
+    named = {c for e in seen.transitions for c in (e.old, e.new) if c}
+    if not intent.created or intent.new in named:
+        return Recovery(f"interrupted {intent.op} from {old} to {new}, not committed", "undo it")
+    return Recovery(f"interrupted {intent.op} from {old} to {new}, not committed",
+                    "undo it (remove the composition record it created)",
+                    lambda: store.names.remove("compositions", dg.hex_of(intent.new)))
 
 
 def _cut_reflog(store: StoreDir, size: int) -> None:

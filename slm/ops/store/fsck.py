@@ -7,19 +7,18 @@ line is durable (everything it names was made durable before that line). So afte
     damaged line before the last     -> the reflog is rebuilt from its intact lines (the chain
                                         of old -> new ids restores a lost transition's ids)
     refs/active != last reflog entry -> refs/active := last entry (roll forward)
-    switch intent, its line logged   -> cleared (refs/active already follows the reflog)
-    switch intent, line not logged   -> undone: the composition record it created is removed
-    interrupted import               -> finished (name's reflog line, name set) if every blob is
-                                        stored, else undone
-    interrupted name move (tag, rm,  -> finished (name file := the logged target) if its line is
-      mv, pull's reference)             in the name's reflog, else undone (a record it created
-                                        removed); a name's torn last log line is truncated
-    interrupted receive (bundle/pull) -> finished (names, composition record) if every blob is
-                                        stored, else undone
-A store file that is not a regular file (a FIFO, a directory, a link where a ref, the reflog or
-an intent belongs) is never opened for reading: it is moved to lost+found/ and rebuilt.
+    a name's torn last log line      -> truncated
+    an intent in journal/            -> its transaction finished or undone as its kind decides
+                                        (slm.ops.store.transaction_kinds: a switch, an import,
+                                        a name move, a receive, a gc), then the intent ended
+    a damaged intent                 -> removed; one of a kind this slm does not know is
+                                        reported and left for the operator
+A store file that is not a regular file (a FIFO, a directory, a link where a ref or the reflog
+belongs) is never opened for reading: it is moved to lost+found/ and rebuilt.
 A blob whose bytes do not match its name cannot be repaired from inside the store: it is moved
 to lost+found/ so that re-importing the original file can store it again.
+
+The checks run in `Fsck.run`, one method each, every finding through `Fsck.add`.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from slm.formats.base_origin import parse_origin_record
 from slm.formats.gguf_frame import parse_frame_record
 from slm.ops.infer import compositions
 from slm.ops.store import naming
-from slm.ops.ship import receive
+from slm.ops.store.transaction_kinds import RECOVER
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import Finding, FsckReport
 from slm.store import StoreDir
@@ -42,8 +41,10 @@ from slm.store import digest as dg
 from slm.store import fs
 from slm.store.config import lock_timeout, read_config
 from slm.store.lock import DEFAULT_TIMEOUT_S
-from slm.store.names import NAMED_KINDS, SIDE_KINDS, name_of_file
+from slm.store.names import NAMED_KINDS, SIDE_KINDS
 from slm.store.objects import BLOB_MODE, staging_in_use
+from slm.store.reflog import Entry
+from slm.store.transaction import Seen, end_interrupted
 
 
 class Fsck:
@@ -269,7 +270,8 @@ class Fsck:
                      "truncate the torn line", lambda: fs.truncate(store.reflog.path, log.intact_size))
         return log.entries, log.torn_tail, log.intact_size
 
-    def check_transitions(self) -> None:
+    def check_transitions(self) -> list[Entry]:
+        """refs/active against the reflog; the committed transitions, for the journal's check."""
         store = self.store
         entries, _, _ = self._read_reflog()
         known = {dg.PREFIX + h for h, _ in self._names("compositions")}
@@ -298,114 +300,27 @@ class Fsck:
                 self.add("ref-mismatch", f"refs/active is {state}; the last committed transition "
                          f"made {committed_short} active", f"set refs/active to {committed_short}",
                          set_ref)
-        for intent in store.journal.pending():
-            self.check_intent(intent, entries)
+        return entries
 
-    def check_intent(self, intent, entries) -> None:
-        store = self.store
-        if isinstance(intent, Path):
-            self.add("interrupted", f"journal/{intent.name}: a damaged intent record", "remove it "
-                     "(refs/active follows the reflog)", lambda: self._clear(intent))
-            return
-        path = store.journal.root / f"{intent.name}.intent"
-        old, new = dg.short_pair(intent.old or "-", intent.new)
-        if intent.op == "import":
-            self._check_import(intent, path)
-        elif intent.name.startswith("name-"):
-            self._check_name_move(intent, path)
-        elif intent.op == receive.OP:
-            self._check_bundle(intent, path)
-        elif intent.op == "gc":
-            self.add("interrupted", "an interrupted gc (it removed only unreachable data)",
-                     "clear it; run `slm gc` again to finish", lambda: self._clear(path))
-        elif entries and (entries[-1].old, entries[-1].new) == (intent.old, intent.new):
-            self.add("interrupted", f"interrupted {intent.op} from {old} to {new}, committed in the reflog",
-                     "finish it (refs/active follows the reflog)", lambda: self._clear(path))
-        else:
-            named = {c for e in entries for c in (e.old, e.new) if c}
-            drop_record = intent.created and intent.new not in named
-
-            def undo():
-                if drop_record:
-                    store.names.remove("compositions", dg.hex_of(intent.new))
-                self._clear(path)
-            self.add("interrupted", f"interrupted {intent.op} from {old} to {new}, not committed",
-                     "undo it" + (" (remove the composition record it created)" if drop_record else ""),
-                     undo)
-
-    def _check_import(self, intent, path: Path) -> None:
-        _, kind, name = (intent.name.split("-", 2) + ["", ""])[:3]
-        if kind not in ("base", "adapter") or not name:
-            self.add("interrupted", f"journal/{path.name}: an import intent with a malformed name",
-                     "remove it", lambda: self._clear(path))
-            return
-        kinds = kind + "s"
-        blobs_of = self._base_blobs if kind == "base" else self._adapter_blobs
-        try:
-            complete = self._blob_ok(intent.new) and all(
-                self._blob_ok(d) for d in blobs_of(self.store.objects.read_verified(intent.new)))
-            current = self.store.names.get(kinds, name)
-        except SlmError:
-            complete, current = False, None
-        if complete and current in (intent.old, intent.new):
-            def finish():
-                naming.log_missing_line(self.store, kinds, name, intent.old, intent.new, "import")
-                self.store.names.set(kinds, name, intent.new)
-                self._clear(path)
-            self.add("interrupted", f"interrupted import of {kind} {name!r} (all its blobs are stored)",
-                     f"finish it: name {name!r} -> {dg.short(intent.new)}", finish)
-        else:
-            self.add("interrupted", f"interrupted import of {kind} {name!r} (not all blobs stored)",
-                     "undo it (`slm gc` removes what it stored)", lambda: self._clear(path))
-
-    def _check_name_move(self, intent, path: Path) -> None:
-        """An interrupted `slm tag`, `rm`, `mv` or a pull's naming (slm.ops.store.naming): the name's
-        reflog line is its commit point."""
-        _, kind, file = (intent.name.split("-", 2) + ["", ""])[:3]
-        name = name_of_file(kind, file) if kind in NAMED_KINDS else None
-        if name is None:
-            self.add("interrupted", f"journal/{path.name}: a name intent with a malformed name",
-                     "remove it", lambda: self._clear(path))
-            return
-        new = None if intent.op in naming.DELETING_OPS else intent.new
-        label = f"{naming.KIND_LABEL[kind]} {name!r}"
-        try:
-            entries = self.store.names.log(kind, name).read().entries
-        except SlmError:
-            entries = []
-        if entries and (entries[-1].old, entries[-1].new, entries[-1].op) == (intent.old, new, intent.op):
-            def finish():
-                if new is None:
-                    self.store.names.remove(kind, name)
-                else:
-                    self.store.names.set(kind, name, new)
-                self._clear(path)
-            self.add("interrupted", f"interrupted {intent.op} of {label}, committed in its log",
-                     "finish it (the name follows its log)", finish)
-            return
-
-        def undo():
-            if intent.created:
-                self.store.names.remove("compositions", dg.hex_of(intent.new))
-            self._clear(path)
-        self.add("interrupted", f"interrupted {intent.op} of {label}, not committed",
-                 "undo it" + (" (remove the composition record it created)" if intent.created else ""), undo)
-
-    def _check_bundle(self, intent, path: Path) -> None:
-        """An interrupted `slm import bundle` / `slm pull` (slm.ops.ship.receive)."""
-        complete, what = receive.recover(self.store, intent.new)
-        if complete:
-            def finish():
-                receive.finish(self.store, intent.new)
-                self._clear(path)
-            self.add("interrupted", f"interrupted receive of {what} (all its blobs are stored)",
-                     "finish it: set its names and composition record", finish)
-        else:
-            self.add("interrupted", f"interrupted receive ({what})",
-                     "undo it (`slm gc` removes what it stored)", lambda: self._clear(path))
-
-    def _clear(self, path: Path) -> None:
-        fs.remove_any(path)
+    def check_journal(self, transitions: list[Entry]) -> None:
+        """Each interrupted transaction, as its kind decides (slm.ops.store.transaction_kinds):
+        finished or undone, then its intent ended through the journal."""
+        seen = Seen(transitions, self._blob_ok)
+        for intent in self.store.journal.pending():
+            if isinstance(intent, Path):
+                self.add("interrupted", f"journal/{intent.name}: a damaged intent record",
+                         "remove it (refs/active follows the reflog)",
+                         lambda i=intent: end_interrupted(self.store.journal, i))
+                continue
+            recover = RECOVER.get(intent.kind)
+            if recover is None:
+                self.add("unknown-intent", f"journal/{intent.name}.intent: an interrupted {intent.op} of a kind "
+                         f"this slm does not know ({intent.kind!r}); a newer slm may recover it, else remove "
+                         "the file by hand", repairable=False)
+                continue
+            decision = recover(self.store, intent, seen)
+            self.add("interrupted", decision.what, decision.action,
+                     lambda i=intent, d=decision: end_interrupted(self.store.journal, i, d.step))
 
     def run(self) -> FsckReport:
         self.check_config()
@@ -413,7 +328,7 @@ class Fsck:
         self.check_blobs()
         self.check_names()
         self.check_side_records()
-        self.check_transitions()
+        self.check_journal(self.check_transitions())
         unresolved = [f for f in self.findings if not f.repaired]
         return FsckReport(not self.findings, self.repair, self.blobs, self.bytes, tuple(self.findings),
                           len(unresolved))

@@ -25,7 +25,11 @@ from slm.store import StoreDir
 from slm.store import digest as dg
 from slm.store import fs
 from slm.store.config import reflog_expiry_s
+from slm.store.journal import Intent, intent_name
 from slm.store.names import NAMED_KINDS, SIDE_KINDS
+from slm.store.transaction import Recovery, Seen
+
+KIND = "gc"  # journal/gc.intent
 
 
 def _named_targets(store: StoreDir, expiry_s: float) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -115,7 +119,7 @@ def gc(store: StoreDir, dry_run: bool = False, on_plan=None, prune_now: bool = F
             return p
         # each removal is final on its own (all of it unreachable): nothing to undo, no commit
         # point; an interrupted gc is cleared by `slm fsck --repair` and finished by the next one
-        with store.transaction("gc", "gc", dg.of_bytes(repr(p).encode()), undoable=False):
+        with store.transaction(intent_name(KIND), "gc", dg.of_bytes(repr(p).encode()), undoable=False):
             for hex_id in p.composition_records:
                 store.names.remove("compositions", hex_id)
             removed = {entry["digest"] for entry in p.blobs}
@@ -131,3 +135,9 @@ def gc(store: StoreDir, dry_run: bool = False, on_plan=None, prune_now: bool = F
             for name in p.cache_dirs:
                 fs.remove_tree(store.path("cache", "prefix", name))
     return replace(p, dry_run=False)
+
+
+def recover(store: StoreDir, intent: Intent, seen: Seen) -> Recovery:
+    """An interrupted gc removed only what nothing reaches, each removal final on its own:
+    there is nothing to finish or undo but the intent; the next gc removes the rest."""
+    return Recovery("an interrupted gc (it removed only unreachable data)", "clear it; run `slm gc` again to finish")

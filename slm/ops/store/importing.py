@@ -6,7 +6,7 @@ COMMIT POINT: the rename of names/<kind>/<name>), the intent is cleared. A failu
 name is set is undone before the command returns (the blobs it added are unlinked, the intent
 cleared): the store is as it was. A failure after it exits INCOMPLETE (13): the import is
 committed, `slm fsck --repair` clears the intent. A crash is recovered by `slm fsck --repair`
-(it sets the name if every blob is there, else undoes the import).
+(`recover`: it sets the name if every blob is there, else undoes the import).
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from slm.compose.adapter_manifest import AdapterManifest, TargetRecord, TensorRef, tensor_bytes
-from slm.compose.base_manifest import BaseManifest, TensorRecord, tensor_order
+from slm.compose.adapter_manifest import (AdapterManifest, TargetRecord, TensorRef, parse_adapter_manifest,
+                                          tensor_bytes)
+from slm.compose.base_manifest import BaseManifest, TensorRecord, parse_base_manifest, tensor_order
 from slm.compose.validate import check_adapter_fits
-from slm.errors import InvalidInput, NotFound
+from slm.errors import InvalidInput, NotFound, SlmError
 from slm.formats.adapter_source import AdapterSource
 from slm.formats.base_source import BaseSource, canonical_json
 from slm.formats.base_origin import origin_record
@@ -39,6 +40,10 @@ from slm.quant import get_codec
 from slm.ops.results import ImportResult
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
+from slm.store.journal import Intent, intent_name
+from slm.store.transaction import Recovery, Seen
+
+KIND = "import"  # journal/import-<base|adapter>-<name>.intent
 
 
 def open_base_source(path: Path, quant: str | None) -> BaseSource:
@@ -91,8 +96,8 @@ def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) 
         raise InvalidInput(f"{name!r} is a tag; choose another name for the {kind} (or `slm rm {name}`)")
     existing = store.names.get(kinds, name)
     log_state = naming.open_log(store, kinds, name)[1] if existing != digest else None
-    with store.transaction(f"import-{kind}-{name}", "import", digest, old=existing, created=existing is None,
-                           done=f"{kind} {name!r} is imported") as tx:
+    with store.transaction(intent_name(KIND, f"{kind}-{name}"), "import", digest, old=existing,
+                           created=existing is None, done=f"{kind} {name!r} is imported") as tx:
         new: list[str] = []
         tx.on_undo(lambda: store.objects.remove_new(new))
         fs.point("import.before-commit")
@@ -103,6 +108,32 @@ def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) 
         else:  # the commit point: the name's reflog line, then the name file (slm.ops.store.naming)
             naming.move_steps(store, tx, kinds, name, existing, digest, "import", log_state)
     return digest, new, None if existing == digest else existing
+
+
+def recover(store: StoreDir, intent: Intent, seen: Seen) -> Recovery:
+    """An interrupted import is finished (the name's reflog line if it is missing, then the
+    name) when its manifest and every blob it names are intact and the name is still where
+    the import found it or already moved; else undone (`slm gc` removes what it stored)."""
+    kind, _, name = intent.key.partition("-")
+    if kind not in ("base", "adapter") or not name:
+        return Recovery(f"journal/{intent.name}.intent: an import intent with a malformed name", "remove it")
+    kinds = kind + "s"
+    parse = parse_base_manifest if kind == "base" else parse_adapter_manifest
+    try:
+        complete = seen.intact(intent.new) and all(
+            seen.intact(d) for d in parse(store.objects.read_verified(intent.new)).blob_digests())
+        current = store.names.get(kinds, name)
+    except SlmError:
+        complete, current = False, None
+    if not complete or current not in (intent.old, intent.new):
+        return Recovery(f"interrupted import of {kind} {name!r} (not all blobs stored)",
+                        "undo it (`slm gc` removes what it stored)")
+
+    def finish() -> None:
+        naming.log_missing_line(store, kinds, name, intent.old, intent.new, "import")
+        store.names.set(kinds, name, intent.new)
+    return Recovery(f"interrupted import of {kind} {name!r} (all its blobs are stored)",
+                    f"finish it: name {name!r} -> {dg.short(intent.new)}", finish)
 
 
 def import_base(store: StoreDir, path: Path, name: str, quant: str | None = None,

@@ -9,7 +9,7 @@ it is a store transaction like an activation:
 
 A failure before the reflog line is durable is undone (the line cut back, a record this
 transaction created removed); after it, the move is committed and `slm fsck --repair` finishes
-it from the intent and the log (slm.ops.store.fsck). Objects are never touched: the old target stays
+it from the intent and the log (`recover`). Objects are never touched: the old target stays
 reachable through the name's reflog until `gc.reflog_expiry` (slm.ops.store.gc).
 """
 
@@ -18,22 +18,21 @@ from __future__ import annotations
 from typing import Callable
 
 from slm.compose.composition import Composition, stamped
-from slm.errors import InvalidInput, NeedsRecovery, NotFound
+from slm.errors import InvalidInput, NeedsRecovery, NotFound, SlmError
 from slm.ops.results import NameMove
 from slm.ops.store.suggest import did_you_mean
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
-from slm.store.names import NAMED_KINDS, file_name
+from slm.store.journal import Intent, intent_name
+from slm.store.names import NAMED_KINDS, file_name, name_of_file
 from slm.store.reflog import Reflog, ReflogState
-from slm.store.transaction import Transaction
+from slm.store.transaction import Recovery, Seen, Transaction
+
+KIND = "name"  # journal/name-<kind>-<name as its file is named>.intent
 
 # ops whose line records that the name went away (its new digest is `-`)
 DELETING_OPS = ("rm", "mv-away")
 KIND_LABEL = {"bases": "base", "adapters": "adapter", "tags": "tag", "remotes": "pulled reference"}
-
-
-def intent_name(kind: str, name: str) -> str:
-    return f"name-{kind}-{file_name(kind, name)}"
 
 
 def open_log(store: StoreDir, kind: str, name: str) -> tuple[Reflog, ReflogState]:
@@ -93,6 +92,35 @@ def log_missing_line(store: StoreDir, kind: str, name: str, old: str | None, new
     log.append(old, new, op)
 
 
+def recover(store: StoreDir, intent: Intent, seen: Seen) -> Recovery:
+    """An interrupted move (a tag, rm, mv or a pull's naming) is committed if the name's
+    reflog ends with its line: finishing it moves the name file to follow the log. Otherwise
+    it is undone: the composition record it created (a tag's) is removed."""
+    kind, _, file = intent.key.partition("-")
+    name = name_of_file(kind, file) if kind in NAMED_KINDS else None
+    if name is None:
+        return Recovery(f"journal/{intent.name}.intent: a name intent with a malformed name", "remove it")
+    new = None if intent.op in DELETING_OPS else intent.new
+    label = f"{KIND_LABEL[kind]} {name!r}"
+    try:
+        entries = store.names.log(kind, name).read().entries
+    except SlmError:
+        entries = []
+    if entries and (entries[-1].old, entries[-1].new, entries[-1].op) == (intent.old, new, intent.op):
+        def finish() -> None:
+            if new is None:
+                store.names.remove(kind, name)
+            else:
+                store.names.set(kind, name, new)
+        return Recovery(f"interrupted {intent.op} of {label}, committed in its log",
+                        "finish it (the name follows its log)", finish)
+    if not intent.created:
+        return Recovery(f"interrupted {intent.op} of {label}, not committed", "undo it")
+    return Recovery(f"interrupted {intent.op} of {label}, not committed",
+                    "undo it (remove the composition record it created)",
+                    lambda: store.names.remove("compositions", dg.hex_of(intent.new)))
+
+
 def refuse_pending(store: StoreDir) -> None:
     if store.journal.pending():
         raise NeedsRecovery("an earlier transaction was interrupted; run `slm fsck --repair`")
@@ -110,7 +138,8 @@ def move(store: StoreDir, kind: str, name: str, new: str | None, op: str,
             return NameMove(kind[:-1], name, old, new, False, op)
         _, state = open_log(store, kind, name)
         created = prepare is not None and not _record_exists(store, kind, new)
-        with store.transaction(intent_name(kind, name), op, new or old, old=old, created=created,
+        key = f"{kind}-{file_name(kind, name)}"
+        with store.transaction(intent_name(KIND, key), op, new or old, old=old, created=created,
                                done=f"the move of {KIND_LABEL[kind]} {name!r} is committed") as tx:
             if prepare is not None:
                 prepare(tx)
