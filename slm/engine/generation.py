@@ -150,8 +150,9 @@ def _take(seq: Sequence, logits: np.ndarray) -> str | None:
     seq.next_token = token
     if seq.logprobs is not None and token not in seq.stops.eos_ids:
         seq.token_logprobs.append(token_logprob(raw, token, seq.logprobs))  # (before on_text hears of it)
-    closing = any(getattr(process, "closing", False) for process in seq.processors)  # (slm.engine.grammar)
-    return seq.stops.take(token, cache_full=seq.cache.length >= seq.cache.capacity, closing=closing)
+    # an end that leaves a grammar's answer incomplete is a cut (slm.engine.grammar's mask: `cut`)
+    cut = token in seq.stops.eos_ids and any(getattr(process, "cut", False) for process in seq.processors)
+    return seq.stops.take(token, cache_full=seq.cache.length >= seq.cache.capacity, cut=cut)
 
 
 def check_finite(row: np.ndarray) -> None:
