@@ -92,3 +92,39 @@ def test_an_end_where_the_grammar_is_not_complete_is_a_cut_not_a_stop(template, 
         assert gen.ids[-1] in tok.eos_ids and len(gen.ids) < 16, gen.ids  # it ended, before max_tokens
         assert tok.decode(gen.ids[:-1]) == "{" and not mask.complete
         assert gen.stop_reason == LENGTH, (seed, gen.stop_reason)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("kind", ["hermes", "gemma"])
+def test_tool_parameters_resolve_their_refs_within_themselves(template, kind):
+    """Two tools, one with `$defs`, one with draft-07 `definitions`, both forced: each call's
+    arguments are held to its own function's schema, refs followed inside the parameters."""
+    from llguidance import LLMatcher
+
+    from slm.engine import tools, tools_gemma
+    from slm.engine.grammar import compile_grammar, grammar_tokenizer
+
+    place = {"type": "object", "properties": {"city": {"enum": ["oslo", "lima"]}}, "required": ["city"],
+             "additionalProperties": False}
+    zone = {"type": "object", "properties": {"zone": {"type": "integer"}}, "required": ["zone"],
+            "additionalProperties": False}
+    defs = {"$defs": {"Place": place}, "type": "object", "properties": {"to": {"$ref": "#/$defs/Place"}},
+            "required": ["to"], "additionalProperties": False}
+    drafted = {"definitions": {"Zone": zone}, "type": "object", "properties": {"at": {"$ref": "#/definitions/Zone"}},
+               "required": ["at"], "additionalProperties": False}
+    offered = [{"type": "function", "function": {"name": "go", "parameters": defs}},
+               {"type": "function", "function": {"name": "tz", "parameters": drafted}}]
+    fmt, key = (tools, "arguments") if kind == "hermes" else (tools_gemma, "parameters")
+    tok = slm.Store.open(template).tokenizer("tq")
+    lltok = grammar_tokenizer(tok, tok.vocab_size)
+    grammar = compile_grammar(tok, fmt.call_grammar(offered, None, False), tok.vocab_size)
+
+    def accepted(name: str, args: dict) -> bool:
+        body = json.dumps({"name": name, key: args}, separators=(",", ":"))
+        text = f"{tools.CALL_OPEN}\n{body}\n{tools.CALL_CLOSE}" if kind == "hermes" else body
+        ids = lltok.tokenize_str(text)
+        return LLMatcher(lltok, grammar, log_level=0).validate_tokens(ids) == len(ids)
+
+    assert accepted("go", {"to": {"city": "oslo"}}) and accepted("tz", {"at": {"zone": 3}})
+    assert not accepted("go", {"to": {"city": "rome"}}) and not accepted("tz", {"at": {"zone": "3"}})
+    assert not accepted("go", {"at": {"zone": 3}})
