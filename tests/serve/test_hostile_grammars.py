@@ -7,13 +7,12 @@ response_format, where they used to be refused."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from helpers import copy_store, tiny_store
 from serve_helpers import Server
-from tool_schemas import QWEN_STYLE_TEMPLATE
+from tool_schemas import QWEN_STYLE_TEMPLATE, tiny_hf_with_template
 
 pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -46,13 +45,7 @@ PARCEL = Parcel.model_json_schema()  # {"$defs": {"Place": ...}, "properties": {
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, tiny_model):
     root = tmp_path_factory.mktemp("grammars")
-    hf = shutil.copytree(tiny_model["hf"], root / "hf-tools")
-    config = json.loads((hf / "tokenizer_config.json").read_text())
-    config["chat_template"] = QWEN_STYLE_TEMPLATE
-    (hf / "tokenizer_config.json").write_text(json.dumps(config))
-    model_config = json.loads((hf / "config.json").read_text())
-    model_config["max_position_embeddings"] = 2048  # room for the tools in the prompt
-    (hf / "config.json").write_text(json.dumps(model_config))
+    hf = tiny_hf_with_template(tiny_model, root / "hf-tools", QWEN_STYLE_TEMPLATE)
     return tiny_store(root, tiny_model, bases={}, steps=(("import", "base", hf, "--name", "qt"), ("activate", "qt")))
 
 

@@ -1,6 +1,11 @@
 """The two functions the tool-call tests offer a model (tests/serve/test_openai_tools.py and
 test_openai_gemma_tools.py): their OpenAI `tools` and the schema each call's arguments must meet;
-and the Qwen-style chat template those tests give the tiny model."""
+the Qwen-style chat template those tests give the tiny model, and the tiny model's HF directory
+with a chat template of the test's and room for the tools in its context."""
+
+import json
+import shutil
+from pathlib import Path
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
            "properties": {"city": {"enum": ["paris", "oslo", "lima"]},
@@ -39,3 +44,17 @@ QWEN_STYLE_TEMPLATE = """\
 {%- endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+
+def tiny_hf_with_template(tiny_model: dict, folder: Path, chat_template: str) -> Path:
+    """A copy of the tiny model's HF directory at `folder` whose tokenizer carries
+    `chat_template`, with a context of 2048 positions (room for the tools in the prompt; its
+    weights are random, so any length is as good)."""
+    hf = Path(shutil.copytree(tiny_model["hf"], folder))
+    config = json.loads((hf / "tokenizer_config.json").read_text())
+    config["chat_template"] = chat_template
+    (hf / "tokenizer_config.json").write_text(json.dumps(config))
+    model_config = json.loads((hf / "config.json").read_text())
+    model_config["max_position_embeddings"] = 2048
+    (hf / "config.json").write_text(json.dumps(model_config))
+    return hf
