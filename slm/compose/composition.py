@@ -31,10 +31,10 @@ SCHEMA = "slm.composition/1"
 MAX_SIGNATURES = 64
 MAX_ADAPTERS = 64  # checked before any adapter is loaded or the store is locked
 FLOAT32_MAX = 3.4028234663852886e38
-# The largest |weight| a composition may give an adapter (docs/concepts.md, "Compositions and their identity"): a weight
-# scales a trained delta that moves the base by its whole amount at 1, so useful weights lie
-# within a few units of 0; far beyond, the network's activations leave float32's range and every
-# logit turns to the same value, an empty answer that looks like an end.
+# The largest |weight| a composition may give an adapter (docs/concepts.md, "Compositions and
+# their identity"): a weight scales a trained delta that moves the base by its whole amount at 1,
+# so useful weights lie within a few units of 0; far beyond, the network's activations leave
+# float32's range and every logit turns to the same value, an empty answer that looks like an end.
 MAX_WEIGHT = 1000.0
 RUNTIME = {"name": "slm", "version": slm.__version__}
 

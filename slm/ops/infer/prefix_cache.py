@@ -40,7 +40,6 @@ from slm.store import digest as dg
 from slm.store import fs
 
 DEFAULT_PROMPT_BYTES = 1 << 30  # `[cache] prompt_bytes` when config.toml does not set it
-DAMAGED = "damaged"  # the lookup's outcome when the entry on disk failed its digest
 
 
 def budget_of(config: dict) -> int:

@@ -22,7 +22,7 @@ from slm.ops.infer.loading import Loaded, load_composition
 from slm.ops.results import Alternative, CompositionInfo, Generation, Timings, TokenLogprobs
 from slm.ops.infer.request import ChatMessage, ResponseFormat
 from slm.ops.infer.structured import grammar_for, grammar_masks
-from slm.ops.infer.prefix_cache import DAMAGED, DiskPromptCache, budget_of
+from slm.ops.infer.prefix_cache import DiskPromptCache, budget_of
 from slm.store import StoreDir, outputs
 
 
@@ -246,7 +246,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
         composition=loaded.id,
         base=comp.base,
         adapters=CompositionInfo.of(comp).adapters,
-        prefix_cache="hit" if gen.prefix_hit else DAMAGED if prompt_cache.damaged else "miss",
+        prefix_cache="hit" if gen.prefix_hit else "damaged" if prompt_cache.damaged else "miss",
         prompt_tokens=tuple(prompt_ids),
         tokens=tuple(gen.ids),
         text=tok.decode([t for t in gen.ids if t not in tok.eos_ids]) if gen.stop_cut is None else gen.stop_cut,
