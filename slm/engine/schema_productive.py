@@ -10,8 +10,10 @@ constrained decoding under it can only stop empty or run to max_tokens, so it is
 any generation (InvalidInput: HTTP 400, exit 4).
 
 The analysis is a least fixpoint: nothing is productive at first, and a rule becomes productive
-when its formula holds over the rules already known productive; a rule is re-evaluated only when
-one of its parts becomes productive, so the work is linear in the schema's edges. It is
+when its formula holds over the rules already known productive. It runs in rounds: all rules,
+then in each round only the rules one of whose parts became productive in the round before (once
+each, however many of its parts did), so a request's schema, bounded in size, cannot make it
+quadratic by listing many parts that turn productive one by one. It is
 conservative: a keyword it does not model (a `pattern`, `not`, `if`, a bound on a string) never
 makes a rule unproductive, so it refuses only a schema that surely accepts nothing, and leaves the
 rest to the engine (slm.engine.grammar), whose own refusals stand, and to the stop rules, which
@@ -47,13 +49,11 @@ def accepts_a_document(schema) -> bool:
                 users.setdefault(id(part), []).append(id(rule))
                 todo.append(part)
     productive: set[int] = set()
-    pending = list(rules)
-    while pending:
-        key = pending.pop()
-        if key in productive or not _holds(rules[key], schema, productive):
-            continue
-        productive.add(key)
-        pending.extend(users.get(key, ()))
+    frontier = list(rules)  # the rules to evaluate this round: at first all, then only those a part of
+    while frontier:         # which became productive in the round before (each queued once a round)
+        found = [key for key in frontier if _holds(rules[key], schema, productive)]
+        productive.update(found)
+        frontier = list({user for key in found for user in users.get(key, ())} - productive)
     return id(schema) in productive
 
 
