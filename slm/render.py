@@ -294,6 +294,8 @@ class ChatPrinter:
         sys.stdout.flush()
         if generation.stop_reason == "cancelled":
             print("(stopped)", file=sys.stderr, flush=True)
+        if generation.prefix_cache == "damaged":
+            damaged_cache_entry()
 
     def notice(self, message: str) -> None:
         print(printable(message), file=sys.stderr, flush=True)

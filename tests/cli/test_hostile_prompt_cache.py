@@ -96,3 +96,23 @@ def test_an_entry_that_is_not_whole_is_a_miss_and_a_finding(cli, template, tmp_p
     _damage(entry, damage)  # (the run wrote its own entry in its place)
     found = cli("--store", store, "fsck", "--json")
     assert found.code == 5 and found.json()["findings"][0]["problem"] == "damaged-cache-entry"
+
+
+def test_a_chat_turn_on_a_rewritten_entry_is_a_miss_and_says_so(template, tmp_path, capsys):
+    """`slm chat` reads the same cache: its answer comes from the prompt computed again, and its
+    printer says on stderr that the entry was not used."""
+    import slm
+    from slm.conversation import _run, parse
+    from slm.render import ChatPrinter
+
+    store = copy_store(template, tmp_path)
+    honest = slm.Conversation(slm.Runtime(slm.Store.open(store)), "tq", max_tokens=6).ask(PROMPT)
+    (entry,) = _entries(store)
+    _raise_a_token(entry, next(t for t in range(3, 100) if t != honest.tokens[0]))
+    conv = slm.Conversation(slm.Runtime(slm.Store.open(store)), "tq", max_tokens=6)
+    capsys.readouterr()
+    _run(conv, parse(PROMPT), ChatPrinter())
+    out, err = capsys.readouterr()
+    (answer,) = [m.content for m in conv.history if m.role == "assistant"]
+    assert answer == honest.text and out
+    assert one_line(err) and "warning" in err and "digest" in err
