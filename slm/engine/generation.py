@@ -150,9 +150,12 @@ def _take(seq: Sequence, logits: np.ndarray) -> str | None:
     seq.next_token = token
     if seq.logprobs is not None and token not in seq.stops.eos_ids:
         seq.token_logprobs.append(token_logprob(raw, token, seq.logprobs))  # (before on_text hears of it)
-    # an end that leaves a grammar's answer incomplete is a cut (slm.engine.grammar's mask: `cut`)
+    # an end that leaves a grammar's answer incomplete is a cut (slm.engine.grammar's mask: `cut`,
+    # and `accepts` for what a stop sequence leaves)
     cut = token in seq.stops.eos_ids and any(getattr(process, "cut", False) for process in seq.processors)
-    return seq.stops.take(token, cache_full=seq.cache.length >= seq.cache.capacity, cut=cut)
+    grammar = next((process for process in seq.processors if hasattr(process, "accepts")), None)
+    return seq.stops.take(token, cache_full=seq.cache.length >= seq.cache.capacity, cut=cut,
+                          accepts=None if grammar is None else grammar.accepts)
 
 
 def check_finite(row: np.ndarray) -> None:

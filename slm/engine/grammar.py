@@ -12,7 +12,8 @@ answer stops when its grammar is complete. Where the grammar can go no further w
 complete (a schema that derives no finite document, and that escaped the check before
 compiling: slm.engine.schema_productive), the engine lets the end through too; the mask's `cut`
 then holds, and the answer is reported as cut ("length", slm.engine.stops), never as one that
-ended by itself.
+ended by itself. So is an answer a stop sequence ended where what is left of it is not a
+complete document (`accepts`).
 
 Closing within the budget: a mask given the row's max_tokens (`budget`) watches, in the last
 CLOSE_WINDOW tokens, how many tokens the answer's shortest closing takes (slm.engine.json_closing:
@@ -129,6 +130,7 @@ class GrammarMask:
         from llguidance import LLMatcher
 
         self.lltok = grammar_tokenizer(tok, n_vocab)
+        self.grammar = grammar
         self.matcher = LLMatcher(self.lltok, grammar, log_level=0)
         if self.matcher.is_error():
             raise InvalidInput(f"the grammar cannot be compiled: {_one_line(self.matcher.get_error())}")
@@ -170,6 +172,14 @@ class GrammarMask:
         whole: one being closed to fit its budget, or one whose grammar is not complete (where
         it can go no further, llguidance lets only the end through)."""
         return self.closing or not self.matcher.is_accepting()
+
+    def accepts(self, text: str) -> bool:
+        """Whether `text` whole is a complete document of this grammar: what a stop sequence
+        left of the answer (a matcher of its own: the row's has taken tokens past the cut)."""
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.lltok, self.grammar, log_level=0)
+        return matcher.consume_tokens(self.lltok.tokenize_str(text)) and matcher.is_accepting()
 
     def _closing_token(self, ids: list[int]) -> int | None:
         """The next token of the answer's closing, if the budget left is no more than the

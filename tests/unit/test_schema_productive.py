@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import slm
@@ -128,3 +129,36 @@ def test_tool_parameters_resolve_their_refs_within_themselves(template, kind):
     assert accepted("go", {"to": {"city": "oslo"}}) and accepted("tz", {"at": {"zone": 3}})
     assert not accepted("go", {"to": {"city": "rome"}}) and not accepted("tz", {"at": {"zone": "3"}})
     assert not accepted("go", {"at": {"zone": 3}})
+
+
+@pytest.mark.hostile
+def test_a_stop_sequence_that_cuts_a_constrained_answer_is_a_cut_not_a_stop(template):
+    """A stop sequence inside a JSON answer leaves text its grammar rejects: reported "length".
+    One that leaves a complete document (a grammar that may go on after one) stays "stop"."""
+    from llguidance import LLMatcher
+
+    from slm.engine.generate import generate
+    from slm.engine.grammar import GrammarMask, compile_grammar, json_schema_grammar
+    from slm.engine.sampling import Sampler
+    from slm.engine.stops import LENGTH, STOP
+
+    store = slm.Store.open(template)
+    tok = store.tokenizer("tq")
+    vocab = tok.vocab_size
+    model = slm.Runtime(store).stage("tq").model
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+              "additionalProperties": False}
+    cases = [(json_schema_grammar(schema), '"', LENGTH, "{"),  # `{"a":...` cut at its first quote
+             (LLMatcher.grammar_from_lark('start: "x" ("-" "x")*'), "-", STOP, "x")]  # `x` is whole
+    eos = sorted(tok.eos_ids)
+
+    def no_end(ids, logits):  # (the model goes on past a complete `x`, as the test needs)
+        out = logits.copy()
+        out[eos] = -np.inf
+        return out
+
+    for grammar, stop, reason, text in cases:
+        mask = GrammarMask(tok, compile_grammar(tok, grammar, vocab), vocab, budget=16)
+        gen = generate(model, tok.encode("hello"), 16, Sampler(0.0), frozenset(tok.eos_ids),
+                       decode_text=tok.decode, stop_sequences=(stop,), processors=(no_end, mask))
+        assert (gen.stop_cut, gen.stop_reason) == (text, reason)
