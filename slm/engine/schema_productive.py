@@ -13,10 +13,10 @@ The analysis is a least fixpoint: nothing is productive at first, and a rule bec
 when its formula holds over the rules already known productive. It runs in rounds: all rules,
 then in each round only the rules one of whose parts became productive in the round before (once
 each, however many of its parts did), so a request's schema, bounded in size, cannot make it
-quadratic by listing many parts that turn productive one by one. It is
-conservative: a keyword it does not model (a `pattern`, `not`, `if`, a bound on a string) never
-makes a rule unproductive, so it refuses only a schema that surely accepts nothing, and leaves the
-rest to the engine (slm.engine.grammar), whose own refusals stand, and to the stop rules, which
+quadratic by listing many parts that turn productive one by one. It is conservative: a keyword
+it does not model (a `pattern`, `not`, `if`, a bound on a string) never makes a rule
+unproductive, so it refuses only a schema that surely accepts nothing, and leaves the rest to
+the engine (slm.engine.grammar), whose own refusals stand, and to the stop rules, which
 never report an answer its grammar rejects as one that ended by itself (slm.engine.stops).
 
 `$ref`s resolve against the schema's own root ("#" and JSON pointers "#/..."); a reference this
@@ -35,7 +35,6 @@ def accepts_a_document(schema) -> bool:
     if not isinstance(schema, dict):
         return schema is not False
     rules: dict[int, dict] = {}
-    parts: dict[int, list] = {}  # rule -> the subschemas its formula reads
     users: dict[int, list[int]] = {}  # rule -> the rules whose formula reads it
     todo = [schema]
     while todo:
@@ -43,8 +42,7 @@ def accepts_a_document(schema) -> bool:
         if id(rule) in rules:
             continue
         rules[id(rule)] = rule
-        parts[id(rule)] = found = _parts(rule, schema)
-        for part in found:
+        for part in _parts(rule, schema):
             if isinstance(part, dict):
                 users.setdefault(id(part), []).append(id(rule))
                 todo.append(part)
