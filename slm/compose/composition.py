@@ -149,8 +149,8 @@ def parse_weight(text: str, where: str) -> float:
 
 def check_usable_weight(weight, where: str) -> float:
     """A weight a composition may be made or activated with: check_weight's, and |w| <=
-    MAX_WEIGHT. (A stored composition is read with check_weight alone, so that one made before
-    the bound still lists, logs and collects; activating it is refused.)"""
+    MAX_WEIGHT. (A stored composition is read with check_weight alone, so that one beyond the
+    bound still lists, logs and collects; activating it is refused.)"""
     weight = check_weight(weight, where)
     if abs(weight) > MAX_WEIGHT:
         raise InvalidInput(f"{where}: weight {weight:g} is beyond the weight bound (|w| <= {MAX_WEIGHT:g}): "
