@@ -294,12 +294,19 @@ class ChatPrinter:
         sys.stdout.flush()
         if generation.stop_reason == "cancelled":
             print("(stopped)", file=sys.stderr, flush=True)
+        if generation.prefix_cache == "damaged":
+            damaged_cache_entry()
 
     def notice(self, message: str) -> None:
         print(printable(message), file=sys.stderr, flush=True)
 
     def error(self, message: str) -> None:
         print(f"slm: error: {printable(' '.join(message.split()))}", file=sys.stderr, flush=True)
+
+
+def damaged_cache_entry() -> None:
+    print("slm: warning: the prompt cache's entry for this prompt does not match the digest it was written "
+          "with (damaged or altered): not used; `slm fsck --repair` removes such entries", file=sys.stderr, flush=True)
 
 
 @sanitized(markup=True)
@@ -357,9 +364,12 @@ def gc_done(result: dict) -> None:
 @sanitized(markup=True)
 def verify_report(report: dict) -> None:
     i = report["integrity"]
-    mark = "[green]ok[/]" if i["ok"] else f"[red]{len(i['bad_blobs'])} bad[/]"
+    mark = "[red]" + f"{len(i['bad_blobs'])} bad[/]" if i["bad_blobs"] else "[green]ok[/]"
     out().print(f"composition {report['composition']}")
     out().print(f"  integrity: {i['blobs']} blobs ({human_bytes(i['bytes'])}) re-hashed, {mark}")
+    bad = i["bad_cache_entries"]
+    mark = f"[red]{len(bad)} do not match their digest[/]" if bad else "[green]ok[/]"
+    out().print(f"  prompt cache: {i['cache_entries']} entries checked, {mark}")
     n = report["numerics"]
     if n is not None:
         mark = "[green]ok[/]" if n["ok"] else "[red]FAILED[/]"

@@ -92,6 +92,8 @@ def run_cmd(
                          frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                          logprobs=logprobs, json_schema=json_schema)
     result = store.run(options, on_text=None if json_out else render.stream_text)
+    if result.prefix_cache == "damaged":
+        render.damaged_cache_entry()
     show_result(result, json_out, render.run_footer)
 
 

@@ -31,6 +31,11 @@ SCHEMA = "slm.composition/1"
 MAX_SIGNATURES = 64
 MAX_ADAPTERS = 64  # checked before any adapter is loaded or the store is locked
 FLOAT32_MAX = 3.4028234663852886e38
+# The largest |weight| a composition may give an adapter (docs/concepts.md, "Compositions and
+# their identity"): a weight scales a trained delta that moves the base by its whole amount at 1,
+# so useful weights lie within a few units of 0; far beyond, the network's activations leave
+# float32's range and every logit turns to the same value, an empty answer that looks like an end.
+MAX_WEIGHT = 1000.0
 RUNTIME = {"name": "slm", "version": slm.__version__}
 
 
@@ -136,10 +141,21 @@ def stamped(c: Composition, created_by: str) -> Composition:
 
 def parse_weight(text: str, where: str) -> float:
     """An adapter's weight as a user writes it (`NAME@WEIGHT` on the command line,
-    `BASE+NAME@WEIGHT` in a server request): slm.numbers' DECIMAL, then check_weight."""
+    `BASE+NAME@WEIGHT` in a server request): slm.numbers' DECIMAL, then check_usable_weight."""
     if not numbers.is_decimal(text):
         raise InvalidInput(f"{where}: weight {text!r} is not a number ({numbers.DECIMAL_GRAMMAR})")
-    return check_weight(float(text), where)
+    return check_usable_weight(float(text), where)
+
+
+def check_usable_weight(weight, where: str) -> float:
+    """A weight a composition may be made or activated with: check_weight's, and |w| <=
+    MAX_WEIGHT. (A stored composition is read with check_weight alone, so that one beyond the
+    bound still lists, logs and collects; activating it is refused.)"""
+    weight = check_weight(weight, where)
+    if abs(weight) > MAX_WEIGHT:
+        raise InvalidInput(f"{where}: weight {weight:g} is beyond the weight bound (|w| <= {MAX_WEIGHT:g}): "
+                           "so large a weight overflows the network's float32 arithmetic")
+    return weight
 
 
 def check_weight(weight, where: str) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from slm.compose.adapter_manifest import AdapterManifest, TargetRecord
 from slm.compose.base_manifest import BaseManifest
-from slm.compose.composition import RUNTIME, AdapterRef, Composition, architecture_digest, check_weight
+from slm.compose.composition import RUNTIME, AdapterRef, Composition, architecture_digest, check_usable_weight
 from slm.errors import Incompatible
 from slm.store import digest as dg
 
@@ -41,7 +41,7 @@ def validate(comp: Composition, base_digest: str, base: BaseManifest,
         if ref.digest in seen:
             raise Incompatible(f"adapter {label} appears twice in the composition")
         seen.add(ref.digest)
-        check_weight(ref.weight, f"adapter {label}")
+        check_usable_weight(ref.weight, f"adapter {label}")
         check_adapter_fits(label, manifest, base, shapes)
 
 

@@ -13,8 +13,8 @@ drive the same functions, so a greedy answer is token for token the same whereve
         decode([seq, ...], kernels)            # one batched step for every running sequence
 
 A sequence may carry logit processors, callables (generated ids, logits row) -> logits row
-applied in order before sampling (penalties, a bias, a grammar's mask); the non-finite check
-runs on the model's own logits before them.
+applied in order before sampling (penalties, a bias, a grammar's mask); the check that the
+model's own logits are finite and not all equal (check_finite) runs before them.
 
 A sequence asked for logprobs (k alternatives, 0..20) records, for each answer token (not an
 end-of-generation one), a TokenLogprob: the log-softmax, in float64, of the model's own logits
@@ -124,13 +124,13 @@ def first_token(seq: Sequence, logits: np.ndarray) -> str | None:
 def decode(seqs: list[Sequence], kernels) -> list[NumericsError | None]:
     """One decode step for every sequence (one base; slm.model.batch.decode_step), then each
     samples its next token and applies its stop rules. Returns, per sequence, None or the
-    NumericsError of a row whose logits were not finite (that sequence took no token)."""
+    NumericsError of a row whose logits were not finite or all equal (that sequence took no token)."""
     logits = decode_step([Row(s.model, s.cache, s.next_token) for s in seqs], kernels)  # (B, V)
-    finite = bool(np.isfinite(logits).all())  # (one pass for the batch; rows only when it fails)
+    sound = _sound(logits.max(axis=-1), logits.min(axis=-1))  # (for the batch; rows only when it fails)
     errors: list[NumericsError | None] = []
     for seq, row in zip(seqs, logits):
         try:
-            if not finite:
+            if not sound:
                 check_finite(row)
         except NumericsError as err:
             errors.append(err)
@@ -150,13 +150,27 @@ def _take(seq: Sequence, logits: np.ndarray) -> str | None:
     seq.next_token = token
     if seq.logprobs is not None and token not in seq.stops.eos_ids:
         seq.token_logprobs.append(token_logprob(raw, token, seq.logprobs))  # (before on_text hears of it)
-    closing = any(getattr(process, "closing", False) for process in seq.processors)  # (slm.engine.grammar)
-    return seq.stops.take(token, cache_full=seq.cache.length >= seq.cache.capacity, closing=closing)
+    # an end that leaves a grammar's answer incomplete is a cut (slm.engine.grammar's mask: `cut`,
+    # and `accepts` for what a stop sequence leaves)
+    cut = token in seq.stops.eos_ids and any(getattr(process, "cut", False) for process in seq.processors)
+    grammar = next((process for process in seq.processors if hasattr(process, "accepts")), None)
+    return seq.stops.take(token, cache_full=seq.cache.length >= seq.cache.capacity, cut=cut,
+                          accepts=None if grammar is None else grammar.accepts)
 
 
 def check_finite(row: np.ndarray) -> None:
-    """Sampling from NaN or inf logits picks token 0 silently; refuse instead (exit 10). Weights
-    are checked finite at import and activation, so this catches overflow in the arithmetic."""
-    if not np.isfinite(row).all():
-        raise NumericsError("the model produced non-finite logits (an overflow in this "
-                            "composition's arithmetic); try a smaller adapter weight")
+    """Sampling from NaN or inf logits picks token 0 silently; refuse instead (exit 10). So for
+    a row whose logits are all the same value: no model's are, but an overflow inside the network
+    gives them (activations beyond float32's range: the norm's sum of squares is inf, its scale 0,
+    and every logit exactly 0.0), and sampling would take the first end-of-generation token or
+    token 0 as if it were an answer. Weights are checked finite at import and bounded at
+    activation, so this catches overflow in the arithmetic. Two reductions over the row (its
+    max and min: a NaN or an inf shows in one of them) and no copy of it: it runs every token."""
+    if not _sound(row.max(), row.min()):
+        raise NumericsError("the model produced non-finite logits or logits all equal: an overflow in this "
+                            "composition's arithmetic (an adapter's weight or values too large for float32)")
+
+
+def _sound(highest, lowest) -> bool:
+    """Whether rows of logits with these maxima and minima are finite and not all equal."""
+    return bool(np.isfinite(highest).all() and np.isfinite(lowest).all() and (highest > lowest).all())

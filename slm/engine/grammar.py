@@ -6,9 +6,14 @@ engine's reason); each sequence that must follow it gets its own GrammarMask, a 
 slm.engine.generation (generated ids, logits row) -> logits row. The mask reads the row's own
 matcher only, so constrained and free rows share a batch and no row's mask touches another.
 
-End of generation: the engine lets an end-of-generation token through only where the grammar
+End of generation: the engine lets an end-of-generation token through where the grammar
 accepts, and once the grammar can take no more bytes it allows nothing else, so a constrained
-answer stops when its grammar is complete.
+answer stops when its grammar is complete. Where the grammar can go no further without being
+complete (a schema that derives no finite document, and that escaped the check before
+compiling: slm.engine.schema_productive), the engine lets the end through too; the mask's `cut`
+then holds, and the answer is reported as cut ("length", slm.engine.stops), never as one that
+ended by itself. So is an answer a stop sequence ended where what is left of it is not a
+complete document (`accepts`).
 
 Closing within the budget: a mask given the row's max_tokens (`budget`) watches, in the last
 CLOSE_WINDOW tokens, how many tokens the answer's shortest closing takes (slm.engine.json_closing:
@@ -31,6 +36,7 @@ import numpy as np
 
 from slm.errors import InvalidInput
 from slm.engine.json_closing import closing
+from slm.engine.schema_productive import accepts_a_document
 
 if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
@@ -53,6 +59,9 @@ def json_schema_grammar(schema: dict) -> str:
 
     if not isinstance(schema, dict):
         raise InvalidInput("a JSON schema must be a JSON object")
+    if not accepts_a_document(schema):
+        raise InvalidInput("the JSON schema accepts no finite JSON document "
+                           "(a $ref cycle or a required property that contains itself)")
     try:
         return LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=JSON_OPTIONS)
     except (ValueError, TypeError) as err:
@@ -121,6 +130,7 @@ class GrammarMask:
         from llguidance import LLMatcher
 
         self.lltok = grammar_tokenizer(tok, n_vocab)
+        self.grammar = grammar
         self.matcher = LLMatcher(self.lltok, grammar, log_level=0)
         if self.matcher.is_error():
             raise InvalidInput(f"the grammar cannot be compiled: {_one_line(self.matcher.get_error())}")
@@ -155,6 +165,21 @@ class GrammarMask:
     @property
     def complete(self) -> bool:
         return self.matcher.is_accepting()
+
+    @property
+    def cut(self) -> bool:
+        """Whether an end of generation taken now leaves an answer its grammar does not accept
+        whole: one being closed to fit its budget, or one whose grammar is not complete (where
+        it can go no further, llguidance lets only the end through)."""
+        return self.closing or not self.matcher.is_accepting()
+
+    def accepts(self, text: str) -> bool:
+        """Whether `text` whole is a complete document of this grammar: what a stop sequence
+        left of the answer (a matcher of its own: the row's has taken tokens past the cut)."""
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.lltok, self.grammar, log_level=0)
+        return matcher.consume_tokens(self.lltok.tokenize_str(text)) and matcher.is_accepting()
 
     def _closing_token(self, ids: list[int]) -> int | None:
         """The next token of the answer's closing, if the budget left is no more than the

@@ -5,9 +5,12 @@ drives a StopRules per sequence). After each sampled token the checks run in thi
 
 1. the caller's reason (`slm run`: "switched" when refs/active changed);
 2. "eos": an end-of-generation token (its text is not part of the answer); "length" instead if
-   a grammar closed the answer to fit max_tokens (`closing`, slm.engine.grammar): the answer was
-   cut, even though the end came before the last token;
+   it leaves a grammar's answer cut (`cut`, slm.engine.grammar): closed to fit max_tokens, or
+   ended where the grammar is not complete. A constrained answer that ends by itself is one its
+   grammar accepts whole;
 3. "stop": one of the request's stop sequences appeared in the text (the text ends before it);
+   "length" instead if the answer follows a grammar (`accepts`) and what is left of it is not a
+   complete document of that grammar: the stop sequence cut it;
 4. "length": max_tokens tokens generated;
 5. "context": the sequence's KV cache is full.
 
@@ -59,10 +62,12 @@ class StopRules:
         full = self.stream.text if self.stream is not None else ""
         return full if self.cut is None else full[:self.cut]
 
-    def take(self, token: int, cache_full: bool, closing: bool = False) -> str | None:
+    def take(self, token: int, cache_full: bool, cut: bool = False,
+             accepts: Callable[[str], bool] | None = None) -> str | None:
         """Record a sampled token (cache_full: its sequence has no position left for the next;
-        closing: a grammar is closing the answer to fit max_tokens); returns the stop reason
-        when generation ends with it, else None."""
+        cut: an end of generation here leaves a grammar's answer incomplete; accepts(text): for
+        an answer that follows a grammar, whether text is a complete document of it); returns
+        the stop reason when generation ends with it, else None."""
         self.ids.append(token)
         eos = token in self.eos_ids
         if self.stream is not None and not eos:
@@ -71,9 +76,9 @@ class StopRules:
         if reason:
             return self.finish(reason)
         if eos:
-            return self.finish(LENGTH if closing else EOS)
+            return self.finish(LENGTH if cut else EOS)
         if self._stop_sequence_seen():
-            return self.finish(STOP)
+            return self.finish(STOP if accepts is None or accepts(self.text) else LENGTH)
         if len(self.ids) >= self.max_tokens:
             return self.finish(LENGTH)
         if cache_full:

@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Callable
 
 from slm.errors import InvalidInput
+from slm.engine.schema_productive import accepts_a_document
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.DOTALL)
@@ -75,18 +76,35 @@ def call_grammar(tools: list[dict], name: str | None, parallel: bool) -> str:
     with arguments valid under its parameters schema."""
     from llguidance import LLMatcher
 
-    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
-    if not chosen:
-        raise InvalidInput(f"tool_choice names {name!r}, which is not among the tools")
-    options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                "properties": {"name": {"const": f["name"]},
-                               "arguments": f.get("parameters") or {"type": "object"}}} for f in chosen]
-    schema = {**(options[0] if len(options) == 1 else {"anyOf": options}), "x-guidance": _COMPACT}
+    schema = call_schema(tools, name, "arguments")
     more = ' ("\\n" call)*' if parallel else ""  # further calls, one a line
     lark = "\n".join([f"start: call{more}",
                       f"call: {json.dumps(CALL_OPEN + chr(10))} body {json.dumps(chr(10) + CALL_CLOSE)}",
                       f"body: %json {json.dumps(schema)}"])
     return LLMatcher.grammar_from_lark(lark)
+
+
+def call_schema(tools: list[dict], name: str | None, arguments: str) -> dict:
+    """The JSON schema of one call's object: {"name": a chosen function's, `arguments`: valid
+    under its parameters}. Each function's parameters are their own schema resource (an `$id`
+    of their own unless they carry one), so their `$ref`s ("#/$defs/...", "#/definitions/...",
+    "#") resolve against the parameters, as they do when the same schema is a response_format.
+    InvalidInput for a name not among the tools, or parameters that accept no finite document
+    (slm.engine.schema_productive)."""
+    chosen = [(i, t["function"]) for i, t in enumerate(tools) if name is None or t["function"]["name"] == name]
+    if not chosen:
+        raise InvalidInput(f"tool_choice names {name!r}, which is not among the tools")
+    options = []
+    for index, f in chosen:
+        params = f.get("parameters") or {"type": "object"}
+        if not accepts_a_document(params):
+            raise InvalidInput(f"tool {f['name']!r}: its parameters schema accepts no finite JSON document "
+                               "(a $ref cycle or a required property that contains itself)")
+        if isinstance(params, dict) and "$id" not in params:
+            params = {"$id": f"urn:slm:tool-parameters:{index}", **params}
+        options.append({"type": "object", "additionalProperties": False, "required": ["name", arguments],
+                        "properties": {"name": {"const": f["name"]}, arguments: params}})
+    return {**(options[0] if len(options) == 1 else {"anyOf": options}), "x-guidance": _COMPACT}
 
 
 def parse_calls(text: str) -> tuple[str | None, list[ParsedCall]]:

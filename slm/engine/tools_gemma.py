@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 
-from slm.engine.tools import ParsedCall, _object_or_text
+from slm.engine.tools import ParsedCall, _object_or_text, call_schema
 
 # Google's wording (the guide's JSON variant)
 INSTRUCTION = ("You have access to functions. If you decide to invoke any of the function(s), you MUST put it in "
                "the format of\n{\"name\": function name, \"parameters\": dictionary of argument name and its value}\n\n"
                "You SHOULD NOT include any other text in the response if you call a function\n")
-_COMPACT = {"whitespace_flexible": False}
 
 
 def uses_gemma_turns(template: str) -> bool:
@@ -71,15 +70,7 @@ def call_grammar(tools: list[dict], name: str | None, parallel: bool) -> str:
     """The llguidance grammar of an answer that is only calls: one, or with `parallel` one a line."""
     from llguidance import LLMatcher
 
-    from slm.errors import InvalidInput
-
-    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
-    if not chosen:
-        raise InvalidInput(f"tool_choice names {name!r}, which is not among the tools")
-    options = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
-                "properties": {"name": {"const": f["name"]},
-                               "parameters": f.get("parameters") or {"type": "object"}}} for f in chosen]
-    schema = {**(options[0] if len(options) == 1 else {"anyOf": options}), "x-guidance": _COMPACT}
+    schema = call_schema(tools, name, "parameters")
     more = ' ("\\n" call)*' if parallel else ""
     return LLMatcher.grammar_from_lark("\n".join([f"start: call{more}", f"call: %json {json.dumps(schema)}"]))
 

@@ -6,45 +6,15 @@ arguments parse and validate, calls in streamed deltas, conversations with tool 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from helpers import copy_store, tiny_store
 from serve_helpers import Server
-from tool_schemas import CLOCK, SCHEMAS, TOOLS
+from tool_schemas import CLOCK, QWEN_STYLE_TEMPLATE, SCHEMAS, TOOLS, tiny_hf_with_template
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
-
-# The shape of Qwen 2.5's tool template (tools listed in the system turn, calls as JSON between
-# <tool_call> lines, results in <tool_response> blocks of a user turn), written for the test.
-QWEN_STYLE_TEMPLATE = """\
-{%- if tools %}
-{{- '<|im_start|>system\\n' }}
-{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
-{{- '# Tools\\n\\nYou may call functions. Their signatures are within <tools></tools>:\\n<tools>' }}
-{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
-{{- '\\n</tools>\\n\\nFor each call, return {\"name\": ..., \"arguments\": ...} within <tool_call></tool_call> tags.<|im_end|>\\n' }}
-{%- elif messages[0].role == 'system' %}
-{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
-{%- endif %}
-{%- for message in messages %}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or (message.role == 'assistant' and not message.tool_calls) %}
-{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
-{%- elif message.role == 'assistant' %}
-{{- '<|im_start|>assistant' }}{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}
-{%- for call in message.tool_calls %}{%- set call = call.function %}
-{{- '\\n<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments | tojson) + '}\\n</tool_call>' }}
-{%- endfor %}
-{{- '<|im_end|>\\n' }}
-{%- elif message.role == 'tool' %}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
-{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
-{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
 
 ASK = [{"role": "user", "content": "what is the weather in paris?"}]
 
@@ -54,13 +24,7 @@ def template(tmp_path_factory, tiny_model):
     """tq (ChatML without tools) active, and `qt`: the tiny model with the Qwen-style template
     and a longer context."""
     root = tmp_path_factory.mktemp("tools")
-    hf = shutil.copytree(tiny_model["hf"], root / "hf-tools")
-    config = json.loads((hf / "tokenizer_config.json").read_text())
-    config["chat_template"] = QWEN_STYLE_TEMPLATE
-    (hf / "tokenizer_config.json").write_text(json.dumps(config))
-    model_config = json.loads((hf / "config.json").read_text())
-    model_config["max_position_embeddings"] = 2048  # room for the tools in the prompt (random weights: any length)
-    (hf / "config.json").write_text(json.dumps(model_config))
+    hf = tiny_hf_with_template(tiny_model, root / "hf-tools", QWEN_STYLE_TEMPLATE)
     return tiny_store(root, tiny_model, bases={"tq": "gguf_q"}, steps=(("import", "base", hf, "--name", "qt"),
                                                                        ("activate", "tq")))
 

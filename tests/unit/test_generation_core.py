@@ -192,22 +192,43 @@ def test_a_logit_processor_sees_the_ids_so_far_and_shapes_the_next_token(loaded)
     assert seen == [[], seq.ids[:1], seq.ids[:2]]
 
 
-def test_a_non_finite_row_fails_its_sequence_alone(loaded, monkeypatch):
+def _nan_at_0(row: np.ndarray) -> None:
+    row[0] = np.nan
+
+
+def _all_zero(row: np.ndarray) -> None:
+    row[:] = 0.0  # (what an overflow inside the network leaves: the norm's scale of an infinite sum of squares)
+
+
+@pytest.mark.parametrize("damage", [_nan_at_0, pytest.param(_all_zero, marks=pytest.mark.hostile)],
+                         ids=["non-finite", "all-equal"])
+def test_a_bad_row_fails_its_sequence_alone(loaded, monkeypatch, damage):
+    """A row of logits with a NaN, or with every logit the same (finite, and sampled as if it
+    were an answer), is a NumericsError for that row alone."""
     model = loaded.model
     seqs = [_sequence(model, p) for p in PROMPTS]
     for seq in seqs:
         first_token(seq, _prefill(seq))
     real = generation.decode_step
 
-    def second_row_overflows(rows, kernels):
+    def second_row_goes_bad(rows, kernels):
         out = real(rows, kernels)
-        out[1, 0] = np.nan
+        damage(out[1])
         return out
 
-    monkeypatch.setattr(generation, "decode_step", second_row_overflows)
+    monkeypatch.setattr(generation, "decode_step", second_row_goes_bad)
     errors = decode(seqs, model.kernels)
     assert errors[0] is None and errors[2] is None and isinstance(errors[1], NumericsError)
     assert [len(s.ids) for s in seqs] == [2, 1, 2], "the failed row took no token"
+
+
+@pytest.mark.hostile
+def test_prompt_logits_all_equal_are_refused_before_sampling(loaded):
+    seq = _sequence(loaded.model, PROMPTS[0])
+    flat = np.full_like(_prefill(seq), -3.5)
+    with pytest.raises(NumericsError, match="logits all equal"):
+        first_token(seq, flat)
+    assert seq.ids == []
 
 
 def test_non_finite_prompt_logits_are_refused_before_sampling(loaded):

@@ -1,4 +1,5 @@
-"""`slm verify`: integrity (every blob re-hashed, the id recomputed), then numerics against the
+"""`slm verify`: integrity (every blob re-hashed, the id recomputed, the composition's prompt-cache
+entries checked against their digests), then numerics against the
 fresh-base oracle (slm.model.oracle) on fixed probe prompts, always in the exact mode
 (slm.model.modes: float32 products), the one with a tolerance to check.
 
@@ -15,6 +16,7 @@ from slm.model.oracle import Oracle, OracleAdapter
 from slm.ops.infer import compositions
 from slm.ops.store import specs
 from slm.ops.infer.loading import load_composition
+from slm.ops.infer.prefix_cache import damaged_entries
 from slm.ops.results import VerifyReport
 from slm.ops.results import CompositionInfo
 from slm.ops.progress import NoProgress, Progress
@@ -61,7 +63,10 @@ def check_integrity(store: StoreDir, comp: Composition, progress: Progress) -> d
         progress.advance(sizes[d])
     progress.finish()
     store.objects.save_verified()  # every blob was re-hashed: the cache now says what was found
-    return {"blobs": len(blobs), "bytes": sum(sizes.values()), "bad_blobs": bad, "ok": not bad}
+    entries, damaged = damaged_entries(store.root / "cache", comp.id)  # its prompt-cache entries' digests
+    return {"blobs": len(blobs), "bytes": sum(sizes.values()), "bad_blobs": bad, "cache_entries": entries,
+            "bad_cache_entries": [str(path.relative_to(store.root)) for path, _ in damaged],
+            "ok": not bad and not damaged}
 
 
 def oracle(store: StoreDir, staged: compositions.Staged, tensors: dict) -> Oracle:

@@ -43,7 +43,7 @@ class Generation(Result):
     composition: str  # the composition id
     base: str
     adapters: tuple[AdapterEntry, ...]
-    prefix_cache: str  # "hit" or "miss"
+    prefix_cache: str  # "hit", "miss", or "damaged" (a miss: the entry failed its digest, slm.ops.infer.prefix_cache)
     prompt_tokens: tuple[int, ...]
     tokens: tuple[int, ...]
     text: str

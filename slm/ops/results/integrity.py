@@ -72,7 +72,7 @@ class VerifyReport(Result):
     composition: str
     base: str
     adapters: tuple[AdapterEntry, ...]
-    integrity: dict[str, Any]  # blobs, bytes, bad_blobs, ok
+    integrity: dict[str, Any]  # blobs, bytes, bad_blobs, cache_entries, bad_cache_entries, ok
     numerics: dict[str, Any] | None  # probes, positions, errors, tolerance, ok; None if skipped
 
     @property
@@ -85,6 +85,11 @@ class VerifyReport(Result):
 
         if not self.integrity["ok"]:
             bad = self.integrity["bad_blobs"]
+            if not bad:
+                bad = self.integrity["bad_cache_entries"]
+                raise IntegrityError(f"verify failed: {len(bad)} prompt-cache entr{'y' if len(bad) == 1 else 'ies'} "
+                                     f"of this composition do not match their digest, e.g. {bad[0]} "
+                                     "(`slm fsck --repair` removes them)")
             raise IntegrityError(f"verify failed: {len(bad)} blob(s) missing or corrupt, e.g. {bad[0]}")
         n = self.numerics
         if n is not None and not n["ok"]:

@@ -322,6 +322,16 @@ class Fsck:
             self.add("interrupted", decision.what, decision.action,
                      lambda i=intent, d=decision: end_interrupted(self.store.journal, i, d.step))
 
+    def check_prompt_cache(self) -> None:
+        """Prompt-cache entries whose content no longer hashes to the digest they were written
+        with (slm.ops.infer.prefix_cache): derived data, removed by --repair."""
+        from slm.ops.infer.prefix_cache import damaged_entries
+
+        root = self.store.root
+        for path, why in damaged_entries(root / "cache")[1]:
+            self.add("damaged-cache-entry", f"{path.relative_to(root)}: a prompt-cache entry: {why}",
+                     "remove it (a cache: the prompt is computed again)", lambda p=path: fs.unlink(p))
+
     def run(self) -> FsckReport:
         self.check_config()
         self.check_junk()
@@ -329,6 +339,7 @@ class Fsck:
         self.check_names()
         self.check_side_records()
         self.check_journal(self.check_transitions())
+        self.check_prompt_cache()
         unresolved = [f for f in self.findings if not f.repaired]
         return FsckReport(not self.findings, self.repair, self.blobs, self.bytes, tuple(self.findings),
                           len(unresolved))
