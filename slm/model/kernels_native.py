@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -121,6 +123,17 @@ LIB = _load()
 DEFAULT_THREADS = max(1, LIB.slm_threads()) if LIB is not None else 1
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every NativeKernels, for the fork handler below
+
+
+def _after_fork_in_child() -> None:
+    for kernels in list(_LIVE):
+        kernels._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def available() -> bool:
     return LIB is not None
 
@@ -182,6 +195,7 @@ class NativeKernels(ReferenceKernels):
         self._jobs: dict[tuple, tuple] = {}  # see _plan
         self._terms: dict[tuple, tuple] = {}  # see _row_terms
         self.int8 = False  # see set_activations
+        _LIVE.add(self)
 
     def set_activations(self, mode: str) -> None:
         """"float32" (the default: every product in float32, within 1e-5 of the reference
@@ -192,6 +206,12 @@ class NativeKernels(ReferenceKernels):
         if mode not in ACTIVATION_MODES:
             raise KernelArgumentError(f"activations {mode!r}: one of {', '.join(ACTIVATION_MODES)}")
         self.int8 = mode == "int8"
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child has none of its parent's threads: the prefill pool's thread is gone
+        (work handed to it would wait forever), so the child starts its own."""
+        self.pool = None
+        self.set_threads(self.threads)
 
     def set_threads(self, n: int) -> None:
         """n threads for the kernels' parallel regions (from this thread) and the prefill."""
