@@ -31,14 +31,14 @@ class Conversation:
 
     def __init__(self, runtime: Runtime, spec: str | None = None, system: str | None = None, *,
                  max_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 top_k: int = 0, min_p: float = 0.0, stop: tuple[str, ...] = (), **options: object) -> None:
+                 top_k: int = 0, min_p: float = 0.0, stop: str | tuple[str, ...] | None = (), **options: object) -> None:
         # the options are checked now, before a composition is staged: not at the first question
         check_sampling(temperature, top_p, seed)
-        check_processing(top_k=top_k, min_p=min_p, stop=tuple(stop), **options)
+        check_processing(top_k=top_k, min_p=min_p, stop=stop, **options)
         self.runtime = runtime
         self.system = system
         self.options = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, top_k=top_k,
-                            min_p=min_p, stop=tuple(stop), **options)
+                            min_p=min_p, stop=stop, **options)
         self.history: list[ChatMessage] = []
         self.session = runtime.session(spec)  # None: the active composition (staged now: a bad spec fails here)
         self._cancel = threading.Event()
