@@ -171,17 +171,13 @@ class ResponseFormat:
 
     @classmethod
     def from_file(cls, path) -> "ResponseFormat":
-        """`slm run --json-schema FILE`: a JSON schema read from a file (InvalidInput if it
-        cannot be read or is not a JSON object)."""
+        """`slm run --json-schema FILE`: a JSON schema read from a file, or a pipe such as <(...)
+        (the bounded reader's; InvalidInput if it is not a JSON object)."""
         from pathlib import Path
 
-        try:
-            with open(Path(path), "rb") as f:
-                data = f.read(MAX_SCHEMA_BYTES + 1)
-        except OSError as err:
-            raise InvalidInput(f"--json-schema {path}: {err.strerror or err}") from err
-        if len(data) > MAX_SCHEMA_BYTES:
-            raise InvalidInput(f"--json-schema {path}: over {MAX_SCHEMA_BYTES >> 10} KiB")
+        from slm.formats import untrusted
+
+        data = untrusted.read_untrusted(path, MAX_SCHEMA_BYTES, "JSON schema", pipe_wait=untrusted.PIPE_WAIT_S)
         try:
             schema = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
