@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from slm.model import mathops
 from slm.model.kernel_choice import ACTIVATION_MODES, library_path
 from slm.model.kernels import KernelArgumentError, ReferenceKernels, check_width
+from slm.model.prefill_pool import PrefillPool
 from slm.model.weights import QuantTensor
 
 OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in qkernels/blocks.h)
@@ -123,17 +121,6 @@ LIB = _load()
 DEFAULT_THREADS = max(1, LIB.slm_threads()) if LIB is not None else 1
 
 
-_LIVE: weakref.WeakSet = weakref.WeakSet()  # every NativeKernels, for the fork handler below
-
-
-def _after_fork_in_child() -> None:
-    for kernels in list(_LIVE):
-        kernels._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def available() -> bool:
     return LIB is not None
 
@@ -195,7 +182,6 @@ class NativeKernels(ReferenceKernels):
         self._jobs: dict[tuple, tuple] = {}  # see _plan
         self._terms: dict[tuple, tuple] = {}  # see _row_terms
         self.int8 = False  # see set_activations
-        _LIVE.add(self)
 
     def set_activations(self, mode: str) -> None:
         """"float32" (the default: every product in float32, within 1e-5 of the reference
@@ -207,19 +193,13 @@ class NativeKernels(ReferenceKernels):
             raise KernelArgumentError(f"activations {mode!r}: one of {', '.join(ACTIVATION_MODES)}")
         self.int8 = mode == "int8"
 
-    def _after_fork_in_child(self) -> None:
-        """A forked child has none of its parent's threads: the prefill pool's thread is gone
-        (work handed to it would wait forever), so the child starts its own."""
-        self.pool = None
-        self.set_threads(self.threads)
-
     def set_threads(self, n: int) -> None:
         """n threads for the kernels' parallel regions (from this thread) and the prefill."""
         LIB.slm_set_threads(n)
         self.threads = n
         if n > 1 and self.pool is None:
             self.scratch2 = np.empty_like(self.scratch)  # the second prefill thread's chunk
-            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slm-prefill")
+            self.pool = PrefillPool()
         elif n == 1 and self.pool is not None:
             self.pool.shutdown()
             self.scratch2 = self.pool = None
