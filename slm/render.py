@@ -298,6 +298,10 @@ class ChatPrinter:
     def notice(self, message: str) -> None:
         print(printable(message), file=sys.stderr, flush=True)
 
+    def prompt_again(self) -> None:
+        sys.stderr.write(self.prompt)  # (where input() writes its prompt on a terminal)
+        sys.stderr.flush()
+
     def error(self, message: str) -> None:
         print(f"slm: error: {printable(' '.join(message.split()))}", file=sys.stderr, flush=True)
 

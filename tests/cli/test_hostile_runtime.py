@@ -216,6 +216,29 @@ def test_a_stop_string_is_one_sequence_and_none_is_no_stop(tiny_store):
         s.generate("hello", max_tokens=2, stop=5)
 
 
+def test_a_cancel_during_a_long_prompt_stops_its_prefill_within_a_chunk(tiny_store, monkeypatch):
+    """A Ctrl-C in `slm chat` (Session.chat's cancel) during an 800-token prompt took its whole
+    prefill to stop: cancel was looked at per generated token only. Now before each chunk."""
+    import threading
+
+    import slm
+    from slm.engine import generate as engine
+
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 8)  # (a long prompt in many chunks, on the tiny model)
+    cancel, chunks, prefill = threading.Event(), [], engine.prefill_next
+
+    def cancelled_during_the_first_chunk(seq, chunk):
+        chunks.append(chunk)
+        cancel.set()
+        return prefill(seq, chunk)
+
+    monkeypatch.setattr(engine, "prefill_next", cancelled_during_the_first_chunk)
+    s = slm.Runtime(slm.Store.open(tiny_store["root"])).session()
+    out = s.chat([{"role": "user", "content": "a prompt of many words to prefill " * 8}], max_tokens=8, cancel=cancel)
+    assert len(chunks) == 1, chunks  # the prompt is over 8 chunks long
+    assert (out.stop_reason, out.text, len(out.tokens)) == ("cancelled", "", 0)
+
+
 @pytest.mark.parametrize("temperature", [*TINY_TEMPERATURES, 2.0])
 def test_the_server_accepts_a_tiny_temperature_and_its_sampler_takes_it(temperature):
     from slm.engine.sampling import Sampler
