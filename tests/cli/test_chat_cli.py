@@ -258,3 +258,26 @@ def test_conversation_keeps_a_stopped_answer_as_far_as_it_went(store_dir):
     assert conv.history[1].content == answer.text and answer.text.startswith(pieces[0])
     conv.reset()
     assert conv.history == [] and conv.ask("Once upon a time").stop_reason != "cancelled"
+
+
+def test_chat_from_a_pipe_leaves_on_two_ctrl_c_while_a_line_is_being_read(store_dir):
+    """Lines are read on a thread of their own, which is still waiting for one when two Ctrl-C
+    end the chat: from a pipe that thread must hold no lock the interpreter's shutdown takes
+    (Python's buffered stdin's did: 'Fatal Python error', exit 134)."""
+    proc = subprocess.Popen([*SLM, "--store", str(store_dir), "chat", "-n", "4"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.read(len(PROMPT)) == PROMPT.encode()  # the prompt: the line is being read
+        proc.send_signal(signal.SIGINT)
+        notice = b""
+        while b"Ctrl-C again" not in notice:
+            more = proc.stderr.read1(4096)
+            assert more, f"the chat ended without the notice: {notice!r}"
+            notice += more
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=HANG_S) == 0
+        assert b"Fatal" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdin.close()
