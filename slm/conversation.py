@@ -111,7 +111,7 @@ class Conversation:
                 return INTERRUPT
 
     def cancel(self) -> None:
-        """End the answer being generated at its next token (from any thread)."""
+        """End the answer being generated at its next token or prompt chunk (from any thread)."""
         self._cancel.set()
 
     def reset(self) -> None:
