@@ -13,7 +13,7 @@ from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.compose.composition import (MAX_ADAPTERS, AdapterRef, Composition, check_adapter_list, for_base,
                                      parse_composition, parse_weight)
 from slm.compose.validate import validate
-from slm.errors import Incompatible, IntegrityError, InvalidInput, NotFound
+from slm.errors import Incompatible, IntegrityError, NotFound
 from slm.formats import untrusted
 from slm.arch.roles import qk_heads
 from slm.model.finite import f32_all_finite
