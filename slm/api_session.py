@@ -30,10 +30,13 @@ class Session:
         return self._loaded.id
 
     def _options(self, response_format: dict | ResponseFormat | None = None, **fields: object) -> RunOptions:
+        from slm.engine.sampling import stop_sequences
         from slm.model import modes
         from slm.ops.infer.request import ResponseFormat
         from slm.ops.infer.run import RunOptions
 
+        if "stop" in fields:
+            fields["stop"] = stop_sequences(fields["stop"])
         return RunOptions(threads=self.runtime.threads, exact=self.runtime.mode == modes.EXACT,
                           response_format=ResponseFormat.of(response_format), **fields)
 
@@ -42,9 +45,9 @@ class Session:
                  repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
                  response_format: dict | ResponseFormat | None = None, system: str | None = None,
-                 stop: Sequence[str] = ()) -> Generation:
+                 stop: str | Sequence[str] | None = ()) -> Generation:
         """seed None: a fresh random seed (Generation.seed); chat: the prompt in the base's chat template,
-        after `system` if given (implies chat); stop: up to 4 stop sequences; logprobs k: each token's logprob
+        after `system` if given (implies chat); stop: a stop sequence or up to 4 of them; logprobs k: each token's logprob
         and its k likeliest alternatives (docs/api.md); response_format: OpenAI's object or a ResponseFormat."""
         from slm.ops.infer import run
 
@@ -52,7 +55,7 @@ class Session:
                                 top_p=top_p, seed=seed, chat=chat, top_k=top_k, min_p=min_p,
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs,
-                                system=system, stop=tuple(stop))
+                                system=system, stop=stop)
         return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
 
     def chat(self, messages: Sequence[ChatMessage | dict], max_tokens: int = 128, *,

@@ -14,14 +14,21 @@ it prints nothing itself. Like the server, this module uses only what `slm` and 
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import signal
 import threading
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 from slm import Generation, SlmError
 from slm.api import ChatMessage, Runtime, check_processing, check_sampling, short_digest
 
 COMMANDS = "/reset (forget the conversation), /model SPEC (switch composition), /help, /exit"
+# How long the asking thread waits at a time. It waits in slices because a signal that lands
+# just before a blocking wait begins is seen only when that wait ends: in slices, within POLL_S.
+POLL_S = 0.1
+INTERRUPT = ("interrupt", None)
 
 
 class Conversation:
@@ -31,17 +38,21 @@ class Conversation:
 
     def __init__(self, runtime: Runtime, spec: str | None = None, system: str | None = None, *,
                  max_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 top_k: int = 0, min_p: float = 0.0, stop: tuple[str, ...] = (), **options: object) -> None:
+                 top_k: int = 0, min_p: float = 0.0, stop: str | tuple[str, ...] | None = (), **options: object) -> None:
         # the options are checked now, before a composition is staged: not at the first question
         check_sampling(temperature, top_p, seed)
-        check_processing(top_k=top_k, min_p=min_p, stop=tuple(stop), **options)
+        check_processing(top_k=top_k, min_p=min_p, stop=stop, **options)
         self.runtime = runtime
         self.system = system
         self.options = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, top_k=top_k,
-                            min_p=min_p, stop=tuple(stop), **options)
+                            min_p=min_p, stop=stop, **options)
         self.history: list[ChatMessage] = []
         self.session = runtime.session(spec)  # None: the active composition (staged now: a bad spec fails here)
         self._cancel = threading.Event()
+        # what the asking thread waits for: ("answer", (turn, outcome)) from an answer's worker,
+        # ("line", text or the read's exception) from loop()'s reader, INTERRUPT from loop()'s
+        # SIGINT handler (a SimpleQueue: its put may interrupt a get in the same thread safely)
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
 
     @property
     def composition_id(self) -> str:
@@ -54,37 +65,53 @@ class Conversation:
 
     def ask(self, text: str, on_text: Callable[[str], None] | None = None) -> Generation:
         """The answer to `text` (streamed to on_text as it decodes); the question and the answer
-        join the history. Ctrl-C (KeyboardInterrupt) while it generates, or cancel() from
-        another thread, ends the answer at the next token (stop_reason "cancelled"): what was
-        said so far is the answer kept. The generation runs on a worker thread, so an interrupt
-        lands here and never inside the model's arithmetic."""
+        join the history. Ctrl-C while it generates (any number of them), or cancel() from
+        another thread, ends the answer at the next token or prompt chunk (stop_reason
+        "cancelled"): what was said so far is the answer kept. The generation runs on a worker
+        thread, so an interrupt lands here and never inside the model's arithmetic."""
         self._cancel.clear()
         messages = self.messages(text)
-        outcome: list = []
-        done = threading.Event()  # (an interrupted Thread.join can return before the thread ends)
+        turn = object()  # (an answer of an earlier turn, abandoned to an exception, is not this one)
 
         def work() -> None:
+            outcome: object = None
             try:
-                outcome.append(self.session.chat(messages, on_text=on_text, cancel=self._cancel, **self.options))
+                outcome = self.session.chat(messages, on_text=on_text, cancel=self._cancel, **self.options)
             except BaseException as err:  # handed to the asking thread below
-                outcome.append(err)
+                outcome = err
             finally:
-                done.set()
+                self._events.put(("answer", (turn, outcome)))
 
         threading.Thread(target=work, name="slm-chat-answer", daemon=True).start()
         try:
-            done.wait()
-        except KeyboardInterrupt:
+            while True:
+                kind, value = self._next_event()
+                if kind == "interrupt":
+                    self.cancel()
+                elif kind == "answer" and value[0] is turn:
+                    result = value[1]
+                    break
+        except BaseException:  # (a KeyboardInterrupt outside the wait itself) the answer stops too
             self.cancel()
-            done.wait()
-        result = outcome[0]
+            raise
         if isinstance(result, BaseException):
             raise result
         self.history += [ChatMessage("user", text), ChatMessage("assistant", result.text)]
         return result
 
+    def _next_event(self) -> tuple[str, object]:
+        """The asking thread's next event; a KeyboardInterrupt while it waits (Python's own SIGINT
+        handler, outside loop()) is INTERRUPT."""
+        while True:
+            try:
+                return self._events.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            except KeyboardInterrupt:
+                return INTERRUPT
+
     def cancel(self) -> None:
-        """End the answer being generated at its next token (from any thread)."""
+        """End the answer being generated at its next token or prompt chunk (from any thread)."""
         self._cancel.set()
 
     def reset(self) -> None:
@@ -97,32 +124,88 @@ class Conversation:
         self.session = self.runtime.session(spec)
 
     def loop(self, read_line: Callable[[], str], view: ChatView) -> None:
-        """Read lines until /exit, end of input (Ctrl-D, EOFError) or a second Ctrl-C in a row at
-        the prompt; answer each question (Ctrl-C during an answer stops that answer only). An
-        error (a bad /model spec, a conversation past the context) is reported to the view and
-        the conversation goes on."""
+        """Read lines until /exit, end of input (Ctrl-D, EOFError) or a second Ctrl-C in a row
+        outside an answer; answer each question (Ctrl-C during an answer stops that answer only).
+        An error (a bad /model spec, a conversation past the context) is reported to the view
+        and the conversation goes on.
+
+        One design for Ctrl-C, so that none is lost or counted twice whatever the moment: from
+        the main thread, loop() replaces SIGINT's handler with one that only posts INTERRUPT to
+        the asking thread's events (it never raises in the middle of anything), and lines are
+        read on a thread of their own, so that the asking thread only ever waits for events.
+        An INTERRUPT during an answer cancels it; any other is one Ctrl-C at the prompt, which
+        the view is told of before it shows the prompt again (the pending read goes on)."""
+        reader = _LineReader(read_line, self._events)
         interrupted = False
-        while True:
-            try:
-                command = parse(read_line())
-            except EOFError:
-                return
-            except KeyboardInterrupt:
-                if interrupted:
-                    return
-                interrupted = True
-                try:
+        with self._interrupts_posted():
+            while True:
+                reader.want_line()
+                kind, value = self._next_event()
+                if kind == "interrupt":
+                    if interrupted:
+                        return
+                    interrupted = True
                     view.notice("(Ctrl-C again or Ctrl-D to leave; /help lists the commands)")
-                except KeyboardInterrupt:  # the second Ctrl-C came while the notice was written
+                    view.prompt_again()
+                    continue
+                if kind != "line":
+                    continue  # (an answer abandoned to an exception: nobody waits for it)
+                reader.got_line()
+                if isinstance(value, BaseException):
+                    if isinstance(value, EOFError):
+                        return
+                    raise value
+                interrupted = False
+                command = parse(value)
+                if command.name == "exit":
                     return
-                continue
-            interrupted = False
-            if command.name == "exit":
-                return
+                try:
+                    _run(self, command, view)
+                except SlmError as err:
+                    view.error(str(err))
+
+    @contextlib.contextmanager
+    def _interrupts_posted(self) -> Iterator[None]:
+        """SIGINT posts INTERRUPT while the block runs (from the main thread; elsewhere a
+        signal handler cannot be set, and the caller's own handling stays)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: self._events.put(INTERRUPT))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            while not self._events.empty():  # (a Ctrl-C left over must not stop a later ask)
+                self._events.get_nowait()
+
+
+class _LineReader:
+    """read_line() on a thread of its own, one line when the loop wants one, each posted as
+    ("line", text), or ("line", the exception) for end of input or a failed read."""
+
+    def __init__(self, read_line: Callable[[], str], events: queue.SimpleQueue):
+        self._read_line, self._events = read_line, events
+        self._wanted = threading.Semaphore(0)
+        self._pending = False  # a line was asked for and has not come yet
+        threading.Thread(target=self._serve, name="slm-chat-input", daemon=True).start()
+
+    def want_line(self) -> None:
+        if not self._pending:
+            self._pending = True
+            self._wanted.release()
+
+    def got_line(self) -> None:
+        self._pending = False
+
+    def _serve(self) -> None:
+        while True:
+            self._wanted.acquire()
             try:
-                _run(self, command, view)
-            except SlmError as err:
-                view.error(str(err))
+                line: object = self._read_line()
+            except BaseException as err:  # EOFError above all: handed to the loop
+                line = err
+            self._events.put(("line", line))
 
 
 class ChatView(Protocol):
@@ -133,6 +216,8 @@ class ChatView(Protocol):
     def answered(self, generation: Generation) -> None: ...
 
     def notice(self, message: str) -> None: ...
+
+    def prompt_again(self) -> None: ...  # after a notice, while the line is still being read
 
     def error(self, message: str) -> None: ...
 

@@ -284,7 +284,18 @@ class ChatPrinter:
     prompt = ">>> "
 
     def read_line(self) -> str:
-        return input(self.prompt)
+        """One line typed at the prompt (EOFError at the end of input). slm.conversation reads
+        it on a thread of its own, which may still be waiting for a line when the chat ends:
+        from a pipe, it is read below Python's buffered stdin, whose lock that thread would
+        hold while the interpreter shuts down (a fatal error then)."""
+        if sys.stdin.isatty():
+            return input(self.prompt)
+        sys.stdout.write(self.prompt)
+        sys.stdout.flush()
+        line = sys.stdin.buffer.raw.readline()
+        if not line:
+            raise EOFError
+        return line.decode(sys.stdin.encoding or "utf-8", "replace").rstrip("\r\n")
 
     def text(self, piece: str) -> None:
         stream_text(piece)
@@ -299,6 +310,10 @@ class ChatPrinter:
 
     def notice(self, message: str) -> None:
         print(printable(message), file=sys.stderr, flush=True)
+
+    def prompt_again(self) -> None:
+        sys.stderr.write(self.prompt)  # (where input() writes its prompt on a terminal)
+        sys.stderr.flush()
 
     def error(self, message: str) -> None:
         print(f"slm: error: {printable(' '.join(message.split()))}", file=sys.stderr, flush=True)

@@ -20,7 +20,7 @@ from slm.model.decoder import Decoder
 from slm.engine.generation import LogitProcessor, TokenLogprob, decode, first_token, new_sequence, prefill_next
 from slm.engine.prompt_cache import PromptCache
 from slm.engine.sampling import Sampler
-from slm.engine.stops import LENGTH, StopRules
+from slm.engine.stops import CANCELLED, LENGTH, StopRules
 
 PREFILL_CHUNK = 512  # positions a prefill pass takes at most (`slm serve --prefill-chunk`)
 
@@ -58,8 +58,11 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
              prompt_cache: PromptCache | None = None, comp_id: str = "",
              decode_text: Callable[[list[int]], str] | None = None,
              on_text: Callable[[str], None] | None = None, stop_sequences: tuple[str, ...] = (),
-             processors: tuple[LogitProcessor, ...] = (), logprobs: int | None = None) -> TokenGeneration:
-    """on_token(id) may return a stop reason (a string) to end generation after that token.
+             processors: tuple[LogitProcessor, ...] = (), logprobs: int | None = None,
+             cancelled: Callable[[], bool] | None = None) -> TokenGeneration:
+    """on_token(id) may return a stop reason (a string) to end generation after that token;
+    cancelled(), asked before each chunk of the prompt, ends it before its first token
+    (CANCELLED) once it says so: a long prompt's prefill stops within a chunk.
     prompt_cache: consulted under comp_id (the composition's id) when all prompt logits are
     not wanted. decode_text: the tokenizer's decode, to stream the answer's text to on_text
     (and to find stop_sequences in it). processors: slm.engine.generation's logit processors.
@@ -73,6 +76,9 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
     logits = prompt_cache.get(comp_id, seq.prompt_ids, seq.cache) if use_cache else None
     gen.prefix_hit = logits is not None
     while logits is None:
+        if cancelled is not None and cancelled():
+            gen.stop_reason, gen.prefill_s = CANCELLED, time.perf_counter() - started
+            return gen
         logits = prefill_next(seq, PREFILL_CHUNK)
     if use_cache and not gen.prefix_hit:
         prompt_cache.put(comp_id, seq.prompt_ids, seq.cache, logits)

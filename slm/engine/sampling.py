@@ -56,7 +56,8 @@ def check_processing(top_k=0, min_p=0.0, frequency_penalty=0.0, presence_penalty
     number > 0 (1: off), logit_bias a mapping of token ids to numbers in [-100, 100] (ids below
     vocab_size when it is known), logprobs None or an integer in [0, 20] (how many
     alternatives per token; logprobs_name: the request's name for it, chat's top_logprobs),
-    n an integer in [1, max_n] and stop at most 4 stop sequences of 1 to 256 characters."""
+    n an integer in [1, max_n] and stop one stop sequence or at most 4 (stop_sequences), each of
+    1 to 256 characters."""
     if not (_whole(top_k) and top_k >= 0):
         raise InvalidInput(f"top_k must be an integer >= 0 (0: no limit), not {top_k!r}")
     if not (_real(min_p) and 0 <= min_p <= 1):
@@ -74,17 +75,27 @@ def check_processing(top_k=0, min_p=0.0, frequency_penalty=0.0, presence_penalty
     if max_n is not None and n > max_n:
         raise InvalidInput(f"n is {n}; this server decodes at most {max_n} choices of one request together "
                            "(its --max-batch)")
-    check_stop(stop)
+    check_stop(stop_sequences(stop))
 
 
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_STOP_CHARS = 256
 
 
+def stop_sequences(stop) -> tuple:
+    """OpenAI's stop as a tuple of sequences: None none, a string one sequence (never its
+    characters), a list or tuple its items; anything else as given, for check_stop to refuse."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    return tuple(stop) if isinstance(stop, (list, tuple)) else stop
+
+
 def check_stop(stop) -> None:
     """stop: a sequence of at most MAX_STOP strings of 1 to MAX_STOP_CHARS characters each."""
     if isinstance(stop, str) or not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise InvalidInput("stop must be a list of strings")
+        raise InvalidInput("stop must be a string or a list of strings")
     if len(stop) > MAX_STOP:
         raise InvalidInput(f"stop takes at most {MAX_STOP} sequences, not {len(stop)}")
     if any(not s or len(s) > MAX_STOP_CHARS for s in stop):

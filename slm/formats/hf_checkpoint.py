@@ -26,6 +26,7 @@ from slm.formats.base_source import BaseSource, SourceTensor, canonical_json, hu
 from slm.formats.gguf_model import TOKENIZER_FORMAT
 from slm.formats.jsonfile import read_json_object
 from slm.formats.safetensors_io import SafetensorsFile
+from slm.formats.untrusted import read_untrusted
 from slm.quant import profiles as quant_profiles
 
 QUANT_PROFILES = quant_profiles.PROFILES
@@ -118,8 +119,12 @@ def tokenizer_doc_from_dir(root: Path) -> bytes:
     kept = {k: config[k] for k in ("chat_template", "bos_token", "eos_token", "add_bos_token",
                                    "add_eos_token") if k in config}
     template_file = root / "chat_template.jinja"
-    if template_file.is_file():
-        kept["chat_template"] = template_file.read_text(encoding="utf-8")
+    if template_file.exists() or template_file.is_symlink():  # (a FIFO or a dangling link: refused)
+        data = read_untrusted(template_file, MAX_JSON, "chat template")
+        try:
+            kept["chat_template"] = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InvalidInput(f"{template_file} is not UTF-8 text") from err
     return canonical_json({"format": TOKENIZER_FORMAT, "source": "hf",
                            "tokenizer_json": tokenizer_json, "config": kept})
 

@@ -10,7 +10,10 @@ Every such file is opened here, and only as a regular file:
   what it may hold (a manifest, a key) or of another size than its descriptor says (a blob)
   before reading it;
 - reading is bounded by that limit even if the file grows meanwhile, and big files are read
-  in chunks (`chunks`) that the caller hashes and writes on: nothing is held whole.
+  in chunks (`chunks`) that the caller hashes and writes on: nothing is held whole;
+- a pipe, where a caller takes one (a small document the user may give as `<(...)`), is read
+  within a deadline (`pipe_wait`): a FIFO nothing writes to, or a writer that never finishes,
+  is refused when it passes, never waited on for ever.
 
 Why here, and not in slm/store/fs.py (which has the same open for the store's own files):
 a strange file in the store is damage (IntegrityError, "run slm fsck"), a strange file given
@@ -23,13 +26,16 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import stat
+import time
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from slm.errors import InvalidInput, IOFailure, NotFound
 
 CHUNK = 1 << 20
+PIPE_WAIT_S = 30.0  # how long a pipe the user names may take to send the whole document
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -55,12 +61,24 @@ def _reason(err: OSError) -> str:
 
 
 class UntrustedFile:
-    """A regular file opened for reading, its size known (`size`) before any byte is read."""
+    """A regular file opened for reading, its size known (`size`) before any byte is read; or
+    a pipe (size 0) whose every byte must come before `deadline` (time.monotonic())."""
 
-    def __init__(self, fd: int, name: str, size: int):
-        self.fd, self.name, self.size = fd, name, size
+    def __init__(self, fd: int, name: str, size: int, deadline: float | None = None):
+        self.fd, self.name, self.size, self.deadline = fd, name, size, deadline
+
+    def _wait_for_data(self) -> None:
+        """Until the pipe has bytes or its writer is gone (EOF); InvalidInput past the deadline."""
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        left = self.deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            raise InvalidInput(f"{self.name} is a pipe that did not send all of itself in time "
+                               "(does anything write to it?)")
 
     def read_some(self, n: int) -> bytes:
+        if self.deadline is not None:
+            self._wait_for_data()
         try:
             return os.read(self.fd, n)
         except OSError as err:
@@ -99,11 +117,12 @@ class UntrustedFile:
 
 
 def open_untrusted(path: os.PathLike | str, *, follow: bool = False, dir_fd: int | None = None,
-                   name: str | None = None) -> UntrustedFile:
+                   name: str | None = None, pipe_wait: float | None = None) -> UntrustedFile:
     """Open a regular file someone else wrote. `follow`: the user named this path (a link is
     followed, as any program would); otherwise a link is refused. `dir_fd`: open `path`
     relative to that directory (a bundle's directories are held open, so a member cannot be
     swapped for a link between the check and the open). `name`: how messages call it.
+    `pipe_wait`: a pipe or FIFO is taken too, if it sends all of itself within that many seconds.
 
     Missing: NotFound (exit 3). A link (unless followed), a directory, FIFO, device or socket:
     InvalidInput (exit 4). The OS refusing the open or a read (EACCES, EIO): IOFailure (exit 12)."""
@@ -124,6 +143,8 @@ def open_untrusted(path: os.PathLike | str, *, follow: bool = False, dir_fd: int
     except OSError as err:
         os.close(fd)
         raise IOFailure(f"cannot read {name}: {_reason(err)}") from err
+    if stat.S_ISFIFO(info.st_mode) and pipe_wait is not None:
+        return UntrustedFile(fd, name, 0, time.monotonic() + pipe_wait)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise InvalidInput(f"{name} is {kind_of(info.st_mode)}, not a regular file")
@@ -138,8 +159,9 @@ def open_binary(path: Path | str) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def read_untrusted(path: Path | str, limit: int, what: str = "file", *, follow: bool = True) -> bytes:
+def read_untrusted(path: Path | str, limit: int, what: str = "file", *, follow: bool = True,
+                   pipe_wait: float | None = None) -> bytes:
     """The bytes of a small file the user named (a key, a certificate): at most `limit` of them,
-    a larger file refused before it is read."""
-    with open_untrusted(path, follow=follow) as f:
+    a larger file refused before it is read (`pipe_wait`: as open_untrusted's)."""
+    with open_untrusted(path, follow=follow, pipe_wait=pipe_wait) as f:
         return f.read_all(limit, what)

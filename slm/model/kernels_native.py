@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from slm.model import mathops
 from slm.model.kernel_choice import ACTIVATION_MODES, library_path
 from slm.model.kernels import KernelArgumentError, ReferenceKernels, check_width
+from slm.model.prefill_pool import PrefillPool
 from slm.model.weights import QuantTensor
 
 OWN_TYPE_IDS = {"nf4": 1024}  # the C kernels' ids of types without a GGML id (T_NF4 in qkernels/blocks.h)
@@ -199,7 +199,7 @@ class NativeKernels(ReferenceKernels):
         self.threads = n
         if n > 1 and self.pool is None:
             self.scratch2 = np.empty_like(self.scratch)  # the second prefill thread's chunk
-            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slm-prefill")
+            self.pool = PrefillPool()
         elif n == 1 and self.pool is not None:
             self.pool.shutdown()
             self.scratch2 = self.pool = None

@@ -66,18 +66,22 @@ class Guard:
         seen = {"status": 0}
         scope.setdefault("state", {})
 
+        received = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        unauthenticated = self._unauthenticated(received, path)
+        refusal = unauthenticated if unauthenticated is not None else self._too_large(dict(received))
+
         async def send_tagged(message):
             if message["type"] == "http.response.start":
                 seen["status"] = message["status"]
                 headers = list(message.get("headers", []))
-                if not any(k.lower() == HEADER.encode() and v for k, v in headers):
+                # the active composition is told to a client with the key only
+                if unauthenticated is None and not any(k.lower() == HEADER.encode() and v for k, v in headers):
                     headers = [(k, v) for k, v in headers if k.lower() != HEADER.encode()]
                     headers.append((HEADER.encode(), (self.active_id() or "").encode()))
                 headers.append((MODE_HEADER.encode(), self.mode.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
-        refusal = self._refusal(scope, path)
         if refusal is not None:
             if refusal.status_code == 413:
                 await self._discard_body(receive)
@@ -103,16 +107,23 @@ class Guard:
             if not message.get("more_body", False):
                 return
 
-    def _refusal(self, scope, path: str) -> Response | None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key is not None and path != "/health":
-            auth = headers.get("authorization", "")
-            if not auth:
-                return error_response(401, "this server needs an API key: send Authorization: Bearer KEY",
-                                      "authentication_error", "missing_api_key")
-            scheme, _, key = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
-                return error_response(401, "wrong API key", "authentication_error", "invalid_api_key")
+    def _unauthenticated(self, headers: list[tuple[str, str]], path: str) -> Response | None:
+        """The 401 of a request without the API key (one Authorization header, Bearer KEY)."""
+        if self.api_key is None or path == "/health":
+            return None
+        auths = [v for k, v in headers if k == "authorization"]
+        if not auths or not auths[0]:
+            return error_response(401, "this server needs an API key: send Authorization: Bearer KEY",
+                                  "authentication_error", "missing_api_key")
+        if len(auths) > 1:  # which one a proxy or a framework reads differs: none is taken
+            return error_response(401, "send one Authorization header, not several", "authentication_error",
+                                  "invalid_api_key")
+        scheme, _, key = auths[0].partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
+            return error_response(401, "wrong API key", "authentication_error", "invalid_api_key")
+        return None
+
+    def _too_large(self, headers: dict[str, str]) -> Response | None:
         length = headers.get("content-length")
         if length is not None:
             if not length.isdigit():

@@ -38,7 +38,8 @@ def _spec(catalog: Catalog, comp) -> str:
 
 
 def list_models(catalog: Catalog) -> list[dict]:
-    """Every model a request can name, `active` first."""
+    """Every model a request can name, `active` first, each id once: a composition of a base
+    alone, which its spec names by the base's name, is that base's entry."""
     store = catalog.store
     entries = store.ls()
     active_id = catalog.active.id if catalog.active is not None else None
@@ -48,24 +49,33 @@ def list_models(catalog: Catalog) -> list[dict]:
         comp = catalog.active.composition
         out.append(_model("active", created_of.get(comp.id), "active", comp.id, comp.base_name or comp.base,
                           _adapters(comp), True))
+    bases: dict[str, dict] = {}
     seen: set[str] = set()
     for e in entries:
         if "error" in e:
             continue  # a damaged entry: `slm ls` reports it, a model list cannot offer it
         if e["kind"] == "base":
-            out.append(_model(e["name"], e.get("created"), "base", None, e["name"], [], False))
+            bases[e["name"]] = _model(e["name"], e.get("created"), "base", None, e["name"], [], False)
+            out.append(bases[e["name"]])
         elif e["kind"] == "composition":
             try:
                 comp = store.composition(e["digest"])
             except SlmError:
                 continue
             seen.add(comp.id)
-            out.append(_model(_spec(catalog, comp), e.get("created"), "composition", comp.id,
+            model_id = _spec(catalog, comp)
+            if model_id in bases:
+                bases[model_id]["slm"].update(composition=comp.id, active=comp.id == active_id)
+                continue
+            out.append(_model(model_id, e.get("created"), "composition", comp.id,
                               comp.base_name or comp.base, _adapters(comp), comp.id == active_id))
     for info in catalog.runtime.staged():  # asked for by spec, never stored
-        if info.id not in seen:
-            adapters = [{"name": a.name, "digest": a.digest, "weight": a.weight} for a in info.adapters]
-            out.append(_model(info.id, None, "composition", info.id, info.base_name or info.base, adapters,
+        if info.id in seen:
+            continue
+        if not info.adapters and _spec(catalog, info) in bases:  # a base, named by its name
+            bases[info.base_name]["slm"].update(composition=info.id, active=info.id == active_id)
+        else:
+            out.append(_model(info.id, None, "composition", info.id, info.base_name or info.base, _adapters(info),
                               info.id == active_id))
     return out
 

@@ -29,10 +29,12 @@ OPTIONS = dict(max_tokens=16)
 PAUSE_HOOK = """
 import os, sys
 import slm.api
-PAUSE_ON = os.environ["CHAT_PAUSE_ON"]
+PAUSE_ON, TWICE_ON, COUNT_ON = os.environ["CHAT_PAUSE_ON"], os.environ["CHAT_TWICE_ON"], os.environ["CHAT_COUNT_ON"]
 chat = slm.api.Session.chat
 def paused_chat(self, messages, max_tokens=128, *, on_text=None, cancel=None, **options):
-    if messages[-1].content == PAUSE_ON and on_text is not None and cancel is not None:
+    if messages[-1].content == COUNT_ON:
+        sys.stderr.write(f"[{len(messages)} messages]\\n")
+    if messages[-1].content in (PAUSE_ON, TWICE_ON) and on_text is not None and cancel is not None:
         show, waited = on_text, []
         def pause_then_show(piece):
             show(piece)
@@ -41,11 +43,18 @@ def paused_chat(self, messages, max_tokens=128, *, on_text=None, cancel=None, **
                 sys.stderr.write("[answer under way]\\n")
                 sys.stderr.flush()
                 cancel.wait(120)
+                if messages[-1].content == TWICE_ON:  # still under way, for a second Ctrl-C
+                    cancel.clear()
+                    sys.stderr.write("[first Ctrl-C seen]\\n")
+                    sys.stderr.flush()
+                    cancel.wait(120)
         on_text = pause_then_show
     return chat(self, messages, max_tokens, on_text=on_text, cancel=cancel, **options)
 slm.api.Session.chat = paused_chat
 """
 PAUSE_ON = "Tell me a long story."
+TWICE_ON = "Tell me an even longer story."  # paused until a second Ctrl-C
+COUNT_ON = "How long is this conversation?"  # the hook shows how many messages it is sent
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +127,8 @@ def _chat(store_dir: Path, tmp_path: Path, *args: str) -> Terminal:
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(PAUSE_HOOK)
-    env = {**os.environ, "CHAT_PAUSE_ON": PAUSE_ON, "TERM": "dumb",
+    env = {**os.environ, "CHAT_PAUSE_ON": PAUSE_ON, "CHAT_TWICE_ON": TWICE_ON, "CHAT_COUNT_ON": COUNT_ON,
+           "TERM": "dumb",
            "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return Terminal([*SLM, "--store", str(store_dir), "chat", "-n", str(OPTIONS["max_tokens"]), *args], env)
 
@@ -174,6 +184,38 @@ def test_chat_two_turns_a_model_switch_and_ctrl_c_during_an_answer(store_dir, tm
     assert "Traceback" not in term.shown and "slm: error" not in term.shown
 
 
+@pytest.mark.hostile
+def test_ctrl_c_twice_during_an_answer_stops_it_and_keeps_the_chat_and_its_turns(store_dir, tmp_path):
+    """Issue 45: the second Ctrl-C during one answer ended the chat (exit, the conversation
+    lost). Every Ctrl-C during an answer only stops it; the turns stay; a Ctrl-C at the prompt
+    after it is the first of two, not the second."""
+    term = _chat(store_dir, tmp_path, "tq", "--system", "Be brief.")
+    try:
+        term.expect(PROMPT)
+        assert _answer(term.type("Once upon a time"))
+        os.write(term.master, TWICE_ON.encode() + b"\n")
+        term.expect("[answer under way]")
+        term.proc.send_signal(signal.SIGINT)
+        term.expect("[first Ctrl-C seen]")  # the answer goes on, waiting for another
+        term.proc.send_signal(signal.SIGINT)
+        assert "(stopped)" in term.expect(PROMPT)
+        assert term.proc.poll() is None
+        # the system message, two questions and their answers (the stopped one as far as it got), this one
+        assert "[6 messages]" in term.type(COUNT_ON)
+        term.proc.send_signal(signal.SIGINT)
+        term.expect("Ctrl-C again or Ctrl-D to leave")
+        term.expect(PROMPT)
+        assert "[8 messages]" in term.type(COUNT_ON)  # typing on: that Ctrl-C did not end the chat
+        term.proc.send_signal(signal.SIGINT)
+        term.expect("Ctrl-C again or Ctrl-D to leave")
+        term.proc.send_signal(signal.SIGINT)
+        assert term.close() == 0
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+    assert "Traceback" not in term.shown and "slm: error" not in term.shown
+
+
 def test_chat_leaves_on_ctrl_d_and_reports_a_bad_model_without_ending(store_dir, tmp_path):
     term = _chat(store_dir, tmp_path)
     try:
@@ -216,3 +258,26 @@ def test_conversation_keeps_a_stopped_answer_as_far_as_it_went(store_dir):
     assert conv.history[1].content == answer.text and answer.text.startswith(pieces[0])
     conv.reset()
     assert conv.history == [] and conv.ask("Once upon a time").stop_reason != "cancelled"
+
+
+def test_chat_from_a_pipe_leaves_on_two_ctrl_c_while_a_line_is_being_read(store_dir):
+    """Lines are read on a thread of their own, which is still waiting for one when two Ctrl-C
+    end the chat: from a pipe that thread must hold no lock the interpreter's shutdown takes
+    (Python's buffered stdin's did: 'Fatal Python error', exit 134)."""
+    proc = subprocess.Popen([*SLM, "--store", str(store_dir), "chat", "-n", "4"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.read(len(PROMPT)) == PROMPT.encode()  # the prompt: the line is being read
+        proc.send_signal(signal.SIGINT)
+        notice = b""
+        while b"Ctrl-C again" not in notice:
+            more = proc.stderr.read1(4096)
+            assert more, f"the chat ended without the notice: {notice!r}"
+            notice += more
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=HANG_S) == 0
+        assert b"Fatal" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdin.close()

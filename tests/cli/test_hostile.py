@@ -197,7 +197,8 @@ def test_thousands_of_copies_of_one_adapter_are_refused_before_the_lock(cli, sto
     # it would wait lock_timeout_s and exit 7); the messages say which early check refused
     with lock_held_elsewhere(store_dir):
         path.write_text(text + copies(10_000))
-        assert "at most 1048576 bytes" in refused(cli, store_dir, 4, "activate", "-f", path).err
+        assert "more than a composition manifest can be (1048576)" in refused(cli, store_dir, 4, "activate", "-f",
+                                                                             path).err
         path.write_text(text + copies(1_000))
         assert "at most 64" in refused(cli, store_dir, 6, "activate", "-f", path).err
     dup = text + "".join(f'[[adapters]]\nname = "a1"\ndigest = "{manifest}"\nload_order = {i}\nweight = 1.0\n'

@@ -191,6 +191,54 @@ def test_the_api_refuses_bad_sampling_options_with_invalid_input(tiny_store, kwa
         s.generate("hello", **{"max_tokens": 2, **kwargs})
 
 
+def test_a_stop_string_is_one_sequence_and_none_is_no_stop(tiny_store):
+    """stop="xy" is one stop sequence, as the server's stop is (it was split into the stop
+    sequences "x" and "y"); stop=None is no stop sequence (it was a TypeError)."""
+    import slm
+
+    s = slm.Runtime(slm.Store.open(tiny_store["root"])).session()
+    free = s.generate("hello there", max_tokens=16)
+    assert free.stop_reason == "length" and len(free.text) > 2
+    never = free.text[len(free.text) // 2] + "\u2603"  # its first character is in the answer; it is not
+    for stop in (never, [never], (never,)):
+        out = s.generate("hello there", max_tokens=16, stop=stop)
+        assert (out.text, out.stop_reason) == (free.text, "length"), stop
+    assert "".join(s.stream("hello there", max_tokens=16, stop=never)) == free.text
+    assert s.generate("hello there", max_tokens=16, stop=None).text == free.text
+    # a stop sequence that does appear ends the text before it
+    seen = next(free.text[i:i + 2] for i in range(len(free.text)) if free.text[i:i + 2].isascii()
+                and free.text[i:i + 2].isalpha() and len(free.text[i:i + 2]) == 2)
+    cut = s.generate("hello there", max_tokens=16, stop=seen)
+    assert (cut.text, cut.stop_reason) == (free.text[:free.text.index(seen)], "stop")
+    conv = slm.Conversation(slm.Runtime(slm.Store.open(tiny_store["root"])), stop=never, max_tokens=16)
+    assert conv.ask("hello there").stop_reason == "length"
+    with pytest.raises(slm.errors.InvalidInput, match="stop must be a string or a list of strings"):
+        s.generate("hello", max_tokens=2, stop=5)
+
+
+def test_a_cancel_during_a_long_prompt_stops_its_prefill_within_a_chunk(tiny_store, monkeypatch):
+    """A Ctrl-C in `slm chat` (Session.chat's cancel) during an 800-token prompt took its whole
+    prefill to stop: cancel was looked at per generated token only. Now before each chunk."""
+    import threading
+
+    import slm
+    from slm.engine import generate as engine
+
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 8)  # (a long prompt in many chunks, on the tiny model)
+    cancel, chunks, prefill = threading.Event(), [], engine.prefill_next
+
+    def cancelled_during_the_first_chunk(seq, chunk):
+        chunks.append(chunk)
+        cancel.set()
+        return prefill(seq, chunk)
+
+    monkeypatch.setattr(engine, "prefill_next", cancelled_during_the_first_chunk)
+    s = slm.Runtime(slm.Store.open(tiny_store["root"])).session()
+    out = s.chat([{"role": "user", "content": "a prompt of many words to prefill " * 8}], max_tokens=8, cancel=cancel)
+    assert len(chunks) == 1, chunks  # the prompt is over 8 chunks long
+    assert (out.stop_reason, out.text, len(out.tokens)) == ("cancelled", "", 0)
+
+
 @pytest.mark.parametrize("temperature", [*TINY_TEMPERATURES, 2.0])
 def test_the_server_accepts_a_tiny_temperature_and_its_sampler_takes_it(temperature):
     from slm.engine.sampling import Sampler

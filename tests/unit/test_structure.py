@@ -100,6 +100,8 @@ _BROAD_KEPT = {
     ("slm/api_session.py", "Session.stream"): "the worker thread hands the exception to the consumer, which raises it",
     ("slm/conversation.py", "Conversation.ask"): "the answer's worker thread hands the exception to the asker, "
                                                  "which raises it",
+    ("slm/conversation.py", "_LineReader._serve"): "the line reader's thread hands the exception to the chat "
+                                                   "loop, which leaves (end of input) or raises it",
     ("slm/server/catalog.py", "Catalog._watch"): "the refs/active watcher logs a failed look and keeps watching",
     ("slm/ops/infer/scheduler.py", "Scheduler._loop"):
         "a failed batch step fails its requests (HTTP 500) and the server goes on",

@@ -306,7 +306,7 @@ int slm_attend_causal(const float *q, const float *k, const float *v, float *out
 int slm_attend_causal_team(const float *q, const float *k, const float *v, float *out, int64_t T, int64_t first,
                            int64_t window, int64_t nh, int64_t n_kv, int64_t hd) {
     int status = 0;
-#pragma omp parallel
+#pragma omp parallel SLM_TEAM_IF
     {
         const int mine = slm_attend_causal(q, k, v, out, T, first, window, nh, n_kv, hd, thread_index(), thread_count());
         if (mine != 0) {

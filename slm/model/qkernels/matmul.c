@@ -364,7 +364,7 @@ static int matmul_impl(int count, const slm_job *jobs, const slm_term *terms, in
     }
     int64_t claim = 0;
     p.claim = &claim;
-#pragma omp parallel
+#pragma omp parallel SLM_TEAM_IF
     team_matmul(&p);
     free(aligned);
     free(scratch);

@@ -50,7 +50,7 @@ static inline __attribute__((always_inline)) void pack_q4_01(const int type, con
                                                               int64_t row_bytes, int64_t n, uint8_t *out) {
     const int64_t blocks = n / 32, groups = rows / 8;
     const int bytes = type == T_Q4_1 ? Q41X8_BYTES : Q4X8_BYTES, fields = bytes - 128; /* d (and m) */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for SLM_TEAM_IF schedule(static)
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < blocks; b++) {
             uint8_t *o = out + (g * blocks + b) * bytes;
@@ -145,7 +145,7 @@ static inline void dot_group_q4x8(const int type, const int NT, const uint8_t *r
 
 static void pack_q4_k(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
     const int64_t supers = n / 256, groups = rows / 8;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for SLM_TEAM_IF schedule(static)
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < supers; b++) {
             uint8_t *o = out + (g * supers + b) * Q4KX8_BYTES;

@@ -26,7 +26,7 @@
 
 static void pack_q5_0(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
     const int64_t blocks = n / 32, groups = rows / 8;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for SLM_TEAM_IF schedule(static)
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < blocks; b++) {
             uint8_t *o = out + (g * blocks + b) * Q5X8_BYTES;

@@ -30,7 +30,7 @@
 
 static void pack_q6_k(const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t n, uint8_t *out) {
     const int64_t supers = n / 256, groups = rows / 8;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for SLM_TEAM_IF schedule(static)
     for (int64_t g = 0; g < groups; g++)
         for (int64_t b = 0; b < supers; b++) {
             uint8_t *o = out + (g * supers + b) * Q6KX8_BYTES;

@@ -1,7 +1,8 @@
 /* qkernels/simd.h: the CPU, as every kernel sees it.
  *
  * Holds the C and intrinsics headers, the OpenMP thread helpers (slm_threads and
- * slm_set_threads, which kernels_native.py calls; thread_count and thread_index inside
+ * slm_set_threads, which kernels_native.py calls; the fork guard of every parallel region,
+ * SLM_TEAM_IF; thread_count and thread_index inside
  * parallel regions), the float16 and float32 loads from unaligned bytes, and the vector type
  * vf: LANES floats, the CPU's register width (AVX-512 16, AVX 8, else 4), with its loads,
  * lane sums and the int8 -> float conversion of 16 codes. Every other file builds on these;
@@ -20,15 +21,38 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#include <pthread.h>
 #endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
+/* Fork safety. GNU OpenMP keeps a team's threads for the next parallel region, and a child
+ * forked after a team started has none of them: its first parallel region on a team waits for
+ * them forever. So a process records whether it started a team, and a child forked after that
+ * runs every parallel region on its calling thread alone (the region's if clause,
+ * SLM_TEAM_IF), which needs no team: the same results, each output computed whole by one
+ * thread as always, on one core. */
+static int slm_team_started, slm_team_lost;
+
+#ifdef _OPENMP
+static void slm_on_fork_child(void) { slm_team_lost = slm_team_lost || slm_team_started; }
+
+__attribute__((constructor)) static void slm_watch_forks(void) { pthread_atfork(NULL, NULL, slm_on_fork_child); }
+#endif
+
+/* Whether a parallel region may run on a team (every region's if clause). */
+static inline int slm_team_allowed(void) {
+    if (__atomic_load_n(&slm_team_lost, __ATOMIC_RELAXED)) return 0;
+    if (!__atomic_load_n(&slm_team_started, __ATOMIC_RELAXED)) __atomic_store_n(&slm_team_started, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+#define SLM_TEAM_IF if (slm_team_allowed())
+
 /* The number of threads a parallel region uses here. */
 int slm_threads(void) {
 #ifdef _OPENMP
-    return omp_get_max_threads();
+    return slm_team_lost ? 1 : omp_get_max_threads();
 #else
     return 1;
 #endif

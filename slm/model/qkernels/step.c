@@ -267,7 +267,7 @@ int slm_decode_step(const slm_model *m, int64_t B, const slm_row *rows, float *x
     const int64_t H = m->hidden, hd = m->head_dim, nh = m->heads, nkv = m->kv_heads;
     const int64_t Q = nh * hd, KV = nkv * hd, F = m->ffn, half = hd / 2;
     memset(b.claims, 0, sizeof(int64_t) * (size_t)(m->layers * P_COUNT * SLM_CLAIM_STRIDE));
-#pragma omp parallel
+#pragma omp parallel SLM_TEAM_IF
     {
         const int tid = thread_index(), nth = thread_count();
         /* the row-wise work between the products: each thread its own rows (of B) */

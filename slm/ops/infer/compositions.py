@@ -13,7 +13,8 @@ from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.compose.composition import (MAX_ADAPTERS, AdapterRef, Composition, check_adapter_list, for_base,
                                      parse_composition, parse_weight)
 from slm.compose.validate import validate
-from slm.errors import Incompatible, IntegrityError, InvalidInput, NotFound
+from slm.errors import Incompatible, IntegrityError, NotFound
+from slm.formats import untrusted
 from slm.arch.roles import qk_heads
 from slm.model.finite import f32_all_finite
 from slm.ops.store.resolve import by_prefix, load_base, resolve
@@ -51,16 +52,11 @@ MAX_MANIFEST_BYTES = 1 << 20
 
 
 def from_file(path: Path) -> Composition:
-    """A composition manifest given with `activate -f` (a pipe such as <(...) is fine)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_MANIFEST_BYTES + 1)
-    except FileNotFoundError as err:
-        raise NotFound(f"no such file: {path}") from err
-    except OSError as err:
-        raise InvalidInput(f"cannot read {path}: {err.strerror}") from err
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise InvalidInput(f"{path}: a composition manifest is at most {MAX_MANIFEST_BYTES} bytes")
+    """A composition manifest given with `activate -f`: a file, or a pipe such as <(...) that
+    sends it within untrusted.PIPE_WAIT_S (the bounded reader: a FIFO nothing writes to is
+    refused, never waited on)."""
+    data = untrusted.read_untrusted(path, MAX_MANIFEST_BYTES, "composition manifest",
+                                    pipe_wait=untrusted.PIPE_WAIT_S)
     return parse_composition(data, Path(path).name)
 
 

@@ -5,11 +5,26 @@ body into one; slm.api exports both types)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from slm.errors import InvalidInput
 
 MAX_SCHEMA_BYTES = 256 << 10  # a schema's JSON text: far above any real one
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+# the keys OpenAI defines in each object these parsers read; any other is refused (a typo, or a
+# feature slm does not have, must not pass unnoticed)
+TOOL_KEYS = frozenset({"type", "function"})
+FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
+RESPONSE_FORMAT_KEYS = frozenset({"type", "json_schema"})
+JSON_SCHEMA_KEYS = frozenset({"name", "description", "schema", "strict"})
+
+
+def check_keys(obj: dict, allowed: frozenset, where: str) -> None:
+    """InvalidInput naming the first key of obj that is not allowed (a null one is absent)."""
+    for key, value in obj.items():
+        if key not in allowed and value is not None:
+            raise InvalidInput(f"unknown field: {where}.{key}")
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,10 @@ class Tools:
             f = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
             if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
                 raise InvalidInput(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}}")
+            check_keys(t, TOOL_KEYS, f"tools[{i}]")
+            check_keys(f, FUNCTION_KEYS, f"tools[{i}].function")
+            if not TOOL_NAME.fullmatch(f["name"]):
+                raise InvalidInput(f"tools[{i}].function.name must be 1 to 64 letters, digits, _ or -")
             if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
                 raise InvalidInput(f"tools[{i}].function.parameters must be a JSON schema object")
             names.append(f["name"])
@@ -92,6 +111,8 @@ class Tools:
             name = f.get("name") if isinstance(f, dict) else None
             if name not in names:
                 raise InvalidInput("tool_choice must name one of the tools: {type: function, function: {name}}")
+            check_keys(choice, TOOL_KEYS, "tool_choice")
+            check_keys(f, frozenset({"name"}), "tool_choice.function")
             choice = "function"
         elif choice not in ("none", "auto", "required"):
             raise InvalidInput("tool_choice must be none, auto, required or {type: function, function: {name}}")
@@ -130,6 +151,7 @@ class ResponseFormat:
         if not isinstance(value, dict):
             raise InvalidInput("response_format must be an object with a type")
         kind = value.get("type")
+        check_keys(value, RESPONSE_FORMAT_KEYS, "response_format")
         if kind == "text":
             return None
         if kind == "json_object":
@@ -139,6 +161,7 @@ class ResponseFormat:
         spec = value.get("json_schema")
         if not isinstance(spec, dict):
             raise InvalidInput("response_format.json_schema must be an object with name and schema")
+        check_keys(spec, JSON_SCHEMA_KEYS, "response_format.json_schema")
         name, schema, strict = spec.get("name"), spec.get("schema"), spec.get("strict")
         if name is not None and not isinstance(name, str):
             raise InvalidInput("response_format.json_schema.name must be a string")
@@ -148,17 +171,13 @@ class ResponseFormat:
 
     @classmethod
     def from_file(cls, path) -> "ResponseFormat":
-        """`slm run --json-schema FILE`: a JSON schema read from a file (InvalidInput if it
-        cannot be read or is not a JSON object)."""
+        """`slm run --json-schema FILE`: a JSON schema read from a file, or a pipe such as <(...)
+        (the bounded reader's; InvalidInput if it is not a JSON object)."""
         from pathlib import Path
 
-        try:
-            with open(Path(path), "rb") as f:
-                data = f.read(MAX_SCHEMA_BYTES + 1)
-        except OSError as err:
-            raise InvalidInput(f"--json-schema {path}: {err.strerror or err}") from err
-        if len(data) > MAX_SCHEMA_BYTES:
-            raise InvalidInput(f"--json-schema {path}: over {MAX_SCHEMA_BYTES >> 10} KiB")
+        from slm.formats import untrusted
+
+        data = untrusted.read_untrusted(path, MAX_SCHEMA_BYTES, "JSON schema", pipe_wait=untrusted.PIPE_WAIT_S)
         try:
             schema = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:

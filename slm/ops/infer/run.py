@@ -198,8 +198,9 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     Returns the result and, with keep_logits, the float32 logits (positions x vocab) of every
     prompt and generated position. watch: stop at a token boundary once refs/active no longer
     names this composition. cancel: once set (by any thread), stop at the next token boundary
-    ("cancelled"). encode_once: `loaded` serves this generation only (slm run), so its
-    tokenizer keeps only what decoding needs once the prompt is encoded (release_encoder).
+    or, during the prompt's prefill, before its next chunk ("cancelled"). encode_once: `loaded`
+    serves this generation only (slm run), so its tokenizer keeps only what decoding needs once
+    the prompt is encoded (release_encoder).
     """
     _check_options(o)
     tok, model = loaded.tokenizer, loaded.model
@@ -240,7 +241,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
                    tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
                    prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text,
                    processors=processors + grammar_masks(loaded, grammar, o.max_tokens), logprobs=o.logprobs,
-                   stop_sequences=o.stop)
+                   stop_sequences=o.stop, cancelled=None if cancel is None else cancel.is_set)
     comp = loaded.composition
     result = Generation(
         composition=loaded.id,
