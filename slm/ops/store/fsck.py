@@ -33,7 +33,7 @@ from slm.errors import SlmError
 from slm.formats.base_origin import parse_origin_record
 from slm.formats.gguf_frame import parse_frame_record
 from slm.ops.infer import compositions
-from slm.ops.store import naming
+from slm.ops.store import fsck_names, naming
 from slm.ops.ship import receive
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import Finding, FsckReport
@@ -414,6 +414,7 @@ class Fsck:
         self.check_names()
         self.check_side_records()
         self.check_transitions()
+        fsck_names.check_names(self.store, self.add, self.repair)
         unresolved = [f for f in self.findings if not f.repaired]
         return FsckReport(not self.findings, self.repair, self.blobs, self.bytes, tuple(self.findings),
                           len(unresolved))
