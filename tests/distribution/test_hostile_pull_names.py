@@ -10,12 +10,8 @@ import pytest
 from dist_fixtures import registry, skopeo  # noqa: F401  (fixtures)
 from helpers import copy_store, refused
 from model_artifact_helpers import publish, publisher_world
-
-MODELPACK_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
-MODELPACK_CONFIG = "application/vnd.cncf.model.config.v1+json"
-MODELPACK_WEIGHT = "application/vnd.cncf.model.weight.v1.raw"
-DOCKER_CONFIG = "application/vnd.docker.ai.model.config.v0.1+json"
-DOCKER_GGUF = "application/vnd.docker.ai.gguf.v3"
+from slm.distribution.model_artifacts import (DOCKER_CONFIG, DOCKER_GGUF, FILEPATH_ANNOTATION, MODELPACK_ARTIFACT,
+                                              MODELPACK_CONFIG, MODELPACK_WEIGHT)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +25,7 @@ def _artifact(form: str, id_like: str, world: dict):
     if form == "docker config's base":
         return DOCKER_CONFIG, {"config": {"format": "gguf"}, "descriptor": {}, "rootfs": {},
                                "slm": {"base": id_like}}, [(DOCKER_GGUF, gguf, {})], None
-    path = "org.cncf.model.filepath"
+    path = FILEPATH_ANNOTATION
     if form == "modelpack descriptor's name":
         return MODELPACK_CONFIG, {"descriptor": {"name": id_like}, "config": {"format": "gguf"}, "modelfs": {}}, \
             [(MODELPACK_WEIGHT, gguf, {path: "model.gguf"})], MODELPACK_ARTIFACT
