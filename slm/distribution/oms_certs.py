@@ -2,13 +2,14 @@
 signing certificate and the chain above it (x509CertificateChain, DER, base64) instead of a key
 hint, as `model_signing sign certificate` writes it.
 
-Checking is RFC 5280 path validation (cryptography.x509.verification), as `model_signing verify
-certificate` does it with OpenSSL: the chain (signing certificate first) must lead to one of the
-trusted roots given, every issuer on the way a CA allowed to sign certificates within its path
-length, every link valid now and its signature checked; the signing certificate may sign
-(KeyUsage digitalSignature, or no KeyUsage and ExtendedKeyUsage codeSigning); its public key
-(ECDSA) is the one the envelope is checked under. In the store the signature is then kept, like a key-mode one, under that public key
-(slm trusts keys: trusted_keys), the chain having been checked when it was recorded.
+Checking is RFC 5280 path validation (cryptography.x509.verification; `model_signing verify
+certificate` and `openssl verify` make the same checks with OpenSSL): the chain (signing
+certificate first) must lead to one of the trusted roots given, every issuer on the way a CA
+allowed to sign certificates within its path length, every link valid at the time of recording
+and its signature checked; the signing certificate may sign (KeyUsage digitalSignature, or no
+KeyUsage and ExtendedKeyUsage codeSigning); its public key (ECDSA) is the one the envelope is
+checked under. In the store the signature is then kept, like a key-mode one, under that public
+key (slm trusts keys: trusted_keys), the chain having been checked when it was recorded.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def _check_owned_twice(store: StoreDir, add: Add) -> None:
                 digest = store.names.get("tags", name)
                 naming.move(store, "tags", free, digest, "mv")
                 naming.move(store, "tags", name, None, "mv-away")
-            add("name-owned-twice", f"{name!r} names a {naming.KIND_LABEL[kind]} and a tag",
+            add("name-owned-twice", f"{name!r} names {naming.a_label(kind)} and a tag",
                 f"rename the tag to {free!r}", rename)
             tags.discard(name)
 

@@ -110,11 +110,13 @@ def claim(store: StoreDir, kind: str, name: str) -> None:
                            "or digest prefix; choose a name with another character")
     for other in KEPT_APART.get(kind, ()):
         if store.names.get(other, name) is not None:
-            raise InvalidInput(f"{name!r} is already the name of {_a(KIND_LABEL[other])}; "
-                               f"{_a(KIND_LABEL[kind])} needs a name of its own (`slm rm {name}` or choose another)")
+            raise InvalidInput(f"{name!r} is already the name of {a_label(other)}; "
+                               f"{a_label(kind)} needs a name of its own (`slm rm {name}` or choose another)")
 
 
-def _a(label: str) -> str:
+def a_label(kind: str) -> str:
+    """The label of a kind with its article: a base, an adapter, a tag, a pulled reference."""
+    label = KIND_LABEL[kind]
     return ("an " if label[0] in "aeiou" else "a ") + label
 
 
