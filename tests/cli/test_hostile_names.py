@@ -125,9 +125,10 @@ ID_LIKE = ["e37c266a5aa7", "DEADBEEF", "0123456789"]
 
 
 def _id_like_makers(template):
+    """The commands that make a name, as a function of the name."""
     return {
-        "import base": ("import", "base", template["gguf"], "--name"),
-        "import adapter": ("import", "adapter", template["lora"], "--name"),
+        "import base": lambda name: ("import", "base", template["gguf"], "--name", name),
+        "import adapter": lambda name: ("import", "adapter", template["lora"], "--name", name),
         "tag": lambda name: ("tag", name, "tq"),
         "mv": lambda name: ("mv", "french", name),
     }
@@ -139,12 +140,11 @@ def test_a_name_that_reads_as_an_id_is_refused_wherever_names_are_made(cli, stor
     active = cli("status", "--json").json()["active"]["id"]
     make = _id_like_makers(template)[maker]
     for name in [active[7:19], *ID_LIKE]:
-        args = make(name) if callable(make) else (*make, name)
-        r = refused(cli, store_dir, 4, *args)
+        r = refused(cli, store_dir, 4, *make(name))
         assert "as a composition id or digest prefix" in r.err, r.err
     assert cli("activate", active[7:19], "--json").json()["active"]["id"] == active
     for fine in ("cafe", "e37c266a5aaz", "v1e37c266a5aa7"):  # too short to be a prefix, or not all hex
-        args = make(fine) if callable(make) else (*make, fine)
-        assert cli(*args).code == 0, (fine, cli(*args).err)
+        r = cli(*make(fine))
+        assert r.code == 0, (fine, r.err)
         if maker == "mv":
             assert cli("mv", fine, "french").code == 0
