@@ -28,11 +28,11 @@ Add = Callable[..., None]
 
 
 def check_names(store: StoreDir, add: Add, repair: bool) -> None:
-    if not repair and store.journal.pending():
-        return  # an interrupted move's name and log disagree until --repair finishes or undoes it
-    for kind in NAMED_KINDS:
-        for name in sorted(_current(store, kind) | {n for n, _ in store.names.logged(kind)}):
-            _check_against_log(store, add, kind, name)
+    # an interrupted move's name and log disagree until --repair has finished or undone it
+    if repair or not store.journal.pending():
+        for kind in NAMED_KINDS:
+            for name in sorted(_current(store, kind) | {n for n, _ in store.names.logged(kind)}):
+                _check_against_log(store, add, kind, name)
     _check_owned_twice(store, add)
 
 
