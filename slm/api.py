@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from slm.compose.composition import Composition
 from slm.errors import UsageError
+from slm.api_arguments import checked
 from slm.api_session import Session  # noqa: F401  (Runtime.session's result, public as slm.Session)
 from slm.api_names import StoreNames
 from slm.store import store as _store
@@ -46,6 +47,7 @@ def __getattr__(name: str):  # what a Scheduler runs (slm serve builds them), lo
     return getattr(request, name)
 
 
+@checked
 class Store(StoreNames):
     """A store of bases, adapters and compositions, and the one active composition (its names'
     verbs, tag/rm/mv/name_log, are StoreNames')."""
@@ -208,13 +210,15 @@ class Store(StoreNames):
         return gc.gc(self._s, dry_run, on_plan, prune_now)
 
     # -- distribution (docs/distribution.md) ---------------------------------------------------
-    def export(self, ref: str | None, out: str | os.PathLike, format: str = "slm", base: str | None = None,
-               tag: str | None = None,
+    def export(self, ref: Composition | str | None, out: str | os.PathLike, format: str = "slm",
+               base: str | None = None, tag: str | None = None,
                progress: Progress | None = None) -> ExportResult | AdapterExportResult | BaseExportResult:
-        """A composition as an OCI image layout ("slm"), a base as its GGUF file ("gguf"), or one LoRA
-        adapter for llama.cpp ("gguf-lora") or PEFT ("peft"). Writes files only."""
+        """A composition (a stored one, or a spec) as an OCI image layout ("slm"), a base as its
+        GGUF file ("gguf"), or one LoRA adapter for llama.cpp ("gguf-lora") or PEFT ("peft").
+        Writes files only."""
         from slm.ops.ship import exporting
 
+        ref = ref.id if isinstance(ref, Composition) else ref
         return exporting.export(self._s, ref, Path(out), format, base, tag, progress)
 
     def import_bundle(self, path: str | os.PathLike, tag: str | None = None,
@@ -293,6 +297,7 @@ class Store(StoreNames):
         return run.run_prompt(self._s, options, on_text)
 
 
+@checked
 class Runtime:
     """Compositions staged in this process, sharing one memory map per base; sessions on them.
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from slm.api_arguments import checked
 from slm.compose.composition import Composition
 
 if TYPE_CHECKING:
     from slm.ops.results import LogEntry, NameMove
 
 
+@checked
 class StoreNames:
     """Names of a Store: each a movable pointer with its own reflog (slm.ops.store.naming)."""
 

@@ -189,3 +189,13 @@ def exact(model):
 
     modes.use(model.kernels, modes.EXACT)
     return model
+
+
+def forget_name(store_dir: Path, kind: str, name: str) -> None:
+    """A name gone without a trace, its file and its log (fsck compares the two), as if it had
+    never been made: what it pointed at is then reachable by nothing but what else names it."""
+    from slm.store import StoreDir
+
+    names = StoreDir.open(store_dir).names
+    names.remove(kind, name)
+    names.log(kind, name).path.unlink()

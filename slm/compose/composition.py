@@ -191,10 +191,28 @@ def _display_name(value, where: str) -> str:
     return validate_name(value)
 
 
+# the keys a composition manifest holds (to_toml writes them): any other is refused, not ignored,
+# so that a manifest given with `activate -f` or received in a bundle does all it says
+_KEYS = {"schema", "base", "base_name", "tokenizer", "architecture", "quant_profile", "runtime", "adapters",
+         "provenance", "signatures"}
+_TABLE_KEYS = {"runtime": {"name", "version"}, "provenance": {"created_at", "created_by"},
+               "adapters": {"name", "digest", "load_order", "weight"}}
+
+
+def _only_known(table: dict, known: set[str], where: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise InvalidInput(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+
 def parse_composition(data: bytes, what: str = "composition manifest") -> Composition:
     doc = loads(data, what)
     if doc.get("schema") != SCHEMA:
         raise InvalidInput(f"{what}: schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    _only_known(doc, _KEYS, what)
+    for key in ("runtime", "provenance"):
+        if isinstance(doc.get(key), dict):
+            _only_known(doc[key], _TABLE_KEYS[key], f"{what} [{key}]")
     digests = {}
     for key in ("base", "tokenizer", "architecture"):
         value = req(doc, key, str, what)
@@ -212,6 +230,7 @@ def parse_composition(data: bytes, what: str = "composition manifest") -> Compos
         where = f"{what} adapters[{i}]"
         if not isinstance(entry, dict):
             raise InvalidInput(f"{where}: not a table")
+        _only_known(entry, _TABLE_KEYS["adapters"], where)
         digest = req(entry, "digest", str, where)
         if not dg.is_digest(digest):
             raise InvalidInput(f"{where}: digest {digest!r} is malformed")

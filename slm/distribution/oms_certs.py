@@ -2,13 +2,14 @@
 signing certificate and the chain above it (x509CertificateChain, DER, base64) instead of a key
 hint, as `model_signing sign certificate` writes it.
 
-Checking follows `model_signing verify certificate`: the chain (signing certificate first) must
-lead, each certificate directly issued by the next, to one of the trusted roots given; each is
-valid at the signing certificate's notBefore (the signing time a certificate-mode bundle
-implies: it carries no timestamp); the signing certificate may sign (KeyUsage digitalSignature,
-or ExtendedKeyUsage codeSigning); its public key (ECDSA) is the one the envelope is checked
-under. In the store the signature is then kept, like a key-mode one, under that public key
-(slm trusts keys: trusted_keys), the chain having been checked when it was recorded.
+Checking is RFC 5280 path validation (cryptography.x509.verification; `model_signing verify
+certificate` and `openssl verify` make the same checks with OpenSSL): the chain (signing
+certificate first) must lead to one of the trusted roots given, every issuer on the way a CA
+allowed to sign certificates within its path length, every link valid at the time of recording
+and its signature checked; the signing certificate may sign (KeyUsage digitalSignature, or no
+KeyUsage and ExtendedKeyUsage codeSigning); its public key (ECDSA) is the one the envelope is
+checked under. In the store the signature is then kept, like a key-mode one, under that public
+key (slm trusts keys: trusted_keys), the chain having been checked when it was recorded.
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def bundle_chain(bundle: dict, what: str) -> list | None:
 
 
 def _may_sign(cert) -> bool:
+    """RFC 5280 4.2.1.12: a key usage present must allow digitalSignature whatever the extended
+    key usage says; without one, the extended key usage must name codeSigning."""
     x509 = _x509()
     try:
-        if cert.extensions.get_extension_for_class(x509.KeyUsage).value.digital_signature:
-            return True
+        return cert.extensions.get_extension_for_class(x509.KeyUsage).value.digital_signature
     except x509.ExtensionNotFound:
         pass
     try:
@@ -85,39 +87,38 @@ def _may_sign(cert) -> bool:
         return False
 
 
+def _verifier(roots: list, when):
+    """cryptography's RFC 5280 path validation: every issuer a CA (basicConstraints cA) that may
+    sign certificates (keyUsage keyCertSign), path lengths honoured, every link valid at `when`
+    and its signature checked. The issuers keep the CA/B profile cryptography ships except that
+    an extended key usage (codeSigning on an issuer is common outside the web PKI) is allowed;
+    the signing certificate's own use is judged by _may_sign, not by a TLS profile."""
+    from cryptography.x509 import ExtendedKeyUsage
+    from cryptography.x509.verification import Criticality, ExtensionPolicy, PolicyBuilder, Store
+
+    issuers = ExtensionPolicy.webpki_defaults_ca().may_be_present(ExtendedKeyUsage, Criticality.AGNOSTIC, None)
+    return (PolicyBuilder().store(Store(roots)).time(when).max_chain_depth(MAX_CHAIN)
+            .extension_policies(ca_policy=issuers, ee_policy=ExtensionPolicy.permit_all())
+            .build_client_verifier())
+
+
 def check_chain(chain: list, roots: list, what: str):
-    """The signing certificate's public key, once its chain leads to one of `roots`."""
-    from cryptography.exceptions import InvalidSignature
+    """The signing certificate's public key, once a valid path leads from it through `chain` to
+    one of `roots` now (a certificate-mode bundle carries no timestamp: the moment the signature
+    is recorded is the only time slm can vouch for)."""
+    import datetime
+
+    from cryptography.x509.verification import VerificationError
 
     if not roots:
         raise InvalidInput(f"{what} is signed with a certificate: give the trusted root(s) with "
                            "--certificate-chain ROOT.pem")
     leaf = chain[0]
-    when = leaf.not_valid_before_utc
-    path = list(chain)
-    for cert in path:
-        if not cert.not_valid_before_utc <= when <= cert.not_valid_after_utc:
-            raise IntegrityError(f"{what}: certificate {cert.subject.rfc4514_string()} is not valid at signing time")
     if not _may_sign(leaf):
-        raise IntegrityError(f"{what}: the signing certificate may not sign (no digitalSignature or codeSigning)")
-    for cert, issuer in zip(path, path[1:]):
-        _issued(cert, issuer, what, InvalidSignature)
-    top = path[-1]
-    if any(top == root for root in roots):
-        return leaf.public_key()
-    for root in roots:
-        try:
-            top.verify_directly_issued_by(root)
-        except (ValueError, TypeError, InvalidSignature):
-            continue
-        if root.not_valid_before_utc <= when <= root.not_valid_after_utc:
-            return leaf.public_key()
-    raise IntegrityError(f"{what}: its certificate chain does not lead to a trusted root")
-
-
-def _issued(cert, issuer, what: str, invalid) -> None:
+        raise IntegrityError(f"{what}: the signing certificate may not sign (its key usage lacks "
+                             "digitalSignature, or it has none and no codeSigning)")
     try:
-        cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, invalid) as err:
-        raise IntegrityError(f"{what}: certificate {cert.subject.rfc4514_string()} is not issued by the next "
-                             "one in its chain") from err
+        _verifier(roots, datetime.datetime.now(datetime.timezone.utc)).verify(leaf, chain[1:])
+    except (VerificationError, ValueError) as err:
+        raise IntegrityError(f"{what}: its certificate chain does not lead to a trusted root ({err})") from err
+    return leaf.public_key()

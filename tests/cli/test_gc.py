@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from helpers import snapshot
+from helpers import forget_name, snapshot
 from slm.store import StoreDir
 from slm.store import digest as dg
 
@@ -44,6 +44,6 @@ def test_gc_removes_only_the_unreachable(cli, store, store_dir, tiny_model):
 def test_gc_keeps_unnamed_bases_of_logged_compositions(cli, store, store_dir, tiny_model):
     assert cli("import", "base", tiny_model["gguf_q"], "--name", "tq").code == 0
     assert cli("activate", "tq").code == 0
-    StoreDir.open(store_dir).names.remove("bases", "tq")
+    forget_name(store_dir, "bases", "tq")
     assert cli("gc", "--json").json()["blobs"] == []
     assert cli("run", "hello", "-n", "2").code == 0

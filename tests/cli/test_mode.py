@@ -91,7 +91,7 @@ def test_the_runtime_mode_is_what_its_sessions_compute(store_root):
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_exact_must_be_a_bool(store_root, value):
-    with pytest.raises(slm.InvalidInput, match="exact must be True or False"):
+    with pytest.raises(slm.InvalidInput, match=r"^Runtime\(\): exact must be bool, not "):  # (the API's check)
         slm.Runtime(slm.Store.open(store_root), exact=value)
 
 

@@ -90,7 +90,7 @@ def build_template(root: Path, tiny: dict) -> dict:
     interrupted stores the fsck scenarios start from (made by a real crash in a child)."""
     import make_random_lora
 
-    from helpers import tiny_store
+    from helpers import forget_name, tiny_store
 
     store = tiny_store(root, tiny, {"a1": 1, "a2": 2, "a3": 3},
                        [("activate", "tf"), ("activate", "tq"), ("activate", "tq", "a1")],
@@ -98,7 +98,7 @@ def build_template(root: Path, tiny: dict) -> dict:
     # never imported here: the import-adapter scenario does
     make_random_lora.make_random_lora(root / "lora4", rank=4, seed=4, hidden=64, intermediate=128, layers=2, kv_dim=32)
     orphan = StoreDir.open(store).names.resolve("adapters", "a3")
-    StoreDir.open(store).names.remove("adapters", "a3")  # its blobs: only gc reaches them
+    forget_name(store, "adapters", "a3")  # its blobs: only gc reaches them
     assert cli(store, "fsck") == 0
     out = {"root": root, "tiny": tiny, "template": store}
     # a corrupt blob that nothing references: fsck --repair moves it to lost+found/

@@ -17,7 +17,7 @@ from slm.cli import run as slm_run
 from slm.store import StoreDir
 from slm.store.testing.faults import CRASH_EXIT_CODE
 
-from helpers import ADVISORY, tiny_store
+from helpers import ADVISORY, forget_name, tiny_store
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def template(tmp_path_factory, tiny_model):
                        [("activate", "tf"), ("activate", "tq"), ("activate", "tq", "a1")],
                        bases={"tq": "gguf_q", "tf": "gguf"})
     # blobs that only gc can reach: an adapter whose name was removed
-    StoreDir.open(store).names.remove("adapters", "a3")
+    forget_name(store, "adapters", "a3")
     _slm(store, "fsck", check=True)
     return {"store": store, "root": root, "tiny": tiny_model}
 

@@ -141,9 +141,15 @@ def test_the_runtime_takes_config_memory_budget_unless_given_one(store):
     assert slm.Runtime(reopened, memory_budget="5M").memory_budget == 5 << 20
 
 
-@pytest.mark.parametrize("threads", [0, 257, True, 1.0])
+@pytest.mark.parametrize("threads", [0, 257])
 def test_the_runtime_refuses_a_bad_thread_count_as_slm_run_does(store, threads):
     with pytest.raises(slm.InvalidInput, match=r"--threads must be between 1 and 256"):
+        slm.Runtime(store, threads=threads)
+
+
+@pytest.mark.parametrize("threads", [True, 1.0])
+def test_the_runtime_refuses_a_thread_count_that_is_no_int_by_its_signature(store, threads):
+    with pytest.raises(slm.InvalidInput, match=r"^Runtime\(\): threads must be int \| None, not "):
         slm.Runtime(store, threads=threads)
 
 

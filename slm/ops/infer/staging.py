@@ -17,6 +17,7 @@ import threading
 import weakref
 
 from slm.compose.composition import Composition
+from slm.errors import InvalidInput
 from slm.ops.infer import compositions
 from slm.ops.infer.loading import Loaded, load_composition
 from slm.store import StoreDir
@@ -24,6 +25,8 @@ from slm.store import StoreDir
 
 class StagedCompositions:
     def __init__(self, store: StoreDir, max_staged: int = 8):
+        if max_staged < 1:  # 0 would evict each composition as it is staged (the current one kept)
+            raise InvalidInput(f"max_staged must be at least 1 (compositions kept staged), not {max_staged}")
         self.store = store
         self.max_staged = max_staged
         self.staged: dict[str, Loaded] = {}  # composition id -> loaded, least recently used first

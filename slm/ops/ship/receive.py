@@ -277,6 +277,10 @@ def commit(store: StoreDir, comp: Composition, record: str, staging,
             if existing not in (None, digest):
                 raise InvalidInput(f"a different {kind[:-1]} is already named {name!r} in this store; "
                                    "rename it before receiving this composition")
+            try:
+                naming.claim(store, kind, name)
+            except InvalidInput as err:
+                raise InvalidInput(f"the composition received names its {kind[:-1]} {name!r}: {err}") from None
         hex_id = dg.hex_of(comp.id)
         had_record = store.names.get("compositions", hex_id)
         new_dirs = [store.names.root / k for k in ("bases", "adapters", "compositions")

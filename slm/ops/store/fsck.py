@@ -32,7 +32,7 @@ from slm.errors import SlmError
 from slm.formats.base_origin import parse_origin_record
 from slm.formats.gguf_frame import parse_frame_record
 from slm.ops.infer import compositions
-from slm.ops.store import naming
+from slm.ops.store import fsck_names, naming
 from slm.ops.store.transaction_kinds import RECOVER
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import Finding, FsckReport
@@ -340,6 +340,7 @@ class Fsck:
         self.check_side_records()
         self.check_journal(self.check_transitions())
         self.check_prompt_cache()
+        fsck_names.check_names(self.store, self.add, self.repair)
         unresolved = [f for f in self.findings if not f.repaired]
         return FsckReport(not self.findings, self.repair, self.blobs, self.bytes, tuple(self.findings),
                           len(unresolved))

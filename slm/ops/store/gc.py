@@ -18,7 +18,7 @@ from dataclasses import replace
 from slm.compose.adapter_manifest import parse_adapter_manifest
 from slm.compose.base_manifest import parse_base_manifest
 from slm.formats.gguf_frame import parse_frame_record
-from slm.errors import NeedsRecovery
+from slm.errors import IntegrityError, NeedsRecovery, NotFound
 from slm.ops.infer import compositions
 from slm.ops.results import GcPlan
 from slm.store import StoreDir
@@ -98,7 +98,11 @@ def plan(store: StoreDir, prune_now: bool = False) -> GcPlan:
     if store.journal.pending() or store.reflog.read().torn_tail:
         raise NeedsRecovery("an earlier transaction was interrupted; run `slm fsck --repair` before gc")
     expiry_s = 0.0 if prune_now else reflog_expiry_s(store.config)
-    keep, comps = _reachable(store, expiry_s)
+    try:
+        keep, comps = _reachable(store, expiry_s)
+    except NotFound as err:  # a reflog line, a name or a record naming what the store lacks
+        raise IntegrityError(f"the store is damaged: {err}; gc cannot tell what is reachable "
+                             "(run `slm fsck`)") from None
     blobs = sorted(d for d in store.objects.digests() if d not in keep)
     records = sorted(h for h, _ in store.names.items("compositions") if dg.PREFIX + h not in comps)
     prefix_root = store.path("cache", "prefix")

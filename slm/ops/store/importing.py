@@ -65,10 +65,9 @@ def open_base_source(path: Path, quant: str | None) -> BaseSource:
 
 
 def _check_name_free(store: StoreDir, kind: str, name: str) -> None:
-    """Fail fast, before minutes of staging, on a bad name or a damaged name file (the name
-    taken by a different import is checked under the lock at commit time: another import
-    may take it meanwhile)."""
-    store.names.get(kind + "s", name)  # validates the name, reads the file if there is one
+    """Fail fast, before minutes of staging, on a bad name or a damaged name file (the name is
+    claimed again under the lock at commit time: another process may take it meanwhile)."""
+    naming.claim(store, kind + "s", name)
 
 
 def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: bytes,
@@ -92,8 +91,7 @@ def _commit_named(store: StoreDir, staging, kind: str, name: str, manifest: byte
 
 def _commit_locked(store: StoreDir, staging, kind: str, name: str, digest: str) -> tuple[str, list[str], str | None]:
     kinds = kind + "s"
-    if store.names.get("tags", name) is not None:
-        raise InvalidInput(f"{name!r} is a tag; choose another name for the {kind} (or `slm rm {name}`)")
+    naming.claim(store, kinds, name)
     existing = store.names.get(kinds, name)
     log_state = naming.open_log(store, kinds, name)[1] if existing != digest else None
     with store.transaction(intent_name(KIND, f"{kind}-{name}"), "import", digest, old=existing,

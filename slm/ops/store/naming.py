@@ -20,6 +20,7 @@ from typing import Callable
 from slm.compose.composition import Composition, stamped
 from slm.errors import InvalidInput, NeedsRecovery, NotFound, SlmError
 from slm.ops.results import NameMove
+from slm.ops.store.resolve import MIN_PREFIX, reads_as_digest
 from slm.ops.store.suggest import did_you_mean
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
@@ -33,6 +34,10 @@ KIND = "name"  # journal/name-<kind>-<name as its file is named>.intent
 # ops whose line records that the name went away (its new digest is `-`)
 DELETING_OPS = ("rm", "mv-away")
 KIND_LABEL = {"bases": "base", "adapters": "adapter", "tags": "tag", "remotes": "pulled reference"}
+# kinds that may not share a name: a bare spec is read as a tag by some verbs and as a base by
+# others, and rm/mv/log could not tell which one is meant (a base and an adapter may: a spec
+# says which is which by its position, BASE+ADAPTER)
+KEPT_APART = {"tags": ("bases", "adapters"), "bases": ("tags",), "adapters": ("tags",)}
 
 
 def open_log(store: StoreDir, kind: str, name: str) -> tuple[Reflog, ReflogState]:
@@ -121,6 +126,28 @@ def recover(store: StoreDir, intent: Intent, seen: Seen) -> Recovery:
                     lambda: store.names.remove("compositions", dg.hex_of(intent.new)))
 
 
+def claim(store: StoreDir, kind: str, name: str) -> None:
+    """The checks a name of `kind` passes before a transaction points it somewhere: a valid name;
+    if it is new to its kind, not one that reads as a composition id or digest prefix (the id
+    would be shadowed: names win over ids); not a name a kind kept apart holds (KEPT_APART).
+    Callers make it under the store lock, in the transaction that writes the name: a check made
+    before the lock races another process creating the same name."""
+    file_name(kind, name)
+    if kind != "remotes" and reads_as_digest(name) and store.names.get(kind, name) is None:
+        raise InvalidInput(f"invalid name {name!r}: {MIN_PREFIX} or more hex digits read as a composition id "
+                           "or digest prefix; choose a name with another character")
+    for other in KEPT_APART.get(kind, ()):
+        if store.names.get(other, name) is not None:
+            raise InvalidInput(f"{name!r} is already the name of {a_label(other)}; "
+                               f"{a_label(kind)} needs a name of its own (`slm rm {name}` or choose another)")
+
+
+def a_label(kind: str) -> str:
+    """The label of a kind with its article: a base, an adapter, a tag, a pulled reference."""
+    label = KIND_LABEL[kind]
+    return ("an " if label[0] in "aeiou" else "a ") + label
+
+
 def refuse_pending(store: StoreDir) -> None:
     if store.journal.pending():
         raise NeedsRecovery("an earlier transaction was interrupted; run `slm fsck --repair`")
@@ -136,6 +163,8 @@ def move(store: StoreDir, kind: str, name: str, new: str | None, op: str,
         old = store.names.get(kind, name)
         if old == new:
             return NameMove(kind[:-1], name, old, new, False, op)
+        if new is not None:
+            claim(store, kind, name)
         _, state = open_log(store, kind, name)
         created = prepare is not None and not _record_exists(store, kind, new)
         key = f"{kind}-{file_name(kind, name)}"
@@ -176,11 +205,7 @@ def tag(store: StoreDir, name: str, comp: Composition) -> NameMove:
     stored, e.g. tagged, before `slm sign` can sign it)."""
     from slm.ops.infer import compositions
 
-    for kind in ("bases", "adapters"):
-        if store.names.get(kind, name) is not None:
-            raise InvalidInput(f"{name!r} is already the name of {'a base' if kind == 'bases' else 'an adapter'}; "
-                               "a tag needs a name of its own")
-    with store.locked():
+    with store.locked():  # the name is claimed (by move) under the lock that writes it
         compositions.stage(store, comp, load_overlays=False)
         return move(store, "tags", name, comp.id, "tag", lambda tx: store_record(store, tx, comp, "tag"))
 
@@ -205,7 +230,9 @@ def kinds_of(store: StoreDir, name: str, with_history: bool = False) -> list[str
 
 
 def _one_kind(store: StoreDir, name: str, with_history: bool = False) -> str:
-    kinds = kinds_of(store, name, with_history)
+    """The kind that holds `name` now (with_history: else the one whose log knows it: a tag
+    renamed away from a base's name leaves its log behind, and `slm log` means the base)."""
+    kinds = kinds_of(store, name) or (kinds_of(store, name, True) if with_history else [])
     if not kinds:
         raise NotFound(f"no name {name!r}" + did_you_mean(name, all_names(store)))
     if len(kinds) > 1:

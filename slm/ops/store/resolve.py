@@ -13,13 +13,21 @@ from slm.store.names import KINDS
 MIN_PREFIX = 6  # hex digits of an abbreviated digest or composition id (`slm log` shows 12)
 
 
+def reads_as_digest(ref: str) -> bool:
+    """Whether `ref` is a digest or an abbreviation of one, as by_prefix reads it: at least
+    MIN_PREFIX hex digits in either case, `blake3:` optional. A name of this form would stand
+    for an id (slm.ops.store.naming.claim refuses to create one)."""
+    hex_part = ref.removeprefix(dg.PREFIX).lower()
+    return len(hex_part) >= MIN_PREFIX and all(c in "0123456789abcdef" for c in hex_part)
+
+
 def by_prefix(candidates, ref: str, what: str) -> str | None:
     """The one digest among `candidates` that `ref` (a digest, `blake3:` optional, or at least
     MIN_PREFIX of its hex digits) names; None if none does; InvalidInput if several do. The one
     resolver for abbreviated digests and composition ids."""
-    hex_part = ref.removeprefix(dg.PREFIX).lower()
-    if len(hex_part) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in hex_part):
+    if not reads_as_digest(ref):
         return None
+    hex_part = ref.removeprefix(dg.PREFIX).lower()
     matches = sorted({d for d in candidates if dg.hex_of(d).startswith(hex_part)})
     if len(matches) > 1:
         raise InvalidInput(f"{what} prefix {ref!r} is ambiguous ({len(matches)} matches)")
