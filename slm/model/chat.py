@@ -242,10 +242,10 @@ def _environment():
                 for seq, times in ((left, right), (right, left)):
                     if isinstance(seq, (str, list, tuple)) and isinstance(times, int) \
                             and len(seq) * times > template_sandbox.MAX_OUTPUT_CHARS:
-                        raise SecurityError(f"a repetition of {len(seq)} items {times} times is past the "
-                                            f"output cap ({template_sandbox.MAX_OUTPUT_CHARS} characters)")
+                        raise SecurityError(f"a repetition past the output cap "
+                                            f"({template_sandbox.MAX_OUTPUT_CHARS} characters)")
             elif isinstance(left, int) and isinstance(right, int) and right * left.bit_length() > MAX_POWER_BITS:
-                raise SecurityError(f"a power of {right} is too large")
+                raise SecurityError(f"a power of more than {MAX_POWER_BITS} bits")
             return super().call_binop(context, operator, left, right)
 
     def bounded_range(*args):

@@ -74,7 +74,7 @@ def test_a_chat_after_a_refused_render_renders_in_a_fresh_worker():
     ("{{ 'x' | center(1000000000) }}", "memory"),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recursion"),
     ("{{ ('x' * 8000000) ~ ('y' * 8000000) }}", "output"),
-    ("{{ 10 ** 100000000 }}", "power"),
+    ("{{ 10 ** 100000000 }}", "power of more than"),
     ("{{ 1 / 0 }}", "ZeroDivisionError"),
 ])
 def test_other_ways_to_exhaust_a_render_are_refused(template_text, reason):
@@ -108,7 +108,7 @@ def test_a_run_on_a_stored_tokenizer_that_builds_nothing_is_exit_4(cli, store_di
 
     path = hostile_gguf(tmp_path / "merges.gguf", add_token_merges=["zzqq yyxx", "a b"])
     with monkeypatch.context() as m:
-        m.setattr(importing, "check_tokenizer", lambda doc: None)
+        m.setattr(importing, "check_tokenizer", lambda doc: None, raising=False)  # (absent before the check)
         assert cli("--store", store_dir, "import", "base", path, "--name", "old").code == 0
     r = refused(cli, store_dir, 4, "run", "--model", "old", "-n", "1", "hi")
     assert "tokenizer" in r.err and "internal" not in r.err
