@@ -47,6 +47,7 @@ def test_a_hostile_template_refuses_its_request_while_other_bases_answer(hostile
             answers: dict[str, tuple[int, dict]] = {}
             hostile = threading.Thread(target=lambda k=kind: answers.setdefault(k, _chat(server, k, "boom")))
             hostile.start()
+            time.sleep(0.5)  # its render under way: the hanging one holds its worker for 2 s
             chat = _chat(server, "tq", "hello")
             completion = server.json("POST", "/v1/completions", {"model": "tq", "prompt": "hi", "max_tokens": 2})
             # both answered while the hanging template's request was still waiting for its render
