@@ -18,6 +18,7 @@ what tests/real/test_tokenizer_corpus.py checks. Two llama.cpp rules hold for bo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from array import array
@@ -30,7 +31,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from slm.errors import InvalidInput
 from slm.model import token_bytes
-from slm.model.chat import fallback_template
+from slm.model.chat import check_template, fallback_template
 from slm.model.gguf_vocab import (  # noqa: F401 (the token types: this module's vocabulary too)
     BYTE, CONTROL, EOG_TEXTS, NORMAL, UNKNOWN, UNUSED, USER_DEFINED, GGUFVocab, SentencePieceBPE,
 )
@@ -314,6 +315,16 @@ def load_tokenizer(doc_bytes: bytes) -> TextTokenizer:
     raise InvalidInput(f"tokenizer blob has unknown source {source!r}")
 
 
+def check_tokenizer(doc_bytes: bytes) -> None:
+    """What a run would find wrong with a tokenizer blob, found when its base is imported or
+    pulled (InvalidInput): data that builds no tokenizer, or one without a token, or a chat
+    template that fails or exceeds a bound on a plain conversation (slm.model.chat.check_template)."""
+    tok = load_tokenizer(doc_bytes)
+    if tok.vocab_size == 0:
+        raise InvalidInput("the tokenizer has no tokens")
+    check_template(tok.chat_template, tok.special_tokens)
+
+
 def _from_gguf(f: dict, architecture: str | None) -> TextTokenizer:
     vocab = GGUFVocab.from_fields(f)
     model = f.get("ggml.model")
@@ -353,7 +364,8 @@ def _byte_level_bpe(f: dict, vocab: GGUFVocab) -> Tokenizer:
             f"GGUF pre-tokenizer {pre!r} is not supported ({', '.join(sorted(PRE_TOKENIZERS))})"
         )
     merges = [tuple(m.split(" ", 1)) for m in f["ggml.merges"]]
-    tok = Tokenizer(models.BPE(vocab=vocab.index, merges=merges, ignore_merges=False))
+    with _library_refusal("the GGUF tokenizer cannot be built"):
+        tok = Tokenizer(models.BPE(vocab=vocab.index, merges=merges, ignore_merges=False))
     tok.pre_tokenizer = PRE_TOKENIZERS[pre]()
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(vocab.tokens[i], special=True, normalized=False)
@@ -361,6 +373,18 @@ def _byte_level_bpe(f: dict, vocab: GGUFVocab) -> Tokenizer:
     tok.add_tokens([AddedToken(vocab.tokens[i], special=False, normalized=False)
                     for i in sorted(vocab.user_defined)])
     return tok
+
+
+@contextlib.contextmanager
+def _library_refusal(what: str):
+    """tokenizers (Rust) reports data it cannot build from (a merge naming a token outside the
+    vocabulary, a malformed tokenizer.json) as a bare Exception, nothing finer: InvalidInput."""
+    try:
+        yield
+    except Exception as err:
+        if type(err) is not Exception:  # a bug of ours or of the library, not bad data
+            raise
+        raise InvalidInput(f"{what}: {err}") from err
 
 
 def _present(special_tokens: dict[str, str]) -> dict[str, str]:
@@ -376,13 +400,8 @@ def _token_text(value) -> str:
 
 
 def _from_hf(tokenizer_json: dict, config: dict) -> TextTokenizer:
-    try:
+    with _library_refusal("tokenizer.json cannot be loaded"):
         tok = Tokenizer.from_str(json.dumps(tokenizer_json))
-    except Exception as err:
-        if type(err) is not Exception:  # a bug of ours or of the library, not a bad file
-            raise
-        # tokenizers (Rust) reports a malformed tokenizer.json as a bare Exception, nothing finer
-        raise InvalidInput(f"tokenizer.json cannot be loaded: {err}") from err
     names = ("bos_token", "eos_token", "unk_token", "pad_token")
     texts = {k: _token_text(config.get(k)) for k in names}
     bos = tok.token_to_id(texts["bos_token"]) if texts["bos_token"] else None

@@ -181,10 +181,14 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
 
             try:
                 loaded = await run_in_threadpool(catalog.resolve, req.model)
+                generation = req.generation()
+                # a chat's template renders in its own bounded process, waited for on a pool
+                # thread: a slow template holds up its own request, not the preparing thread
+                prompt = await run_in_threadpool(scheduler.render, loaded, generation) if chat else None
                 # tokenized on the scheduler's preparing thread (its prepare checks the length
                 # first: a prompt too long for the context by its bytes alone is not tokenized)
                 jobs = await loop.run_in_executor(scheduler.preparing, scheduler.prepare_choices, loaded,
-                                                  req.generation(), sink_of)
+                                                  generation, sink_of, prompt)
                 choices.extend(responses.Choice(job.index, job.seed) for job in jobs)
                 scheduler.submit_all(jobs)
             except SlmError as err:

@@ -125,3 +125,19 @@ def test_push_as_docker_refuses_an_ia3_adapter_and_a_bundle_received_base(cli, t
     assert pull_json(cli, b, f"{registry.host}/ai/native:v1")["base_name"] == "tq"
     r = cli("--store", b, "push", "--as", "docker", f"{registry.host}/ai/native2:v1", "tq")
     assert r.code == 6 and "has no record of the GGUF file it came from" in r.err, r.err
+
+
+@pytest.mark.hostile
+def test_pull_refuses_a_gguf_whose_chat_template_hangs_or_whose_merges_build_nothing(cli, tmp_path, registry,  # noqa: F811
+                                                                                     skopeo):
+    from template_fixtures import HANG, hostile_gguf
+
+    store = tmp_path / "b"
+    assert cli("--store", store, "init").code == 0
+    bad = {"hang": {"add_chat_template": HANG}, "merges": {"add_token_merges": ["zzqq yyxx"]}}
+    for tag, replaced in bad.items():
+        ref = f"{registry.host}/ai/hostile:{tag}"
+        gguf = hostile_gguf(tmp_path / f"{tag}.gguf", **replaced)
+        publish(skopeo, tmp_path / f"layout-{tag}", ref, CONFIG, _config(), [(GGUF, gguf.read_bytes(), {})])
+        r = refused(cli, store, 4, "pull", ref)
+        assert ("chat template" if tag == "hang" else "tokenizer") in r.err, r.err

@@ -43,8 +43,9 @@ import numpy as np
 from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
 from slm.model import modes
 from slm.model.allocator import release_freed_memory
-from slm.model.chat import chat_prompt_ids
+from slm.model.chat import ChatPrompt
 from slm.engine.tools import tool_format
+from slm.ops.infer.chat_request import check_fits, render_request
 from slm.engine.generate import PREFILL_CHUNK
 from slm.engine.generation import Sequence, decode, first_token, new_sequence, prefill_next
 from slm.model.kernels import default_kernels
@@ -144,13 +145,14 @@ class Scheduler:
         return self.prepare_choices(loaded, req, lambda index: sink)[0]
 
     def prepare_choices(self, loaded: Loaded, req: GenerationRequest,
-                        sink_of: Callable[[int], Callable[[tuple], None]]) -> list[Job]:
+                        sink_of: Callable[[int], Callable[[tuple], None]], prompt: ChatPrompt | None = None) -> list[Job]:
         """prepare for each of the request's n choices: choice i's events go to sink_of(i)
-        (InvalidInput if n is over max_batch: a request's choices are rows of one batch)."""
+        (InvalidInput if n is over max_batch: a request's choices are rows of one batch). A chat
+        request's `prompt` is render's, or rendered here."""
         check_processing(n=req.n, max_n=self.max_batch, logit_bias=dict(req.logit_bias),
                          vocab_size=loaded.model.cfg.vocab_size)
         seeds = choice_seeds(req.seed, req.n)
-        first = self._prepare(loaded, req, sink_of(0))
+        first = self._prepare(loaded, req, sink_of(0), prompt)
         jobs = [first]
         for index in range(1, req.n):
             jobs.append(Job(first.rid, first.req, loaded, first.prompt_ids, sink_of(index), first.capacity,
@@ -160,24 +162,24 @@ class Scheduler:
             job.index, job.seed, job.twin = index, seed, first if index else None
         return jobs
 
-    def _prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
+    def render(self, loaded: Loaded, req: GenerationRequest) -> ChatPrompt:
+        """A chat request's prompt text (slm.ops.infer.chat_request): its template runs in a
+        bounded process, so the server calls this on any thread but the preparing one, which a
+        slow template would hold up for every request."""
+        return render_request(loaded, req)
+
+    def _prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None],
+                 prompt: ChatPrompt | None = None) -> Job:
         tok, cfg = loaded.tokenizer, loaded.model.cfg
-        messages = [m.to_template() for m in req.messages] if req.chat else None
-        tools = req.tools.definitions if req.chat and req.tools is not None else None
-        if tools:  # (a template with no tool support: InvalidInput)
-            messages, tools = tool_format(tok.chat_template).prompt(messages, tools)
-        # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
-        text = "".join(m.get("content") or "" for m in messages) if req.chat else req.prompt
         context = cfg.context_length
-        at_least = tok.min_tokens(text)  # from its bytes: a prompt that cannot fit is not tokenized
-        if at_least >= context:
-            raise InvalidInput(f"the prompt is {len(text.encode('utf-8', 'surrogatepass'))} bytes: at least "
-                               f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
-                               f"the context holds {context}")
+        if req.chat:
+            prompt = prompt or render_request(loaded, req)
+        else:
+            check_fits(tok, req.prompt, context)
         try:  # (message content is text: a control token's text in it stays text)
-            ids = chat_prompt_ids(tok, messages, tools=tools) if req.chat else tok.encode(text)
+            ids = prompt.ids(tok) if req.chat else tok.encode(req.prompt)
         finally:
-            if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
+            if len(prompt.text if req.chat else req.prompt) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
                 release_freed_memory()
         if not ids:
             raise InvalidInput("the prompt encodes to no tokens")

@@ -33,6 +33,7 @@ from slm.formats.gguf_model import open_gguf_base
 from slm.formats.hf_checkpoint import is_hf_checkpoint, open_hf_base
 from slm.formats.peft import is_peft_dir, read_peft_adapter
 from slm.formats.untrusted import open_binary
+from slm.model.tokenizer import check_tokenizer
 from slm.ops.store import naming
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.store.resolve import load_base
@@ -200,7 +201,9 @@ def stage_base(staging, source: BaseSource, progress: Progress,
         progress.finish()
         # serialised while the tensors' copies and fsyncs finish (a whole vocabulary and its merges
         # as JSON: Python work that would otherwise wait for them, or hold them up)
-        tokenizer_digest = staging.put(source.tokenizer_doc())
+        tokenizer_doc = source.tokenizer_doc()
+        check_tokenizer(tokenizer_doc)  # refused now, not at every run
+        tokenizer_digest = staging.put(tokenizer_doc)
         origins = () if origin is None else (("origins", staging.put(origin_record(origin, source.hub_id))),)
         side_names = (*origins, *_stage_gguf_frame(source, staging))
         _check_source_unchanged(source, staging)
