@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.infer.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.infer.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
+    from slm.engine.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
                                  Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str):  # what a Scheduler runs (slm serve builds them), loaded on first use
     if name not in ("ChatMessage", "GenerationRequest", "ResponseFormat", "ToolCall", "Tools"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from slm.ops.infer import request  # (PEP 562: `slm activate` needs none of these dataclasses)
+    from slm.engine import request  # (PEP 562: `slm activate` needs none of these dataclasses)
     return getattr(request, name)
 
 

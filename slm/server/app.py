@@ -173,7 +173,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                 # tokenized on the scheduler's preparing thread (its prepare checks the length
                 # first: a prompt too long for the context by its bytes alone is not tokenized)
                 jobs = await loop.run_in_executor(scheduler.preparing, scheduler.prepare_choices, loaded,
-                                                  req.generation(), sink_of)
+                                                  req.generation, sink_of)
                 choices.extend(responses.Choice(job.index, job.seed) for job in jobs)
                 scheduler.submit_all(jobs)
             except SlmError as err:

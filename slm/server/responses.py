@@ -73,7 +73,7 @@ def _by_text(alternatives) -> dict[str, float]:
 
 
 def _logprobs_of(req: GenerateRequest, choice: Choice, records) -> dict | None:
-    if req.logprobs is None:
+    if req.generation.logprobs is None:
         return None
     if req.chat:
         return chat_logprobs(records)

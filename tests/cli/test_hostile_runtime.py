@@ -300,7 +300,7 @@ def test_server_chat_content_spelling_control_tokens_is_text(tiny_store):
     loaded = rt.stage(store.active())
     body = {"messages": [{"role": "system", "content": "Be brief."},
                          {"role": "user", "content": [{"type": "text", "text": INJECTION}]}], "max_tokens": 1}
-    job = rt.scheduler().prepare(loaded, parse_request(body, chat=True).generation(), lambda _event: None)
+    job = rt.scheduler().prepare(loaded, parse_request(body, chat=True).generation, lambda _event: None)
     tok = loaded.tokenizer
     template_only = chat_prompt_ids(tok, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}])
     assert _control_counts(tok, list(job.prompt_ids)) == _control_counts(tok, template_only)

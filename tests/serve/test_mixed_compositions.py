@@ -39,8 +39,8 @@ def runtime(template, tmp_path):
 
 def _request(prompt: str, eos: list[int]) -> slm.api.GenerationRequest:
     # greedy, and the end-of-sequence tokens forbidden: every answer is MAX_TOKENS tokens long
-    return slm.api.GenerationRequest(chat=False, prompt=prompt, messages=(), max_tokens=MAX_TOKENS,
-                                     max_tokens_given=True, temperature=0.0, top_p=1.0, seed=None, stop=(),
+    return slm.api.GenerationRequest(prompt=prompt, max_tokens=MAX_TOKENS,
+                                     temperature=0.0, top_p=1.0, seed=None, stop=(),
                                      logit_bias=tuple((e, -100.0) for e in eos))
 
 

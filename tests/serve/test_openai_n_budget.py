@@ -23,8 +23,8 @@ def template(tmp_path_factory, tiny_model):
 
 
 def _request(n: int) -> slm.api.GenerationRequest:
-    return slm.api.GenerationRequest(chat=False, prompt="the cat sat on", messages=(), max_tokens=MAX_TOKENS,
-                                     max_tokens_given=True, temperature=1.0, top_p=1.0, seed=1, stop=(), n=n)
+    return slm.api.GenerationRequest(prompt="the cat sat on", max_tokens=MAX_TOKENS,
+                                     temperature=1.0, top_p=1.0, seed=1, stop=(), n=n)
 
 
 def _between(store, base: str) -> int:

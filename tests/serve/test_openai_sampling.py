@@ -331,8 +331,8 @@ def test_a_seeded_request_is_reproduced_byte_for_byte_inside_a_batch_of_8_mixed_
     loaded = [runtime.stage(spec) for spec in specs]
 
     def request(prompt: str, seed: int | None) -> slm.api.GenerationRequest:
-        return slm.api.GenerationRequest(chat=False, prompt=prompt, messages=(), max_tokens=MAX_TOKENS,
-                                         max_tokens_given=True, temperature=1.0, top_p=0.95, seed=seed, stop=())
+        return slm.api.GenerationRequest(prompt=prompt, max_tokens=MAX_TOKENS,
+                                         temperature=1.0, top_p=0.95, seed=seed, stop=())
 
     def run(batch: list[tuple[int, str, int | None]]) -> list[str]:
         scheduler = runtime.scheduler(max_batch=8)
@@ -379,8 +379,8 @@ def test_n_choices_prefill_the_prompt_once_and_each_equals_its_seed_alone(store,
 
     monkeypatch.setattr(scheduling, "prefill_next", counted)
     prompt = "a prompt that no other test of this module prefills"
-    req = slm.api.GenerationRequest(chat=False, prompt=prompt, messages=(), max_tokens=MAX_TOKENS,
-                                    max_tokens_given=True, temperature=1.0, top_p=1.0, seed=77, stop=(), n=3)
+    req = slm.api.GenerationRequest(prompt=prompt, max_tokens=MAX_TOKENS,
+                                    temperature=1.0, top_p=1.0, seed=77, stop=(), n=3)
     scheduler = runtime.scheduler(max_batch=8)
     texts, done = [[], [], []], [threading.Event() for _ in range(3)]
 

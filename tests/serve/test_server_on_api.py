@@ -67,16 +67,16 @@ def test_only_a_full_server_asks_the_client_to_retry_after_a_second():
 # -- the scheduler, below the API, speaks slm's errors ------------------------------------------------
 
 def _request(prompt: str = "hello", **fields):
-    return parse_request({"prompt": prompt, **fields}, chat=False).generation()
+    return parse_request({"prompt": prompt, **fields}, chat=False).generation
 
 
 def test_the_wire_request_becomes_the_schedulers_request_without_its_wire_fields():
     body = {"model": "tq", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0.5,
             "top_p": 0.9, "seed": 7, "stop": ["\n"], "stream": True, "stream_options": {"include_usage": True}}
-    req = parse_request(body, chat=True).generation()
+    req = parse_request(body, chat=True).generation
     assert isinstance(req, slm.api.GenerationRequest)
     assert {f.name for f in dataclasses.fields(req)} & {"model", "stream", "include_usage"} == set()
-    assert (req.chat, req.prompt, req.max_tokens, req.max_tokens_given) == (True, "", 3, True)
+    assert (req.chat, req.prompt, req.max_tokens) == (True, "", 3)
     assert req.messages == (slm.api.ChatMessage("user", "hi"),)
     assert (req.temperature, req.top_p, req.seed, req.stop) == (0.5, 0.9, 7, ("\n",))
 

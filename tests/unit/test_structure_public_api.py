@@ -133,16 +133,18 @@ def test_every_result_the_api_returns_derives_from_result_and_is_exported():
     documented results (ExportResult, PushResult, SignatureReport...) were not importable
     from slm and each wrote its own to_json. The exceptions are values, not reports of an
     operation: a Composition is passed back to activate/verify, a tokenizer encodes, a Loaded
-    (what Runtime.stage staged) is passed to the scheduler."""
+    (what Runtime.stage staged) is passed to the scheduler, a ToolCall (a Generation's call) is
+    passed back in the conversation's next ChatMessage."""
     import dataclasses
     import typing
 
     from slm.compose.composition import Composition
+    from slm.engine.request import ToolCall
     from slm.model.tokenizer import TextTokenizer
     from slm.ops import results
     from slm.ops.infer.loading import Loaded
 
-    values = {Composition, TextTokenizer, Loaded}
+    values = {Composition, TextTokenizer, Loaded, ToolCall}
     ns = _api_namespace()
     seen: set[type] = set()
     todo = [c for _, fn in _public_api_callables() for c in _classes_in(typing.get_type_hints(fn, ns).get("return"))]

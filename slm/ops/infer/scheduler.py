@@ -42,52 +42,58 @@ import numpy as np
 
 from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
 from slm.model import modes
-from slm.model.allocator import release_freed_memory
-from slm.model.chat import chat_prompt_ids
-from slm.engine.tools import tool_format
 from slm.engine.generate import PREFILL_CHUNK
-from slm.engine.generation import Sequence, decode, first_token, new_sequence, prefill_next
-from slm.model.kernels import default_kernels
+from slm.engine.generation import Sequence, decode, first_token, prefill_next
+from slm.engine.prepare import Choice, Prepared, prepare
 from slm.engine.prompt_cache import MemoryPromptCache
-from slm.engine.processors import processors_for
-from slm.engine.sampling import Sampler, check_processing, choice_seeds
-from slm.engine.stops import CANCELLED, StopRules
-from slm.ops.infer import budget
-from slm.ops.infer.loading import Loaded
-from slm.ops.infer.request import GenerationRequest, ToolCall
+from slm.engine.request import GenerationRequest, ToolCall
+from slm.engine.stops import CANCELLED
+from slm.engine.structured import tool_answer
+from slm.engine.target import Target
+from slm.model.kernels import default_kernels
 from slm.ops.results import TokenLogprobs
-from slm.ops.infer.structured import grammar_for, grammar_masks, tool_answer
 
 __all__ = ["Job", "Scheduler"]
 
-# A prompt of this many characters or more peaks at tens of megabytes while it is tokenized:
-# that memory goes back to the kernel right after
-RELEASE_AFTER_CHARS = 64 << 10
-
-
-@dataclass
+@dataclass(eq=False)
 class Job:
+    """One choice of a prepared request, from submission to its close."""
+
     rid: str
-    req: GenerationRequest
-    loaded: Loaded  # pinned at admission: the composition this request runs on, start to finish
-    prompt_ids: list[int]
+    prepared: Prepared  # its target is pinned: the composition it runs on, start to finish
+    choice: Choice
     sink: Callable[[tuple], None]
-    capacity: int
     admitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # the client went away (or the server stops): dropped before the next step
     finished: bool = False
     seq: Sequence | None = None  # its generation, from admission on
     first_token_s: float | None = None
-    index: int = 0  # which choice of its request
-    seed: int = 0  # its sampler's seed (the request's, + index; else a fresh random one)
     logprobs_sent: int = 0  # how many of seq.token_logprobs went out with text already
     twin: "Job | None" = None  # choice 0 of its request, whose prefill the others copy
-    processors: tuple = ()  # its logit processors (a grammar's mask), built off the engine thread
     content: str | None = None  # with tools, once finished: the answer's text outside its calls
     content_rest: str | None = None  # ... and the part of it not sent as ("text", piece) events
     gate: object | None = None  # with tools (a ToolFormat's gate): what of the answer streams before its calls
     tool_calls: tuple[ToolCall, ...] = ()  # with tools, once finished: the calls read from the answer
-    grammar: str | None = None  # the grammar its answer follows (each choice gets its own mask of it)
+
+    @property
+    def req(self) -> GenerationRequest:
+        return self.prepared.request
+
+    @property
+    def loaded(self) -> Target:
+        return self.prepared.target
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        return self.prepared.prompt_ids
+
+    @property
+    def index(self) -> int:
+        return self.choice.index
+
+    @property
+    def seed(self) -> int:
+        return self.choice.seed
 
     def take_logprobs(self) -> list[TokenLogprobs]:
         """The logprobs of the tokens not yet handed out (with a text piece, or now)."""
@@ -136,69 +142,24 @@ class Scheduler:
         self.kernels = None
 
     # -- called from the server's threads ------------------------------------------------------
-    def prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
+    def prepare(self, loaded: Target, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
         """Tokenize and check a one-choice request against its composition's model (InvalidInput
         if it cannot run, BudgetExceeded over the memory budget)."""
         if req.n != 1:
             raise InvalidInput(f"n is {req.n}: a request with several choices goes through prepare_choices")
         return self.prepare_choices(loaded, req, lambda index: sink)[0]
 
-    def prepare_choices(self, loaded: Loaded, req: GenerationRequest,
+    def prepare_choices(self, loaded: Target, req: GenerationRequest,
                         sink_of: Callable[[int], Callable[[tuple], None]]) -> list[Job]:
         """prepare for each of the request's n choices: choice i's events go to sink_of(i)
         (InvalidInput if n is over max_batch: a request's choices are rows of one batch)."""
-        check_processing(n=req.n, max_n=self.max_batch, logit_bias=dict(req.logit_bias),
-                         vocab_size=loaded.model.cfg.vocab_size)
-        seeds = choice_seeds(req.seed, req.n)
-        first = self._prepare(loaded, req, sink_of(0))
-        jobs = [first]
-        for index in range(1, req.n):
-            jobs.append(Job(first.rid, first.req, loaded, first.prompt_ids, sink_of(index), first.capacity,
-                            processors=grammar_masks(loaded, first.grammar, first.req.max_tokens),
-                            grammar=first.grammar))
-        for index, (job, seed) in enumerate(zip(jobs, seeds)):
-            job.index, job.seed, job.twin = index, seed, first if index else None
+        prepared = prepare(loaded, req, mode=modes.of_activations(self.activations), memory_budget=self.budget,
+                           max_n=self.max_batch)
+        rid = f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}"
+        jobs = [Job(rid, prepared, choice, sink_of(choice.index)) for choice in prepared.choices]
+        for job in jobs[1:]:
+            job.twin = jobs[0]
         return jobs
-
-    def _prepare(self, loaded: Loaded, req: GenerationRequest, sink: Callable[[tuple], None]) -> Job:
-        tok, cfg = loaded.tokenizer, loaded.model.cfg
-        messages = [m.to_template() for m in req.messages] if req.chat else None
-        tools = req.tools.definitions if req.chat and req.tools is not None else None
-        if tools:  # (a template with no tool support: InvalidInput)
-            messages, tools = tool_format(tok.chat_template).prompt(messages, tools)
-        # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
-        text = "".join(m.get("content") or "" for m in messages) if req.chat else req.prompt
-        context = cfg.context_length
-        at_least = tok.min_tokens(text)  # from its bytes: a prompt that cannot fit is not tokenized
-        if at_least >= context:
-            raise InvalidInput(f"the prompt is {len(text.encode('utf-8', 'surrogatepass'))} bytes: at least "
-                               f"{at_least} tokens (a token is at most {tok.max_token_bytes} bytes); "
-                               f"the context holds {context}")
-        try:  # (message content is text: a control token's text in it stays text)
-            ids = chat_prompt_ids(tok, messages, tools=tools) if req.chat else tok.encode(text)
-        finally:
-            if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
-                release_freed_memory()
-        if not ids:
-            raise InvalidInput("the prompt encodes to no tokens")
-        if len(ids) >= context:
-            raise InvalidInput(f"the prompt has {len(ids)} tokens; the context holds {context}")
-        max_tokens = req.max_tokens if req.max_tokens_given else min(req.max_tokens, context - len(ids))
-        if len(ids) + max_tokens > context:
-            raise InvalidInput(f"max_tokens {max_tokens} is past the context: the prompt has {len(ids)} tokens "
-                               f"and the context holds {context}")
-        if max_tokens != req.max_tokens:
-            from dataclasses import replace
-
-            req = replace(req, max_tokens=max_tokens)
-        # the whole request: its n choices run at once, each with its own KV cache
-        est = budget.of_staged(loaded.staged, len(ids) + max_tokens, len(ids), sequences=req.n,
-                               mode=modes.of_activations(self.activations))
-        budget.check(est, self.budget, "this request" if req.n == 1 else f"this request ({req.n} choices)")
-        grammar = grammar_for(loaded, req.response_format, req.tools)  # (a schema the engine refuses: InvalidInput)
-        return Job(f"{'chatcmpl' if req.chat else 'cmpl'}-{next(self._ids)}", req, loaded, ids, sink,
-                   capacity=len(ids) + max_tokens, processors=grammar_masks(loaded, grammar, max_tokens),
-                   grammar=grammar)
 
     def submit(self, job: Job) -> None:
         self.submit_all([job])
@@ -304,18 +265,10 @@ class Scheduler:
     def _start(self, job: Job) -> None:
         """A job's sequence (sampler, cache, stop rules streaming to its sink); a prompt in the
         prompt cache runs at once, any other waits its turns in self.prefilling."""
-        loaded, req = job.loaded, job.req
+        loaded = job.loaded
         send = lambda piece: job.sink(("text", piece, job.take_logprobs()))  # noqa: E731
-        if req.tools is not None and req.tools.parsed:  # calls are read whole: prose streams, calls wait
-            job.gate = tool_format(loaded.tokenizer.chat_template).gate(send)
-            send = job.gate.push
-        stops = StopRules(loaded.tokenizer.eos_ids, req.max_tokens, loaded.tokenizer.decode, req.stop, on_text=send)
-        sampler = Sampler(req.temperature, req.top_p, job.seed, req.top_k, req.min_p)
-        # penalties and bias first; a grammar's mask last (what it forbids stays forbidden)
-        processors = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty,
-                                    req.logit_bias) + job.processors
-        job.seq = new_sequence(loaded.model, job.prompt_ids, sampler, stops, job.capacity, processors,
-                               logprobs=req.logprobs)
+        job.gate = job.prepared.tool_gate(send)  # (with tools: prose streams, calls wait to be read whole)
+        job.seq = job.prepared.sequence(job.choice, on_text=send if job.gate is None else job.gate.push)
         logits = self.prompts.get(loaded.id, job.prompt_ids, job.seq.cache)
         if logits is None and self._twin_prefilling(job):
             self.awaiting.append(job)
