@@ -71,8 +71,9 @@ class Session:
         o = self._options(messages=tuple(messages), max_tokens=max_tokens, tools=tools, **options)
         return run.generate_on(self.runtime.store._s, self._loaded, o, on_text=on_text, cancel=cancel)[0]
 
-    def generate_choices(self, prompt: str, n: int, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                         seed: int | None = None, chat: bool = False, **options: object) -> list[Generation]:
+    def generate_choices(self, prompt: str, n: int, max_tokens: int | None = None, temperature: float = 0.0,
+                         top_p: float = 1.0, seed: int | None = None, chat: bool = False,
+                         **options: object) -> list[Generation]:
         """The server's n choices of one prompt: choice i is generate's answer with seed s + i, or a fresh seed."""
         from slm.engine.sampling import check_processing as check, choice_seeds
 

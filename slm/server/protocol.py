@@ -1,9 +1,11 @@
 """The OpenAI wire format: request bodies checked into typed requests, results into responses.
 
-Every check of a client's input that needs no model lives here (one-line messages, HTTP
-4xx); what needs the model (the prompt's length against the context, logit_bias's token ids
-against the vocabulary, n against max_batch) is the scheduler's (slm.api.Runtime.scheduler's
-prepare_choices). Every slm error becomes its HTTP status in one place, http_error.
+A body's JSON is mapped here to a slm.api.GenerationRequest, which checks every option as
+`slm run` and the API's are checked (one-line messages, HTTP 4xx); this module checks only the
+wire's own shape and OpenAI's narrower ranges. What needs the model (the prompt's length
+against the context, logit_bias's token ids against the vocabulary, n against max_batch) is
+the scheduler's preparation (slm.api.Runtime.scheduler's submit). Every slm error becomes its
+HTTP status in one place, http_error.
 
 No field is ignored silently: FIELDS lists, per endpoint, every request field slm reads;
 IGNORED the few that cannot change an answer (accepted, no effect); any other field is a 400

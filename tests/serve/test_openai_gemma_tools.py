@@ -9,7 +9,6 @@ The server path on the tiny model with the Gemma template; then the real Gemma 3
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -19,7 +18,7 @@ from slm.errors import InvalidInput
 from slm.model.chat import GEMMA3_TEMPLATE, render_chat
 from slm.engine.tools import tool_format
 from slm.engine.tools_gemma import INSTRUCTION, CallGate, parse_calls
-from tool_schemas import CLOCK, SCHEMAS, TOOLS
+from tool_schemas import CLOCK, SCHEMAS, TOOLS, tool_model
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -107,13 +106,7 @@ def test_prose_streams_and_a_possible_call_waits_for_the_end(answer, streamed):
 def template(tmp_path_factory, tiny_model):
     """`gt`: the tiny model with the Gemma 3 template and a longer context."""
     root = tmp_path_factory.mktemp("gemma-tools")
-    hf = shutil.copytree(tiny_model["hf"], root / "hf-gemma")
-    config = json.loads((hf / "tokenizer_config.json").read_text())
-    config["chat_template"] = GEMMA3_TEMPLATE
-    (hf / "tokenizer_config.json").write_text(json.dumps(config))
-    model_config = json.loads((hf / "config.json").read_text())
-    model_config["max_position_embeddings"] = 2048  # room for the tools in the prompt
-    (hf / "config.json").write_text(json.dumps(model_config))
+    hf = tool_model(root, tiny_model, GEMMA3_TEMPLATE, "hf-gemma")
     return tiny_store(root, tiny_model, steps=(("import", "base", hf, "--name", "gt"), ("activate", "gt")))
 
 

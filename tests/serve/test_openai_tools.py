@@ -6,13 +6,12 @@ arguments parse and validate, calls in streamed deltas, conversations with tool 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from helpers import copy_store, tiny_store
 from serve_helpers import Server
-from tool_schemas import CLOCK, SCHEMAS, TOOLS
+from tool_schemas import CLOCK, SCHEMAS, TOOLS, tool_model
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -54,13 +53,7 @@ def template(tmp_path_factory, tiny_model):
     """tq (ChatML without tools) active, and `qt`: the tiny model with the Qwen-style template
     and a longer context."""
     root = tmp_path_factory.mktemp("tools")
-    hf = shutil.copytree(tiny_model["hf"], root / "hf-tools")
-    config = json.loads((hf / "tokenizer_config.json").read_text())
-    config["chat_template"] = QWEN_STYLE_TEMPLATE
-    (hf / "tokenizer_config.json").write_text(json.dumps(config))
-    model_config = json.loads((hf / "config.json").read_text())
-    model_config["max_position_embeddings"] = 2048  # room for the tools in the prompt (random weights: any length)
-    (hf / "config.json").write_text(json.dumps(model_config))
+    hf = tool_model(root, tiny_model, QWEN_STYLE_TEMPLATE, "hf-tools")
     return tiny_store(root, tiny_model, bases={"tq": "gguf_q"}, steps=(("import", "base", hf, "--name", "qt"),
                                                                        ("activate", "tq")))
 

@@ -6,14 +6,13 @@ lowered to what the context leaves by both), and a forced tool call comes back t
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from helpers import tiny_store
 from serve_helpers import Server
 from test_openai_tools import QWEN_STYLE_TEMPLATE
-from tool_schemas import TOOLS
+from tool_schemas import TOOLS, tool_model
 
 from slm import ExitCode
 from slm.server.responses import finish_reason, tool_finish
@@ -26,13 +25,7 @@ def store(tmp_path_factory, tiny_model):
     """tq (the tiny model, ChatML) and qt (the same with a Qwen-style tool template and a longer
     context)."""
     root = tmp_path_factory.mktemp("parity")
-    hf = shutil.copytree(tiny_model["hf"], root / "hf-tools")
-    config = json.loads((hf / "tokenizer_config.json").read_text())
-    config["chat_template"] = QWEN_STYLE_TEMPLATE
-    (hf / "tokenizer_config.json").write_text(json.dumps(config))
-    model_config = json.loads((hf / "config.json").read_text())
-    model_config["max_position_embeddings"] = 2048  # room for the tools in the prompt (random weights: any length)
-    (hf / "config.json").write_text(json.dumps(model_config))
+    hf = tool_model(root, tiny_model, QWEN_STYLE_TEMPLATE, "hf-tools")
     return tiny_store(root, tiny_model, bases={"tq": "gguf_q"}, steps=(("import", "base", hf, "--name", "qt"),
                                                                        ("activate", "tq")))
 

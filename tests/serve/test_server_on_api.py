@@ -85,15 +85,15 @@ def test_a_full_scheduler_refuses_with_busy_and_a_draining_one_with_shutting_dow
     loaded = runtime.stage(store.active())
     scheduler = runtime.scheduler(max_batch=1, max_queue=0)  # its thread not started: nothing runs
     try:
-        events = []
-        scheduler.submit(scheduler.prepare(loaded, _request(), events.append))
+        handle = scheduler.submit(loaded, _request())
         with pytest.raises(slm.Busy, match="the server is full") as full:
-            scheduler.submit(scheduler.prepare(loaded, _request(), events.append))
+            scheduler.submit(loaded, _request())
         assert not isinstance(full.value, slm.ShuttingDown)
         scheduler.drain()
         with pytest.raises(slm.ShuttingDown, match="shutting down"):
-            scheduler.submit(scheduler.prepare(loaded, _request(), events.append))
-        assert scheduler.busy() == 1 and events == []
+            scheduler.submit(loaded, _request())
+        assert scheduler.busy() == 1 and not handle.finished
+        assert scheduler.status() == slm.api.SchedulerStatus(queued=1, running=0, prefilling=0, max_batch=1, draining=True)
     finally:
         scheduler.stop()
 
@@ -103,7 +103,7 @@ def test_a_request_past_the_context_is_invalid_input_from_the_scheduler(store, r
     scheduler = runtime.scheduler()
     try:
         with pytest.raises(slm.InvalidInput, match="past the context"):
-            scheduler.prepare(loaded, _request(max_tokens=10 ** 6), lambda event: None)
+            scheduler.submit(loaded, _request(max_tokens=10 ** 6))
     finally:
         scheduler.stop()
 

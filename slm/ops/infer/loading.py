@@ -28,6 +28,11 @@ class Loaded:
     def id(self) -> str:
         return self.composition.id
 
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: token ids are below it."""
+        return self.model.cfg.vocab_size
+
     def memory_estimate(self, positions: int, prompt_tokens: int, sequences: int = 1, all_logits: bool = False,
                         mode: str | None = None) -> Estimate:
         """slm.engine.target.Target's: the estimate `slm activate` checks, for a generation."""
