@@ -154,7 +154,10 @@ def chat_cmd(
         help="The composition to talk to (default: the active one): @active, an id or prefix, or "
              "BASE+ADAPTER@W+... (not activated)."),
     system: Optional[str] = typer.Option(None, "--system", metavar="TEXT", help="The system message."),
-    max_tokens: int = typer.Option(512, "--max-tokens", "-n", parser=integer, help="Longest answer, in tokens."),
+    max_tokens: int = typer.Option(
+        512, "--max-tokens", "-n", parser=integer,
+        help="Longest answer, in tokens (a turn whose conversation leaves the context less is refused, as "
+             "`slm run` refuses it)."),
     temperature: float = typer.Option(
         0.0, "--temperature", "-t", parser=decimal, help="0 is greedy (deterministic); any finite value >= 0."),
     top_p: float = typer.Option(1.0, "--top-p", parser=decimal, help="Nucleus sampling mass (with --temperature > 0)."),
