@@ -196,10 +196,10 @@ DEFAULT_MAX_TOKENS = 128  # a request that gives none: this many, or what the co
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def _check_text(text, what: str) -> None:
+def _check_text(text, what: str, may_be_empty: bool = False) -> None:
     if not isinstance(text, str):
         raise InvalidInput(f"{what} must be text (str), not {type(text).__name__}")
-    if not text:
+    if not text and not may_be_empty:
         raise InvalidInput(f"{what} is empty")
     try:
         text.encode("utf-8")
@@ -209,19 +209,16 @@ def _check_text(text, what: str) -> None:
 
 def _message(m, i: int) -> ChatMessage:
     """A conversation's message i as a ChatMessage (a {"role", "content"} dict converted),
-    checked: a known role; text content (none only for an assistant turn that called tools);
-    a user's content not empty (an assistant's may be: one stopped at once); a tool message
-    names the call it answers."""
+    checked: a known role; UTF-8 text content, possibly empty, as OpenAI's API takes it (none
+    only for an assistant turn that called tools); a tool message names the call it answers."""
     if isinstance(m, dict):
         m = ChatMessage(m.get("role"), m.get("content"), name=m.get("name"), tool_call_id=m.get("tool_call_id"))
     if not isinstance(m, ChatMessage) or m.role not in ROLES:
         raise InvalidInput(f"message {i}: a message is {{role: {'|'.join(ROLES)}, content: text}}")
     if m.content is None and not (m.role == "assistant" and m.tool_calls):
         raise InvalidInput(f"message {i}: a message is {{role: {'|'.join(ROLES)}, content: text}}")
-    if m.content is not None and not isinstance(m.content, str):
-        raise InvalidInput(f"message {i}'s content must be text")
-    if m.role == "user":
-        _check_text(m.content, f"message {i}'s content")
+    if m.content is not None:
+        _check_text(m.content, f"message {i}'s content", may_be_empty=True)
     if m.role == "tool" and not isinstance(m.tool_call_id, str):
         raise InvalidInput(f"message {i}: a tool message needs tool_call_id (the call it answers)")
     return m
