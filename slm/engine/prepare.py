@@ -83,6 +83,7 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
     alone, so its tokenizer keeps only what decoding needs once the prompt is encoded."""
     req, cfg = request, target.model.cfg
     check_processing(n=req.n, max_n=max_n, logit_bias=dict(req.logit_bias), vocab_size=cfg.vocab_size)
+    seeds = choice_seeds(req.seed, req.n)
     ids = prompt_ids(target, req)
     context = cfg.context_length
     max_tokens = min(DEFAULT_MAX_TOKENS, context - len(ids)) if req.max_tokens is None else req.max_tokens
@@ -93,12 +94,12 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
     estimate = target.memory_estimate(len(ids) + max_tokens, len(ids), sequences=req.n, all_logits=keep_logits,
                                       mode=mode)
     check_budget(estimate, memory_budget, "this request" if req.n == 1 else f"this request ({req.n} choices)")
+    penalties = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty, req.logit_bias)
     grammar = grammar_for(target, req.response_format, req.tools)  # (needs the encoder: before its release)
     if encode_once:
         target.tokenizer.release_encoder()
-    penalties = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty, req.logit_bias)
     choices = tuple(Choice(index, seed, penalties + grammar_masks(target, grammar, max_tokens))
-                    for index, seed in enumerate(choice_seeds(req.seed, req.n)))
+                    for index, seed in enumerate(seeds))
     return Prepared(target, req, tuple(ids), len(ids) + max_tokens, estimate, grammar, choices)
 
 

@@ -4,10 +4,11 @@ asks where it came from (the store, the compose layer), so it imports nothing ab
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from slm.model.decoder import Decoder
-from slm.model.tokenizer import TextTokenizer
+if TYPE_CHECKING:  # (a protocol: nothing of the network is needed to state it)
+    from slm.model.decoder import Decoder
+    from slm.model.tokenizer import TextTokenizer
 
 
 class MemoryEstimate(Protocol):
