@@ -5,7 +5,7 @@ Greedy decode rate of one sequence free against one under a JSON schema, and the
 rate of a batch of 8 free rows against 8 rows of which 4 are constrained, through the
 generation core `slm serve` runs (slm.engine.generation: new_sequence, prefill_next,
 first_token, decode), with the grammar masks the server, `slm run --json-schema` and
-Session.generate use (slm.ops.infer.structured.grammar_masks). The schema forces a long answer (an
+Session.generate use (slm.engine.structured.grammar_masks). The schema forces a long answer (an
 array of at least LONG items), so no row stops early: every row runs every step. Each sample
 is timed twice: wall clock and the CPU time of this process (time.process_time; the kernels
 run on one thread), the second being what a machine shared with other work can still measure;
@@ -42,8 +42,8 @@ def bench_structured(loaded, steps: int, runs: int, log=print) -> dict:
     from slm.engine.grammar import GrammarMask
     from slm.engine.sampling import Sampler
     from slm.engine.stops import StopRules
-    from slm.ops.infer.request import ResponseFormat
-    from slm.ops.infer.structured import grammar_for, grammar_masks
+    from slm.engine.request import ResponseFormat
+    from slm.engine.structured import grammar_for, grammar_masks
 
     tok, model = loaded.tokenizer, loaded.model
     model.kernels.set_threads(1)

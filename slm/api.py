@@ -32,19 +32,29 @@ if TYPE_CHECKING:
     from slm.model.tokenizer import TextTokenizer
     from slm.ops.infer.loading import Loaded
     from slm.ops.progress import Progress
-    from slm.ops.infer.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
+    from slm.engine.handle import DoneEvent, Event, FailedEvent, Handle, SchedulerStatus, TextEvent  # noqa: F401
+    from slm.engine.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
                                  Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.infer.run import RunOptions
-    from slm.ops.infer.scheduler import Scheduler
+    from slm.engine.scheduler import Scheduler
+
+# What a Scheduler runs and gives back (slm serve builds them), each loaded on first use (PEP 562:
+# `slm activate` needs none of these dataclasses)
+_ENGINE_TYPES = {**dict.fromkeys(("ChatMessage", "GenerationRequest", "ResponseFormat", "ToolCall", "Tools"),
+                                 "slm.engine.request"),
+                 **dict.fromkeys(("Handle", "Event", "TextEvent", "DoneEvent", "FailedEvent", "SchedulerStatus"),
+                                 "slm.engine.handle")}
 
 
-def __getattr__(name: str):  # what a Scheduler runs (slm serve builds them), loaded on first use
-    if name not in ("ChatMessage", "GenerationRequest", "ResponseFormat", "ToolCall", "Tools"):
+def __getattr__(name: str):
+    module = _ENGINE_TYPES.get(name)
+    if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from slm.ops.infer import request  # (PEP 562: `slm activate` needs none of these dataclasses)
-    return getattr(request, name)
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 @checked
@@ -359,15 +369,16 @@ class Runtime:
     def scheduler(self, max_batch: int = 8, max_queue: int = 32, prefill_chunk: int | None = None,
                   metrics: object | None = None, log: Callable[[str], None] = print) -> Scheduler:
         """The continuous-batching scheduler of slm serve, with this runtime's threads,
-        numerics mode and memory budget: `prepare(loaded, request, sink)` checks a
-        GenerationRequest on a staged composition, `submit(job)` queues it (Busy when full,
-        ShuttingDown once draining); events go to its sink (docs/api.md, "Serving")."""
+        numerics mode and memory budget: `submit(staged, request)` prepares a GenerationRequest
+        on a staged composition and queues it (Busy when full, ShuttingDown once draining),
+        returning a Handle whose typed events carry slm.TokenLogprobs (docs/api.md, "Serving")."""
+        from slm.engine.scheduler import Scheduler
         from slm.model import modes
-        from slm.ops.infer.scheduler import Scheduler
+        from slm.ops.infer.run import logprob_view
 
         chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
         return Scheduler(max_batch, max_queue, self.threads, self.memory_budget, metrics, log,
-                         modes.activations_of(self.mode), **chunk)
+                         modes.activations_of(self.mode), view=logprob_view, **chunk)
 
 
 def check_sampling(temperature: float, top_p: float, seed: int | None, max_temperature: float = math.inf) -> None:

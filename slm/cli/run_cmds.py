@@ -29,7 +29,10 @@ def run_cmd(
     stop: Optional[List[str]] = typer.Option(
         None, "--stop", metavar="TEXT",
         help="Stop before this text (repeatable, up to 4); the text ends before it."),
-    max_tokens: int = typer.Option(128, "--max-tokens", "-n", parser=integer, help="Stop after this many new tokens."),
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", "-n", parser=integer,
+        help="Stop after this many new tokens (default: 128, or what the context leaves; more than the context "
+             "leaves is refused)."),
     temperature: float = typer.Option(
         0.0, "--temperature", "-t", parser=decimal,
         help="0 is greedy (deterministic); any finite value >= 0 (one so small that only the top "
@@ -63,6 +66,14 @@ def run_cmd(
     json_schema: Optional[Path] = typer.Option(
         None, "--json-schema", metavar="FILE",
         help="The answer is JSON valid under this JSON schema (grammar-constrained decoding)."),
+    tools: Optional[Path] = typer.Option(
+        None, "--tools", metavar="FILE",
+        help="Functions the model may call: OpenAI's tools list, as JSON (implies --chat; the calls: --json's "
+             "\"tool_calls\")."),
+    tool_choice: Optional[str] = typer.Option(
+        None, "--tool-choice", metavar="CHOICE",
+        help="With --tools: auto (the answer may call; the default), required (it must), none (it must not), "
+             "or the name of the function it must call."),
     memory_budget: Optional[str] = MemoryBudgetOpt,
     on_switch: str = typer.Option(
         "stop", "--on-switch", metavar="stop|finish",
@@ -77,6 +88,7 @@ def run_cmd(
 ) -> None:
     """Generate text on the active composition (or --model SPEC, --base), streaming it."""
     import slm
+    from slm.api import GenerationRequest
     from slm.ops.infer.run import RunOptions, prompt_from_stdin
 
     slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
@@ -84,13 +96,13 @@ def run_cmd(
     if prompt == "-":  # read during start-up: Ctrl-C while it waits exits at once (slm/entry.py)
         prompt = prompt_from_stdin(sys.stdin)
     store = open_store(ctx)
-    options = RunOptions(prompt=prompt, base=base, model=model, system=system, stop=tuple(stop or ()),
-                         max_tokens=max_tokens, temperature=temperature,
-                         top_p=top_p, seed=seed, chat=chat, logits_out=logits_out,
-                         memory_budget=memory_budget, on_switch=on_switch, threads=threads,
-                         exact=exact, top_k=top_k, min_p=min_p, repeat_penalty=repeat_penalty,
-                         frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                         logprobs=logprobs, json_schema=json_schema)
+    request = GenerationRequest(prompt=prompt, chat=chat, system=system, stop=tuple(stop or ()), max_tokens=max_tokens,
+                                temperature=temperature, top_p=top_p, seed=seed, top_k=top_k, min_p=min_p,
+                                repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, logprobs=logprobs)
+    options = RunOptions(request, base=base, model=model, logits_out=logits_out, memory_budget=memory_budget,
+                         on_switch=on_switch, threads=threads, exact=exact, json_schema=json_schema, tools=tools,
+                         tool_choice=tool_choice)
     result = store.run(options, on_text=None if json_out else render.stream_text)
     if result.prefix_cache == "damaged":
         render.damaged_cache_entry()
@@ -144,7 +156,10 @@ def chat_cmd(
         help="The composition to talk to (default: the active one): @active, an id or prefix, or "
              "BASE+ADAPTER@W+... (not activated)."),
     system: Optional[str] = typer.Option(None, "--system", metavar="TEXT", help="The system message."),
-    max_tokens: int = typer.Option(512, "--max-tokens", "-n", parser=integer, help="Longest answer, in tokens."),
+    max_tokens: int = typer.Option(
+        512, "--max-tokens", "-n", parser=integer,
+        help="Longest answer, in tokens (a turn whose conversation leaves the context less is refused, as "
+             "`slm run` refuses it)."),
     temperature: float = typer.Option(
         0.0, "--temperature", "-t", parser=decimal, help="0 is greedy (deterministic); any finite value >= 0."),
     top_p: float = typer.Option(1.0, "--top-p", parser=decimal, help="Nucleus sampling mass (with --temperature > 0)."),

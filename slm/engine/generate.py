@@ -17,7 +17,8 @@ from typing import Callable
 import numpy as np
 
 from slm.model.decoder import Decoder
-from slm.engine.generation import LogitProcessor, TokenLogprob, decode, first_token, new_sequence, prefill_next
+from slm.engine.generation import (LogitProcessor, Sequence, TokenLogprob, decode, first_token, new_sequence,
+                                   prefill_next)
 from slm.engine.prompt_cache import PromptCache
 from slm.engine.sampling import Sampler
 from slm.engine.stops import CANCELLED, LENGTH, StopRules
@@ -67,11 +68,20 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
     not wanted. decode_text: the tokenizer's decode, to stream the answer's text to on_text
     (and to find stop_sequences in it). processors: slm.engine.generation's logit processors.
     logprobs: None, or record each answer token's logprob and its k alternatives'."""
-    gen = TokenGeneration(list(prompt_ids))
     capacity = min(model.cfg.context_length, len(prompt_ids) + max_tokens)
     stops = StopRules(eos_ids, max_tokens, decode_text, stop_sequences, on_text, caller=on_token)
     seq = new_sequence(model, prompt_ids, sampler, stops, capacity, processors, keep_logits, logprobs)
-    use_cache = prompt_cache is not None and not keep_logits
+    return drive(seq, prompt_cache, comp_id, cancelled)
+
+
+def drive(seq: Sequence, prompt_cache: PromptCache | None = None, comp_id: str = "",
+          cancelled: Callable[[], bool] | None = None) -> TokenGeneration:
+    """Run one sequence to its end, a batch of one: its prompt in chunks of PREFILL_CHUNK (or
+    from the prompt cache, under comp_id, unless every position's logits are kept), then one
+    decode step a token (raising the NumericsError of non-finite logits). cancelled(), asked
+    before each chunk of the prompt, ends it before its first token (CANCELLED) once it says so."""
+    gen = TokenGeneration(list(seq.prompt_ids))
+    use_cache = prompt_cache is not None and not seq.keep_logits
     started = time.perf_counter()
     logits = prompt_cache.get(comp_id, seq.prompt_ids, seq.cache) if use_cache else None
     gen.prefix_hit = logits is not None
@@ -86,7 +96,7 @@ def generate(model: Decoder, prompt_ids: list[int], max_tokens: int, sampler: Sa
     started = time.perf_counter()
     first_token(seq, logits)
     while not seq.done:
-        error = decode([seq], model.kernels)[0]
+        error = decode([seq], seq.model.kernels)[0]
         if error is not None:
             raise error
     gen.decode_s = time.perf_counter() - started

@@ -1,7 +1,7 @@
 """The step-wise generator: sequences advanced one prefill chunk or one decode step at a time.
 
 `slm run` and the Python API (slm.engine.generate.generate: a batch of one) and `slm serve`
-(slm.ops.infer.scheduler: many sequences, prompts taking turns a chunk each between decode steps)
+(slm.engine.scheduler: many sequences, prompts taking turns a chunk each between decode steps)
 drive the same functions, so a greedy answer is token for token the same wherever it runs:
 
     seq = new_sequence(model, prompt_ids, sampler, stops, capacity)

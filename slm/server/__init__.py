@@ -6,6 +6,6 @@
     app.py       the ASGI app (Starlette): HTTP <-> catalog and scheduler, nothing more
     serve.py     uvicorn, signals and the bounded grace period
 
-The scheduler (continuous batching, one decode step for all requests) is slm.ops.infer.scheduler,
+The scheduler (continuous batching, one decode step for all requests) is slm.engine.scheduler,
 below the API: the server reaches it through slm.api.Runtime.scheduler.
 """

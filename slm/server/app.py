@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from slm import SlmError
+from slm.api import FailedEvent, Handle, TextEvent
 from slm.server import discovery, protocol, responses
 from slm.server.catalog import Catalog
 from slm.server.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -138,6 +139,104 @@ KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health
                "/tokenize", "/detokenize"}
 
 
+class ClientGone(Exception):
+    """The client of a request that is not streamed closed its connection."""
+
+
+async def events_of(handle: Handle, request: Request, poll: bool):
+    """The one reading of a request's events (both answers, streamed or whole, consume it):
+    each in order until every choice has ended. poll: look every half second whether the
+    client went away (ClientGone); a streamed answer learns it from its closed generator."""
+    while not handle.finished:
+        if not poll:
+            yield await handle.next_event()
+            continue
+        try:
+            yield await asyncio.wait_for(handle.next_event(), timeout=0.5)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                raise ClientGone() from None
+
+
+def shutting_down(comp: str) -> JSONResponse:
+    return error_response(503, "the server is shutting down; the request was cancelled", "unavailable", comp=comp)
+
+
+def parsed_tools(req: protocol.GenerateRequest) -> bool:
+    return req.tools is not None and req.tools.parsed
+
+
+async def whole_answer(request: Request, req: protocol.GenerateRequest, handle: Handle, model: str,
+                       headers: dict) -> Response:
+    """A whole answer: every choice's DoneEvent (its text comes with it), then one JSON body."""
+    comp = handle.composition
+    choices = [responses.Choice(index, seed) for index, seed in enumerate(handle.seeds)]
+    try:
+        async for event in events_of(handle, request, poll=True):
+            if isinstance(event, FailedEvent):
+                failed = protocol.http_error(event.error)
+                return error_response(failed.status, failed.message, failed.kind, comp=comp)
+            if event.reason == "cancelled":
+                return shutting_down(comp)
+            choice = choices[event.choice]
+            choice.reason, choice.completion_tokens = event.reason, event.completion_tokens
+            choice.content, choice.tool_calls = event.content, event.tool_calls
+            choice.logprobs.extend(event.logprobs)
+    except ClientGone:
+        return Response(status_code=499, headers=headers)
+    except asyncio.CancelledError:
+        # the server's shutdown cancelled this handler before the scheduler closed the request
+        # (it should not: the scheduler stops first): still the 503 of a request cut by the
+        # shutdown, not uvicorn's plain-text 500
+        return shutting_down(comp)
+    finally:
+        handle.cancel()  # no-op once finished; a handler that ends early frees the rows
+    request.state.log += (f" completion={sum(c.completion_tokens for c in choices)} "
+                          f"finish={','.join(c.reason for c in choices)}")
+    body = responses.completion(req, handle.id, comp, model, choices, handle.prompt_tokens)
+    return JSONResponse(body, headers=headers)
+
+
+async def streamed_answer(request: Request, req: protocol.GenerateRequest, handle: Handle, model: str):
+    """A streamed answer: a server-sent event per text piece, each choice's end, [DONE]."""
+    def sse(doc: dict) -> str:
+        return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
+
+    comp, rid = handle.composition, handle.id
+    choices = [responses.Choice(index, seed) for index, seed in enumerate(handle.seeds)]
+    first = [True] * len(choices)
+    try:
+        async for event in events_of(handle, request, poll=False):
+            choice = choices[event.choice]
+            if isinstance(event, TextEvent):
+                yield sse(responses.chunk(req, rid, comp, model, choice, event.piece, first=first[event.choice],
+                                         logprobs=event.logprobs))
+                first[event.choice] = False
+                continue
+            if isinstance(event, FailedEvent):
+                failed = protocol.http_error(event.error)
+                yield sse(responses.error_body(failed.message, failed.kind))
+                break
+            reason = choice.reason = event.reason
+            choice.completion_tokens = event.completion_tokens
+            if parsed_tools(req) and (event.content or event.tool_calls):
+                yield sse(responses.tool_chunk(req, rid, comp, model, choice, event.content, event.tool_calls))
+                first[event.choice] = False
+            if parsed_tools(req):
+                reason = responses.tool_finish(reason, event.tool_calls)
+            yield sse(responses.chunk(req, rid, comp, model, choice, None, reason, first=first[event.choice],
+                                     logprobs=event.logprobs))
+        else:
+            request.state.log += (f" completion={sum(c.completion_tokens for c in choices)} "
+                                  f"finish={','.join(c.reason for c in choices)}")
+            if req.include_usage:
+                yield sse(responses.usage_chunk(req, rid, comp, model, handle.prompt_tokens,
+                                               sum(c.completion_tokens for c in choices)))
+        yield "data: [DONE]\n\n"
+    finally:
+        handle.cancel()  # the client went away (the generator is closed): drop the rows next step
+
+
 def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_key: str | None = None,
               body_limit: int = DEFAULT_BODY_LIMIT, log: Callable[[str], None] = print):
     def active_id() -> str | None:
@@ -156,131 +255,27 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
     async def generate(request: Request, chat: bool) -> Response:
         try:
             body = await read_body(request)
-            loop = asyncio.get_running_loop()
-            # a large body is parsed on the scheduler's one preparing thread: the event loop keeps
+            # a large body is parsed on the scheduler's preparing thread: the event loop keeps
             # answering meanwhile, and it competes for the GIL with one such thread, not many
             doc = protocol.parse_body(body) if len(body) < PARSE_INLINE_BYTES else \
-                await loop.run_in_executor(scheduler.preparing, protocol.parse_body, body)
+                await scheduler.call_preparing(protocol.parse_body, body)
             req = protocol.parse_request(doc, chat)
-            events: asyncio.Queue = asyncio.Queue()
-            choices: list[responses.Choice] = []
-
-            def sink_of(index: int) -> Callable[[tuple], None]:
-                def sink(event: tuple) -> None:  # called on the scheduler's thread
-                    if event[0] == "text" and not req.stream:
-                        # kept until the end: no wake-up of the event loop a token (on two cores
-                        # each one takes CPU from the decode step); read after "done" comes
-                        choices[index].pieces.append(event[1])
-                        choices[index].logprobs.extend(event[2])
-                        return
-                    try:
-                        loop.call_soon_threadsafe(events.put_nowait, (index, event))
-                    except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
-                        pass
-                return sink
-
             try:
-                loaded = await run_in_threadpool(catalog.resolve, req.model)
-                generation = req.generation()
-                # a chat's template renders in its own bounded process, waited for on a pool
-                # thread: a slow template holds up its own request, not the preparing thread
-                prompt = await run_in_threadpool(scheduler.render, loaded, generation) if chat else None
-                # tokenized on the scheduler's preparing thread (its prepare checks the length
-                # first: a prompt too long for the context by its bytes alone is not tokenized)
-                jobs = await loop.run_in_executor(scheduler.preparing, scheduler.prepare_choices, loaded,
-                                                  generation, sink_of, prompt)
-                choices.extend(responses.Choice(job.index, job.seed) for job in jobs)
-                scheduler.submit_all(jobs)
+                target = await run_in_threadpool(catalog.resolve, req.model)
+                # prepared on the scheduler's preparing thread (a prompt too long for the context
+                # by its bytes alone is not tokenized)
+                handle = await scheduler.submit_async(target, req.generation, stream=req.stream)
             except SlmError as err:
                 raise protocol.http_error(err) from err
         except BadRequest as err:
             return error_response(err.status, err.message, err.kind, headers=err.headers, comp=active_id())
-        comp, model = jobs[0].loaded.id, req.model or "active"
-        headers = {HEADER: comp, SEED_HEADER: ",".join(str(c.seed) for c in choices)}
-        request.state.log = f"comp={comp[len('blake3:'):][:12]} prompt={len(jobs[0].prompt_ids)}"
+        comp, model = handle.composition, req.model or "active"
+        headers = {HEADER: comp, SEED_HEADER: ",".join(str(seed) for seed in handle.seeds)}
+        request.state.log = f"comp={comp[len('blake3:'):][:12]} prompt={handle.prompt_tokens}"
         if req.stream:
-            return StreamingResponse(stream(request, req, jobs, choices, events, comp, model),
-                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
-        try:
-            waiting = len(jobs)
-            while waiting:
-                try:
-                    index, event = await asyncio.wait_for(events.get(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return Response(status_code=499, headers=headers)
-                    continue
-                except asyncio.CancelledError:
-                    # the server's shutdown cancelled this handler before the scheduler closed the
-                    # request (it should not: the scheduler stops first): still the 503 of a
-                    # request cut by the shutdown, not uvicorn's plain-text 500
-                    return error_response(503, "the server is shutting down; the request was cancelled",
-                                          "unavailable", comp=comp)
-                if event[0] == "error":
-                    failed = protocol.http_error(event[1])
-                    return error_response(failed.status, failed.message, failed.kind, comp=comp)
-                _, reason, n_prompt, n_out = event
-                if reason == "cancelled":
-                    return error_response(503, "the server is shutting down; the request was cancelled",
-                                          "unavailable", comp=comp)
-                choice = choices[index]
-                choice.reason, choice.completion_tokens = reason, n_out
-                choice.logprobs.extend(jobs[index].take_logprobs())
-                if parsed_tools(req):  # the text outside the calls, and the calls
-                    choice.content, choice.tool_calls = jobs[index].content, jobs[index].tool_calls
-                waiting -= 1
-            request.state.log += (f" completion={sum(c.completion_tokens for c in choices)} "
-                                  f"finish={','.join(c.reason for c in choices)}")
-            body = responses.completion(req, jobs[0].rid, comp, model, choices, len(jobs[0].prompt_ids))
-            return JSONResponse(body, headers=headers)
-        finally:
-            for job in jobs:
-                job.cancel()  # no-op once finished; a cancelled handler (client gone) frees the rows
-
-    async def stream(request: Request, req, jobs, choices, events: asyncio.Queue, comp: str, model: str):
-        def sse(doc: dict) -> str:
-            return f"data: {json.dumps(doc, ensure_ascii=False)}\n\n"
-
-        try:
-            first = [True] * len(jobs)
-            waiting = len(jobs)
-            while waiting:
-                index, event = await events.get()
-                choice = choices[index]
-                if event[0] == "text":
-                    yield sse(responses.chunk(req, jobs[0].rid, comp, model, choice, event[1], first=first[index],
-                                             logprobs=event[2]))
-                    first[index] = False
-                elif event[0] == "error":
-                    failed = protocol.http_error(event[1])
-                    yield sse(responses.error_body(failed.message, failed.kind))
-                    break
-                else:
-                    _, reason, n_prompt, n_out = event
-                    job = jobs[index]
-                    choice.reason, choice.completion_tokens = reason, n_out
-                    if parsed_tools(req) and (job.content_rest or job.tool_calls):
-                        yield sse(responses.tool_chunk(req, job.rid, comp, model, choice, job.content_rest,
-                                                      job.tool_calls))
-                        first[index] = False
-                    if parsed_tools(req):
-                        reason = responses.tool_finish(reason, job.tool_calls)
-                    yield sse(responses.chunk(req, jobs[0].rid, comp, model, choice, None, reason, first=first[index],
-                                             logprobs=job.take_logprobs()))
-                    waiting -= 1
-            else:
-                request.state.log += (f" completion={sum(c.completion_tokens for c in choices)} "
-                                      f"finish={','.join(c.reason for c in choices)}")
-                if req.include_usage:
-                    yield sse(responses.usage_chunk(req, jobs[0].rid, comp, model, len(jobs[0].prompt_ids),
-                                                   sum(c.completion_tokens for c in choices)))
-            yield "data: [DONE]\n\n"
-        finally:
-            for job in jobs:
-                job.cancel()  # the client went away (the generator is closed): drop the rows next step
-
-    def parsed_tools(req) -> bool:
-        return req.tools is not None and req.tools.parsed
+            return StreamingResponse(streamed_answer(request, req, handle, model), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})
+        return await whole_answer(request, req, handle, model, headers)
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -312,7 +307,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
             model, *args = parse(protocol.parse_body(await read_body(request)))
             try:
                 loaded = await run_in_threadpool(catalog.resolve, model)
-                answer = await asyncio.get_running_loop().run_in_executor(scheduler.preparing, work, loaded, *args)
+                answer = await scheduler.call_preparing(work, loaded, *args)
             except SlmError as err:
                 raise protocol.http_error(err) from err
             return JSONResponse(answer)
@@ -329,10 +324,9 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         return JSONResponse({"status": "draining" if scheduler.draining else "ok"})
 
     async def slm_status(request: Request) -> Response:
-        status = await run_in_threadpool(catalog.status)
-        status.update(queue_depth=scheduler.pending.qsize(), running=len(scheduler.running),
-                      prefilling=len(scheduler.prefilling) + len(scheduler.awaiting),  # (choices awaiting a copy)
-                      max_batch=scheduler.max_batch, draining=scheduler.draining)
+        status, engine = await run_in_threadpool(catalog.status), scheduler.status()
+        status.update(queue_depth=engine.queued, running=engine.running, prefilling=engine.prefilling,
+                      max_batch=engine.max_batch, draining=engine.draining)
         return JSONResponse(status)
 
     async def metrics_endpoint(request: Request) -> Response:

@@ -109,7 +109,7 @@ def _piece(data: bytes) -> str | list[int]:
 
 def detokenize(loaded, tokens: list[int]) -> dict:
     """llama-server's /detokenize on a staged composition: {"content": text}."""
-    vocab = loaded.model.cfg.vocab_size
+    vocab = loaded.vocab_size
     bad = [t for t in tokens if not 0 <= t < vocab]
     if bad:
         raise InvalidInput(f"token ids must be in [0, {vocab}); got {bad[0]}")

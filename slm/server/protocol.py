@@ -1,9 +1,11 @@
 """The OpenAI wire format: request bodies checked into typed requests, results into responses.
 
-Every check of a client's input that needs no model lives here (one-line messages, HTTP
-4xx); what needs the model (the prompt's length against the context, logit_bias's token ids
-against the vocabulary, n against max_batch) is the scheduler's (slm.api.Runtime.scheduler's
-prepare_choices). Every slm error becomes its HTTP status in one place, http_error.
+A body's JSON is mapped here to a slm.api.GenerationRequest, which checks every option as
+`slm run` and the API's are checked (one-line messages, HTTP 4xx); this module checks only the
+wire's own shape and OpenAI's narrower ranges. What needs the model (the prompt's length
+against the context, logit_bias's token ids against the vocabulary, n against max_batch) is
+the scheduler's preparation (slm.api.Runtime.scheduler's submit). Every slm error becomes its
+HTTP status in one place, http_error.
 
 No field is ignored silently: FIELDS lists, per endpoint, every request field slm reads;
 IGNORED the few that cannot change an answer (accepted, no effect); any other field is a 400
@@ -23,7 +25,6 @@ from slm.api import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, To
 
 MAX_MESSAGES = 1024
 ROLES = ("system", "user", "assistant", "tool")
-DEFAULT_MAX_TOKENS = 128  # as `slm run`
 MAX_TEMPERATURE = 2.0  # OpenAI's range (slm run takes any finite temperature >= 0)
 
 # Every request field each endpoint implements (the one allowlist: a field is added here when
@@ -79,41 +80,25 @@ def http_error(err: Exception) -> BadRequest:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """One /v1/completions or /v1/chat/completions request, checked."""
+    """One /v1/completions or /v1/chat/completions request: its wire fields beside the
+    GenerationRequest it carries (what the engine runs)."""
 
-    chat: bool
-    prompt: str  # completions: the prompt text
-    messages: tuple[ChatMessage, ...]  # chat: the conversation
+    generation: GenerationRequest
     model: str | None  # None or "active": the active composition at admission
-    max_tokens: int
-    max_tokens_given: bool
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: tuple[str, ...]
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
-    n: int = 1
-    top_k: int = 0
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repeat_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    logprobs: int | None = None
-    response_format: ResponseFormat | None = None  # None: free text
-    tools: Tools | None = None  # chat: the functions the model may call
 
-    def generation(self) -> GenerationRequest:
-        """What the scheduler runs: this request without its wire-format fields."""
-        return GenerationRequest(chat=self.chat, prompt=self.prompt, messages=self.messages,
-                                 max_tokens=self.max_tokens, max_tokens_given=self.max_tokens_given,
-                                 temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=self.stop,
-                                 n=self.n, top_k=self.top_k, min_p=self.min_p,
-                                 frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
-                                 repeat_penalty=self.repeat_penalty, logit_bias=self.logit_bias,
-                                 logprobs=self.logprobs,
-                                 response_format=self.response_format, tools=self.tools)
+    @property
+    def chat(self) -> bool:
+        return self.generation.chat
+
+    @property
+    def n(self) -> int:
+        return self.generation.n
+
+    @property
+    def tools(self) -> Tools | None:
+        return self.generation.tools
 
 
 def parse_body(body: bytes) -> dict:
@@ -217,10 +202,7 @@ def _tools(doc: dict, chat: bool) -> Tools | None:
         if given:
             raise BadRequest(f"{given[0]} is for /v1/chat/completions")
         return None
-    try:
-        return Tools.of(doc.get("tools"), doc.get("tool_choice"), doc.get("parallel_tool_calls"))
-    except InvalidInput as err:
-        raise BadRequest(str(err)) from err
+    return Tools.of(doc.get("tools"), doc.get("tool_choice"), doc.get("parallel_tool_calls"))
 
 
 def _prompt(doc: dict) -> str:
@@ -263,54 +245,36 @@ def _logprobs(doc: dict, chat: bool) -> int | None:
     top = _integer(doc, "top_logprobs", None)
     if top is not None and not wanted:
         raise BadRequest("top_logprobs needs logprobs: true")
+    check_processing(logprobs=top, logprobs_name="top_logprobs")  # (InvalidInput naming chat's field)
     return (top or 0) if wanted else None
 
 
-def _bias_pairs(logit_bias: dict | None) -> tuple[tuple[int, float], ...]:
-    """A checked logit_bias (check_processing) as sorted (token id, bias) pairs."""
-    return tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))
-
-
-def _response_format(doc: dict) -> ResponseFormat | None:
-    """response_format, checked by the one parser the API and `slm run --json-schema` use; the
-    schema's compilation against the vocabulary is the scheduler's (it needs the model)."""
-    try:
-        return ResponseFormat.of(doc.get("response_format"))
-    except InvalidInput as err:
-        raise BadRequest(str(err)) from err
-
-
 def parse_request(doc: dict, chat: bool) -> GenerateRequest:
+    """A request body as its GenerationRequest (which checks every option) and wire fields;
+    OpenAI's narrower ranges (temperature up to 2, max_tokens at least 1) are checked here."""
     check_fields(doc, chat)
-    model = doc.get("model")
-    if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise BadRequest("model must be a non-empty string: 'active', a composition id or prefix, "
-                         "or BASE+ADAPTER@W+...")
-    n = _integer(doc, "n", 1)  # (at most the scheduler's max_batch: its prepare_choices checks)
     key = "max_completion_tokens" if chat and doc.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(doc, key, None)
-    given = max_tokens is not None
-    if given and max_tokens < 1:
+    if max_tokens is not None and max_tokens < 1:
         raise BadRequest(f"{key} must be at least 1, not {max_tokens}")
-    temperature = _number(doc, "temperature", 0.0)
-    top_p = _number(doc, "top_p", 1.0)
-    seed = _integer(doc, "seed", None)  # None: a fresh random seed per choice
-    processing = dict(top_k=_integer(doc, "top_k", 0), min_p=_number(doc, "min_p", 0.0),
-                      frequency_penalty=_number(doc, "frequency_penalty", 0.0),
-                      presence_penalty=_number(doc, "presence_penalty", 0.0),
-                      repeat_penalty=_number(doc, "repeat_penalty", 1.0), logprobs=_logprobs(doc, chat))
-    stop = _stop(doc)
+    temperature, top_p, seed = _number(doc, "temperature", 0.0), _number(doc, "top_p", 1.0), _integer(doc, "seed", None)
     try:
-        check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # slm run's and the API's check, the sampler's own
-        check_processing(**processing, logit_bias=doc.get("logit_bias"), n=n, stop=stop,
-                         logprobs_name="top_logprobs" if chat else "logprobs")
+        check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # OpenAI's range: the sampler's own check
+        generation = GenerationRequest(
+            prompt="" if chat else _prompt(doc), messages=_messages(doc) if chat else None, chat=chat,
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc),
+            n=_integer(doc, "n", 1), top_k=_integer(doc, "top_k", 0), min_p=_number(doc, "min_p", 0.0),
+            frequency_penalty=_number(doc, "frequency_penalty", 0.0),
+            presence_penalty=_number(doc, "presence_penalty", 0.0),
+            repeat_penalty=_number(doc, "repeat_penalty", 1.0), logit_bias=doc.get("logit_bias"),
+            logprobs=_logprobs(doc, chat), response_format=ResponseFormat.of(doc.get("response_format")),
+            tools=_tools(doc, chat))
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
-    stream = doc.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise BadRequest("stream must be true or false")
+    return GenerateRequest(generation, _model_field(doc), _flag(doc, "stream", False), _include_usage(doc))
+
+
+def _include_usage(doc: dict) -> bool:
     options = doc.get("stream_options")
     if options is None:
         options = {}
@@ -319,14 +283,7 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
     include_usage = options.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
         raise BadRequest("stream_options.include_usage must be true or false")
-    return GenerateRequest(
-        chat=chat, prompt="" if chat else _prompt(doc), messages=_messages(doc) if chat else (),
-        model=None if model in (None, "active") else model.strip(),
-        max_tokens=max_tokens if given else DEFAULT_MAX_TOKENS, max_tokens_given=given,
-        temperature=temperature, top_p=top_p, seed=seed, stop=stop, stream=stream,
-        include_usage=bool(include_usage), n=n, logit_bias=_bias_pairs(doc.get("logit_bias")), **processing,
-        response_format=_response_format(doc), tools=_tools(doc, chat),
-    )
+    return bool(include_usage)
 
 
 def _model_field(doc: dict) -> str | None:

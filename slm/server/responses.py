@@ -28,17 +28,16 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 @dataclass
 class Choice:
-    """One choice of an answer as it is gathered: its text pieces, logprobs (slm.TokenLogprobs),
-    seed and, once done, its finish reason and token count."""
+    """One choice of an answer as it is gathered: its logprobs (slm.TokenLogprobs), seed and,
+    once done, its finish reason, token count and text."""
 
     index: int
     seed: int
-    pieces: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     reason: str | None = None
     completion_tokens: int = 0
     offset: int = 0  # completions' text_offset of the next streamed token
-    content: str | None = None  # with tools: the answer's text outside its calls (None: none)
+    content: str | None = None  # its text (with tools: outside its calls; None: none)
     tool_calls: tuple = ()  # with tools: the calls read from the answer
 
 
@@ -73,7 +72,7 @@ def _by_text(alternatives) -> dict[str, float]:
 
 
 def _logprobs_of(req: GenerateRequest, choice: Choice, records) -> dict | None:
-    if req.logprobs is None:
+    if req.generation.logprobs is None:
         return None
     if req.chat:
         return chat_logprobs(records)
@@ -88,7 +87,7 @@ def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, choices
     out = []
     for c in choices:
         tools = req.tools is not None and req.tools.parsed
-        text = c.content if tools else "".join(c.pieces)
+        text = c.content if tools else c.content or ""
         logprobs = _logprobs_of(req, c, c.logprobs)
         message: dict = {"role": "assistant", "content": text}
         reason = c.reason

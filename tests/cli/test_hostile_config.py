@@ -179,6 +179,7 @@ def test_verify_numerics_is_refused_but_integrity_alone_is_not(cli, store_dir, c
 
 def test_api_sessions_are_refused_by_the_signing_policy(store_dir, ci_key):
     import slm
+    from slm.api import GenerationRequest
     from slm.ops.infer.run import RunOptions
 
     _policy_on(store_dir, ci_key[1])
@@ -190,7 +191,7 @@ def test_api_sessions_are_refused_by_the_signing_policy(store_dir, ci_key):
     with pytest.raises(Incompatible, match="not signed"):
         runtime.session(store.compose("tq", ["a1@0.5"]))
     with pytest.raises(Incompatible, match="not signed"):
-        store.run(RunOptions("hi", base="tq", max_tokens=1))
+        store.run(RunOptions(GenerationRequest("hi", max_tokens=1), base="tq"))
     assert snapshot(store_dir) == before
 
 

@@ -244,7 +244,7 @@ def test_the_server_accepts_a_tiny_temperature_and_its_sampler_takes_it(temperat
     from slm.engine.sampling import Sampler
     from slm.server.protocol import parse_request
 
-    req = parse_request({"prompt": "hi", "temperature": temperature, "top_p": 0.9, "seed": 3}, chat=False)
+    req = parse_request({"prompt": "hi", "temperature": temperature, "top_p": 0.9, "seed": 3}, chat=False).generation
     assert req.temperature == temperature
     logits = np.random.default_rng(0).standard_normal(64).astype(np.float32)  # (V,)
     token = Sampler(req.temperature, req.top_p, req.seed)(logits)
@@ -340,6 +340,7 @@ def test_api_chat_content_spelling_control_tokens_is_text(tiny_store):
 
 def test_server_chat_content_spelling_control_tokens_is_text(tiny_store):
     import slm
+    from slm.engine.prepare import prompt_ids
     from slm.model.chat import chat_prompt_ids
     from slm.server.protocol import parse_request
 
@@ -348,11 +349,11 @@ def test_server_chat_content_spelling_control_tokens_is_text(tiny_store):
     loaded = rt.stage(store.active())
     body = {"messages": [{"role": "system", "content": "Be brief."},
                          {"role": "user", "content": [{"type": "text", "text": INJECTION}]}], "max_tokens": 1}
-    job = rt.scheduler().prepare(loaded, parse_request(body, chat=True).generation(), lambda _event: None)
+    ids = prompt_ids(loaded, parse_request(body, chat=True).generation)  # (the preparation's tokenization)
     tok = loaded.tokenizer
     template_only = chat_prompt_ids(tok, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}])
-    assert _control_counts(tok, list(job.prompt_ids)) == _control_counts(tok, template_only)
-    assert INJECTION in tok.decode(list(job.prompt_ids))
+    assert _control_counts(tok, ids) == _control_counts(tok, template_only)
+    assert INJECTION in tok.decode(ids)
 
 
 def _gemma_like_tokenizer():

@@ -303,6 +303,7 @@ def test_a_vocabulary_with_user_defined_tokens_keeps_its_tokenizer(tiny_model):
 
 def test_slm_run_releases_the_encoder_once_its_prompt_is_encoded(tiny_model, tmp_path, monkeypatch):
     from slm.model import tokenizer as tokenizer_module
+    from slm.api import GenerationRequest
     from slm.ops.infer.run import RunOptions
 
     store = slm.Store.init(tmp_path / "store")
@@ -313,10 +314,10 @@ def test_slm_run_releases_the_encoder_once_its_prompt_is_encoded(tiny_model, tmp
     monkeypatch.setattr(tokenizer_module.TextTokenizer, "encode",
                         lambda self, *a, **k: events.append("encode") or real_encode(self, *a, **k))
     monkeypatch.setattr(tokenizer_module.TextTokenizer, "release_encoder", lambda self: False)
-    kept = store.run(RunOptions(prompt="hello world", max_tokens=12))  # the tokenizer kept whole
+    kept = store.run(RunOptions(GenerationRequest("hello world", max_tokens=12)))  # the tokenizer kept whole
     monkeypatch.setattr(tokenizer_module.TextTokenizer, "release_encoder",
                         lambda self: events.append(f"released: {real_release(self)}"))
     events.clear()
-    released = store.run(RunOptions(prompt="hello world", max_tokens=12))
+    released = store.run(RunOptions(GenerationRequest("hello world", max_tokens=12)))
     assert events == ["encode", "released: True"]
     assert kept.text and (released.tokens, released.text) == (kept.tokens, kept.text)

@@ -39,28 +39,21 @@ def runtime(template, tmp_path):
 
 def _request(prompt: str, eos: list[int]) -> slm.api.GenerationRequest:
     # greedy, and the end-of-sequence tokens forbidden: every answer is MAX_TOKENS tokens long
-    return slm.api.GenerationRequest(chat=False, prompt=prompt, messages=(), max_tokens=MAX_TOKENS,
-                                     max_tokens_given=True, temperature=0.0, top_p=1.0, seed=None, stop=(),
+    return slm.api.GenerationRequest(prompt=prompt, max_tokens=MAX_TOKENS,
+                                     temperature=0.0, top_p=1.0, seed=None, stop=(),
                                      logit_bias=tuple((e, -100.0) for e in eos))
 
 
-class Answer:
-    """A sink: the text pieces of one job and how it ended."""
-
-    def __init__(self):
-        self.text, self.end, self.done = "", None, threading.Event()
-
-    def __call__(self, event: tuple) -> None:
-        if event[0] == "text":
-            self.text += event[1]
+def _text(handle) -> str:
+    """A request's text pieces, once it ended with MAX_TOKENS tokens."""
+    text, end = "", None
+    for event in handle.events(timeout=HANG_S):
+        if isinstance(event, slm.api.TextEvent):
+            text += event.piece
         else:
-            self.end = event
-            self.done.set()
-
-    def wait(self) -> "Answer":
-        assert self.done.wait(HANG_S), "the job did not finish"
-        assert self.end[0] == "done" and self.end[3] == MAX_TOKENS, self.end
-        return self
+            end = event
+    assert isinstance(end, slm.api.DoneEvent) and end.completion_tokens == MAX_TOKENS, end
+    return text
 
 
 def _work(runtime) -> list[tuple[object, slm.api.GenerationRequest]]:
@@ -75,24 +68,17 @@ def _alone(runtime, work) -> list[str]:
     scheduler = runtime.scheduler(max_batch=8)
     scheduler.start()
     try:
-        texts = []
-        for loaded, req in work:
-            answer = Answer()
-            scheduler.submit(scheduler.prepare(loaded, req, answer))
-            texts.append(answer.wait().text)
-        return texts
+        return [_text(scheduler.submit(loaded, req)) for loaded, req in work]
     finally:
         scheduler.stop()
 
 
 def _run_together(scheduler, work) -> list[str]:
     """The jobs queued before the engine starts (admitted together), run to their end."""
-    answers = [Answer() for _ in work]
-    for (loaded, req), answer in zip(work, answers):
-        scheduler.submit(scheduler.prepare(loaded, req, answer))
+    handles = [scheduler.submit(loaded, req) for loaded, req in work]
     scheduler.start()
     try:
-        return [answer.wait().text for answer in answers]
+        return [_text(handle) for handle in handles]
     finally:
         scheduler.stop()
 

@@ -23,8 +23,8 @@ def template(tmp_path_factory, tiny_model):
 
 
 def _request(n: int) -> slm.api.GenerationRequest:
-    return slm.api.GenerationRequest(chat=False, prompt="the cat sat on", messages=(), max_tokens=MAX_TOKENS,
-                                     max_tokens_given=True, temperature=1.0, top_p=1.0, seed=1, stop=(), n=n)
+    return slm.api.GenerationRequest(prompt="the cat sat on", max_tokens=MAX_TOKENS,
+                                     temperature=1.0, top_p=1.0, seed=1, stop=(), n=n)
 
 
 def _between(store, base: str) -> int:
@@ -62,9 +62,9 @@ def test_n_choices_over_the_budget_are_refused_when_one_would_fit(smol):
     loaded = runtime.stage(store.compose("smol"))
     scheduler = runtime.scheduler(max_batch=8)
     try:
-        assert len(scheduler.prepare_choices(loaded, _request(1), lambda i: (lambda e: None))) == 1
+        assert len(scheduler.submit(loaded, _request(1)).seeds) == 1  # (queued: the engine is not started)
         with pytest.raises(slm.BudgetExceeded, match=f"this request \\({N} choices\\) needs an estimated"):
-            scheduler.prepare_choices(loaded, _request(N), lambda i: (lambda e: None))
+            scheduler.submit(loaded, _request(N))
     finally:
         scheduler.stop()
 

@@ -331,28 +331,17 @@ def test_a_seeded_request_is_reproduced_byte_for_byte_inside_a_batch_of_8_mixed_
     loaded = [runtime.stage(spec) for spec in specs]
 
     def request(prompt: str, seed: int | None) -> slm.api.GenerationRequest:
-        return slm.api.GenerationRequest(chat=False, prompt=prompt, messages=(), max_tokens=MAX_TOKENS,
-                                         max_tokens_given=True, temperature=1.0, top_p=0.95, seed=seed, stop=())
+        return slm.api.GenerationRequest(prompt=prompt, max_tokens=MAX_TOKENS,
+                                         temperature=1.0, top_p=0.95, seed=seed, stop=())
 
     def run(batch: list[tuple[int, str, int | None]]) -> list[str]:
         scheduler = runtime.scheduler(max_batch=8)
-        texts, done = [[] for _ in batch], [threading.Event() for _ in batch]
-        try:
-            jobs = []
-            for i, (which, prompt, seed) in enumerate(batch):
-                def sink(event, i=i):
-                    if event[0] == "text":
-                        texts[i].append(event[1])
-                    elif event[0] in ("done", "error"):
-                        assert event[0] == "done", event
-                        done[i].set()
-                jobs.append(scheduler.prepare(loaded[which], request(prompt, seed), sink))
-            scheduler.submit_all(jobs)
+        try:  # (all queued before the engine starts: admitted together)
+            handles = [scheduler.submit(loaded[which], request(prompt, seed)) for which, prompt, seed in batch]
             scheduler.start()
-            assert all(d.wait(HANG_S) for d in done)
+            return [_choice_texts(handle)[0] for handle in handles]
         finally:
             scheduler.stop()
-        return ["".join(t) for t in texts]
 
     target = (1, PROMPT, 4242)
     alone = run([target])[0]
@@ -366,7 +355,7 @@ def test_a_seeded_request_is_reproduced_byte_for_byte_inside_a_batch_of_8_mixed_
 def test_n_choices_prefill_the_prompt_once_and_each_equals_its_seed_alone(store, monkeypatch):
     """Choice 0 prefills; the others copy its keys and values (the prompt cache) and still give
     what their seed gives alone."""
-    import slm.ops.infer.scheduler as scheduling
+    import slm.engine.scheduler as scheduling
 
     runtime = slm.Runtime(store, threads=1)
     loaded = runtime.stage(store.active())
@@ -379,32 +368,30 @@ def test_n_choices_prefill_the_prompt_once_and_each_equals_its_seed_alone(store,
 
     monkeypatch.setattr(scheduling, "prefill_next", counted)
     prompt = "a prompt that no other test of this module prefills"
-    req = slm.api.GenerationRequest(chat=False, prompt=prompt, messages=(), max_tokens=MAX_TOKENS,
-                                    max_tokens_given=True, temperature=1.0, top_p=1.0, seed=77, stop=(), n=3)
+    req = slm.api.GenerationRequest(prompt=prompt, max_tokens=MAX_TOKENS,
+                                    temperature=1.0, top_p=1.0, seed=77, stop=(), n=3)
     scheduler = runtime.scheduler(max_batch=8)
-    texts, done = [[], [], []], [threading.Event() for _ in range(3)]
-
-    def sink_of(index):
-        def sink(event):
-            if event[0] == "text":
-                texts[index].append(event[1])
-            else:
-                assert event[0] == "done", event
-                done[index].set()
-        return sink
-
     try:
-        jobs = scheduler.prepare_choices(loaded, req, sink_of)
-        assert [(j.index, j.seed) for j in jobs] == [(0, 77), (1, 78), (2, 79)]
-        scheduler.submit_all(jobs)
+        handle = scheduler.submit(loaded, req)
+        assert handle.seeds == (77, 78, 79)
         scheduler.start()
-        assert all(d.wait(HANG_S) for d in done)
+        texts = _choice_texts(handle)
     finally:
         scheduler.stop()
     assert len(set(prefilled)) == 1  # one sequence prefilled the prompt
     session = runtime.session()
     for i in range(3):
-        assert "".join(texts[i]) == session.generate(prompt, MAX_TOKENS, temperature=1.0, seed=77 + i).text
+        assert texts[i] == session.generate(prompt, MAX_TOKENS, temperature=1.0, seed=77 + i).text
+
+
+def _choice_texts(handle) -> list[str]:
+    """Each choice's streamed text, once every choice ended by itself (no failure)."""
+    texts = [""] * len(handle.seeds)
+    for event in handle.events(timeout=HANG_S):
+        assert not isinstance(event, slm.api.FailedEvent), event
+        if isinstance(event, slm.api.TextEvent):
+            texts[event.choice] += event.piece
+    return texts
 
 
 def test_streamed_completion_logprobs_join_into_the_whole_answers(server):

@@ -67,16 +67,16 @@ def test_only_a_full_server_asks_the_client_to_retry_after_a_second():
 # -- the scheduler, below the API, speaks slm's errors ------------------------------------------------
 
 def _request(prompt: str = "hello", **fields):
-    return parse_request({"prompt": prompt, **fields}, chat=False).generation()
+    return parse_request({"prompt": prompt, **fields}, chat=False).generation
 
 
 def test_the_wire_request_becomes_the_schedulers_request_without_its_wire_fields():
     body = {"model": "tq", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0.5,
             "top_p": 0.9, "seed": 7, "stop": ["\n"], "stream": True, "stream_options": {"include_usage": True}}
-    req = parse_request(body, chat=True).generation()
+    req = parse_request(body, chat=True).generation
     assert isinstance(req, slm.api.GenerationRequest)
     assert {f.name for f in dataclasses.fields(req)} & {"model", "stream", "include_usage"} == set()
-    assert (req.chat, req.prompt, req.max_tokens, req.max_tokens_given) == (True, "", 3, True)
+    assert (req.chat, req.prompt, req.max_tokens) == (True, "", 3)
     assert req.messages == (slm.api.ChatMessage("user", "hi"),)
     assert (req.temperature, req.top_p, req.seed, req.stop) == (0.5, 0.9, 7, ("\n",))
 
@@ -85,15 +85,15 @@ def test_a_full_scheduler_refuses_with_busy_and_a_draining_one_with_shutting_dow
     loaded = runtime.stage(store.active())
     scheduler = runtime.scheduler(max_batch=1, max_queue=0)  # its thread not started: nothing runs
     try:
-        events = []
-        scheduler.submit(scheduler.prepare(loaded, _request(), events.append))
+        handle = scheduler.submit(loaded, _request())
         with pytest.raises(slm.Busy, match="the server is full") as full:
-            scheduler.submit(scheduler.prepare(loaded, _request(), events.append))
+            scheduler.submit(loaded, _request())
         assert not isinstance(full.value, slm.ShuttingDown)
         scheduler.drain()
         with pytest.raises(slm.ShuttingDown, match="shutting down"):
-            scheduler.submit(scheduler.prepare(loaded, _request(), events.append))
-        assert scheduler.busy() == 1 and events == []
+            scheduler.submit(loaded, _request())
+        assert scheduler.busy() == 1 and not handle.finished
+        assert scheduler.status() == slm.api.SchedulerStatus(queued=1, running=0, prefilling=0, max_batch=1, draining=True)
     finally:
         scheduler.stop()
 
@@ -103,7 +103,7 @@ def test_a_request_past_the_context_is_invalid_input_from_the_scheduler(store, r
     scheduler = runtime.scheduler()
     try:
         with pytest.raises(slm.InvalidInput, match="past the context"):
-            scheduler.prepare(loaded, _request(max_tokens=10 ** 6), lambda event: None)
+            scheduler.submit(loaded, _request(max_tokens=10 ** 6))
     finally:
         scheduler.stop()
 

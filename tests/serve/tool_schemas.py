@@ -1,5 +1,5 @@
-"""The two functions the tool-call tests offer a model (tests/serve/test_openai_tools.py and
-test_openai_gemma_tools.py): their OpenAI `tools` and the schema each call's arguments must meet;
+"""The two functions the tool-call tests offer a model (tests/serve/test_openai_tools.py,
+test_openai_gemma_tools.py and test_run_serve_parity.py): their OpenAI `tools` and the schema each call's arguments must meet;
 the Qwen-style chat template those tests give the tiny model, and the tiny model's HF directory
 with a chat template of the test's and room for the tools in its context."""
 

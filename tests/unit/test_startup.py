@@ -52,7 +52,7 @@ def heavy(modules: set[str]) -> list[str]:
         if m.split(".")[0] in ("numpy", "rich", "tokenizers", "jinja2", "cryptography", "urllib3")
         or m.startswith(("slm.distribution", "slm.server", "slm.formats.gguf", "slm.quant.registry", "slm.quant.base"))
         or (m.startswith("slm.model.") and m not in MODEL_MODULES_ALLOWED)
-        or m in ("slm.ops.store.importing", "slm.ops.infer.loading", "slm.ops.infer.run", "slm.ops.infer.request", "slm.ops.infer.scheduler",
+        or m in ("slm.ops.store.importing", "slm.ops.infer.loading", "slm.ops.infer.run", "slm.engine.request", "slm.engine.scheduler",
                  "slm.ops.infer.verify", "slm.ops.store.fsck", "slm.ops.ship.bundles", "slm.render_dist")
         or (m.startswith("slm.ops.results.") and m != "slm.ops.results.switches"))
 

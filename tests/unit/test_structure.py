@@ -103,9 +103,9 @@ _BROAD_KEPT = {
     ("slm/conversation.py", "_LineReader._serve"): "the line reader's thread hands the exception to the chat "
                                                    "loop, which leaves (end of input) or raises it",
     ("slm/server/catalog.py", "Catalog._watch"): "the refs/active watcher logs a failed look and keeps watching",
-    ("slm/ops/infer/scheduler.py", "Scheduler._loop"):
+    ("slm/engine/scheduler.py", "Scheduler._loop"):
         "a failed batch step fails its requests (HTTP 500) and the server goes on",
-    ("slm/ops/infer/scheduler.py", "Scheduler._guarded"):
+    ("slm/engine/scheduler.py", "Scheduler._guarded"):
         "a failed prefill (or chunk) fails its request (HTTP 500) and the server goes on",
 }
 

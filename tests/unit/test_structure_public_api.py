@@ -133,16 +133,18 @@ def test_every_result_the_api_returns_derives_from_result_and_is_exported():
     documented results (ExportResult, PushResult, SignatureReport...) were not importable
     from slm and each wrote its own to_json. The exceptions are values, not reports of an
     operation: a Composition is passed back to activate/verify, a tokenizer encodes, a Loaded
-    (what Runtime.stage staged) is passed to the scheduler."""
+    (what Runtime.stage staged) is passed to the scheduler, a ToolCall (a Generation's call) is
+    passed back in the conversation's next ChatMessage."""
     import dataclasses
     import typing
 
     from slm.compose.composition import Composition
+    from slm.engine.request import ToolCall
     from slm.model.tokenizer import TextTokenizer
     from slm.ops import results
     from slm.ops.infer.loading import Loaded
 
-    values = {Composition, TextTokenizer, Loaded}
+    values = {Composition, TextTokenizer, Loaded, ToolCall}
     ns = _api_namespace()
     seen: set[type] = set()
     todo = [c for _, fn in _public_api_callables() for c in _classes_in(typing.get_type_hints(fn, ns).get("return"))]
@@ -221,3 +223,83 @@ def test_the_server_check_catches_a_reach_below_the_api():
     }
     for source, count in reaches.items():
         assert len(_server_reaches_below_the_api("x.py", ast.parse(source))) == count, source
+
+
+# What the server may touch of the engine (issue 44): the Scheduler's public methods and its
+# `draining` flag, the typed Handle, events and Status they return; never the scheduler's
+# executor, queue or rows, nor a composition's network (its configuration, its kernels).
+ENGINE_INTERNALS = frozenset({"preparing", "qsize", "cfg", "kernels"})
+
+
+def _scheduler_surface() -> frozenset[str]:
+    from slm.engine.scheduler import Scheduler
+
+    return frozenset({name for name, value in vars(Scheduler).items() if not name.startswith("_") and callable(value)}
+                     | {"draining"})
+
+
+def _server_reads_engine_internals(path: str, tree: ast.Module, surface: frozenset[str]) -> list[str]:
+    """Reads of the engine's insides: an attribute of `scheduler` beyond its surface, an
+    unmistakable internal anywhere (an executor, a queue's size, a model's config or kernels),
+    and anything read on a `.model` (the network a staged composition runs)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if node.attr in ENGINE_INTERNALS:
+            found.append(f"{path}:{node.lineno} .{node.attr}")
+        elif isinstance(owner, ast.Name) and owner.id == "scheduler" and node.attr not in surface:
+            found.append(f"{path}:{node.lineno} scheduler.{node.attr}")
+        elif isinstance(owner, ast.Attribute) and owner.attr == "model":
+            found.append(f"{path}:{node.lineno} .model.{node.attr}")
+    return found
+
+
+def test_the_server_reads_only_the_engines_public_typed_surface():
+    """The handlers read the scheduler's ThreadPoolExecutor, its queue's qsize(), its running,
+    prefilling and awaiting lists and a composition's model.cfg: all public names, so the
+    import and `_` checks above let them pass. They use submit_async / call_preparing /
+    status() and the Handle's typed events instead."""
+    server = {path: tree for path, tree in _modules().items() if path.startswith("slm/server/")}
+    surface = _scheduler_surface()
+    assert {"submit", "submit_async", "status", "drain"} <= surface and "pending" not in surface
+    offenders = [line for path, tree in server.items() for line in _server_reads_engine_internals(path, tree, surface)]
+    assert offenders == []
+
+
+def test_the_engine_surface_check_catches_a_planted_violation():
+    surface = _scheduler_surface()
+    reaches = {
+        "await loop.run_in_executor(scheduler.preparing, parse, body)": 1, "scheduler.pending.qsize()": 2,
+        "n = len(scheduler.running) + len(scheduler.awaiting)": 2, "vocab = loaded.model.cfg.vocab_size": 1,
+        "loaded.model.t": 1,
+        "status = scheduler.status()": 0, "handle = await scheduler.submit_async(target, req)": 0,
+        "if scheduler.draining: pass": 0, "event = await handle.next_event()": 0, "req.model or 'active'": 0,
+    }
+    for source, count in reaches.items():
+        assert len(_server_reads_engine_internals("x.py", ast.parse(source), surface)) == count, source
+
+
+def test_health_never_waits_on_the_engine():
+    """/health answers from a plain flag: its handler awaits nothing and reads, of the
+    scheduler, only `draining`, an attribute set in Scheduler.__init__ (not a property that
+    could take a lock or look at the queue). Its latency under load is measured and printed by
+    tests/serve/test_hostile_serve.py, not asserted: this is what keeps it low."""
+    import inspect
+
+    from slm.engine.scheduler import Scheduler
+
+    tree = _modules()["slm/server/app.py"]
+    health = [n for n in ast.walk(tree) if isinstance(n, ast.AsyncFunctionDef) and n.name == "health"]
+    assert len(health) == 1
+    assert not [n for n in ast.walk(health[0]) if isinstance(n, (ast.Await, ast.AsyncFor, ast.AsyncWith))]
+    read = {n.attr for n in ast.walk(health[0]) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "scheduler"}
+    calls = [n for n in ast.walk(health[0]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and isinstance(n.func.value, ast.Name) and n.func.value.id == "scheduler"]
+    assert read == {"draining"} and calls == []
+    assert not isinstance(inspect.getattr_static(Scheduler, "draining", None), property)
+    init = ast.parse("class S:\n" + inspect.getsource(Scheduler.__init__))  # (a method's source is indented)
+    assert any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "draining"
+                                                for t in n.targets) for n in ast.walk(init))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from slm.compose.memory import DEFAULT_POSITIONS, Estimate, estimate, parse_size
-from slm.errors import BudgetExceeded
+from slm.engine.budget import check_budget as check  # noqa: F401  (the one check)
 from slm.model import modes
 from slm.model.kernel_choice import fused_selected
 from slm.ops.infer.compositions import Staged
@@ -25,11 +25,3 @@ def of_staged(staged: Staged, positions: int = DEFAULT_POSITIONS, prompt_tokens:
     return estimate(staged.base.architecture, staged.base.total_bytes, adapter_bytes, positions,
                     prompt_tokens, all_logits, fused_kernels=fused_selected(), sequences=sequences,
                     int8_factors=mode == modes.INT8)
-
-
-def check(est: Estimate, budget: int | None, what: str) -> None:
-    if budget is not None and est.total > budget:
-        raise BudgetExceeded(
-            f"{what} needs an estimated {est.describe()}, over the memory budget of "
-            f"{budget / 2**20:.0f} MiB"
-        )

@@ -1,10 +1,12 @@
-"""Loading a runnable model (weights + overlays + tokenizer) from the store, read-only."""
+"""Loading a runnable model (weights + overlays + tokenizer) from the store, read-only: a
+Loaded is the slm.engine.target.Target that requests run on."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from slm.compose.composition import Composition
+from slm.compose.memory import Estimate
 from slm.model.allocator import release_freed_memory
 from slm.model.decoder import Config, Decoder
 from slm.model.tokenizer import TextTokenizer, load_tokenizer
@@ -25,6 +27,18 @@ class Loaded:
     @property
     def id(self) -> str:
         return self.composition.id
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: token ids are below it."""
+        return self.model.cfg.vocab_size
+
+    def memory_estimate(self, positions: int, prompt_tokens: int, sequences: int = 1, all_logits: bool = False,
+                        mode: str | None = None) -> Estimate:
+        """slm.engine.target.Target's: the estimate `slm activate` checks, for a generation."""
+        from slm.ops.infer import budget
+
+        return budget.of_staged(self.staged, positions, prompt_tokens, all_logits, sequences, mode)
 
 
 def load_composition(store: StoreDir, comp: Composition, verify: bool = True) -> Loaded:

@@ -12,16 +12,14 @@ import numpy as np
 
 from slm.errors import InvalidInput, SlmError, UsageError
 from slm.model import modes
-from slm.model.chat import chat_prompt_ids
-from slm.engine.generate import generate, sequence_logits
-from slm.engine.processors import processors_for
-from slm.engine.sampling import Sampler, check_processing, check_sampling, logit_bias_items
+from slm.engine.generate import drive, sequence_logits
+from slm.engine.prepare import prepare
+from slm.engine.request import GenerationRequest, ResponseFormat, Tools
 from slm.engine.stops import CANCELLED, SWITCHED
+from slm.engine.structured import tool_answer
 from slm.ops.infer import budget, compositions
 from slm.ops.infer.loading import Loaded, load_composition
 from slm.ops.results import Alternative, CompositionInfo, Generation, Timings, TokenLogprobs
-from slm.ops.infer.request import ChatMessage, ResponseFormat
-from slm.ops.infer.structured import grammar_for, grammar_masks
 from slm.ops.infer.prefix_cache import DiskPromptCache, budget_of
 from slm.store import StoreDir, outputs
 
@@ -31,31 +29,21 @@ MAX_THREADS = 256
 
 @dataclass
 class RunOptions:
-    prompt: str
+    """`slm run`'s options beside its GenerationRequest: which composition, where the logits
+    go, the memory budget, what a switch of refs/active does, the kernels' threads and numerics,
+    and the files --json-schema and --tools name (read into the request before the model loads)."""
+
+    request: GenerationRequest
     base: str | None = None  # None: the active composition (or `model`)
     model: str | None = None  # a composition spec (slm.ops.store.specs), run without activating it
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None  # None: a fresh random seed (reported in the Generation)
-    chat: bool = False
     logits_out: Path | None = None
     memory_budget: str | None = None
     on_switch: str = "stop"  # or "finish": what to do if refs/active changes mid-generation
     threads: int | None = None  # None: every core
     exact: bool = False  # float32 products (slm.model.modes); the default is int8 where the kernels have it
-    top_k: int = 0  # 0: no limit
-    min_p: float = 0.0
-    repeat_penalty: float = 1.0  # 1: off
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: dict | None = None  # {token id: -100..100}
-    logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives
-    response_format: ResponseFormat | None = None  # the answer follows it (grammar-constrained)
-    json_schema: Path | None = None  # --json-schema FILE: read into response_format
-    system: str | None = None  # a system message before the prompt (implies chat)
-    stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first one
-    messages: tuple | None = None  # a conversation (ChatMessage or {"role", "content"}) instead of the prompt
+    json_schema: Path | None = None  # --json-schema FILE: read into the request's response_format
+    tools: Path | None = None  # --tools FILE: read into the request's tools (a chat)
+    tool_choice: str | None = None  # --tool-choice: none, auto, required or a function's name
 
 
 def prompt_from_stdin(stream) -> str:
@@ -69,56 +57,18 @@ def prompt_from_stdin(stream) -> str:
         raise InvalidInput(f"the prompt on standard input is not UTF-8 text (byte {err.start})") from err
 
 
-def _check_text(text, what: str) -> None:
-    if not isinstance(text, str):
-        raise InvalidInput(f"{what} must be text (str), not {type(text).__name__}")
-    if not text:
-        raise InvalidInput(f"{what} is empty")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:  # undecodable argv bytes arrive as lone surrogates
-        raise InvalidInput(f"{what} is not UTF-8 text") from err
-
-
 def _check_options(o: RunOptions) -> None:
-    if o.messages is None:
-        _check_text(o.prompt, "the prompt")
-    else:
-        conversation(o)
-    if o.system is not None:
-        _check_text(o.system, "the system message")
-    check_sampling(o.temperature, o.top_p, o.seed)  # (before the model loads: a fast refusal)
-    check_processing(o.top_k, o.min_p, o.frequency_penalty, o.presence_penalty, o.repeat_penalty, o.logit_bias,
-                     o.logprobs, stop=o.stop)
-    if not (_whole(o.max_tokens) and o.max_tokens >= 0):
-        raise InvalidInput(f"max_tokens must be an integer >= 0, not {o.max_tokens!r}")
+    """What is not the request's (the request checked itself when it was made)."""
+    if not isinstance(o.request, GenerationRequest):
+        raise InvalidInput("a run needs a GenerationRequest")
+    if o.request.n != 1:
+        raise InvalidInput(f"n is {o.request.n}: a run generates one choice")
     if o.on_switch not in ("stop", "finish"):
         raise InvalidInput("--on-switch must be 'stop' or 'finish'")
+    if o.tool_choice is not None and o.tools is None:
+        raise InvalidInput("--tool-choice needs --tools")
     check_threads(o.threads)
     modes.resolve(o.exact)
-
-
-CHAT_ROLES = ("system", "user", "assistant")
-
-
-def conversation(o: RunOptions) -> list[dict] | None:
-    """The messages to render with the base's chat template (None: the prompt is plain text):
-    `messages`, or the prompt as a user message (chat, or a system message given), each
-    after `system` if given. A message is a ChatMessage or a {"role", "content"} dict."""
-    if o.messages is None:
-        turns = [{"role": "user", "content": o.prompt}] if o.chat or o.system is not None else None
-    else:
-        if not o.messages:
-            raise InvalidInput("the conversation has no messages")
-        turns = [m.to_template() if isinstance(m, ChatMessage) else m for m in o.messages]
-        for i, m in enumerate(turns):
-            if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
-                raise InvalidInput(f"message {i}: a message is {{role: system|user|assistant, content: text}}")
-            if m["role"] == "user":  # (an assistant's answer may be empty: one stopped at once)
-                _check_text(m["content"], f"message {i}'s content")
-    if turns is not None and o.system is not None:
-        turns = [{"role": "system", "content": o.system}, *turns]
-    return turns
 
 
 def _whole(value) -> bool:
@@ -155,7 +105,11 @@ class LogitsFile:
 def run_prompt(store: StoreDir, o: RunOptions, on_text: Callable[[str], None] | None = None) -> Generation:
     _check_options(o)
     if o.json_schema is not None:  # (before the model loads: a bad file is a fast refusal)
-        o = replace(o, response_format=ResponseFormat.from_file(o.json_schema), json_schema=None)
+        o = replace(o, request=replace(o.request, response_format=ResponseFormat.from_file(o.json_schema)),
+                    json_schema=None)
+    if o.tools is not None:
+        o = replace(o, request=replace(o.request, chat=True, tools=Tools.from_file(o.tools, o.tool_choice)),
+                    tools=None, tool_choice=None)
     out_file = LogitsFile(o.logits_out, store.root) if o.logits_out else None
     try:
         # overflow shows as non-finite logits, refused with exit 10: no NumPy warnings on stderr
@@ -193,39 +147,25 @@ def _run(store: StoreDir, o: RunOptions, on_text, out_file: LogitsFile | None) -
 def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, keep_logits: bool = False,
                 watch: bool = False, encode_once: bool = False,
                 cancel: threading.Event | None = None) -> tuple[Generation, np.ndarray | None]:
-    """Generate on a loaded composition: `slm run` and the API's sessions share this.
+    """Generate on a loaded composition: `slm run` and the API's sessions share this, a batch
+    of one prepared and driven as the server's scheduler prepares and drives its requests
+    (slm.engine.prepare, slm.engine.generate.drive).
 
     Returns the result and, with keep_logits, the float32 logits (positions x vocab) of every
     prompt and generated position. watch: stop at a token boundary once refs/active no longer
     names this composition. cancel: once set (by any thread), stop at the next token boundary
-    or, during the prompt's prefill, before its next chunk ("cancelled"). encode_once: `loaded`
-    serves this generation only (slm run), so its tokenizer keeps only what decoding needs once
-    the prompt is encoded (release_encoder).
+    or, during the prompt's prefill, before its next chunk ("cancelled"). encode_once: `loaded` serves this generation only (slm run), so its
+    tokenizer keeps only what decoding needs once the prompt is encoded (release_encoder).
     """
     _check_options(o)
-    tok, model = loaded.tokenizer, loaded.model
+    model = loaded.model
     mode = modes.resolve(o.exact)
     with model.kernels.lock:  # (another thread's forward pass may be using the kernel set)
         if o.threads is not None:
             model.kernels.set_threads(o.threads)  # OpenMP threads: this thread's own setting
         modes.use(model.kernels, mode)
-    turns = conversation(o)
-    if turns is not None:
-        prompt_ids = chat_prompt_ids(tok, turns)
-    else:
-        prompt_ids = tok.encode(o.prompt)
-    if not prompt_ids:
-        raise InvalidInput("the prompt encodes to no tokens")
-    grammar = grammar_for(loaded, o.response_format)  # (needs the encoder: before its release)
-    if encode_once:  # (a one-shot run: its tokenizer only decodes from here on)
-        tok.release_encoder()
-    context = model.cfg.context_length
-    if len(prompt_ids) >= context:
-        raise InvalidInput(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}")
-    positions = min(context, len(prompt_ids) + o.max_tokens)
-    est = budget.of_staged(loaded.staged, positions, len(prompt_ids), all_logits=keep_logits, mode=mode)
-    budget.check(est, budget.resolve(store, o.memory_budget), "this run")
-
+    prepared = prepare(loaded, o.request, mode=mode, memory_budget=budget.resolve(store, o.memory_budget),
+                       keep_logits=keep_logits, encode_once=encode_once)
     prompt_cache = DiskPromptCache(store.path("cache"), budget_of(store.config), mode)
 
     def on_token(token: int) -> str | None:
@@ -233,31 +173,36 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
             return CANCELLED
         return SWITCHED if watch and _switched(store, loaded.id) else None
 
-    check_processing(logit_bias=o.logit_bias, vocab_size=model.cfg.vocab_size)
-    sampler = Sampler(o.temperature, o.top_p, o.seed, o.top_k, o.min_p)  # (seed None: a fresh one)
-    processors = processors_for(o.frequency_penalty, o.presence_penalty, o.repeat_penalty,
-                                logit_bias_items(o.logit_bias))
-    gen = generate(model, prompt_ids, o.max_tokens, sampler,
-                   tok.eos_ids, keep_logits=keep_logits, on_token=on_token,
-                   prompt_cache=prompt_cache, comp_id=loaded.id, decode_text=tok.decode, on_text=on_text,
-                   processors=processors + grammar_masks(loaded, grammar, o.max_tokens), logprobs=o.logprobs,
-                   stop_sequences=o.stop, cancelled=None if cancel is None else cancel.is_set)
+    emit = on_text or (lambda piece: None)
+    gate = prepared.tool_gate(emit)  # (with tools: prose streams, calls are read whole)
+    seq = prepared.sequence(prepared.choices[0], on_text=on_text if gate is None else gate.push, caller=on_token,
+                            keep_logits=keep_logits)
+    gen = drive(seq, prompt_cache, loaded.id, cancelled=None if cancel is None else cancel.is_set)
+    tok = loaded.tokenizer
+    text = tok.decode([t for t in gen.ids if t not in tok.eos_ids]) if gen.stop_cut is None else gen.stop_cut
+    calls: tuple = ()
+    if gate is not None:  # the text outside the calls (its rest streamed now), and the calls
+        content, calls = tool_answer(loaded, text)
+        text = content or ""
+        if rest := gate.rest(content):
+            emit(rest)
     comp = loaded.composition
     result = Generation(
         composition=loaded.id,
         base=comp.base,
         adapters=CompositionInfo.of(comp).adapters,
         prefix_cache="hit" if gen.prefix_hit else "damaged" if prompt_cache.damaged else "miss",
-        prompt_tokens=tuple(prompt_ids),
+        prompt_tokens=prepared.prompt_ids,
         tokens=tuple(gen.ids),
-        text=tok.decode([t for t in gen.ids if t not in tok.eos_ids]) if gen.stop_cut is None else gen.stop_cut,
+        text=text,
         stop_reason=gen.stop_reason,
         timings=Timings(round(gen.prefill_s, 4), round(gen.decode_s, 4), round(gen.prefill_tok_s, 2),
                         round(gen.decode_tok_s, 2)),
-        memory_estimate=est.to_json(),
-        seed=sampler.seed,
-        logprobs=None if o.logprobs is None else tuple(logprob_view(tok, r) for r in gen.logprobs),
+        memory_estimate=prepared.estimate.to_json(),
+        seed=prepared.choices[0].seed,
+        logprobs=None if o.request.logprobs is None else tuple(logprob_view(tok, r) for r in gen.logprobs),
         mode=mode,
+        tool_calls=calls,
     )
     logits = np.stack(gen.logits).astype(np.float32) if keep_logits else None  # (positions, vocab)
     return result, logits

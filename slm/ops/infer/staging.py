@@ -37,7 +37,7 @@ class StagedCompositions:
         # base digest -> every Loaded on that base still alive: staged, or evicted from the
         # table while work still runs on it. A composition staged later shares their tensors
         # (one memory map, one set of int8 copies: slm.model.packed_copies keys them by
-        # tensor) and its rows their decode step (slm.ops.infer.scheduler groups rows by tensors);
+        # tensor) and its rows their decode step (slm.engine.scheduler groups rows by tensors);
         # otherwise a base mapped again would be re-hashed, packed again beside the live copy,
         # and decoded in a step of its own
         self._live: dict[str, weakref.WeakValueDictionary] = {}  # base -> {id(loaded): loaded}

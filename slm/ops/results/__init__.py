@@ -3,8 +3,8 @@
 Each derives from `Result`, which owns `to_json()` (plain dicts and lists: what `--json`
 prints); each is a frozen dataclass, so a result cannot be changed after the fact by whoever
 holds it; each is exported from `slm` (docs/api.md, "Results and errors"). Built in one place
-each: the operation that produced the facts. The package imports only the standard library, so
-any layer from slm/ops up may build these without a cycle.
+each: the operation that produced the facts. The package imports only the standard library (and
+slm.engine.request's plain ToolCall), so any layer from slm/ops up may build these without a cycle.
 
 One module per verb family, each loaded when one of its names is first asked for
 (`from slm.ops.results import Transition`, PEP 562): creating a frozen dataclass compiles each

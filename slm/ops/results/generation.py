@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slm.engine.request import ToolCall
 from slm.ops.results import Result
 from slm.ops.results.switches import AdapterEntry
 
@@ -47,13 +48,14 @@ class Generation(Result):
     prompt_tokens: tuple[int, ...]
     tokens: tuple[int, ...]
     text: str
-    stop_reason: str  # "eos", "length", "context", "switched"
+    stop_reason: str  # "eos", "stop", "length", "switched", "cancelled" (slm.engine.stops)
     timings: Timings
     mode: str  # what the numbers were computed in: "int8" or "exact" (slm.model.modes)
     logits_out: str | None = None
     memory_estimate: dict[str, Any] | None = None
     seed: int | None = None  # the sampler's seed: the one given, else the fresh random one drawn
     logprobs: tuple[TokenLogprobs, ...] | None = None  # each answer token's, when asked
+    tool_calls: tuple[ToolCall, ...] = ()  # with tools: the calls read from the answer (`text` is the rest)
 
     @property
     def composition_id(self) -> str:

@@ -1,12 +1,12 @@
-"""A generation request as the scheduler (slm.ops.infer.scheduler) takes it: what to generate and
-how, with nothing of the wire format that carried it (slm.server.protocol converts an HTTP
-body into one; slm.api exports both types)."""
+"""The one generation request: what to generate and how, with nothing of the surface that
+carried it (`slm run`'s options, a Session's call or an HTTP body: slm.server.protocol maps
+JSON to one). slm.api exports these types."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 from slm.errors import InvalidInput
 
@@ -123,11 +123,33 @@ class Tools:
             raise InvalidInput(f"tools are over {MAX_SCHEMA_BYTES >> 10} KiB")
         return cls(text, choice, name, True if parallel is None else parallel)
 
+    @classmethod
+    def from_file(cls, path, choice: str | None = None) -> "Tools":
+        """`slm run --tools FILE [--tool-choice none|auto|required|NAME]`: OpenAI's tools list
+        read from a file; a choice that is none of the three words names the function to call."""
+        tools = read_json_file(path, "--tools")
+        if choice not in (None, "none", "auto", "required"):
+            choice = {"type": "function", "function": {"name": choice}}
+        return cls.of(tools, choice)
+
+
+def read_json_file(path, option: str):
+    """The JSON document in a file a command-line option names, or a pipe such as <(...), read by
+    the bounded reader within MAX_SCHEMA_BYTES (InvalidInput naming the option if it is not JSON;
+    the reader's own errors for what cannot be read)."""
+    from slm.formats import untrusted
+
+    data = untrusted.read_untrusted(path, MAX_SCHEMA_BYTES, option, pipe_wait=untrusted.PIPE_WAIT_S)
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise InvalidInput(f"{option} {path} is not JSON ({type(err).__name__})") from err
+
 
 @dataclass(frozen=True)
 class ResponseFormat:
     """What the answer must be: any JSON object ("json_object") or a document valid under a
-    JSON schema ("json_schema"); enforced by grammar-constrained decoding (slm.ops.infer.structured).
+    JSON schema ("json_schema"); enforced by grammar-constrained decoding (slm.engine.structured).
     The same for the server's response_format, Session.generate(response_format=...) and
     `slm run --json-schema FILE`."""
 
@@ -175,13 +197,7 @@ class ResponseFormat:
         (the bounded reader's; InvalidInput if it is not a JSON object)."""
         from pathlib import Path
 
-        from slm.formats import untrusted
-
-        data = untrusted.read_untrusted(path, MAX_SCHEMA_BYTES, "JSON schema", pipe_wait=untrusted.PIPE_WAIT_S)
-        try:
-            schema = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-            raise InvalidInput(f"--json-schema {path} is not JSON ({type(err).__name__})") from err
+        schema = read_json_file(path, "--json-schema")
         return cls.from_schema(schema, Path(path).stem, f"--json-schema {path}")
 
     @classmethod
@@ -194,28 +210,110 @@ class ResponseFormat:
         return cls("json_schema", text, name)
 
 
+DEFAULT_MAX_TOKENS = 128  # a request that gives none: this many, or what the context leaves
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _check_text(text, what: str, may_be_empty: bool = False) -> None:
+    if not isinstance(text, str):
+        raise InvalidInput(f"{what} must be text (str), not {type(text).__name__}")
+    if not text and not may_be_empty:
+        raise InvalidInput(f"{what} is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # undecodable argv bytes arrive as lone surrogates
+        raise InvalidInput(f"{what} is not UTF-8 text") from err
+
+
+def _message(m, i: int) -> ChatMessage:
+    """A conversation's message i as a ChatMessage (a {"role", "content"} dict converted),
+    checked: a known role; UTF-8 text content, possibly empty, as OpenAI's API takes it (none
+    only for an assistant turn that called tools); a tool message names the call it answers."""
+    if isinstance(m, dict):
+        m = ChatMessage(m.get("role"), m.get("content"), name=m.get("name"), tool_call_id=m.get("tool_call_id"))
+    if not isinstance(m, ChatMessage) or m.role not in ROLES:
+        raise InvalidInput(f"message {i}: a message is {{role: {'|'.join(ROLES)}, content: text}}")
+    if m.content is None and not (m.role == "assistant" and m.tool_calls):
+        raise InvalidInput(f"message {i}: a message is {{role: {'|'.join(ROLES)}, content: text}}")
+    if m.content is not None:
+        _check_text(m.content, f"message {i}'s content", may_be_empty=True)
+    if m.role == "tool" and not isinstance(m.tool_call_id, str):
+        raise InvalidInput(f"message {i}: a tool message needs tool_call_id (the call it answers)")
+    return m
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A prompt (or a chat) and its sampling options, checked for everything that needs no
-    model; what needs the model (the prompt's length against the context, the memory budget,
-    a schema's grammar against the vocabulary) the scheduler checks when it prepares the request."""
+    """What to generate and how: a prompt (or a chat) and every generation option, for `slm
+    run`, the Python API and the server alike; checked once, here, for everything that needs
+    no model (InvalidInput naming the option). What needs the model (the prompt's length
+    against the context, the memory budget, a schema's grammar and logit_bias's ids against
+    the vocabulary) slm.engine.prepare.prepare checks.
 
-    chat: bool
-    prompt: str  # not chat: the prompt text
-    messages: tuple[ChatMessage, ...]  # chat: the conversation
-    max_tokens: int
-    max_tokens_given: bool  # False: max_tokens is a default, lowered to what the context leaves
-    temperature: float
-    top_p: float
-    seed: int | None  # None: each choice a fresh random seed; s: choice i uses s + i
-    stop: tuple[str, ...]  # stop sequences: the text ends before the first one
-    n: int = 1  # choices, decoded as rows of the batch (at most the scheduler's max_batch)
+    Given as plain values, the options are normalised: `messages` may hold {"role", "content"}
+    dicts, `stop` any sequence, `logit_bias` a {token id: bias} mapping, `response_format`
+    OpenAI's object; a `system` message goes before the prompt (or the messages) and makes the
+    request a chat."""
+
+    prompt: str = ""  # not chat: the prompt text; chat without messages: the user's turn
+    chat: bool = False
+    messages: tuple[ChatMessage, ...] | None = None  # a conversation instead of the prompt (None: not a chat)
+    system: InitVar[str | None] = None
+    max_tokens: int | None = None  # None: DEFAULT_MAX_TOKENS, lowered to what the context leaves
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None  # None: each choice a fresh random seed; s: choice i uses s + i
+    stop: tuple[str, ...] = ()  # stop sequences: the text ends before the first one (a str: one)
+    n: int = 1  # choices, decoded as rows of one batch
     top_k: int = 0
     min_p: float = 0.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repeat_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs; ids checked against the vocabulary
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, sorted
     logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives
     response_format: ResponseFormat | None = None  # None: free text
     tools: Tools | None = None  # chat: functions the model may call (docs/serve.md, "Tools")
+
+    def __post_init__(self, system: str | None) -> None:
+        from slm.engine.sampling import check_processing, check_sampling, logit_bias_items, stop_sequences
+
+        if system is not None:
+            _check_text(system, "the system message")
+        if self.messages is not None:
+            if not isinstance(self.messages, (tuple, list)):
+                raise InvalidInput("the conversation must be a list of messages")
+            messages = tuple(_message(m, i) for i, m in enumerate(self.messages))
+            chat = True
+        else:
+            _check_text(self.prompt, "the prompt")
+            chat = self.chat or system is not None
+            messages = (ChatMessage("user", self.prompt),) if chat else None
+        if system is not None:
+            messages = (ChatMessage("system", system), *messages)
+        if chat and not messages:
+            raise InvalidInput("the conversation has no messages")
+        if self.tools is not None and not chat:
+            raise InvalidInput("tools need a chat (messages)")
+        if self.max_tokens is not None and not (_whole(self.max_tokens) and self.max_tokens >= 0):
+            raise InvalidInput(f"max_tokens must be an integer >= 0, not {self.max_tokens!r}")
+        check_sampling(self.temperature, self.top_p, self.seed)
+        bias = dict(self.logit_bias) if isinstance(self.logit_bias, (tuple, list)) else self.logit_bias
+        stop = stop_sequences(self.stop)  # (a string is one sequence, None none: as the server reads it)
+        check_processing(self.top_k, self.min_p, self.frequency_penalty, self.presence_penalty,
+                         self.repeat_penalty, bias, self.logprobs, self.n, stop=stop)
+        for name, value in (("chat", chat), ("messages", messages), ("stop", stop),
+                            ("logit_bias", logit_bias_items(bias)),
+                            ("response_format", ResponseFormat.of(self.response_format))):
+            object.__setattr__(self, name, value)
+        if not isinstance(self.tools, (Tools, type(None))):
+            raise InvalidInput("tools must be given as a Tools (Tools.of checks OpenAI's form)")
+
+    @property
+    def conversation(self) -> list[dict] | None:
+        """The messages as chat templates read them (None: the prompt is plain text)."""
+        return [m.to_template() for m in self.messages] if self.chat else None
