@@ -336,7 +336,7 @@ class Runtime:
     def session(self, comp: Composition | str | None = None) -> "Session":
         """A session pinned to `comp` (a Composition, stored or not, or a spec: `stage`), or to the
         active one. Staged as `activate` checks it; refs/active is never touched."""
-        return Session(self, self.stage("@active" if comp is None else comp))
+        return Session(self, self.stage("@active" if comp is None else comp), self.store._s)
 
     # -- for a long-running server (slm serve; docs/api.md, "Serving") --------------------------
     def stage(self, comp: Composition | str) -> Loaded:

@@ -16,14 +16,16 @@ if TYPE_CHECKING:
     from slm.engine.request import ChatMessage, ResponseFormat, Tools
     from slm.ops.results import Generation
     from slm.ops.infer.run import RunOptions
+    from slm.store import StoreDir
 
 
 class Session:
     """Generation on one composition, start to finish (it never changes under a session)."""
 
-    def __init__(self, runtime: Runtime, loaded: Loaded) -> None:
+    def __init__(self, runtime: Runtime, loaded: Loaded, store: StoreDir) -> None:
         self.runtime = runtime
         self._loaded = loaded
+        self._store = store  # the runtime's store, as the operations take it
 
     @property
     def composition_id(self) -> str:
@@ -56,7 +58,7 @@ class Session:
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs,
                                 system=system, stop=stop)
-        return run.generate_on(self.runtime.store._s, self._loaded, options)[0]
+        return run.generate_on(self._store, self._loaded, options)[0]
 
     def chat(self, messages: Sequence[ChatMessage | dict], max_tokens: int | None = None, *,
              on_text: Callable[[str], None] | None = None, cancel: threading.Event | None = None,
@@ -69,7 +71,7 @@ class Session:
         from slm.ops.infer import run
 
         o = self._options(messages=tuple(messages), max_tokens=max_tokens, tools=tools, **options)
-        return run.generate_on(self.runtime.store._s, self._loaded, o, on_text=on_text, cancel=cancel)[0]
+        return run.generate_on(self._store, self._loaded, o, on_text=on_text, cancel=cancel)[0]
 
     def generate_choices(self, prompt: str, n: int, max_tokens: int | None = None, temperature: float = 0.0,
                          top_p: float = 1.0, seed: int | None = None, chat: bool = False,
@@ -94,7 +96,7 @@ class Session:
 
         def work() -> None:
             try:
-                run.generate_on(self.runtime.store._s, self._loaded, options, on_text=pieces.put, cancel=cancel)
+                run.generate_on(self._store, self._loaded, options, on_text=pieces.put, cancel=cancel)
             except BaseException as err:  # handed to the consumer below
                 failure.append(err)
             finally:

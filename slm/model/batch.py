@@ -158,7 +158,7 @@ class BatchRows:
             for out, y in zip(outs, self.rows[i].model.linears(x[i:i + 1], names)):
                 out[i] = y[0]
         if together:
-            plans = [[self.rows[i].model._plan(n) for i in together] for n in names]  # (term, after) per row
+            plans = [[self.rows[i].model.overlay_plan(n) for i in together] for n in names]  # (term, after) per row
             xs = x if len(together) == len(self.rows) else x[together]
             ys = self.kernels.base.matmul_rows(xs, weights, [[term for term, _ in p] for p in plans])
             for j, (name, y, plan) in enumerate(zip(names, ys, plans)):

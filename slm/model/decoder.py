@@ -191,7 +191,7 @@ class Decoder:
         base_layer(x), bias included)."""
         if any(o.input_scale(n) is not None for o in self.overlays for n in names):
             return [self._linear_in_load_order(x, n) for n in names]
-        plans = [self._plan(n) for n in names]
+        plans = [self.overlay_plan(n) for n in names]
         if any(term is not None for term, _ in plans):
             ys = self.kernels.matmul_many(x, [self.t[n] for n in names], [term for term, _ in plans])
         else:
@@ -221,7 +221,7 @@ class Decoder:
             y = overlay.after(name, seen, y)
         return y
 
-    def _plan(self, name: str) -> tuple:
+    def overlay_plan(self, name: str) -> tuple:
         """(low-rank term the kernel adds, or None; overlays to apply after it, in load order)."""
         fuses = self.kernels.fuses_low_rank  # the kernels can be swapped (tests, bench)
         plan = self._plans.get((name, fuses))
