@@ -166,7 +166,7 @@ class NativeStep:
                 w = model.t.get(name)
                 if w is None or not kn.supports(w) or any(o.input_scale(name) is not None for o in model.overlays):
                     return None
-                term, after = model._plan(name)
+                term, after = model.overlay_plan(name)
                 if after:  # an IA3 scale or a sparse delta, applied after the kernel
                     return None
                 terms.append(term)
