@@ -23,7 +23,7 @@ WRITER = textwrap.dedent("""
     store, worker, each = StoreDir.open(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     for i in range(each):
         # a distinct weight per activation: every one is a real transition
-        activate(store, "tq", [f"a1@{1 + worker * 1000 + i}"])
+        activate(store, "tq", [f"a1@{(1 + worker * 100 + i) / 1000}"])  # within the weight bound
 """)
 
 READER = textwrap.dedent("""
