@@ -20,6 +20,8 @@ BEFORE, AFTER = sys.argv[1], sys.argv[2]
 STORE = Path(sys.argv[3])
 ROUNDS = int(sys.argv[4]) if len(sys.argv) > 4 else 5
 PY = sys.executable
+# a run of its own: the store's prompt cache never answers a prompt an earlier run wrote
+RUN = f"{time.time_ns():x}"
 WORDS = "the quick brown fox jumps over a lazy dog while seven small birds sing in the old oak tree".split()
 
 
@@ -46,10 +48,10 @@ def batching(tree):
 
 def sample(tree, rnd):
     out = {}
-    prompt = f"Round {rnd} {tree[-4:]}: Once upon a time,"
+    prompt = f"Round {rnd} {tree[-4:]} {RUN}: Once upon a time,"
     j = json.loads(slm(tree, "run", prompt, "-n", "128", "--json")[0])
     out["decode_tok_s"] = j["timings"]["decode_tok_s"]
-    long = " ".join(WORDS[(rnd + i) % len(WORDS)] for i in range(460)) + f" {rnd} {tree[-4:]}"
+    long = " ".join(WORDS[(rnd + i) % len(WORDS)] for i in range(460)) + f" {rnd} {tree[-4:]} {RUN}"
     j = json.loads(slm(tree, "run", long, "-n", "1", "--json")[0])
     out["prefill_tok_s"] = j["timings"]["prefill_tok_s"]
     out["prompt_tokens"] = len(j["prompt_tokens"])
