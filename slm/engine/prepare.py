@@ -141,6 +141,7 @@ def prompt_ids(target: Target, req: GenerationRequest, rendered: ChatPrompt | No
     if req.chat:
         prompt = rendered or render(target, req)
         text = prompt.text
+        check_fits(target, text)  # (the template's output, as the contents were before it ran)
     else:
         text = req.prompt
         check_fits(target, text)

@@ -118,10 +118,7 @@ class Tools:
             raise InvalidInput("tool_choice must be none, auto, required or {type: function, function: {name}}")
         if parallel is not None and not isinstance(parallel, bool):
             raise InvalidInput("parallel_tool_calls must be true or false")
-        text = json.dumps(tools, ensure_ascii=False)
-        if len(text.encode()) > MAX_SCHEMA_BYTES:
-            raise InvalidInput(f"tools are over {MAX_SCHEMA_BYTES >> 10} KiB")
-        return cls(text, choice, name, True if parallel is None else parallel)
+        return cls(json_text(tools, "tools"), choice, name, True if parallel is None else parallel)
 
     @classmethod
     def from_file(cls, path, choice: str | None = None) -> "Tools":
@@ -131,6 +128,20 @@ class Tools:
         if choice not in (None, "none", "auto", "required"):
             choice = {"type": "function", "function": {"name": choice}}
         return cls.of(tools, choice)
+
+
+def json_text(value, what: str) -> str:
+    """`value` as JSON text of at most MAX_SCHEMA_BYTES; InvalidInput for what JSON text cannot
+    carry (a non-finite number, a value of another type, a lone surrogate, nesting past the
+    interpreter's depth) or a text over the limit."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        size = len(text.encode())
+    except (TypeError, ValueError, RecursionError) as err:  # (UnicodeEncodeError is a ValueError)
+        raise InvalidInput(f"{what} is not JSON text ({type(err).__name__})") from err
+    if size > MAX_SCHEMA_BYTES:
+        raise InvalidInput(f"{what} is over {MAX_SCHEMA_BYTES >> 10} KiB")
+    return text
 
 
 def read_json_file(path, option: str):
@@ -204,10 +215,7 @@ class ResponseFormat:
     def from_schema(cls, schema, name: str | None = None, what: str = "the JSON schema") -> "ResponseFormat":
         if not isinstance(schema, dict):
             raise InvalidInput(f"{what} must be a JSON object")
-        text = json.dumps(schema, ensure_ascii=False)
-        if len(text.encode()) > MAX_SCHEMA_BYTES:
-            raise InvalidInput(f"{what} is over {MAX_SCHEMA_BYTES >> 10} KiB")
-        return cls("json_schema", text, name)
+        return cls("json_schema", json_text(schema, what), name)
 
 
 DEFAULT_MAX_TOKENS = 128  # a request that gives none: this many, or what the context leaves

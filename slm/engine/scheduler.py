@@ -49,7 +49,7 @@ from slm.engine.prompt_cache import MemoryPromptCache
 from slm.engine.request import GenerationRequest
 from slm.engine.stops import CANCELLED
 from slm.engine.target import Target
-from slm.errors import Busy, ShuttingDown, SlmError
+from slm.errors import Busy, InvalidInput, ShuttingDown, SlmError
 from slm.model import modes
 from slm.model.chat import ChatPrompt
 from slm.model.kernels import default_kernels
@@ -96,15 +96,27 @@ class Scheduler:
         (InvalidInput if it cannot run there, n over max_batch included; BudgetExceeded; Busy
         when full; ShuttingDown once draining). stream: text events as it decodes; else each
         choice's text comes whole with its DoneEvent."""
+        self._check_submission(target, request)
         rendered = render(target, request)  # (a chat's template: on this thread, not the preparing one)
         return self._preparing.submit(self._submit, target, request, stream, rendered).result()
 
     async def submit_async(self, target: Target, request: GenerationRequest, stream: bool = True) -> Handle:
         """submit, awaited on an event loop that keeps serving meanwhile (a chat's template
         rendered on a pool thread of the loop's, each request on its own)."""
+        self._check_submission(target, request)
         rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
             if request.chat else None
         return await asyncio.wrap_future(self._preparing.submit(self._submit, target, request, stream, rendered))
+
+    def _check_submission(self, target: Target, request: GenerationRequest) -> None:
+        """What submit takes, checked before any thread is asked: a GenerationRequest on a Target
+        (InvalidInput), while the scheduler admits requests (ShuttingDown once drained or stopped)."""
+        if not isinstance(request, GenerationRequest):
+            raise InvalidInput(f"submit takes a GenerationRequest, not {type(request).__name__}")
+        if not isinstance(target, Target):
+            raise InvalidInput(f"submit runs a request on a staged composition (Runtime.stage), not {type(target).__name__}")
+        if self.draining:
+            raise ShuttingDown("the server is shutting down")
 
     async def call_preparing(self, work: Callable, *args):
         """Run work(*args) on the preparing thread (a large body's parsing, /tokenize), awaited."""

@@ -46,6 +46,13 @@ MAX_REPLY_BYTES = 6 * MAX_OUTPUT_CHARS + 4096
 STOPPED = "the chat template's renderer stopped (its memory or CPU limit)"
 
 
+MAX_MESSAGE_CHARS = 300  # of a template's error message in slm's one-line error
+
+
+def _shortened(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS] + "... (cut)"
+
+
 class BoundExceeded(InvalidInput):
     """A template used more time, memory or output than a render may."""
 
@@ -124,8 +131,8 @@ class _Pool:
                 worker.kill()
             else:
                 self._give_back(worker)
-        if "error" in reply:
-            raise (BoundExceeded if reply.get("bound") else InvalidInput)(reply["error"])
+        if "error" in reply:  # (a template's own message, raise_exception's, cut to a line's length)
+            raise (BoundExceeded if reply.get("bound") else InvalidInput)(_shortened(reply["error"]))
         return reply["text"]
 
     def _take(self) -> _Worker:
