@@ -133,17 +133,6 @@ def _integer(doc: dict, key: str, default: int | None) -> int | None:
     return value
 
 
-def _stop(doc: dict) -> tuple[str, ...]:
-    """OpenAI's stop: a string or a list of strings (their count and lengths: check_processing)."""
-    stop = doc.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise BadRequest("stop must be a string or a list of strings")
-    return tuple(stops)
-
-
 def _messages(doc: dict) -> tuple[ChatMessage, ...]:
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -262,7 +251,7 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # OpenAI's range: the sampler's own check
         generation = GenerationRequest(
             prompt="" if chat else _prompt(doc), messages=_messages(doc) if chat else None, chat=chat,
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=_stop(doc),
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=doc.get("stop"),
             n=_integer(doc, "n", 1), top_k=_integer(doc, "top_k", 0), min_p=_number(doc, "min_p", 0.0),
             frequency_penalty=_number(doc, "frequency_penalty", 0.0),
             presence_penalty=_number(doc, "presence_penalty", 0.0),

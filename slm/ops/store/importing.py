@@ -155,19 +155,8 @@ def _store_base(store: StoreDir, source: BaseSource, name: str, progress: Progre
         digest, new, previous = _commit_named(store, staging, "base", name, manifest.to_bytes(), side_names)
     finally:
         staging.discard()
-    return ImportResult(
-        kind="base",
-        name=name,
-        digest=digest,
-        source_format=source.format,
-        tensors=len(manifest.tensors),
-        dtype_counts=manifest.dtype_counts(),
-        total_bytes=manifest.total_bytes,
-        new_blobs=len(new),
-        new_bytes=sum(store.objects.size(d) for d in new),
-        seconds=round(time.perf_counter() - started, 3),
-        previous=previous,
-    )
+    return _result(store, "base", name, digest, source.format, len(manifest.tensors), manifest.dtype_counts(),
+                   manifest.total_bytes, new, previous, started)
 
 
 def stage_base(staging, source: BaseSource, progress: Progress,
@@ -318,19 +307,18 @@ def import_adapter(store: StoreDir, path: Path, name: str, progress: Progress | 
         digest, new, previous = _commit_named(store, staging, "adapter", name, manifest.to_bytes())
     finally:
         staging.discard()
-    return ImportResult(
-        kind="adapter",
-        name=name,
-        digest=digest,
-        source_format=source.format,
-        tensors=sum(len(t.tensors) for t in targets),
-        dtype_counts={source.kind: len(targets)},
-        total_bytes=manifest.total_bytes,
-        new_blobs=len(new),
-        new_bytes=sum(store.objects.size(d) for d in new),
-        seconds=round(time.perf_counter() - started, 3),
-        previous=previous,
-    )
+    return _result(store, "adapter", name, digest, source.format, sum(len(t.tensors) for t in targets),
+                   {source.kind: len(targets)}, manifest.total_bytes, new, previous, started)
+
+
+def _result(store: StoreDir, kind: str, name: str, digest: str, source_format: str, tensors: int,
+            dtype_counts: dict, total_bytes: int, new: list[str], previous: str | None,
+            started: float) -> ImportResult:
+    """What an import reports: what it read, and the blobs it added to the store."""
+    return ImportResult(kind=kind, name=name, digest=digest, source_format=source_format, tensors=tensors,
+                        dtype_counts=dtype_counts, total_bytes=total_bytes, new_blobs=len(new),
+                        new_bytes=sum(store.objects.size(d) for d in new),
+                        seconds=round(time.perf_counter() - started, 3), previous=previous)
 
 
 def stage_adapter(staging, source: AdapterSource, label: str, progress: Progress) -> AdapterManifest:
