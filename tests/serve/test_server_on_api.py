@@ -35,7 +35,7 @@ def runtime(store):
 
 @pytest.mark.parametrize("error, status, kind", [
     (slm.InvalidInput, 400, "invalid_request_error"),
-    (slm.NotFound, 400, "invalid_request_error"),
+    (slm.NotFound, 404, "invalid_request_error"),
     (slm.Incompatible, 400, "invalid_request_error"),
     (slm.BudgetExceeded, 400, "invalid_request_error"),
     (slm.UsageError, 400, "invalid_request_error"),
@@ -50,6 +50,7 @@ def test_each_slm_error_maps_to_its_http_status(error, status, kind):
     answer = http_error(error("what went\nwrong"))
     assert (answer.status, answer.kind) == (status, kind)
     assert answer.message == "what went wrong"  # the CLI's one line
+    assert answer.code == ("model_not_found" if error is slm.NotFound else None)  # (OpenAI's and vLLM's)
 
 
 def test_an_exception_that_is_not_an_slm_error_is_a_500_naming_the_bug():
@@ -81,6 +82,22 @@ def test_the_wire_request_becomes_the_schedulers_request_without_its_wire_fields
     assert (req.temperature, req.top_p, req.seed, req.stop) == (0.5, 0.9, 7, ("\n",))
 
 
+def test_status_counts_rows_by_the_name_their_request_gave_its_composition(store, runtime):
+    """What the model-server gauges read (slm.server.metrics): a request's rows (one per choice)
+    under the name it was submitted with, else under its composition's id; queued until admitted."""
+    loaded = runtime.stage(store.active())
+    scheduler = runtime.scheduler(max_batch=2, max_queue=4)  # its thread not started: everything waits
+    try:
+        named = scheduler.submit(loaded, _request(n=2), name="prod")
+        unnamed = scheduler.submit(loaded, _request())
+        assert (named.name, unnamed.name) == ("prod", loaded.id)
+        status = scheduler.status()
+        assert status.waiting_by_name == {"prod": 2, loaded.id: 1} and status.admitted_by_name == {}
+        assert (status.queued, status.kv_positions, status.kv_capacity, status.kv_usage) == (3, 0, 0, 0.0)
+    finally:
+        scheduler.stop()
+
+
 def test_a_full_scheduler_refuses_with_busy_and_a_draining_one_with_shutting_down(store, runtime):
     loaded = runtime.stage(store.active())
     scheduler = runtime.scheduler(max_batch=1, max_queue=0)  # its thread not started: nothing runs
@@ -93,7 +110,8 @@ def test_a_full_scheduler_refuses_with_busy_and_a_draining_one_with_shutting_dow
         with pytest.raises(slm.ShuttingDown, match="shutting down"):
             scheduler.submit(loaded, _request())
         assert scheduler.busy() == 1 and not handle.finished
-        assert scheduler.status() == slm.api.SchedulerStatus(queued=1, running=0, prefilling=0, max_batch=1, draining=True)
+        assert scheduler.status() == slm.api.SchedulerStatus(queued=1, running=0, prefilling=0, max_batch=1, draining=True,
+                                                             waiting_by_name={loaded.id: 1})
     finally:
         scheduler.stop()
 
