@@ -119,10 +119,10 @@ def test_a_tag_is_resolved_again_at_each_start_and_a_digest_is_not(cli, tmp_path
     assert b.active().id == first["composition_id"]
 
 
-def _refused_start(store: Path, ref: str, code: int, says: str) -> None:
-    """`slm serve --model ref` exits `code` with one error line, and never listens."""
+def _refused_start(store: Path, ref: str, code: int, says: str, *args: str) -> None:
+    """`slm serve --model ref ARGS` exits `code` with one error line, and never listens."""
     proc = subprocess.run([sys.executable, "-m", "slm", "--store", str(store), "serve", "--port", "0",
-                           "--model", ref], capture_output=True, text=True, timeout=300)
+                           "--model", ref, *args], capture_output=True, text=True, timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == code, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("slm: error:") and says in lines[0], lines
@@ -134,7 +134,11 @@ def test_a_registry_not_answering_a_missing_digest_and_an_untrusted_signer_stop_
     a, public = signed
     pushed = _push(cli, a, f"{registry.host}/fleet/smol:v1")
     b = _fresh(cli, tmp_path / "b", public)
-    _refused_start(b, f"127.0.0.1:{_free_port()}/fleet/smol:v1", 12, "127.0.0.1")
+    unreachable = f"127.0.0.1:{_free_port()}/fleet/smol:v1"
+    _refused_start(b, unreachable, 12, "127.0.0.1")
+    # a bad option is refused before the registry is asked (else this would be 12)
+    _refused_start(b, unreachable, 4, "--grace", "--grace", "-1")
+    _refused_start(b, unreachable, 4, "memory budget", "--memory-budget", "lots")
     _refused_start(b, f"{registry.host}/fleet/smol@sha256:{'0' * 64}", 3, "fleet/smol")
     _, other = _ed25519_key(tmp_path / "other.pem", 8)
     c = _fresh(cli, tmp_path / "c", other)
