@@ -144,3 +144,35 @@ def test_a_registry_not_answering_a_missing_digest_and_an_untrusted_signer_stop_
     c = _fresh(cli, tmp_path / "c", other)
     _refused_start(c, f"{registry.host}/fleet/smol@{pushed['manifest_digest']}", 6, "untrusted")
     assert cli("--store", c, "status", "--json").json()["active"] is None
+
+
+def test_the_deploy_manifests_slm_command_lines_run_as_written(cli, tmp_path, tiny_model, registry):  # noqa: F811
+    """deploy/10-slm-serve.yaml's init containers and server, run in order on one store (the
+    pod's), with the manifest's reference swapped for one this registry holds and the server
+    kept on loopback: the store serves the pushed composition."""
+    import os
+
+    from test_deploy_manifests import slm_lines
+
+    a = tiny_store(tmp_path / "a", tiny_model, 1, steps=(("activate", "tq", "a1@0.5"),))
+    pushed = _push(cli, a, f"{registry.host}/fleet/deploy:v1")
+    ref = f"{registry.host}/fleet/deploy@{pushed['manifest_digest']}"
+    lines = slm_lines()
+    (placeholder,) = {argv[1] for name, argv in lines if name == "pull"}
+    store = tmp_path / "store"
+    env = {**os.environ, "SLM_STORE": str(store)}
+    *prepare, (_, serve) = [(name, [ref if w == placeholder else w for w in argv]) for name, argv in lines]
+    for name, argv in prepare:
+        done = subprocess.run([sys.executable, "-m", "slm", *argv], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, (name, done.stderr)
+    flags = serve[1:]
+    for flag in ("--host", "--port"):  # loopback, a free port
+        i = flags.index(flag)
+        del flags[i:i + 2]
+    server = Server(store, "--host", "127.0.0.1", *flags)
+    try:
+        assert server.http("GET", "/health")[0] == 200
+        assert _answer(server) == (pushed["composition_id"],) * 2
+    finally:
+        assert server.stop() == 0

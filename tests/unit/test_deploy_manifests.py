@@ -62,7 +62,7 @@ def _argv(container: dict, namespace: str) -> list[str]:
     return [_VAR.sub(lambda m: env[m.group(1)], str(w)) for w in words]
 
 
-def _slm_lines() -> list[tuple[str, list[str]]]:
+def slm_lines() -> list[tuple[str, list[str]]]:
     """(container name, its argv after `slm`) for every container that runs slm."""
     lines = []
     for d in _of_kind("Deployment"):
@@ -123,7 +123,7 @@ def test_every_manifest_parses_into_kubernetes_objects():
 
 
 def test_every_slm_command_line_is_accepted_by_slms_parser():
-    lines = _slm_lines()
+    lines = slm_lines()
     for name, argv in lines:
         ctx = parse_slm(argv)
         assert ctx.command.name == argv[0], (name, argv)
@@ -139,7 +139,7 @@ def test_every_slm_command_line_is_accepted_by_slms_parser():
     (["stray"], errors.UsageError),  # an argument serve does not take
 ])
 def test_the_checker_catches_a_planted_bad_line(planted, error):
-    serve = dict(_slm_lines())["slm"]
+    serve = dict(slm_lines())["slm"]
     parse_slm(serve)  # as written: accepted
     with pytest.raises(error):
         parse_slm(serve + planted)
@@ -150,7 +150,7 @@ def test_the_checker_catches_a_planted_bad_line(planted, error):
 def test_the_model_is_pinned_by_one_digest_for_the_pull_and_the_activation():
     from slm.distribution.reference import parse_reference
 
-    lines = dict(_slm_lines())
+    lines = dict(slm_lines())
     pulled, activated = lines["pull"][1], lines["activate"][1]
     assert pulled == activated
     assert parse_reference(pulled).digest is not None  # a tag could move between two pods' starts
