@@ -155,7 +155,7 @@ def serve(
     log = json_log if json_out else stderr_log
     store = open_store(ctx)
     if model is not None:
-        check(options)  # a bad option fails before anything is downloaded
+        check(options)  # a bad option fails before anything is downloaded (the budget: in provision)
         ready = store.provision(model, insecure, memory_budget, progress_bar(json_out))
         log(render_dist.provisioned(ready))
     run_server(store, options, log=log)

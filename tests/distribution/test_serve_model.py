@@ -139,6 +139,7 @@ def test_a_registry_not_answering_a_missing_digest_and_an_untrusted_signer_stop_
     # a bad option is refused before the registry is asked (else this would be 12)
     _refused_start(b, unreachable, 4, "--grace", "--grace", "-1")
     _refused_start(b, unreachable, 4, "memory budget", "--memory-budget", "lots")
+    _refused_start(b, unreachable, 4, "--threads", "--threads", "0")
     _refused_start(b, f"{registry.host}/fleet/smol@sha256:{'0' * 64}", 3, "fleet/smol")
     _, other = _ed25519_key(tmp_path / "other.pem", 8)
     c = _fresh(cli, tmp_path / "c", other)
