@@ -130,9 +130,10 @@ def serve(
         512, "--prefill-chunk", metavar="TOKENS", parser=integer,  # slm.engine.generate.PREFILL_CHUNK (not imported: start-up)
         help="Prompt tokens prefilled between two decode steps of the running requests."),
     model: Optional[str] = typer.Option(
-        None, "--model", metavar="HOST[:PORT]/REPO[:TAG|@sha256:..]",
-        help="Before serving, pull this registry reference and activate it (`slm pull` + `slm activate`): "
-             "a digest already pulled is not downloaded again; a tag is resolved again at each start."),
+        None, "--model", metavar="REF",
+        help="Before serving, pull HOST[:PORT]/REPO[:TAG|@sha256:..] and activate it (`slm pull` + "
+             "`slm activate`): a digest already pulled is not downloaded again; a tag is resolved again "
+             "at each start."),
     insecure: bool = InsecureOpt,
     json_out: bool = JsonOpt,
 ) -> None:
