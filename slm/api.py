@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from slm.engine.handle import DoneEvent, Event, FailedEvent, Handle, SchedulerStatus, TextEvent  # noqa: F401
     from slm.engine.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
-                                 Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
+                                 Generation, ImportResult, LogEntry, Provisioned, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.infer.run import RunOptions
     from slm.engine.scheduler import Scheduler
@@ -253,6 +253,15 @@ class Store(StoreNames):
 
         return registry_ops.pull(self._s, reference, insecure, progress)
 
+    def provision(self, reference: str, insecure: bool = False, memory_budget: str | None = None,
+                  progress: Progress | None = None) -> Provisioned:
+        """Pull a registry reference and activate it, as `slm pull` then `slm activate` (`slm serve
+        --model`): a digest the store already received under that reference is not asked of the
+        registry again; a tag is resolved again each time."""
+        from slm.ops.ship import provision
+
+        return provision.provision(self._s, reference, insecure, memory_budget, progress)
+
     def sign(self, comp: Composition | str | None, key: str | os.PathLike | None = None, format: str = "slm",
              out: str | os.PathLike | None = None, signature: str | os.PathLike | None = None,
              certificate: str | os.PathLike | None = None, chain: Sequence[str] = ()) -> SignResult | OmsSignResult:
@@ -388,6 +397,14 @@ def check_sampling(temperature: float, top_p: float, seed: int | None, max_tempe
     from slm.engine.sampling import check_sampling as check
 
     check(temperature, top_p, seed, max_temperature)
+
+
+def check_threads(threads: int | None) -> None:
+    """The check of a thread count (None: every core), as Runtime makes it: InvalidInput naming
+    --threads (slm serve checks its options with it before anything slow)."""
+    from slm.ops.infer.run import check_threads as check
+
+    check(threads)
 
 
 def check_processing(**options: object) -> None:
