@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import slm
 from helpers import copy_store, tiny_store
 from serve_helpers import Server
 
@@ -22,9 +23,18 @@ ROUTER_CHAT = {"stream": False, "logprobs": False, "no_stop_trim": False, "ignor
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_model):
-    root = copy_store(tiny_store(tmp_path_factory.mktemp("vllm-fields"), tiny_model),
-                      tmp_path_factory.mktemp("served"))
+def template(tmp_path_factory, tiny_model):
+    return tiny_store(tmp_path_factory.mktemp("vllm-fields"), tiny_model)
+
+
+@pytest.fixture(scope="module")
+def tok(template):
+    return slm.Store.open(template).tokenizer("tq")
+
+
+@pytest.fixture(scope="module")
+def server(template, tmp_path_factory):
+    root = copy_store(template, tmp_path_factory.mktemp("served"))
     running = Server(root, "--threads", "1", "--max-batch", "4")
     yield running
     assert running.stop() == 0
@@ -73,3 +83,98 @@ def test_the_routers_chat_body_parses_as_the_plain_request():
     messages = [{"role": "user", "content": "hi"}]
     routed = parse_request({"messages": messages, "max_tokens": 3, **ROUTER_CHAT}, chat=True)
     assert routed == parse_request({"messages": messages, "max_tokens": 3}, chat=True)
+
+
+def _ids(body: dict) -> list[int]:
+    """The answer's token ids, as return_tokens_as_token_ids names them in its logprobs."""
+    return [int(t.removeprefix("token_id:")) for t in body["choices"][0]["logprobs"]["tokens"]]
+
+
+def _eos_first(tok) -> dict:
+    """A logit_bias that makes end-of-generation the greedy choice at every step."""
+    return {str(t): 100 for t in tok.eos_ids}
+
+
+def test_return_tokens_as_token_ids_names_each_token_by_its_id(server, tok):
+    status, plain = _complete(server, logprobs=2)
+    status, body = _complete(server, logprobs=2, return_tokens_as_token_ids=True)
+    assert status == 200, body
+    ids = _ids(body)
+    assert tok.decode(ids) == body["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert [tok.decode([i]) for i in ids] == plain["choices"][0]["logprobs"]["tokens"]
+    assert all(k.startswith("token_id:") for top in body["choices"][0]["logprobs"]["top_logprobs"] for k in top)
+
+
+def test_ignore_eos_generates_exactly_max_tokens(server, tok):
+    status, ended = _complete(server, logit_bias=_eos_first(tok))
+    assert (ended["usage"]["completion_tokens"], ended["choices"][0]["finish_reason"]) == (1, "stop")
+    status, body = _complete(server, logit_bias=_eos_first(tok), ignore_eos=True)
+    assert status == 200, body
+    assert (body["usage"]["completion_tokens"], body["choices"][0]["finish_reason"]) == (12, "length")
+    assert body["choices"][0]["text"] == "", "an end-of-generation token's text is special: skipped"
+
+
+def test_skip_special_tokens_false_keeps_the_special_tokens_text(server, tok):
+    status, body = _complete(server, logit_bias=_eos_first(tok), ignore_eos=True, skip_special_tokens=False,
+                             max_tokens=3)
+    assert status == 200, body
+    eos = tok.decode([min(tok.eos_ids)], special=True)
+    assert eos and body["choices"][0]["text"] == eos * 3
+
+
+def test_min_tokens_holds_off_the_end_until_then(server, tok):
+    status, body = _complete(server, logit_bias=_eos_first(tok), min_tokens=5, logprobs=0,
+                             return_tokens_as_token_ids=True)
+    assert status == 200, body
+    assert (body["usage"]["completion_tokens"], body["choices"][0]["finish_reason"]) == (6, "stop")
+    assert len(_ids(body)) == 5 and not set(_ids(body)) & tok.eos_ids
+
+
+def test_stop_token_ids_end_the_answer_and_include_stop_str_keeps_its_text(server, tok):
+    status, plain = _complete(server, logprobs=0, return_tokens_as_token_ids=True)
+    ids = _ids(plain)
+    k = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i] and tok.decode([ids[i]]))
+    status, body = _complete(server, stop_token_ids=[ids[k]])
+    assert status == 200, body
+    assert body["choices"][0]["text"] == tok.decode(ids[:k])
+    assert (body["usage"]["completion_tokens"], body["choices"][0]["finish_reason"]) == (k + 1, "stop")
+    status, body = _complete(server, stop_token_ids=[ids[k]], include_stop_str_in_output=True)
+    assert body["choices"][0]["text"] == tok.decode(ids[:k + 1])
+
+
+def test_include_stop_str_in_output_keeps_the_stop_sequence(server):
+    status, plain = _complete(server)
+    text = plain["choices"][0]["text"]
+    stop = text[len(text) // 2:][:3]
+    status, body = _complete(server, stop=[stop], include_stop_str_in_output=True)
+    assert status == 200, body
+    assert body["choices"][0]["text"] == text[:text.index(stop) + len(stop)]
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_repetition_penalty_counts_the_prompts_tokens(server, tok):
+    """A penalty so strong that a greedy answer takes no token it counts: vLLM's
+    repetition_penalty counts the prompt's, repeat_penalty (llama.cpp's name) the answer's only."""
+    status, plain = _complete(server, logprobs=0, return_tokens_as_token_ids=True)
+    text = PROMPT + tok.decode(_ids(plain)[:4])  # (a prompt whose own tokens the model goes on with)
+    prompt = set(tok.encode(text))
+    status, body = _complete(server, prompt=text, repetition_penalty=1e4, logprobs=0, return_tokens_as_token_ids=True)
+    assert status == 200, body
+    assert not set(_ids(body)) & prompt
+    status, other = _complete(server, prompt=text, repeat_penalty=1e4, logprobs=0, return_tokens_as_token_ids=True)
+    assert set(_ids(other)) & prompt, "the answer-only penalty lets a prompt token through (else the test shows nothing)"
+    assert len(set(_ids(other))) == len(_ids(other))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"stop_token_ids": [10 ** 9]}, "stop_token_ids: 1000000000 is not a token id"),
+    ({"min_tokens": 13}, "min_tokens (13) must be at most max_tokens (12)"),
+    ({"repetition_penalty": 1.1, "repeat_penalty": 1.1}, "not both"),
+    ({"echo": True}, "unsupported field: echo"),
+    ({"add_generation_prompt": False}, "unsupported field: add_generation_prompt (on chat completions only)"),
+    ({"include_stop_str_in_outptu": True}, "unknown field: include_stop_str_in_outptu"),
+])
+def test_a_vllm_field_slm_cannot_honour_is_a_400_saying_why(server, fields, message):
+    status, body = _complete(server, **fields)
+    assert status == 400
+    assert message in body["error"]["message"]
