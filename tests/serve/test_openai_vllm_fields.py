@@ -4,6 +4,8 @@ by name; a misspelled one stays a 400. On the tiny model, through a real `slm se
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import slm
@@ -77,12 +79,72 @@ def test_a_misspelled_or_unimplemented_field_is_a_400_naming_it(server, fields, 
     assert message in body["error"]["message"]
 
 
-def test_the_routers_chat_body_parses_as_the_plain_request():
-    from slm.server.protocol import parse_request
+def _chat(server, messages, **fields) -> tuple[int, dict]:
+    return server.json("POST", "/v1/chat/completions", {"messages": messages, "max_tokens": 12, **fields})
 
-    messages = [{"role": "user", "content": "hi"}]
-    routed = parse_request({"messages": messages, "max_tokens": 3, **ROUTER_CHAT}, chat=True)
-    assert routed == parse_request({"messages": messages, "max_tokens": 3}, chat=True)
+
+USER = [{"role": "user", "content": "the cat sat on"}]
+PREFILLED = [*USER, {"role": "assistant", "content": "the mat and"}]
+# the tiny model's template (ChatML) written out by hand: the conversation's prompt, with the
+# opening of the assistant's turn, and with the last message left open
+OPENED = "<|im_start|>user\nthe cat sat on<|im_end|>\n<|im_start|>assistant\n"
+CONTINUED = OPENED + "the mat and"
+
+
+def test_the_routers_chat_body_is_answered_as_the_plain_request(server):
+    status, plain = _chat(server, USER)
+    assert status == 200, plain
+    status, routed = _chat(server, USER, **ROUTER_CHAT)
+    assert status == 200, routed
+    assert routed["choices"][0]["message"] == plain["choices"][0]["message"]
+
+
+def test_continue_final_message_continues_the_last_message(server):
+    status, body = _chat(server, PREFILLED, continue_final_message=True, add_generation_prompt=False)
+    assert status == 200, body
+    status, raw = _complete(server, prompt=CONTINUED)
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": raw["choices"][0]["text"]}
+    assert body["usage"]["prompt_tokens"] == raw["usage"]["prompt_tokens"]
+
+
+def test_echo_puts_the_continued_message_before_the_answer_whole_and_streamed(server):
+    fields = {"continue_final_message": True, "add_generation_prompt": False}
+    status, plain = _chat(server, PREFILLED, **fields)
+    status, echoed = _chat(server, PREFILLED, echo=True, **fields)
+    assert status == 200, echoed
+    assert echoed["choices"][0]["message"]["content"] == "the mat and" + plain["choices"][0]["message"]["content"]
+    status, _, data = server.http("POST", "/v1/chat/completions", {"messages": PREFILLED, "max_tokens": 12,
+                                                                   "echo": True, "stream": True, **fields})
+    chunks = [json.loads(line[6:]) for line in data.decode().splitlines()
+              if line.startswith("data: {")]
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert streamed == echoed["choices"][0]["message"]["content"]
+    status, opened = _chat(server, USER, echo=True)
+    assert opened["choices"][0]["message"]["content"] == _chat(server, USER)[1]["choices"][0]["message"]["content"], \
+        "the last message is the user's, not the answer's role: nothing to echo"
+
+
+def test_add_generation_prompt_false_leaves_the_turn_unopened(server):
+    status, body = _chat(server, USER, add_generation_prompt=False)
+    assert status == 200, body
+    status, raw = _complete(server, prompt=OPENED.removesuffix("<|im_start|>assistant\n"))
+    assert body["choices"][0]["message"] == {"role": "user", "content": raw["choices"][0]["text"]}, \
+        "vLLM's rule: the answer's role is the last message's"
+    status, opened = _chat(server, USER)
+    status, raw = _complete(server, prompt=OPENED)
+    assert opened["choices"][0]["message"]["content"] == raw["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"continue_final_message": True}, "continue_final_message needs add_generation_prompt false"),
+    ({"echo": "yes"}, "echo must be true or false"),
+    ({"ignore_eos": True, "response_format": {"type": "json_object"}}, "ignore_eos cannot go with response_format"),
+    ({"continue_final_mesage": True}, "unknown field: continue_final_mesage"),
+])
+def test_a_chat_field_slm_cannot_honour_is_a_400_saying_why(server, fields, message):
+    status, body = _chat(server, PREFILLED, **fields)
+    assert status == 400
+    assert message in body["error"]["message"]
 
 
 def _ids(body: dict) -> list[int]:
