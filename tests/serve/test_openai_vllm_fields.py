@@ -240,3 +240,18 @@ def test_a_vllm_field_slm_cannot_honour_is_a_400_saying_why(server, fields, mess
     status, body = _complete(server, **fields)
     assert status == 400
     assert message in body["error"]["message"]
+
+
+def test_the_api_and_the_server_give_one_answer_to_vllms_options(server, template, tok, tmp_path):
+    """One request type, two doors: Session.generate and Session.chat take the same options."""
+    session = slm.Runtime(slm.Store.open(copy_store(template, tmp_path)), threads=1).session()
+    bias = {int(k): v for k, v in _eos_first(tok).items()}
+    generation = session.generate(PROMPT, 12, logit_bias=bias, min_tokens=5, include_stop_str_in_output=True,
+                                  skip_special_tokens=False)
+    status, body = _complete(server, logit_bias=_eos_first(tok), min_tokens=5, include_stop_str_in_output=True,
+                             skip_special_tokens=False)
+    assert generation.text == body["choices"][0]["text"] and len(generation.tokens) == 6
+    assert generation.text.endswith(tok.decode([generation.tokens[-1]], special=True)), "the kept end's text"
+    answer = session.chat(PREFILLED, 12, continue_final_message=True, add_generation_prompt=False)
+    status, body = _chat(server, PREFILLED, continue_final_message=True, add_generation_prompt=False)
+    assert answer.text == body["choices"][0]["message"]["content"]
