@@ -18,7 +18,7 @@ from typing import Callable
 
 from slm.engine.budget import check_budget
 from slm.engine.generation import LogitProcessor, Sequence, new_sequence
-from slm.engine.processors import processors_for
+from slm.engine.processors import BAN, processors_for
 from slm.engine.request import DEFAULT_MAX_TOKENS, GenerationRequest
 from slm.engine.sampling import Sampler, check_processing, choice_seeds
 from slm.engine.stops import StopRules
@@ -107,6 +107,9 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
                                       mode=mode)
     check_budget(estimate, memory_budget, "this request" if req.n == 1 else f"this request ({req.n} choices)")
     ending = req.stop_token_ids + (() if req.ignore_eos else tuple(target.tokenizer.eos_ids))
+    if req.min_tokens and len({t for t, b in req.logit_bias if b <= BAN} | set(ending)) >= cfg.vocab_size:
+        raise InvalidInput("logit_bias bans every token that min_tokens does not (the end-of-generation and stop "
+                           "tokens): nothing is left to generate")
     penalties = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty, req.logit_bias,
                                repetition_penalty=req.repetition_penalty, prompt_ids=ids,
                                min_tokens=req.min_tokens, ending=ending)

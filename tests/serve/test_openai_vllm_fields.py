@@ -255,3 +255,14 @@ def test_the_api_and_the_server_give_one_answer_to_vllms_options(server, templat
     answer = session.chat(PREFILLED, 12, continue_final_message=True, add_generation_prompt=False)
     status, body = _chat(server, PREFILLED, continue_final_message=True, add_generation_prompt=False)
     assert answer.text == body["choices"][0]["message"]["content"]
+
+
+@pytest.mark.hostile
+def test_min_tokens_with_a_bias_that_bans_every_other_token_is_a_400(server, tok, template):
+    """The bias bans all but the end tokens, min_tokens bans those: sampling would draw from
+    nothing (a NaN distribution at temperature > 0, a 500)."""
+    vocab = slm.Store.open(template).tokenizer("tq").vocab_size
+    bias = {str(t): -100 for t in range(vocab) if t not in tok.eos_ids}
+    status, body = _complete(server, logit_bias=bias, min_tokens=2, temperature=1.0)
+    assert status == 400, body
+    assert "nothing is left to generate" in body["error"]["message"]
