@@ -165,6 +165,12 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(server, tok):
     assert tok.decode(ids) == body["choices"][0]["text"] == plain["choices"][0]["text"]
     assert [tok.decode([i]) for i in ids] == plain["choices"][0]["logprobs"]["tokens"]
     assert all(k.startswith("token_id:") for top in body["choices"][0]["logprobs"]["top_logprobs"] for k in top)
+    status, chat = _chat(server, USER, logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True)
+    status, named = _chat(server, USER, logprobs=True, top_logprobs=2)
+    for by_id, by_text in zip(chat["choices"][0]["logprobs"]["content"], named["choices"][0]["logprobs"]["content"]):
+        assert tok.decode([int(by_id["token"].removeprefix("token_id:"))]) == by_text["token"]
+        assert by_id["bytes"] == by_text["bytes"] and by_id["logprob"] == by_text["logprob"]
+        assert [a["token"].startswith("token_id:") for a in by_id["top_logprobs"]] == [True, True]
 
 
 def test_ignore_eos_generates_exactly_max_tokens(server, tok):
