@@ -60,7 +60,8 @@ def run_cmd(
         None, "--stop-token-id", metavar="ID", parser=integer,
         help="vLLM's stop_token_ids: generating this token ends the answer (repeatable)."),
     include_stop: bool = typer.Option(
-        False, "--include-stop", help="vLLM's include_stop_str_in_output: the stop sequence or token stays in the text."),
+        False, "--include-stop",
+        help="vLLM's include_stop_str_in_output: the stop sequence or token stays in the text."),
     special_tokens: bool = typer.Option(
         False, "--special-tokens", help="vLLM's skip_special_tokens false: special tokens' texts are in the answer."),
     frequency_penalty: float = typer.Option(

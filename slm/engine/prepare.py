@@ -124,8 +124,8 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
 def render(target: Target, req: GenerationRequest) -> ChatPrompt | None:
     """A chat request's prompt text: its conversation through the base's chat template, with the
     request's tools in its tool format, opening the assistant's turn (add_generation_prompt) or
-    continuing the last message (continue_final_message) (None for a plain prompt). The template runs in its
-    bounded process (slm.model.chat), so a server calls this on a thread of its own, never on the
+    leaving the last message open (continue_final_message); None for a plain prompt. The
+    template runs in its bounded process (slm.model.chat), so a server calls this on a thread of its own, never on the
     one that prepares every request: a slow template holds up its own request alone. InvalidInput
     for a template that fails or exceeds a bound, or a conversation that cannot fit by its bytes."""
     if not req.chat:

@@ -11,8 +11,8 @@ naming the field, as for `slm run` and the API); the others shape the answer on 
 
 from __future__ import annotations
 
-from slm.api import GenerationRequest
 from slm import InvalidInput
+from slm.api import GenerationRequest
 
 # GenerationRequest's options of the same name (slm.engine.request)
 GENERATION = frozenset({"min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output",

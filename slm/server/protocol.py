@@ -34,6 +34,7 @@ _SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "s
                        "n", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_k", "min_p",
                        "repeat_penalty", "response_format"})
 FIELDS = {
+    # (echo, best_of, suffix: only their no-op values)
     "completions": _SAMPLING | dialect.FIELDS["completions"] | {"prompt", "echo", "best_of", "suffix"},
     "chat": _SAMPLING | dialect.FIELDS["chat"] | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                                                   "tool_choice", "parallel_tool_calls"},

@@ -226,10 +226,11 @@ def test_repetition_penalty_counts_the_prompts_tokens(server, tok):
     status, plain = _complete(server, logprobs=0, return_tokens_as_token_ids=True)
     text = PROMPT + tok.decode(_ids(plain)[:4])  # (a prompt whose own tokens the model goes on with)
     prompt = set(tok.encode(text))
-    status, body = _complete(server, prompt=text, repetition_penalty=1e4, logprobs=0, return_tokens_as_token_ids=True)
+    ids = {"logprobs": 0, "return_tokens_as_token_ids": True}
+    status, body = _complete(server, prompt=text, repetition_penalty=1e4, **ids)
     assert status == 200, body
     assert not set(_ids(body)) & prompt
-    status, other = _complete(server, prompt=text, repeat_penalty=1e4, logprobs=0, return_tokens_as_token_ids=True)
+    status, other = _complete(server, prompt=text, repeat_penalty=1e4, **ids)
     assert set(_ids(other)) & prompt, "the answer-only penalty lets a prompt token through (else the test shows nothing)"
     assert len(set(_ids(other))) == len(_ids(other))
 
