@@ -4,7 +4,7 @@ chunk, written once for `slm run`, the Python API and the server's scheduler.
 prepare(target, request) renders the prompt (the chat template, with the request's tools;
 render() alone, for a caller that renders on a thread of its own),
 refuses an empty one or one past the context, settles max_tokens (a request that gives none
-gets DEFAULT_MAX_TOKENS or what the context leaves; one that gives more than the context leaves
+gets DEFAULT_MAX_TOKENS, or min_tokens if more, or what the context leaves; one that gives more than the context leaves
 is refused, wherever it comes from), checks the memory budget, compiles the grammar (a
 response_format, or forced tool calls) and gives each of the n choices its seed and logit
 processors. What it returns starts each choice's Sequence (slm.engine.generation), which the
@@ -96,7 +96,8 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
     seeds = choice_seeds(req.seed, req.n)
     ids = prompt_ids(target, req, rendered)
     context = cfg.context_length
-    max_tokens = min(DEFAULT_MAX_TOKENS, context - len(ids)) if req.max_tokens is None else req.max_tokens
+    max_tokens = req.max_tokens if req.max_tokens is not None else \
+        min(max(DEFAULT_MAX_TOKENS, req.min_tokens), context - len(ids))  # (at least min_tokens: a stop after them)
     if len(ids) + max_tokens > context:
         raise InvalidInput(f"max_tokens {max_tokens} is past the context: the prompt has {len(ids)} tokens "
                            f"and the context holds {context}")

@@ -273,3 +273,10 @@ def test_min_tokens_with_a_bias_that_bans_every_other_token_is_a_400(server, tok
     status, body = _complete(server, logit_bias=bias, min_tokens=2, temperature=1.0)
     assert status == 400, body
     assert "nothing is left to generate" in body["error"]["message"]
+
+
+def test_without_max_tokens_min_tokens_raises_the_default(server, tok):
+    body = {"prompt": PROMPT, "min_tokens": 130, "ignore_eos": True}
+    status, answer = server.json("POST", "/v1/completions", body)
+    assert status == 200, answer
+    assert answer["usage"]["completion_tokens"] == 130, "the default (128) would have been below min_tokens"
