@@ -47,7 +47,7 @@ IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identi
 # "unsupported field".
 UNSUPPORTED = frozenset({"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
                          "reasoning_effort", "verbosity", "tools", "tool_choice", "parallel_tool_calls", "suffix",
-                         "echo", "best_of", "moderation"})
+                         "echo", "best_of", "moderation"}) | dialect.UNSUPPORTED
 
 
 class BadRequest(Exception):

@@ -72,6 +72,8 @@ def test_no_stop_trim_gives_vllms_answer_the_stop_sequence_trimmed(server, no_st
 @pytest.mark.parametrize("fields, message", [
     ({"no_stop_trimm": True}, "unknown field: no_stop_trimm"),
     ({"return_hidden_states": True}, "unsupported field: return_hidden_states"),
+    ({"lora_path": "a1"}, "unsupported field: lora_path (slm does not implement it"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "unsupported field: chat_template_kwargs"),
 ])
 def test_a_misspelled_or_unimplemented_field_is_a_400_naming_it(server, fields, message):
     status, body = _complete(server, **fields)
