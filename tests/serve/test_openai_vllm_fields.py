@@ -282,3 +282,17 @@ def test_without_max_tokens_min_tokens_raises_the_default(server, tok):
     status, answer = server.json("POST", "/v1/completions", body)
     assert status == 200, answer
     assert answer["usage"]["completion_tokens"] == 130, "the default (128) would have been below min_tokens"
+
+
+def test_streamed_answers_equal_the_whole_ones_with_the_stop_options(server, tok):
+    status, plain = _complete(server, logprobs=0, return_tokens_as_token_ids=True)
+    text, ids = plain["choices"][0]["text"], _ids(plain)
+    for fields in ({"stop": [text[len(text) // 2:][:3]], "include_stop_str_in_output": True},
+                   {"stop_token_ids": [ids[3]], "include_stop_str_in_output": True},
+                   {"stop_token_ids": [ids[3]], "min_tokens": 4}):
+        status, whole = _complete(server, **fields)
+        status, _, data = server.http("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "stream": True,
+                                                                  **fields})
+        chunks = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: {")]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"], fields
+        assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"], fields
