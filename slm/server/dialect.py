@@ -21,17 +21,15 @@ CHAT_GENERATION = frozenset({"add_generation_prompt", "continue_final_message"})
 
 # The fields each endpoint reads beyond OpenAI's (besides protocol's own).
 FIELDS = {
-    "completions": GENERATION | {"return_tokens_as_token_ids", "return_hidden_states"},
-    "chat": GENERATION | CHAT_GENERATION | {"return_tokens_as_token_ids", "return_hidden_states", "echo"},
+    "completions": GENERATION | {"return_tokens_as_token_ids", "return_hidden_states", "no_stop_trim"},
+    "chat": GENERATION | CHAT_GENERATION | {"return_tokens_as_token_ids", "return_hidden_states", "no_stop_trim",
+                                            "echo"},
 }
 
 # Accepted, no effect (they cannot change an answer from slm):
-# - no_stop_trim: SGLang's, not vLLM's: vLLM ignores it (its unknown fields are logged and
-#   dropped), so its answer trims a stop sequence whatever the value; so does slm's
-#   (include_stop_str_in_output is vLLM's way to keep it);
 # - separate_reasoning, stream_reasoning (SGLang's), include_reasoning (vLLM's): they act on a
 #   reasoning parser's split of the answer, which slm does not make: the answer is all content.
-IGNORED = frozenset({"no_stop_trim", "separate_reasoning", "stream_reasoning", "include_reasoning"})
+IGNORED = frozenset({"separate_reasoning", "stream_reasoning", "include_reasoning"})
 
 # Fields the router's request types carry (SGLang's: sent when a client gives them) and vLLM's
 # chat_template_kwargs, which slm does not implement: 400 "unsupported field" (a JSON schema is
@@ -40,7 +38,10 @@ UNSUPPORTED = frozenset({"regex", "ebnf", "json_schema", "lora_path", "session_p
                          "chat_template_kwargs"})
 
 # Fields whose one no-op value is accepted, as the router sends them; any other value is a 400.
-NO_OPS = {"return_hidden_states": False}
+# no_stop_trim is SGLang's: true keeps the stop sequence there, while vLLM drops the field and
+# trims; a client asking for the stop sequence is told vLLM's way rather than silently ignored.
+NO_OPS = {"return_hidden_states": False, "no_stop_trim": False}
+NO_OP_HINTS = {"no_stop_trim": "; include_stop_str_in_output keeps the stop sequence"}
 
 
 def generation_options(doc: dict, chat: bool) -> dict:

@@ -232,7 +232,8 @@ def check_fields(doc: dict, chat: bool) -> None:
     for key, no_op in no_ops.items():
         value = doc.get(key)
         if value is not None and (value != no_op or isinstance(no_op, bool) and not isinstance(value, bool)):
-            raise BadRequest(f"unsupported field: {key} (only {json.dumps(no_op)}; slm does not implement it)")
+            raise BadRequest(f"unsupported field: {key} (only {json.dumps(no_op)}; slm does not implement it"
+                             f"{dialect.NO_OP_HINTS.get(key, '')})")
 
 
 def _logprobs(doc: dict, chat: bool) -> int | None:

@@ -55,18 +55,21 @@ def test_the_routers_body_is_answered_as_the_plain_request(server):
     assert routed["choices"][0]["text"] == plain["choices"][0]["text"]
 
 
-@pytest.mark.parametrize("no_stop_trim", [True, False])
-def test_no_stop_trim_gives_vllms_answer_the_stop_sequence_trimmed(server, no_stop_trim):
-    """vLLM has no no_stop_trim (SGLang's, which the router inherits): it ignores the field, so
-    its answer ends before the stop sequence whatever the value."""
+def test_no_stop_trim_false_gives_vllms_answer_the_stop_sequence_trimmed(server):
+    """vLLM has no no_stop_trim (SGLang's, which the router inherits, sending false): it ignores
+    the field, so its answer ends before the stop sequence."""
     status, plain = _complete(server)
     text = plain["choices"][0]["text"]
     stop = text[len(text) // 2:][:3]
     assert stop.strip(), text  # (a stop sequence inside the greedy answer)
-    status, body = _complete(server, stop=[stop], no_stop_trim=no_stop_trim)
+    status, body = _complete(server, stop=[stop], no_stop_trim=False)
     assert status == 200, body
     assert body["choices"][0]["text"] == text[:text.index(stop)]
     assert body["choices"][0]["finish_reason"] == "stop"
+    # true (SGLang's "keep it") is not silently answered with the stop sequence trimmed
+    status, body = _complete(server, stop=[stop], no_stop_trim=True)
+    assert status == 400, body
+    assert "no_stop_trim" in body["error"]["message"] and "include_stop_str_in_output" in body["error"]["message"]
 
 
 @pytest.mark.parametrize("fields, message", [
