@@ -158,6 +158,10 @@ async def events_of(handle: Handle, request: Request, poll: bool):
                 raise ClientGone() from None
 
 
+def refused(err: BadRequest, comp: str | None = None) -> JSONResponse:
+    return error_response(err.status, err.message, err.kind, err.code, err.headers, comp)
+
+
 def shutting_down(comp: str) -> JSONResponse:
     return error_response(503, "the server is shutting down; the request was cancelled", "unavailable", comp=comp)
 
@@ -174,8 +178,7 @@ async def whole_answer(request: Request, req: protocol.GenerateRequest, handle: 
     try:
         async for event in events_of(handle, request, poll=True):
             if isinstance(event, FailedEvent):
-                failed = protocol.http_error(event.error)
-                return error_response(failed.status, failed.message, failed.kind, comp=comp)
+                return refused(protocol.http_error(event.error), comp)
             if event.reason == "cancelled":
                 return shutting_down(comp)
             choice = choices[event.choice]
@@ -215,7 +218,7 @@ async def streamed_answer(request: Request, req: protocol.GenerateRequest, handl
                 continue
             if isinstance(event, FailedEvent):
                 failed = protocol.http_error(event.error)
-                yield sse(responses.error_body(failed.message, failed.kind))
+                yield sse(responses.error_body(failed.message, failed.kind, failed.code))
                 break
             reason = choice.reason = event.reason
             choice.completion_tokens = event.completion_tokens
@@ -268,7 +271,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
             except SlmError as err:
                 raise protocol.http_error(err) from err
         except BadRequest as err:
-            return error_response(err.status, err.message, err.kind, headers=err.headers, comp=active_id())
+            return refused(err, active_id())
         comp, model = handle.composition, req.model or "active"
         headers = {HEADER: comp, SEED_HEADER: ",".join(str(seed) for seed in handle.seeds)}
         request.state.log = f"comp={comp[len('blake3:'):][:12]} prompt={handle.prompt_tokens}"
@@ -287,17 +290,14 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         try:
             data = await run_in_threadpool(discovery.list_models, catalog)
         except SlmError as err:
-            failed = protocol.http_error(err)
-            return error_response(failed.status, failed.message, failed.kind)
+            return refused(protocol.http_error(err))
         return JSONResponse({"object": "list", "data": data})
 
     async def model(request: Request) -> Response:
         try:
             return JSONResponse(await run_in_threadpool(discovery.find_model, catalog, request.path_params["model_id"]))
         except SlmError as err:
-            failed = protocol.http_error(err)
-            status = 404 if failed.status == 400 else failed.status  # (an unknown model: not found)
-            return error_response(status, failed.message, failed.kind, code="model_not_found" if status == 404 else None)
+            return refused(protocol.http_error(err))
 
     async def token_endpoint(request: Request, parse, work) -> Response:
         """/tokenize and /detokenize: the body read under the same limit as the others, checked
@@ -312,7 +312,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                 raise protocol.http_error(err) from err
             return JSONResponse(answer)
         except BadRequest as err:
-            return error_response(err.status, err.message, err.kind, headers=err.headers)
+            return refused(err)
 
     async def tokenize(request: Request) -> Response:
         return await token_endpoint(request, protocol.parse_tokenize, discovery.tokenize)

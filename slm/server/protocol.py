@@ -20,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
+from slm import Busy, ExitCode, InvalidInput, NotFound, ShuttingDown, SlmError
 from slm.api import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools, check_processing, check_sampling
 
 MAX_MESSAGES = 1024
@@ -52,28 +52,33 @@ class BadRequest(Exception):
     """A client error: an HTTP status and a one-line message."""
 
     def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, code: str | None = None):
         super().__init__(message)
         self.message, self.status, self.kind, self.headers = " ".join(message.split()), status, kind, headers or {}
+        self.code = code
 
 
 # slm's errors (their exit codes) -> HTTP: the client named or sent something wrong (4xx) vs.
 # the store or the machine failing under a good request (5xx)
-STATUS_OF_CODE = {ExitCode.NOT_FOUND: 400, ExitCode.INVALID_INPUT: 400, ExitCode.INCOMPATIBLE: 400,
+STATUS_OF_CODE = {ExitCode.INVALID_INPUT: 400, ExitCode.INCOMPATIBLE: 400,
                   ExitCode.BUDGET: 400, ExitCode.USAGE: 400, ExitCode.NUMERICS: 422}
 RETRY_AFTER_S = "1"  # a full server: a slot frees when any running request ends
 
 
 def http_error(err: Exception) -> BadRequest:
     """The one mapping of an slm error to an HTTP answer: ShuttingDown 503, Busy (a full server)
-    429 with Retry-After, a client's mistake 400, non-finite logits 422, any other slm error 500;
-    an exception that is not an slm error is a bug: 500 naming it."""
+    429 with Retry-After, NotFound (a `model` no name resolves to: the server looks nothing else
+    up) 404 model_not_found as OpenAI and vLLM answer, a client's mistake 400 (a `model` that is
+    not a spec's syntax included), non-finite logits 422, any other slm error 500; an exception
+    that is not an slm error is a bug: 500 naming it."""
     if not isinstance(err, SlmError):
         return BadRequest(f"internal error: {type(err).__name__}: {err}", status=500, kind="server_error")
     if isinstance(err, ShuttingDown):
         return BadRequest(str(err), status=503, kind="unavailable")
     if isinstance(err, Busy):
         return BadRequest(str(err), status=429, kind="rate_limit_exceeded", headers={"Retry-After": RETRY_AFTER_S})
+    if isinstance(err, NotFound):
+        return BadRequest(str(err), status=404, code="model_not_found")
     status = STATUS_OF_CODE.get(err.code, 500)
     return BadRequest(str(err), status=status, kind="invalid_request_error" if status < 500 else "server_error")
 
