@@ -75,7 +75,7 @@ def parse_tokenize(doc: dict) -> TextTokenize | ChatTokenize:
     _only(doc, CHAT_FIELDS)
     for key, only, why in CHAT_ONLY:
         if _flag(doc, key, only) != only:
-            raise BadRequest(f"unsupported value: {key} {str(not only).lower()} ({why}; only {str(only).lower()})")
+            raise BadRequest(f"unsupported field: {key} (only {json.dumps(only)}: {why})")
     if doc.get("chat_template") is not None:
         raise BadRequest("unsupported field: chat_template (a request's own template is not run: slm renders "
                          "the base's)")

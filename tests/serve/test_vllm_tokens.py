@@ -44,24 +44,44 @@ def _ok(server, path, body):
 
 @pytest.mark.parametrize("name", sorted(CHATS))
 def test_chat_token_ids_are_the_ids_a_chat_completion_runs_on(server, name):
+    _check_chat_ids(server, "tq", CHATS[name], markers=name == "markers in a content")
+    assert _ok(server, "/tokenize", {"model": "tq", "messages": CHATS[name]})["max_model_len"] == CONTEXT
+
+
+def test_chat_token_ids_on_smollm2(tmp_path, smollm2_gguf):
+    """The same on a real base and its own chat template (SmolLM2's ChatML, its default system turn)."""
+    from slm.cli import run
+
+    store = tmp_path / "store"
+    for args in (["init"], ["import", "base", str(smollm2_gguf), "--name", "smol"]):
+        assert run(["--store", str(store), *args]) == 0, args
+    srv = Server(store, "--threads", "2")
+    try:
+        for name, messages in CHATS.items():
+            _check_chat_ids(srv, "smol", messages, markers=name == "markers in a content")
+    finally:
+        assert srv.stop() == 0
+
+
+def _check_chat_ids(server, model, messages, markers):
     """/tokenize's messages form, the chat render and the chat completion agree: the count is the
     completion's usage.prompt_tokens; the ids' text, sent as a plain prompt, gives those very ids
-    and the greedy chat answer (what the model saw is what /tokenize says it saw)."""
-    messages = CHATS[name]
-    doc = _ok(server, "/tokenize", {"model": "tq", "messages": messages})
-    assert doc["count"] == len(doc["tokens"]) and doc["max_model_len"] == CONTEXT and doc["token_strs"] is None
-    chat = _ok(server, "/v1/chat/completions", {"model": "tq", "messages": messages, "max_tokens": 6})
+    and the greedy chat answer (what the model saw is what /tokenize says it saw). A content with
+    the template's marker texts: its text re-encoded would make them special tokens, its ids don't."""
+    doc = _ok(server, "/tokenize", {"model": model, "messages": messages})
+    assert doc["count"] == len(doc["tokens"]) and doc["token_strs"] is None
+    chat = _ok(server, "/v1/chat/completions", {"model": model, "messages": messages, "max_tokens": 8})
     assert chat["usage"]["prompt_tokens"] == doc["count"]
-    render = _ok(server, "/v1/chat/completions/render", {"model": "tq", "messages": messages, "max_tokens": 6})
-    assert render["token_ids"] == doc["tokens"] and render["sampling_params"]["max_tokens"] == 6
-    if name == "markers in a content":  # its text re-encoded would make the markers special tokens
-        text = _ok(server, "/detokenize", {"model": "tq", "tokens": doc["tokens"]})["prompt"]
-        assert _ok(server, "/tokenize", {"model": "tq", "prompt": text})["tokens"] != doc["tokens"]
+    render = _ok(server, "/v1/chat/completions/render", {"model": model, "messages": messages, "max_tokens": 8})
+    assert render["token_ids"] == doc["tokens"] and render["sampling_params"]["max_tokens"] == 8
+    text = _ok(server, "/detokenize", {"model": model, "tokens": doc["tokens"]})["prompt"]
+    again = _ok(server, "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})["tokens"]
+    if markers:
+        assert again != doc["tokens"] and len(again) < len(doc["tokens"])
         return
-    text = _ok(server, "/detokenize", {"model": "tq", "tokens": doc["tokens"]})["prompt"]
     assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")
-    assert _ok(server, "/tokenize", {"model": "tq", "prompt": text})["tokens"] == doc["tokens"]
-    plain = _ok(server, "/v1/completions", {"model": "tq", "prompt": text, "max_tokens": 6})
+    assert again == doc["tokens"]
+    plain = _ok(server, "/v1/completions", {"model": model, "prompt": text, "max_tokens": 8})
     assert plain["usage"]["prompt_tokens"] == doc["count"]
     assert plain["choices"][0]["text"] == chat["choices"][0]["message"]["content"]
 
@@ -157,6 +177,8 @@ BAD = [
     ({"messages": CHATS["one turn"], "tools": [{"type": "function"}]}, "tools[0]"),
     ({"messages": CHATS["one turn"], "with_pieces": True}, "unknown field: with_pieces"),
     ({}, "content must be a string"),
+    ({"prompt": "hi", "model": 5}, "model must be a non-empty string"),
+    ({"messages": CHATS["one turn"], "model": ""}, "model must be a non-empty string"),
 ]
 
 
@@ -204,3 +226,29 @@ def test_a_bad_render_is_refused_as_its_generation_would_be(server, path, body, 
     generation = path.removesuffix("/render")
     code2, err2 = server.json("POST", generation, body)
     assert (code2, err2["error"]["message"]) == (code, err["error"]["message"])
+
+
+def test_the_schedulers_prompt_ids_are_the_prepared_ones(tmp_path, tiny_model):
+    """Scheduler.prompt_ids, as an embedder calls it: the ids slm.engine.prepare gives the request
+    that runs (a chat with a marker in a content, and a plain prompt), and what submit counts."""
+    import asyncio
+
+    import slm
+    from slm.engine.prepare import prepare
+
+    store = slm.Store.open(tiny_store(tmp_path, tiny_model))
+    runtime = slm.Runtime(store)
+    loaded = runtime.stage("tq")
+    scheduler = runtime.scheduler()  # its engine thread not started: nothing runs
+    try:
+        for req in (slm.api.GenerationRequest(messages=CHATS["markers in a content"], chat=True),
+                    slm.api.GenerationRequest(prompt="the cat sat")):
+            ids = asyncio.run(scheduler.prompt_ids(loaded, req))
+            assert ids == list(prepare(loaded, req).prompt_ids) and ids
+            assert scheduler.submit(loaded, req).prompt_tokens == len(ids)
+        with pytest.raises(slm.InvalidInput, match="staged composition"):
+            asyncio.run(scheduler.prompt_ids("tq", req))
+        with pytest.raises(slm.InvalidInput, match="the context holds"):
+            asyncio.run(scheduler.prompt_ids(loaded, slm.api.GenerationRequest(prompt="the cat " * CONTEXT)))
+    finally:
+        scheduler.stop()
