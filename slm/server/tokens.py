@@ -136,7 +136,7 @@ def parse_render_completion(doc: dict) -> GenerateRequest:
 # -- answers (on a staged composition, the text's work on the scheduler's preparing thread) ----
 async def tokenize(scheduler, loaded, req: TextTokenize | ChatTokenize) -> dict:
     if isinstance(req, ChatTokenize):
-        return counted(loaded, await scheduler.prompt_ids(loaded, req.generation), req.token_strs)
+        return tokenize_response(loaded, await scheduler.prompt_ids(loaded, req.generation), req.token_strs)
     return await scheduler.call_preparing(tokenize_text, loaded, req)
 
 
@@ -161,10 +161,10 @@ def tokenize_text(loaded, req: TextTokenize) -> dict:
     ids = tok.encode(req.text, add_special=req.add_special)
     if req.llama:
         return {"tokens": [{"id": i, "piece": _piece(tok.piece_bytes(i))} for i in ids] if req.pieces else ids}
-    return counted(loaded, ids, req.token_strs)
+    return tokenize_response(loaded, ids, req.token_strs)
 
 
-def counted(loaded, ids: list[int], token_strs: bool) -> dict:
+def tokenize_response(loaded, ids: list[int], token_strs: bool) -> dict:
     """vLLM's TokenizeResponse of `ids`."""
     return {"count": len(ids), "max_model_len": loaded.context_length, "tokens": ids,
             "token_strs": [loaded.tokenizer.token_text(i) for i in ids] if token_strs else None}
