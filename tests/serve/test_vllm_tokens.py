@@ -252,3 +252,12 @@ def test_the_schedulers_prompt_ids_are_the_prepared_ones(tmp_path, tiny_model):
             asyncio.run(scheduler.prompt_ids(loaded, slm.api.GenerationRequest(prompt="the cat " * CONTEXT)))
     finally:
         scheduler.stop()
+
+
+def test_a_large_body_is_tokenized_whole(server):
+    """A body past the size parsed inline (parsed off the event loop, as a generation's is): a
+    text past the context is counted, not refused."""
+    text = "the cat sat. " * 20000  # 260 kB
+    doc = _ok(server, "/tokenize", {"prompt": text, "add_special_tokens": False})
+    small = _ok(server, "/tokenize", {"prompt": "the cat sat.", "add_special_tokens": False})
+    assert doc["count"] > doc["max_model_len"] and doc["tokens"][:len(small["tokens"])] == small["tokens"]
