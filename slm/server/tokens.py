@@ -137,7 +137,8 @@ def parse_render_completion(doc: dict) -> GenerateRequest:
 async def tokenize(scheduler, loaded, req: TextTokenize | ChatTokenize) -> dict:
     if isinstance(req, ChatTokenize):
         return tokenize_response(loaded, await scheduler.prompt_ids(loaded, req.generation), req.token_strs)
-    return await scheduler.call_preparing(tokenize_text, loaded, req)
+    ids = await scheduler.tokenize(loaded, req.text, req.add_special)
+    return await scheduler.call_preparing(text_answer, loaded, req, ids)
 
 
 async def detokenize(scheduler, loaded, req: Detokenize) -> dict:
@@ -154,11 +155,10 @@ async def render_completion(scheduler, loaded, req: GenerateRequest) -> list[dic
     return [rendered(req, await scheduler.prompt_ids(loaded, req.generation))]
 
 
-def tokenize_text(loaded, req: TextTokenize) -> dict:
-    """A text's token ids on a staged composition: vLLM's {count, max_model_len, tokens,
-    token_strs} or llama-server's {"tokens"} (with_pieces: [{"id", "piece"}])."""
+def text_answer(loaded, req: TextTokenize, ids: list[int]) -> dict:
+    """A text's token ids: vLLM's {count, max_model_len, tokens, token_strs} or llama-server's
+    {"tokens"} (with_pieces: [{"id", "piece"}])."""
     tok = loaded.tokenizer
-    ids = tok.encode(req.text, add_special=req.add_special)
     if req.llama:
         return {"tokens": [{"id": i, "piece": _piece(tok.piece_bytes(i))} for i in ids] if req.pieces else ids}
     return tokenize_response(loaded, ids, req.token_strs)
