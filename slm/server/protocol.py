@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from slm import Busy, ExitCode, InvalidInput, NotFound, ShuttingDown, SlmError
 from slm.api import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools, check_processing, check_sampling
+from slm.server import dialect
 
 MAX_MESSAGES = 1024
 ROLES = ("system", "user", "assistant", "tool")
@@ -33,19 +34,20 @@ _SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "s
                        "n", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_k", "min_p",
                        "repeat_penalty", "response_format"})
 FIELDS = {
-    "completions": _SAMPLING | {"prompt", "echo", "best_of", "suffix"},  # (the last three: only their no-op values)
-    "chat": _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                         "parallel_tool_calls"},
+    # (echo, best_of, suffix: only their no-op values)
+    "completions": _SAMPLING | dialect.FIELDS["completions"] | {"prompt", "echo", "best_of", "suffix"},
+    "chat": _SAMPLING | dialect.FIELDS["chat"] | {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                                                  "tool_choice", "parallel_tool_calls"},
 }
 # Accepted and ignored: they cannot change an answer (an end-user id, a label, whether OpenAI
 # keeps the request, a billing tier, how long its prompt cache keeps a prefix).
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
-                     "prompt_cache_retention", "prompt_cache_options"})
+                     "prompt_cache_retention", "prompt_cache_options"}) | dialect.IGNORED
 # OpenAI defines these; slm does not implement them (the tool fields: not on completions): 400
 # "unsupported field".
 UNSUPPORTED = frozenset({"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
                          "reasoning_effort", "verbosity", "tools", "tool_choice", "parallel_tool_calls", "suffix",
-                         "echo", "best_of", "moderation"})
+                         "echo", "best_of", "moderation"}) | dialect.UNSUPPORTED
 
 
 class BadRequest(Exception):
@@ -92,6 +94,9 @@ class GenerateRequest:
     model: str | None  # None or "active": the active composition at admission
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+    role: str = "assistant"  # chat: the answer's role (slm.server.dialect.wire_options)
+    echo: str = ""  # chat: the text before each answer (vLLM's echo)
+    token_ids: bool = False  # logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
 
     @property
     def chat(self) -> bool:
@@ -221,10 +226,12 @@ def check_fields(doc: dict, chat: bool) -> None:
         kind = "unsupported" if key in UNSUPPORTED else "unknown"
         raise BadRequest(f"{kind} field: {key}" + (" (slm does not implement it; docs/serve.md)"
                                                      if kind == "unsupported" else ""))
-    # fields whose one no-op value is accepted (clients send their defaults)
+    # fields whose one no-op value is accepted (clients and routers send their defaults)
     n = doc.get("n")
-    for key, no_op in (("echo", False), ("suffix", ""), ("best_of", 1 if n is None else n)):
-        if doc.get(key) not in (None, no_op):
+    no_ops = {"suffix": "", "best_of": 1 if n is None else n, **dialect.NO_OPS} | ({} if chat else {"echo": False})
+    for key, no_op in no_ops.items():
+        value = doc.get(key)
+        if value is not None and (value != no_op or isinstance(no_op, bool) and not isinstance(value, bool)):
             raise BadRequest(f"unsupported field: {key} (only {json.dumps(no_op)}; slm does not implement it)")
 
 
@@ -262,10 +269,11 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
             presence_penalty=_number(doc, "presence_penalty", 0.0),
             repeat_penalty=_number(doc, "repeat_penalty", 1.0), logit_bias=doc.get("logit_bias"),
             logprobs=_logprobs(doc, chat), response_format=ResponseFormat.of(doc.get("response_format")),
-            tools=_tools(doc, chat))
+            tools=_tools(doc, chat), **dialect.generation_options(doc, chat))
+        wire = dialect.wire_options(doc, generation)
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
-    return GenerateRequest(generation, _model_field(doc), _flag(doc, "stream", False), _include_usage(doc))
+    return GenerateRequest(generation, _model_field(doc), _flag(doc, "stream", False), _include_usage(doc), **wire)
 
 
 def _include_usage(doc: dict) -> bool:
