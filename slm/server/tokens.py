@@ -31,9 +31,7 @@ CHAT_FIELDS = frozenset({"model", "messages", "add_generation_prompt", "continue
 DETOKENIZE_FIELDS = frozenset({"tokens", "model"})
 # vLLM's chat form: fields read only at the value generation itself uses; another value is a
 # 400 naming the field (what it would ask for is not implemented)
-CHAT_ONLY = (("add_generation_prompt", True, "the prompt a chat completion runs on opens the assistant's turn"),
-             ("continue_final_message", False, "a chat completion's prompt opens a new assistant turn"),
-             ("add_special_tokens", False, "a chat's prompt gets the base's BOS once, as generation gives it"))
+CHAT_ONLY = (("add_special_tokens", False, "a chat's prompt gets the base's BOS once, as generation gives it"),)
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,9 @@ def parse_tokenize(doc: dict) -> TextTokenize | ChatTokenize:
         if doc.get(key) not in (None, {}):
             raise BadRequest(f"unsupported field: {key} (only {{}}: slm passes the template no extra variables)")
     try:
-        generation = GenerationRequest(messages=_messages(doc), chat=True, tools=Tools.of(doc.get("tools"), None, None))
+        generation = GenerationRequest(messages=_messages(doc), chat=True, tools=Tools.of(doc.get("tools"), None, None),
+                                       add_generation_prompt=_flag(doc, "add_generation_prompt", True),
+                                       continue_final_message=_flag(doc, "continue_final_message", False))
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
     return ChatTokenize(_model_field(doc), generation, _flag(doc, "return_token_strs", False))
@@ -197,6 +197,8 @@ def rendered(req: GenerateRequest, ids: list[int]) -> dict:
     params = {"n": g.n, "temperature": g.temperature, "top_p": g.top_p, "top_k": g.top_k, "min_p": g.min_p,
               "seed": g.seed, "max_tokens": g.max_tokens, "stop": list(g.stop),
               "presence_penalty": g.presence_penalty, "frequency_penalty": g.frequency_penalty,
-              "repetition_penalty": g.repeat_penalty, "logprobs": g.logprobs}
+              "repetition_penalty": g.repetition_penalty, "min_tokens": g.min_tokens, "ignore_eos": g.ignore_eos,
+              "stop_token_ids": list(g.stop_token_ids), "include_stop_str_in_output": g.include_stop_str_in_output,
+              "skip_special_tokens": g.skip_special_tokens, "logprobs": g.logprobs}
     return {"request_id": uuid.uuid4().hex, "token_ids": ids, "features": None, "sampling_params": params,
             "model": req.model or "active", "stream": req.stream, "stream_options": None, "cache_salt": None}

@@ -74,6 +74,9 @@ def _check_chat_ids(server, model, messages, markers):
     assert chat["usage"]["prompt_tokens"] == doc["count"]
     render = _ok(server, "/v1/chat/completions/render", {"model": model, "messages": messages, "max_tokens": 8})
     assert render["token_ids"] == doc["tokens"] and render["sampling_params"]["max_tokens"] == 8
+    params = _ok(server, "/v1/chat/completions/render", {"model": model, "messages": messages, "min_tokens": 2,
+                                                          "repetition_penalty": 1.5})["sampling_params"]
+    assert (params["min_tokens"], params["repetition_penalty"]) == (2, 1.5)
     text = _ok(server, "/detokenize", {"model": model, "tokens": doc["tokens"]})["prompt"]
     again = _ok(server, "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})["tokens"]
     if markers:
@@ -169,8 +172,8 @@ BAD = [
     ({"messages": []}, "messages must be a non-empty list"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({"messages": CHATS["one turn"], "add_generation_prompt": False}, "add_generation_prompt"),
-    ({"messages": CHATS["one turn"], "continue_final_message": True}, "continue_final_message"),
+    ({"messages": CHATS["one turn"], "add_generation_prompt": 0}, "add_generation_prompt must be true or false"),
+    ({"messages": CHATS["one turn"], "continue_final_message": True}, "continue_final_message needs add_generation_prompt false"),
     ({"messages": CHATS["one turn"], "add_special_tokens": True}, "add_special_tokens"),
     ({"messages": CHATS["one turn"], "chat_template": "{{ messages }}"}, "chat_template"),
     ({"messages": CHATS["one turn"], "chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs"),
@@ -282,3 +285,18 @@ def test_tokenizing_long_texts_gives_the_memory_back(tmp_path, tiny_model):
     finally:
         assert server.stop() == 0
     assert after - idle < 80 << 20, (idle >> 20, after >> 20)
+
+
+@pytest.mark.parametrize("fields", [{"add_generation_prompt": False},
+                                    {"add_generation_prompt": False, "continue_final_message": True}])
+def test_the_chat_forms_options_are_the_chat_completions(server, fields):
+    """add_generation_prompt and continue_final_message: /tokenize's ids are the prompt the chat
+    completion with the same fields runs on."""
+    messages = [*CHATS["one turn"], {"role": "assistant", "content": "it was"}]
+    doc = _ok(server, "/tokenize", {"model": "tq", "messages": messages, **fields})
+    chat = _ok(server, "/v1/chat/completions", {"model": "tq", "messages": messages, "max_tokens": 2, **fields})
+    assert chat["usage"]["prompt_tokens"] == doc["count"]
+    assert _ok(server, "/v1/chat/completions/render", {"model": "tq", "messages": messages, **fields})["token_ids"] \
+        == doc["tokens"]
+    text = _ok(server, "/detokenize", {"tokens": doc["tokens"]})["prompt"]
+    assert text.endswith("it was" if fields.get("continue_final_message") else "it was<|im_end|>\n")
