@@ -1,5 +1,5 @@
 """The tokenizer endpoints: POST /tokenize and /detokenize (vLLM's shapes, and llama-server's
-older /tokenize form beside them), POST /v1/chat/completions/render and /v1/completions/render
+/tokenize form beside them), POST /v1/chat/completions/render and /v1/completions/render
 (vLLM's: the token ids a generation request would run on, which a cache-aware router hashes).
 
 Each body is checked here into a typed request, every field read or refused by name (400), as
@@ -21,7 +21,7 @@ from slm.api import GenerationRequest, Tools
 from slm.server.protocol import BadRequest, GenerateRequest, _flag, _messages, _model_field, parse_request
 
 # A /detokenize body is parsed whole under the body limit; its list is bounded too, before any
-# id is looked up or decoded (a longer one is no sequence a model here could hold)
+# id is looked up or decoded: a 128k context's worth
 MAX_DETOKENIZE_TOKENS = 1 << 17
 
 LLAMA_FIELDS = frozenset({"content", "add_special", "with_pieces", "model"})
@@ -105,6 +105,8 @@ def _text(doc: dict, key: str) -> str:
 
 @dataclass(frozen=True)
 class Detokenize:
+    """A /detokenize body: the ids to decode (integers, not yet checked against a vocabulary)."""
+
     model: str | None
     tokens: list[int]
 
