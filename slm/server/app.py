@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from slm import SlmError
 from slm.api import FailedEvent, Handle, TextEvent
-from slm.server import discovery, protocol, responses
+from slm.server import discovery, protocol, responses, tokens
 from slm.server.catalog import Catalog
 from slm.server.metrics import CONTENT_TYPE_LATEST, Metrics
 from slm.server.protocol import BadRequest
@@ -136,7 +136,7 @@ class Guard:
 
 
 KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics",
-               "/tokenize", "/detokenize"}
+               "/tokenize", "/detokenize", "/v1/completions/render", "/v1/chat/completions/render"}
 
 
 class ClientGone(Exception):
@@ -258,14 +258,17 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
             chunks.append(chunk)
         return b"".join(chunks)
 
+    async def read_json(request: Request) -> dict:
+        """The body, read under the limit and parsed: a large one on the scheduler's preparing
+        thread (the event loop keeps answering meanwhile, and it competes for the GIL with one
+        such thread, not many)."""
+        body = await read_body(request)
+        return protocol.parse_body(body) if len(body) < PARSE_INLINE_BYTES else \
+            await scheduler.call_preparing(protocol.parse_body, body)
+
     async def generate(request: Request, chat: bool) -> Response:
         try:
-            body = await read_body(request)
-            # a large body is parsed on the scheduler's preparing thread: the event loop keeps
-            # answering meanwhile, and it competes for the GIL with one such thread, not many
-            doc = protocol.parse_body(body) if len(body) < PARSE_INLINE_BYTES else \
-                await scheduler.call_preparing(protocol.parse_body, body)
-            req = protocol.parse_request(doc, chat)
+            req = protocol.parse_request(await read_json(request), chat)
             try:
                 target = await run_in_threadpool(catalog.resolve, req.model)
                 # prepared on the scheduler's preparing thread (a prompt too long for the context
@@ -302,26 +305,30 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         except SlmError as err:
             return refused(protocol.http_error(err))
 
-    async def token_endpoint(request: Request, parse, work) -> Response:
-        """/tokenize and /detokenize: the body read under the same limit as the others, checked
-        by protocol, answered by discovery on the named (or active) composition; the text is
-        (de)tokenized on the scheduler's preparing thread, as prompts are."""
+    async def token_endpoint(request: Request, parse, answer) -> Response:
+        """The tokenizer endpoints (slm.server.tokens): the body read under the same limit as the
+        others and checked, answered on the composition it names (or the active one)."""
         try:
-            model, *args = parse(protocol.parse_body(await read_body(request)))
+            req = parse(await read_json(request))
             try:
-                loaded = await run_in_threadpool(catalog.resolve, model)
-                answer = await scheduler.call_preparing(work, loaded, *args)
+                loaded = await run_in_threadpool(catalog.resolve, req.model)
+                return JSONResponse(await answer(scheduler, loaded, req), headers={HEADER: loaded.id})
             except SlmError as err:
                 raise protocol.http_error(err) from err
-            return JSONResponse(answer)
         except BadRequest as err:
             return refused(err)
 
     async def tokenize(request: Request) -> Response:
-        return await token_endpoint(request, protocol.parse_tokenize, discovery.tokenize)
+        return await token_endpoint(request, tokens.parse_tokenize, tokens.tokenize)
 
     async def detokenize(request: Request) -> Response:
-        return await token_endpoint(request, protocol.parse_detokenize, discovery.detokenize)
+        return await token_endpoint(request, tokens.parse_detokenize, tokens.detokenize)
+
+    async def render_chat(request: Request) -> Response:
+        return await token_endpoint(request, tokens.parse_render_chat, tokens.render_chat)
+
+    async def render_completion(request: Request) -> Response:
+        return await token_endpoint(request, tokens.parse_render_completion, tokens.render_completion)
 
     async def health(request: Request) -> Response:
         # 503 from the first signal on: a router takes the server out before it stops listening
@@ -345,6 +352,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions/render", render_completion, methods=["POST"]),
+        Route("/v1/chat/completions/render", render_chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),

@@ -306,33 +306,4 @@ def _flag(doc: dict, key: str, default: bool) -> bool:
     return value
 
 
-def _only(doc: dict, fields: frozenset) -> None:
-    """400 naming the first field not in `fields` (a null one is absent)."""
-    for key, value in doc.items():
-        if key not in fields and value is not None:
-            raise BadRequest(f"unknown field: {key}")
-
-
-TOKENIZE_FIELDS = frozenset({"content", "add_special", "with_pieces", "model"})
-DETOKENIZE_FIELDS = frozenset({"tokens", "model"})
-
-
-def parse_tokenize(doc: dict) -> tuple[str | None, str, bool, bool]:
-    """llama-server's /tokenize body: {"content", "add_special", "with_pieces", "model"}."""
-    _only(doc, TOKENIZE_FIELDS)
-    content = doc.get("content")
-    if not isinstance(content, str):
-        raise BadRequest("content must be a string")
-    return _model_field(doc), content, _flag(doc, "add_special", False), _flag(doc, "with_pieces", False)
-
-
-def parse_detokenize(doc: dict) -> tuple[str | None, list[int]]:
-    """llama-server's /detokenize body: {"tokens": [ids], "model"}."""
-    _only(doc, DETOKENIZE_FIELDS)
-    tokens = doc.get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        raise BadRequest("tokens must be a list of token ids (integers)")
-    return _model_field(doc), tokens
-
-
 # -- responses -------------------------------------------------------------------------------
