@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
 from slm.api import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools, check_processing, check_sampling
+from slm.server import dialect
 
 MAX_MESSAGES = 1024
 ROLES = ("system", "user", "assistant", "tool")
@@ -33,14 +34,14 @@ _SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "s
                        "n", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_k", "min_p",
                        "repeat_penalty", "response_format"})
 FIELDS = {
-    "completions": _SAMPLING | {"prompt", "echo", "best_of", "suffix"},  # (the last three: only their no-op values)
-    "chat": _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                         "parallel_tool_calls"},
+    "completions": _SAMPLING | dialect.FIELDS["completions"] | {"prompt", "echo", "best_of", "suffix"},
+    "chat": _SAMPLING | dialect.FIELDS["chat"] | {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                                                  "tool_choice", "parallel_tool_calls"},
 }
 # Accepted and ignored: they cannot change an answer (an end-user id, a label, whether OpenAI
 # keeps the request, a billing tier, how long its prompt cache keeps a prefix).
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
-                     "prompt_cache_retention", "prompt_cache_options"})
+                     "prompt_cache_retention", "prompt_cache_options"}) | dialect.IGNORED
 # OpenAI defines these; slm does not implement them (the tool fields: not on completions): 400
 # "unsupported field".
 UNSUPPORTED = frozenset({"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
@@ -216,10 +217,12 @@ def check_fields(doc: dict, chat: bool) -> None:
         kind = "unsupported" if key in UNSUPPORTED else "unknown"
         raise BadRequest(f"{kind} field: {key}" + (" (slm does not implement it; docs/serve.md)"
                                                      if kind == "unsupported" else ""))
-    # fields whose one no-op value is accepted (clients send their defaults)
+    # fields whose one no-op value is accepted (clients and routers send their defaults)
     n = doc.get("n")
-    for key, no_op in (("echo", False), ("suffix", ""), ("best_of", 1 if n is None else n)):
-        if doc.get(key) not in (None, no_op):
+    no_ops = {"echo": False, "suffix": "", "best_of": 1 if n is None else n, **dialect.NO_OPS}
+    for key, no_op in no_ops.items():
+        value = doc.get(key)
+        if value is not None and (value != no_op or isinstance(no_op, bool) and not isinstance(value, bool)):
             raise BadRequest(f"unsupported field: {key} (only {json.dumps(no_op)}; slm does not implement it)")
 
 
