@@ -41,6 +41,7 @@ class TokenGeneration:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     stop_cut: str | None = None  # stopped by a stop sequence: the text before it
+    text: str | None = None  # the answer's text (None: generated without the tokenizer's decode)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -103,6 +104,8 @@ def drive(seq: Sequence, prompt_cache: PromptCache | None = None, comp_id: str =
     gen.ids, gen.logits, gen.stop_reason, gen.logprobs = seq.ids, seq.kept, seq.reason, seq.token_logprobs
     if seq.stops.cut is not None:
         gen.stop_cut = seq.stops.text
+    if seq.stops.stream is not None:
+        gen.text = seq.stops.text
     return gen
 
 

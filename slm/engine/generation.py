@@ -16,11 +16,11 @@ A sequence may carry logit processors, callables (generated ids, logits row) -> 
 applied in order before sampling (penalties, a bias, a grammar's mask); the check that the
 model's own logits are finite and not all equal (check_finite) runs before them.
 
-A sequence asked for logprobs (k alternatives, 0..20) records, for each answer token (not an
-end-of-generation one), a TokenLogprob: the log-softmax, in float64, of the model's own logits
-for that position (before the processors and the sampler's temperature and filters: the
-numbers Session.logits gives, whatever penalties or bias the request had), and the k most
-likely tokens with theirs.
+A sequence asked for logprobs (k alternatives, 0..20) records, for each answer token (not one
+that ends the answer with no text of its own: slm.engine.stops.StopRules.hidden), a
+TokenLogprob: the log-softmax, in float64, of the model's own logits for that position (before
+the processors and the sampler's temperature and filters: the numbers Session.logits gives,
+whatever penalties or bias the request had), and the k most likely tokens with theirs.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def _take(seq: Sequence, logits: np.ndarray) -> str | None:
         logits = process(seq.ids, logits)
     token = seq.sampler(logits)
     seq.next_token = token
-    if seq.logprobs is not None and token not in seq.stops.eos_ids:
+    if seq.logprobs is not None and not seq.stops.hidden(token):
         seq.token_logprobs.append(token_logprob(raw, token, seq.logprobs))  # (before on_text hears of it)
     # an end that leaves a grammar's answer incomplete is a cut (slm.engine.grammar's mask: `cut`,
     # and `accepts` for what a stop sequence leaves)

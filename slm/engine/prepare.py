@@ -13,6 +13,7 @@ scheduler's batch and `slm run`'s batch of one drive alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable
 
 from slm.engine.budget import check_budget
@@ -61,7 +62,10 @@ class Prepared:
         """A choice's sequence: its sampler, stop rules (streaming the text to on_text; caller:
         a reason of the caller's to stop after a token) and a fresh KV cache."""
         req, tok = self.request, self.target.tokenizer
-        stops = StopRules(tok.eos_ids, req.max_tokens, tok.decode, req.stop, on_text=on_text, caller=caller)
+        decode = tok.decode if req.skip_special_tokens else partial(tok.decode, special=True)
+        stops = StopRules(() if req.ignore_eos else tok.eos_ids, req.max_tokens, decode, req.stop, on_text=on_text,
+                          caller=caller, stop_ids=req.stop_token_ids, min_tokens=req.min_tokens,
+                          include_stop=req.include_stop_str_in_output)
         sampler = Sampler(req.temperature, req.top_p, choice.seed, req.top_k, req.min_p)
         return new_sequence(self.target.model, list(self.prompt_ids), sampler, stops, self.capacity,
                             choice.processors, keep_logits, logprobs=req.logprobs)
@@ -86,6 +90,9 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
     rendered: a chat's prompt as render() made it (else it is rendered here)."""
     req, cfg = request, target.model.cfg
     check_processing(n=req.n, max_n=max_n, logit_bias=dict(req.logit_bias), vocab_size=cfg.vocab_size)
+    if req.stop_token_ids and req.stop_token_ids[-1] >= cfg.vocab_size:
+        raise InvalidInput(f"stop_token_ids: {req.stop_token_ids[-1]} is not a token id (the vocabulary has "
+                           f"{cfg.vocab_size})")
     seeds = choice_seeds(req.seed, req.n)
     ids = prompt_ids(target, req, rendered)
     context = cfg.context_length
@@ -93,11 +100,16 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
     if len(ids) + max_tokens > context:
         raise InvalidInput(f"max_tokens {max_tokens} is past the context: the prompt has {len(ids)} tokens "
                            f"and the context holds {context}")
+    if req.min_tokens > max_tokens:
+        raise InvalidInput(f"min_tokens ({req.min_tokens}) must be at most max_tokens ({max_tokens})")
     req = replace(req, max_tokens=max_tokens)
     estimate = target.memory_estimate(len(ids) + max_tokens, len(ids), sequences=req.n, all_logits=keep_logits,
                                       mode=mode)
     check_budget(estimate, memory_budget, "this request" if req.n == 1 else f"this request ({req.n} choices)")
-    penalties = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty, req.logit_bias)
+    ending = req.stop_token_ids + (() if req.ignore_eos else tuple(target.tokenizer.eos_ids))
+    penalties = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty, req.logit_bias,
+                               repetition_penalty=req.repetition_penalty, prompt_ids=ids,
+                               min_tokens=req.min_tokens, ending=ending)
     grammar = grammar_for(target, req.response_format, req.tools)  # (needs the encoder: before its release)
     if encode_once:
         target.tokenizer.release_encoder()
@@ -108,7 +120,8 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
 
 def render(target: Target, req: GenerationRequest) -> ChatPrompt | None:
     """A chat request's prompt text: its conversation through the base's chat template, with the
-    request's tools in its tool format (None for a plain prompt). The template runs in its
+    request's tools in its tool format, opening the assistant's turn (add_generation_prompt) or
+    continuing the last message (continue_final_message) (None for a plain prompt). The template runs in its
     bounded process (slm.model.chat), so a server calls this on a thread of its own, never on the
     one that prepares every request: a slow template holds up its own request alone. InvalidInput
     for a template that fails or exceeds a bound, or a conversation that cannot fit by its bytes."""
@@ -120,7 +133,8 @@ def render(target: Target, req: GenerationRequest) -> ChatPrompt | None:
         messages, tools = tool_format(tok.chat_template).prompt(messages, req.tools.definitions)
     # the bytes a prompt's tokens must cover: a chat's contents (its template adds more)
     check_fits(target, "".join(m.get("content") or "" for m in messages))
-    return chat_prompt(tok, messages, tools=tools)
+    return chat_prompt(tok, messages, req.add_generation_prompt, tools=tools,
+                       continue_final_message=req.continue_final_message)
 
 
 def check_fits(target: Target, text: str) -> None:

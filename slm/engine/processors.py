@@ -11,8 +11,12 @@ counts the last 64 tokens, prompt included). Definitions:
 
 - frequency_penalty f, presence_penalty p (OpenAI's): l[t] -= c[t] * f + (c[t] > 0) * p, where
   c[t] is how many times t was generated so far;
-- repeat_penalty r (llama.cpp's, the CTRL paper's): each generated token's logit is divided by
-  r if it is positive, multiplied by r if not;
+- repeat_penalty r (llama.cpp's name, the CTRL paper's definition): each generated token's
+  logit is divided by r if it is positive, multiplied by r if not;
+- repetition_penalty r (vLLM's): the same rule, over the prompt's tokens and the answer's
+  (one RepeatPenalty, given the prompt);
+- min_tokens n (vLLM's): while fewer than n tokens are generated, the tokens that would end
+  the answer (end-of-generation unless ignore_eos, and the stop token ids) are banned;
 - logit_bias {t: b} (OpenAI's): l[t] += b; b = -100 bans t (its logit becomes -inf), b = 100
   forces it wherever it is allowed.
 """
@@ -42,13 +46,14 @@ class FrequencyPresence:
 
 
 class RepeatPenalty:
-    def __init__(self, penalty: float):
+    def __init__(self, penalty: float, prompt_ids: Iterable[int] = ()):
         self.penalty = float(penalty)
+        self.prompt = np.unique(np.asarray(list(prompt_ids), dtype=np.int64))
 
     def __call__(self, ids: list[int], logits: np.ndarray) -> np.ndarray:
-        if not ids:
+        if not ids and not self.prompt.size:
             return logits
-        tokens = np.unique(np.asarray(ids, dtype=np.int64))
+        tokens = np.union1d(self.prompt, np.asarray(ids, dtype=np.int64))
         out = logits.copy()
         seen = out[tokens]
         out[tokens] = np.where(seen > 0, seen / self.penalty, seen * self.penalty)
@@ -68,16 +73,39 @@ class LogitBias:
         return out
 
 
+class MinTokens:
+    """Bans `ending` (token ids) while fewer than `count` tokens are generated."""
+
+    def __init__(self, count: int, ending: Iterable[int]):
+        self.count, self.ending = count, np.asarray(sorted(ending), dtype=np.int64)
+
+    def __call__(self, ids: list[int], logits: np.ndarray) -> np.ndarray:
+        if len(ids) >= self.count:
+            return logits
+        out = logits.copy()
+        out[self.ending] = -np.inf
+        return out
+
+
 def processors_for(frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_penalty: float = 1.0,
-                   logit_bias: Iterable[tuple[int, float]] = ()) -> tuple[LogitProcessor, ...]:
-    """The processors of checked options (slm.engine.sampling.check_processing), in the order
-    they run: repeat_penalty, frequency/presence, logit_bias (a bias has the last word)."""
+                   logit_bias: Iterable[tuple[int, float]] = (), *, repetition_penalty: float = 1.0,
+                   prompt_ids: Iterable[int] = (), min_tokens: int = 0,
+                   ending: Iterable[int] = ()) -> tuple[LogitProcessor, ...]:
+    """The processors of checked options (slm.engine.sampling.check_processing; at most one of
+    repeat_penalty and repetition_penalty is not 1), in the order they run: the repetition
+    penalty, frequency/presence, logit_bias (a bias has the last word but one), min_tokens'
+    ban of the `ending` tokens (no bias lifts it)."""
     out: list[LogitProcessor] = []
     if repeat_penalty != 1.0:
         out.append(RepeatPenalty(repeat_penalty))
+    if repetition_penalty != 1.0:
+        out.append(RepeatPenalty(repetition_penalty, prompt_ids))
     if frequency_penalty or presence_penalty:
         out.append(FrequencyPresence(frequency_penalty, presence_penalty))
     bias = tuple(logit_bias)
     if bias:
         out.append(LogitBias(bias))
+    ending = tuple(ending)
+    if min_tokens and ending:
+        out.append(MinTokens(min_tokens, ending))
     return tuple(out)

@@ -254,6 +254,19 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+MAX_STOP_TOKEN_IDS = 256
+
+
+def _token_ids(ids, what: str) -> tuple[int, ...]:
+    """A list of token ids (integers >= 0; at most MAX_STOP_TOKEN_IDS) as a sorted tuple without
+    repeats; the vocabulary's bound is checked with the model (slm.engine.prepare)."""
+    if not isinstance(ids, (list, tuple)) or not all(_whole(t) and t >= 0 for t in ids):
+        raise InvalidInput(f"{what} must be a list of token ids (integers >= 0)")
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidInput(f"{what} takes at most {MAX_STOP_TOKEN_IDS} ids, not {len(ids)}")
+    return tuple(sorted(set(ids)))
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """What to generate and how: a prompt (or a chat) and every generation option, for `slm
@@ -286,6 +299,15 @@ class GenerationRequest:
     logprobs: int | None = None  # None: none; k: each token's logprob and its k most likely alternatives
     response_format: ResponseFormat | None = None  # None: free text
     tools: Tools | None = None  # chat: functions the model may call (docs/serve.md, "Tools")
+    # vLLM's options, with vLLM's meaning (docs/serve.md, "Request fields"; slm.engine.stops)
+    min_tokens: int = 0  # no stop before this many tokens (stop tokens banned until then)
+    ignore_eos: bool = False  # an end-of-generation token does not end the answer
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the answer ("stop"), sorted
+    include_stop_str_in_output: bool = False  # the stop sequence (or stop token's text) stays in the text
+    skip_special_tokens: bool = True  # False: special tokens' texts are in the answer
+    repetition_penalty: float = 1.0  # repeat_penalty's rule over the prompt's tokens too
+    add_generation_prompt: bool = True  # chat: the template's opening of the assistant's turn
+    continue_final_message: bool = False  # chat: the answer continues the last message's text
 
     def __post_init__(self, system: str | None) -> None:
         from slm.engine.sampling import check_processing, check_sampling, logit_bias_items, stop_sequences
@@ -313,13 +335,39 @@ class GenerationRequest:
         bias = dict(self.logit_bias) if isinstance(self.logit_bias, (tuple, list)) else self.logit_bias
         stop = stop_sequences(self.stop)  # (a string is one sequence, None none: as the server reads it)
         check_processing(self.top_k, self.min_p, self.frequency_penalty, self.presence_penalty,
-                         self.repeat_penalty, bias, self.logprobs, self.n, stop=stop)
+                         self.repeat_penalty, bias, self.logprobs, self.n, stop=stop,
+                         repetition_penalty=self.repetition_penalty)
         for name, value in (("chat", chat), ("messages", messages), ("stop", stop),
                             ("logit_bias", logit_bias_items(bias)),
-                            ("response_format", ResponseFormat.of(self.response_format))):
+                            ("response_format", ResponseFormat.of(self.response_format)),
+                            ("stop_token_ids", _token_ids(self.stop_token_ids, "stop_token_ids"))):
             object.__setattr__(self, name, value)
         if not isinstance(self.tools, (Tools, type(None))):
             raise InvalidInput("tools must be given as a Tools (Tools.of checks OpenAI's form)")
+        self._check_vllm_options()
+
+    def _check_vllm_options(self) -> None:
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "add_generation_prompt",
+                     "continue_final_message"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidInput(f"{name} must be true or false, not {getattr(self, name)!r}")
+        if not (_whole(self.min_tokens) and self.min_tokens >= 0):
+            raise InvalidInput(f"min_tokens must be an integer >= 0, not {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidInput(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
+        grammar = self.response_format is not None or (self.tools is not None and self.tools.forced)
+        for name in ("ignore_eos", "min_tokens"):
+            if getattr(self, name) and grammar:
+                raise InvalidInput(f"{name} cannot go with response_format or forced tool calls: their grammar "
+                                   "ends the answer with an end-of-generation token where the document is complete")
+        if not self.chat and (self.continue_final_message or not self.add_generation_prompt):
+            raise InvalidInput("add_generation_prompt and continue_final_message are for a chat (messages)")
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise InvalidInput("continue_final_message needs add_generation_prompt false: the answer continues "
+                                   "the last message instead of opening a new one")
+            if not self.messages[-1].content:
+                raise InvalidInput("continue_final_message needs a last message with text to continue")
 
     @property
     def conversation(self) -> list[dict] | None:

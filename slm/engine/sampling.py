@@ -50,10 +50,11 @@ def check_sampling(temperature, top_p, seed, max_temperature: float = math.inf) 
 
 def check_processing(top_k=0, min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0, repeat_penalty=1.0,
                      logit_bias=None, logprobs=None, n=1, max_n: int | None = None,
-                     vocab_size: int | None = None, logprobs_name: str = "logprobs", stop=()) -> None:
+                     vocab_size: int | None = None, logprobs_name: str = "logprobs", stop=(),
+                     repetition_penalty=1.0) -> None:
     """Raise InvalidInput (one line naming the option) unless top_k is an integer >= 0 (0: off),
     min_p in [0, 1], frequency_penalty and presence_penalty in [-2, 2], repeat_penalty a finite
-    number > 0 (1: off), logit_bias a mapping of token ids to numbers in [-100, 100] (ids below
+    number > 0 (1: off; so is repetition_penalty, and at most one of them is on), logit_bias a mapping of token ids to numbers in [-100, 100] (ids below
     vocab_size when it is known), logprobs None or an integer in [0, 20] (how many
     alternatives per token; logprobs_name: the request's name for it, chat's top_logprobs),
     n an integer in [1, max_n] and stop one stop sequence or at most 4 (stop_sequences), each of
@@ -65,8 +66,12 @@ def check_processing(top_k=0, min_p=0.0, frequency_penalty=0.0, presence_penalty
     for name, value in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
         if not (_real(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
             raise InvalidInput(f"{name} must be a number between -2 and 2, not {value!r}")
-    if not (_real(repeat_penalty) and math.isfinite(repeat_penalty) and repeat_penalty > 0):
-        raise InvalidInput(f"repeat_penalty must be a finite number > 0 (1: off), not {repeat_penalty!r}")
+    for name, value in (("repeat_penalty", repeat_penalty), ("repetition_penalty", repetition_penalty)):
+        if not (_real(value) and math.isfinite(value) and value > 0):
+            raise InvalidInput(f"{name} must be a finite number > 0 (1: off), not {value!r}")
+    if repeat_penalty != 1 and repetition_penalty != 1:
+        raise InvalidInput("give repeat_penalty (the answer's tokens) or repetition_penalty (the prompt's and the "
+                           "answer's), not both")
     check_logit_bias(logit_bias, vocab_size)
     if logprobs is not None and not (_whole(logprobs) and 0 <= logprobs <= MAX_TOP_LOGPROBS):
         raise InvalidInput(f"{logprobs_name} must be an integer between 0 and {MAX_TOP_LOGPROBS}, not {logprobs!r}")

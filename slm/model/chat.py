@@ -156,7 +156,7 @@ def chat_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = Tru
 
 
 def chat_prompt(tok, messages: list[dict], add_generation_prompt: bool = True,
-                tools: list[dict] | None = None) -> ChatPrompt:
+                tools: list[dict] | None = None, continue_final_message: bool = False) -> ChatPrompt:
     """A conversation rendered for tokenizing (`slm run --chat`, the API and the server use this
     one function): the template's own markers are special tokens, a message's content is text.
 
@@ -165,11 +165,16 @@ def chat_prompt(tok, messages: list[dict], add_generation_prompt: bool = True,
     call's name and arguments, a tool's definition: every string but the role) is replaced by a
     character that occurs nowhere in the conversation or the template (Unicode's private use
     plane 16) before rendering, and encoded back as the text it was after the template's own
-    special tokens are cut out (TextTokenizer.encode_with_literals). `tok` is a TextTokenizer."""
+    special tokens are cut out (TextTokenizer.encode_with_literals). `tok` is a TextTokenizer.
+
+    continue_final_message (with add_generation_prompt false): the text ends where the last
+    message's content does, leaving that message open for the answer to continue (transformers'
+    and vLLM's rule, continue_final)."""
     markers = sorted(tok.control_texts(), key=len, reverse=True)  # longest first: leftmost-longest
     found = _markers_in(messages, markers, tools)
     if not found:
-        return ChatPrompt(render_chat(tok.chat_template, messages, tok.special_tokens, add_generation_prompt, tools), {})
+        text = render_chat(tok.chat_template, messages, tok.special_tokens, add_generation_prompt, tools)
+        return ChatPrompt(continue_final(text, messages[-1]) if continue_final_message else text, {})
     used = set(tok.chat_template or "").union(*map(set, _texts(messages, tools)), *map(set, markers))
     free = (chr(c) for c in range(0x100000, 0x10FFFE) if chr(c) not in used)
     stand_in = dict(zip(found, free))
@@ -181,7 +186,26 @@ def chat_prompt(tok, messages: list[dict], add_generation_prompt: bool = True,
     safe = [{k: v if k == "role" else _map_strings(v, protect) for k, v in m.items()} for m in messages]
     safe_tools = _map_strings(tools, protect) if tools else tools
     text = render_chat(tok.chat_template, safe, tok.special_tokens, add_generation_prompt, safe_tools)
+    if continue_final_message:
+        text = continue_final(text, safe[-1])
     return ChatPrompt(text, {c: marker for marker, c in stand_in.items()})
+
+
+def continue_final(text: str, final: dict) -> str:
+    """A rendered conversation cut after the last occurrence of its final message's content (a
+    template that trims the content: after the trimmed content), as transformers'
+    apply_chat_template(continue_final_message=True) cuts it; InvalidInput if the template's
+    output does not hold that content."""
+    content = final.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidInput("continue_final_message needs a last message with text to continue")
+    if content.strip() not in text:
+        raise InvalidInput("continue_final_message: the chat template's output does not contain the last "
+                           "message's text, so it cannot be continued")
+    start = text.rindex(content.strip())
+    kept = content.lstrip()
+    end = start + (len(kept) if text[start:start + len(kept)] == kept else len(content.strip()))
+    return text[:end]
 
 
 def _texts(messages: list[dict], tools: list[dict] | None = None) -> list[str]:

@@ -220,7 +220,8 @@ async def streamed_answer(request: Request, req: protocol.GenerateRequest, handl
             reason = choice.reason = event.reason
             choice.completion_tokens = event.completion_tokens
             if parsed_tools(req) and (event.content or event.tool_calls):
-                yield sse(responses.tool_chunk(req, rid, comp, model, choice, event.content, event.tool_calls))
+                yield sse(responses.tool_chunk(req, rid, comp, model, choice, event.content, event.tool_calls,
+                                               first=first[event.choice]))
                 first[event.choice] = False
             if parsed_tools(req):
                 reason = responses.tool_finish(reason, event.tool_calls)

@@ -88,6 +88,9 @@ class GenerateRequest:
     model: str | None  # None or "active": the active composition at admission
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+    role: str = "assistant"  # chat: the answer's role (slm.server.dialect.wire_options)
+    echo: str = ""  # chat: the text before each answer (vLLM's echo)
+    token_ids: bool = False  # logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
 
     @property
     def chat(self) -> bool:
@@ -219,7 +222,7 @@ def check_fields(doc: dict, chat: bool) -> None:
                                                      if kind == "unsupported" else ""))
     # fields whose one no-op value is accepted (clients and routers send their defaults)
     n = doc.get("n")
-    no_ops = {"echo": False, "suffix": "", "best_of": 1 if n is None else n, **dialect.NO_OPS}
+    no_ops = {"suffix": "", "best_of": 1 if n is None else n, **dialect.NO_OPS} | ({} if chat else {"echo": False})
     for key, no_op in no_ops.items():
         value = doc.get(key)
         if value is not None and (value != no_op or isinstance(no_op, bool) and not isinstance(value, bool)):
@@ -260,10 +263,11 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
             presence_penalty=_number(doc, "presence_penalty", 0.0),
             repeat_penalty=_number(doc, "repeat_penalty", 1.0), logit_bias=doc.get("logit_bias"),
             logprobs=_logprobs(doc, chat), response_format=ResponseFormat.of(doc.get("response_format")),
-            tools=_tools(doc, chat))
+            tools=_tools(doc, chat), **dialect.generation_options(doc, chat))
+        wire = dialect.wire_options(doc, generation)
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
-    return GenerateRequest(generation, _model_field(doc), _flag(doc, "stream", False), _include_usage(doc))
+    return GenerateRequest(generation, _model_field(doc), _flag(doc, "stream", False), _include_usage(doc), **wire)
 
 
 def _include_usage(doc: dict) -> bool:

@@ -45,29 +45,36 @@ def _token_bytes(text: str) -> list[int]:
     return list(text.encode("utf-8", "surrogatepass"))
 
 
-def chat_logprobs(records) -> dict:
+def _named(token_ids: bool):
+    """How logprobs name a token (a record or an alternative): its text, or (vLLM's
+    return_tokens_as_token_ids) "token_id:N", which any token has, whatever its bytes."""
+    return (lambda t: f"token_id:{t.token}") if token_ids else (lambda t: t.text)
+
+
+def chat_logprobs(records, token_ids: bool = False) -> dict:
     """OpenAI chat's choices[].logprobs: content[{token, logprob, bytes, top_logprobs[]}]."""
-    return {"content": [{"token": r.text, "logprob": r.logprob, "bytes": _token_bytes(r.text),
-                         "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": _token_bytes(a.text)}
+    name = _named(token_ids)
+    return {"content": [{"token": name(r), "logprob": r.logprob, "bytes": _token_bytes(name(r)),
+                         "top_logprobs": [{"token": name(a), "logprob": a.logprob, "bytes": _token_bytes(name(a))}
                                           for a in r.top]} for r in records], "refusal": None}
 
 
-def completion_logprobs(records, offset: int) -> dict:
-    """OpenAI completions' choices[].logprobs: tokens, token_logprobs, top_logprobs (text ->
+def completion_logprobs(records, offset: int, token_ids: bool = False) -> dict:
+    """OpenAI completions' choices[].logprobs: tokens, token_logprobs, top_logprobs (name ->
     logprob; two alternatives with one text keep the likelier), text_offset (each token's
     start in the choice's text, from `offset`)."""
-    offsets = []
+    name, offsets = _named(token_ids), []
     for r in records:
         offsets.append(offset)
         offset += len(r.text)
-    return {"tokens": [r.text for r in records], "token_logprobs": [r.logprob for r in records],
-            "top_logprobs": [_by_text(r.top) for r in records], "text_offset": offsets}
+    return {"tokens": [name(r) for r in records], "token_logprobs": [r.logprob for r in records],
+            "top_logprobs": [_by_name(r.top, name) for r in records], "text_offset": offsets}
 
 
-def _by_text(alternatives) -> dict[str, float]:
+def _by_name(alternatives, name) -> dict[str, float]:
     out: dict[str, float] = {}
     for a in alternatives:  # most likely first
-        out.setdefault(a.text, a.logprob)
+        out.setdefault(name(a), a.logprob)
     return out
 
 
@@ -75,8 +82,8 @@ def _logprobs_of(req: GenerateRequest, choice: Choice, records) -> dict | None:
     if req.generation.logprobs is None:
         return None
     if req.chat:
-        return chat_logprobs(records)
-    shaped = completion_logprobs(records, choice.offset)
+        return chat_logprobs(records, req.token_ids)
+    shaped = completion_logprobs(records, choice.offset, req.token_ids)
     choice.offset += sum(len(r.text) for r in records)
     return shaped
 
@@ -88,8 +95,10 @@ def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, choices
     for c in choices:
         tools = req.tools is not None and req.tools.parsed
         text = c.content if tools else c.content or ""
+        if req.echo:
+            text = req.echo + (text or "")
         logprobs = _logprobs_of(req, c, c.logprobs)
-        message: dict = {"role": "assistant", "content": text}
+        message: dict = {"role": req.role, "content": text}
         reason = c.reason
         if c.tool_calls:
             message["tool_calls"] = [_call(call) for call in c.tool_calls]
@@ -105,12 +114,13 @@ def completion(req: GenerateRequest, rid: str, comp_id: str, model: str, choices
 
 def chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, choice: Choice, text: str | None,
           reason: str | None = None, first: bool = False, logprobs=()) -> dict:
-    """One streamed piece of one choice (text None: only the finish reason)."""
+    """One streamed piece of one choice (text None: only the finish reason); a chat's first
+    names the role and carries the echo."""
     shaped = _logprobs_of(req, choice, list(logprobs))
     if req.chat:
-        delta: dict = {"role": "assistant", "content": ""} if first else {}
+        delta: dict = {"role": req.role, "content": req.echo} if first else {}
         if text is not None:
-            delta["content"] = text
+            delta["content"] = delta.get("content", "") + text
         body = {"index": choice.index, "delta": delta, "logprobs": shaped,
                 "finish_reason": finish_reason(reason) if reason else None}
     else:
@@ -125,10 +135,11 @@ def _call(call: ToolCall) -> dict:
 
 
 def tool_chunk(req: GenerateRequest, rid: str, comp_id: str, model: str, choice: Choice, text: str | None,
-               tool_calls: tuple) -> dict:
+               tool_calls: tuple, first: bool = False) -> dict:
     """A streamed request with tools, once the answer is complete: the part of its content not
-    streamed yet (held back as it might have begun a call) and its calls, as one delta."""
-    delta: dict = {"role": "assistant", "content": text}
+    streamed yet (held back as it might have begun a call) and its calls, as one delta (the
+    choice's first: with the echo)."""
+    delta: dict = {"role": req.role, "content": req.echo + (text or "") if first and req.echo else text}
     if tool_calls:
         delta["tool_calls"] = [{"index": i, **_call(c)} for i, c in enumerate(tool_calls)]
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,

@@ -179,7 +179,7 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
                             keep_logits=keep_logits)
     gen = drive(seq, prompt_cache, loaded.id, cancelled=None if cancel is None else cancel.is_set)
     tok = loaded.tokenizer
-    text = tok.decode([t for t in gen.ids if t not in tok.eos_ids]) if gen.stop_cut is None else gen.stop_cut
+    text = gen.text or ""  # (what the stop rules kept: up to a stop, special tokens as the request asked)
     calls: tuple = ()
     if gate is not None:  # the text outside the calls (its rest streamed now), and the calls
         content, calls = tool_answer(loaded, text)
