@@ -44,7 +44,7 @@ from slm.engine.generate import PREFILL_CHUNK
 from slm.engine.generation import decode, first_token, prefill_next
 from slm.engine.handle import FailedEvent, Handle, SchedulerStatus
 from slm.engine.job import Job, LogprobView
-from slm.engine.prepare import prepare, render
+from slm.engine.prepare import prepare, prompt_ids, render
 from slm.engine.prompt_cache import MemoryPromptCache
 from slm.engine.request import GenerationRequest
 from slm.engine.stops import CANCELLED
@@ -117,6 +117,17 @@ class Scheduler:
             raise InvalidInput(f"submit runs a request on a staged composition (Runtime.stage), not {type(target).__name__}")
         if self.draining:
             raise ShuttingDown("the server is shutting down")
+
+    async def prompt_ids(self, target: Target, request: GenerationRequest) -> list[int]:
+        """The token ids `submit` would run `request` on, awaited, nothing queued: its chat
+        rendered as submit_async renders it, tokenized on the preparing thread
+        (slm.engine.prepare.prompt_ids; InvalidInput for a prompt that is empty or fills the
+        context)."""
+        if not isinstance(request, GenerationRequest) or not isinstance(target, Target):
+            raise InvalidInput("prompt_ids takes a GenerationRequest on a staged composition (Runtime.stage)")
+        rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
+            if request.chat else None
+        return await asyncio.wrap_future(self._preparing.submit(prompt_ids, target, request, rendered))
 
     async def call_preparing(self, work: Callable, *args):
         """Run work(*args) on the preparing thread (a large body's parsing, /tokenize), awaited."""

@@ -277,6 +277,16 @@ class TextTokenizer:
             return bytes(table[c] for c in text) if all(c in table for c in text) else text.encode()
         return tok.decode([token], skip_special_tokens=False).encode()
 
+    def token_text(self, token: int) -> str:
+        """A token as the vocabulary spells it (byte-level BPE's `Ġ` for a space, SentencePiece's
+        `▁`): transformers' convert_ids_to_tokens, what vLLM's /tokenize gives as token_strs."""
+        pieces = getattr(self.codec, "pieces", None)
+        if pieces is not None:  # SentencePieceBPE
+            return pieces[token]
+        tok = self.codec.tokenizer
+        text = tok.id_to_token(token) if tok is not None else None
+        return text if text is not None else self.codec.decode([token], True)
+
     def release_encoder(self) -> bool:
         """Free what only encoding needs, for a caller done encoding (HFCodec.release_encoder),
         and give the memory back to the kernel; False if this vocabulary keeps it (decode stays

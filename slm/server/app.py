@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from slm import SlmError
 from slm.api import FailedEvent, Handle, TextEvent
-from slm.server import discovery, protocol, responses
+from slm.server import discovery, protocol, responses, tokens
 from slm.server.catalog import Catalog
 from slm.server.metrics import CONTENT_TYPE_LATEST, Metrics
 from slm.server.protocol import BadRequest
@@ -136,7 +136,7 @@ class Guard:
 
 
 KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics",
-               "/tokenize", "/detokenize"}
+               "/tokenize", "/detokenize", "/v1/completions/render", "/v1/chat/completions/render"}
 
 
 class ClientGone(Exception):
@@ -158,6 +158,10 @@ async def events_of(handle: Handle, request: Request, poll: bool):
                 raise ClientGone() from None
 
 
+def refused(err: BadRequest, comp: str | None = None) -> JSONResponse:
+    return error_response(err.status, err.message, err.kind, err.code, err.headers, comp)
+
+
 def shutting_down(comp: str) -> JSONResponse:
     return error_response(503, "the server is shutting down; the request was cancelled", "unavailable", comp=comp)
 
@@ -174,8 +178,7 @@ async def whole_answer(request: Request, req: protocol.GenerateRequest, handle: 
     try:
         async for event in events_of(handle, request, poll=True):
             if isinstance(event, FailedEvent):
-                failed = protocol.http_error(event.error)
-                return error_response(failed.status, failed.message, failed.kind, comp=comp)
+                return refused(protocol.http_error(event.error), comp)
             if event.reason == "cancelled":
                 return shutting_down(comp)
             choice = choices[event.choice]
@@ -215,7 +218,7 @@ async def streamed_answer(request: Request, req: protocol.GenerateRequest, handl
                 continue
             if isinstance(event, FailedEvent):
                 failed = protocol.http_error(event.error)
-                yield sse(responses.error_body(failed.message, failed.kind))
+                yield sse(responses.error_body(failed.message, failed.kind, failed.code))
                 break
             reason = choice.reason = event.reason
             choice.completion_tokens = event.completion_tokens
@@ -269,7 +272,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
             except SlmError as err:
                 raise protocol.http_error(err) from err
         except BadRequest as err:
-            return error_response(err.status, err.message, err.kind, headers=err.headers, comp=active_id())
+            return refused(err, active_id())
         comp, model = handle.composition, req.model or "active"
         headers = {HEADER: comp, SEED_HEADER: ",".join(str(seed) for seed in handle.seeds)}
         request.state.log = f"comp={comp[len('blake3:'):][:12]} prompt={handle.prompt_tokens}"
@@ -288,38 +291,39 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         try:
             data = await run_in_threadpool(discovery.list_models, catalog)
         except SlmError as err:
-            failed = protocol.http_error(err)
-            return error_response(failed.status, failed.message, failed.kind)
+            return refused(protocol.http_error(err))
         return JSONResponse({"object": "list", "data": data})
 
     async def model(request: Request) -> Response:
         try:
             return JSONResponse(await run_in_threadpool(discovery.find_model, catalog, request.path_params["model_id"]))
         except SlmError as err:
-            failed = protocol.http_error(err)
-            status = 404 if failed.status == 400 else failed.status  # (an unknown model: not found)
-            return error_response(status, failed.message, failed.kind, code="model_not_found" if status == 404 else None)
+            return refused(protocol.http_error(err))
 
-    async def token_endpoint(request: Request, parse, work) -> Response:
-        """/tokenize and /detokenize: the body read under the same limit as the others, checked
-        by protocol, answered by discovery on the named (or active) composition; the text is
-        (de)tokenized on the scheduler's preparing thread, as prompts are."""
+    async def token_endpoint(request: Request, parse, answer) -> Response:
+        """The tokenizer endpoints (slm.server.tokens): the body read under the same limit as the
+        others and checked, answered on the composition it names (or the active one)."""
         try:
-            model, *args = parse(protocol.parse_body(await read_body(request)))
+            req = parse(protocol.parse_body(await read_body(request)))
             try:
-                loaded = await run_in_threadpool(catalog.resolve, model)
-                answer = await scheduler.call_preparing(work, loaded, *args)
+                loaded = await run_in_threadpool(catalog.resolve, req.model)
+                return JSONResponse(await answer(scheduler, loaded, req), headers={HEADER: loaded.id})
             except SlmError as err:
                 raise protocol.http_error(err) from err
-            return JSONResponse(answer)
         except BadRequest as err:
-            return error_response(err.status, err.message, err.kind, headers=err.headers)
+            return refused(err)
 
     async def tokenize(request: Request) -> Response:
-        return await token_endpoint(request, protocol.parse_tokenize, discovery.tokenize)
+        return await token_endpoint(request, tokens.parse_tokenize, tokens.tokenize)
 
     async def detokenize(request: Request) -> Response:
-        return await token_endpoint(request, protocol.parse_detokenize, discovery.detokenize)
+        return await token_endpoint(request, tokens.parse_detokenize, tokens.detokenize)
+
+    async def render_chat(request: Request) -> Response:
+        return await token_endpoint(request, tokens.parse_render_chat, tokens.render_chat)
+
+    async def render_completion(request: Request) -> Response:
+        return await token_endpoint(request, tokens.parse_render_completion, tokens.render_completion)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "draining" if scheduler.draining else "ok"})
@@ -341,6 +345,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions/render", render_completion, methods=["POST"]),
+        Route("/v1/chat/completions/render", render_chat, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),

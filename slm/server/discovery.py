@@ -1,4 +1,4 @@
-"""Discovery: what /v1/models lists and /tokenize, /detokenize answer.
+"""Discovery: what /v1/models lists.
 
 /v1/models lists every base and every composition the store names (what `slm ls --json`
 lists, through slm.Store.ls), the compositions this server staged on request, and `active`.
@@ -9,7 +9,7 @@ id), and "active". `created` is when the store committed the name (unix seconds)
 
 from __future__ import annotations
 
-from slm import InvalidInput, NotFound, SlmError
+from slm import NotFound, SlmError
 from slm.server.catalog import Catalog
 
 OWNER = "slm"
@@ -87,32 +87,3 @@ def find_model(catalog: Catalog, model_id: str) -> dict:
         if m["id"] == model_id or m["slm"]["composition"] == model_id:
             return m
     raise NotFound(f"no model {model_id!r}: GET /v1/models lists them")
-
-
-def tokenize(loaded, content: str, add_special: bool, with_pieces: bool) -> dict:
-    """llama-server's /tokenize on a staged composition: {"tokens": [ids]} or, with_pieces,
-    [{"id", "piece"}]."""
-    tok = loaded.tokenizer
-    ids = tok.encode(content, add_special=add_special)
-    if not with_pieces:
-        return {"tokens": ids}
-    return {"tokens": [{"id": i, "piece": _piece(tok.piece_bytes(i))} for i in ids]}
-
-
-def _piece(data: bytes) -> str | list[int]:
-    """A piece as text, or as its byte values when it is part of a character (llama-server's shape)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return list(data)
-
-
-def detokenize(loaded, tokens: list[int]) -> dict:
-    """llama-server's /detokenize on a staged composition: {"content": text}."""
-    vocab = loaded.vocab_size
-    bad = [t for t in tokens if not 0 <= t < vocab]
-    if bad:
-        raise InvalidInput(f"token ids must be in [0, {vocab}); got {bad[0]}")
-    return {"content": loaded.tokenizer.decode(list(tokens))}
-
-

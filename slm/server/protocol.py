@@ -20,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from slm import Busy, ExitCode, InvalidInput, ShuttingDown, SlmError
+from slm import Busy, ExitCode, InvalidInput, NotFound, ShuttingDown, SlmError
 from slm.api import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools, check_processing, check_sampling
 from slm.server import dialect
 
@@ -53,28 +53,33 @@ class BadRequest(Exception):
     """A client error: an HTTP status and a one-line message."""
 
     def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, code: str | None = None):
         super().__init__(message)
         self.message, self.status, self.kind, self.headers = " ".join(message.split()), status, kind, headers or {}
+        self.code = code
 
 
 # slm's errors (their exit codes) -> HTTP: the client named or sent something wrong (4xx) vs.
 # the store or the machine failing under a good request (5xx)
-STATUS_OF_CODE = {ExitCode.NOT_FOUND: 400, ExitCode.INVALID_INPUT: 400, ExitCode.INCOMPATIBLE: 400,
+STATUS_OF_CODE = {ExitCode.INVALID_INPUT: 400, ExitCode.INCOMPATIBLE: 400,
                   ExitCode.BUDGET: 400, ExitCode.USAGE: 400, ExitCode.NUMERICS: 422}
 RETRY_AFTER_S = "1"  # a full server: a slot frees when any running request ends
 
 
 def http_error(err: Exception) -> BadRequest:
     """The one mapping of an slm error to an HTTP answer: ShuttingDown 503, Busy (a full server)
-    429 with Retry-After, a client's mistake 400, non-finite logits 422, any other slm error 500;
-    an exception that is not an slm error is a bug: 500 naming it."""
+    429 with Retry-After, NotFound (a `model` no name resolves to: the server looks nothing else
+    up) 404 model_not_found as OpenAI and vLLM answer, a client's mistake 400 (a `model` that is
+    not a spec's syntax included), non-finite logits 422, any other slm error 500; an exception
+    that is not an slm error is a bug: 500 naming it."""
     if not isinstance(err, SlmError):
         return BadRequest(f"internal error: {type(err).__name__}: {err}", status=500, kind="server_error")
     if isinstance(err, ShuttingDown):
         return BadRequest(str(err), status=503, kind="unavailable")
     if isinstance(err, Busy):
         return BadRequest(str(err), status=429, kind="rate_limit_exceeded", headers={"Retry-After": RETRY_AFTER_S})
+    if isinstance(err, NotFound):
+        return BadRequest(str(err), status=404, code="model_not_found")
     status = STATUS_OF_CODE.get(err.code, 500)
     return BadRequest(str(err), status=status, kind="invalid_request_error" if status < 500 else "server_error")
 
@@ -297,35 +302,6 @@ def _flag(doc: dict, key: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise BadRequest(f"{key} must be true or false")
     return value
-
-
-def _only(doc: dict, fields: frozenset) -> None:
-    """400 naming the first field not in `fields` (a null one is absent)."""
-    for key, value in doc.items():
-        if key not in fields and value is not None:
-            raise BadRequest(f"unknown field: {key}")
-
-
-TOKENIZE_FIELDS = frozenset({"content", "add_special", "with_pieces", "model"})
-DETOKENIZE_FIELDS = frozenset({"tokens", "model"})
-
-
-def parse_tokenize(doc: dict) -> tuple[str | None, str, bool, bool]:
-    """llama-server's /tokenize body: {"content", "add_special", "with_pieces", "model"}."""
-    _only(doc, TOKENIZE_FIELDS)
-    content = doc.get("content")
-    if not isinstance(content, str):
-        raise BadRequest("content must be a string")
-    return _model_field(doc), content, _flag(doc, "add_special", False), _flag(doc, "with_pieces", False)
-
-
-def parse_detokenize(doc: dict) -> tuple[str | None, list[int]]:
-    """llama-server's /detokenize body: {"tokens": [ids], "model"}."""
-    _only(doc, DETOKENIZE_FIELDS)
-    tokens = doc.get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        raise BadRequest("tokens must be a list of token ids (integers)")
-    return _model_field(doc), tokens
 
 
 # -- responses -------------------------------------------------------------------------------

@@ -68,6 +68,22 @@ def test_get_one_model_and_404_for_unknown(server):
     assert server.client().models.retrieve("tq+a2@0.8").id == "tq+a2@0.8"
 
 
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": "hi", "max_tokens": 1}),
+                                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})])
+def test_an_unknown_model_is_a_404_model_not_found_and_bad_syntax_a_400(server, path, body):
+    """OpenAI's and vLLM's answer to a model nobody serves (a router tells it from a bad request)."""
+    for model in ("nope", "tq+nope@0.5"):  # no such name; a spec naming an adapter the store lacks
+        code, err = server.json("POST", path, {**body, "model": model})
+        assert code == 404 and err["error"]["code"] == "model_not_found", (model, err)
+        assert err["error"]["type"] == "invalid_request_error" and "nope" in err["error"]["message"]
+    for model in ("tq++a1", "tq+a1@abc"):  # not a spec at all
+        code, err = server.json("POST", path, {**body, "model": model})
+        assert code == 400 and err["error"]["code"] is None, (model, err)
+    import openai
+    with pytest.raises(openai.NotFoundError):
+        server.client().completions.create(model="nope", prompt="hi", max_tokens=1)
+
+
 def test_tokenize_detokenize_round_trip(server):
     text = "the cat sat on the mat, café"
     code, doc = server.json("POST", "/tokenize", {"content": text})
@@ -86,9 +102,10 @@ def test_tokenize_detokenize_round_trip(server):
 
 def test_tokenize_refuses_bad_bodies(server):
     for path, body, word in (("/tokenize", {"content": 3}, "content"), ("/detokenize", {"tokens": ["a"]}, "tokens"),
-                             ("/detokenize", {"tokens": [10 ** 9]}, "token ids"),
-                             ("/tokenize", {"content": "x", "model": "nope"}, "nope")):
+                             ("/detokenize", {"tokens": [10 ** 9]}, "token ids")):
         code, err = server.json("POST", path, body)
         assert code == 400 and word in err["error"]["message"], (path, body, err)
+    code, err = server.json("POST", "/tokenize", {"content": "x", "model": "nope"})
+    assert code == 404 and err["error"]["code"] == "model_not_found" and "nope" in err["error"]["message"]
     code, _, _ = server.http("POST", "/tokenize", b"x" * (2 << 20))
     assert code == 413

@@ -35,7 +35,7 @@ def runtime(store):
 
 @pytest.mark.parametrize("error, status, kind", [
     (slm.InvalidInput, 400, "invalid_request_error"),
-    (slm.NotFound, 400, "invalid_request_error"),
+    (slm.NotFound, 404, "invalid_request_error"),
     (slm.Incompatible, 400, "invalid_request_error"),
     (slm.BudgetExceeded, 400, "invalid_request_error"),
     (slm.UsageError, 400, "invalid_request_error"),
@@ -50,6 +50,7 @@ def test_each_slm_error_maps_to_its_http_status(error, status, kind):
     answer = http_error(error("what went\nwrong"))
     assert (answer.status, answer.kind) == (status, kind)
     assert answer.message == "what went wrong"  # the CLI's one line
+    assert answer.code == ("model_not_found" if error is slm.NotFound else None)  # (OpenAI's and vLLM's)
 
 
 def test_an_exception_that_is_not_an_slm_error_is_a_500_naming_the_bug():

@@ -33,6 +33,11 @@ class Loaded:
         """The model's vocabulary: token ids are below it."""
         return self.model.cfg.vocab_size
 
+    @property
+    def context_length(self) -> int:
+        """The model's context: the positions a prompt and its answer share."""
+        return self.model.cfg.context_length
+
     def memory_estimate(self, positions: int, prompt_tokens: int, sequences: int = 1, all_logits: bool = False,
                         mode: str | None = None) -> Estimate:
         """slm.engine.target.Target's: the estimate `slm activate` checks, for a generation."""
