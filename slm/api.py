@@ -329,6 +329,7 @@ class Runtime:
         self.mode: str = modes.resolve(exact)
         self.store = store
         self._rt = StagedCompositions(store._s, max_staged)
+        self.max_staged = max_staged  # compositions kept staged (the least recently used beyond it let go)
         self.threads = threads
         # bytes, or None: `memory_budget` ("8G"), else config.toml's, as `slm activate` resolves it
         self.memory_budget: int | None = budget.resolve(store._s, memory_budget)

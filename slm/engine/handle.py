@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from dataclasses import dataclass
-from typing import Callable, Iterator, Union
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Union
 
 from slm.engine.request import ToolCall
 
@@ -59,24 +59,39 @@ Event = Union[TextEvent, DoneEvent, FailedEvent]
 
 @dataclass(frozen=True)
 class SchedulerStatus:
-    """A snapshot of the scheduler: requests waiting, running (decoding), prefilling (or
-    waiting to copy their first choice's prefill), how many run together at most, whether it
-    admits new ones."""
+    """A snapshot of the scheduler, counted in rows (a request's choices are a row each):
+    requests waiting, running (decoding), prefilling (or waiting to copy their first choice's
+    prefill), how many run together at most, whether it admits new ones; the admitted rows
+    (running or prefilling) and the waiting ones by the name their requests gave their
+    composition (Handle.name), read as one snapshot; the positions the admitted rows' KV
+    caches hold, and how many max_batch rows of the longest context among their bases could
+    hold (0 when none runs)."""
 
     queued: int
     running: int
     prefilling: int
     max_batch: int
     draining: bool
+    admitted_by_name: Mapping[str, int] = field(default_factory=dict)
+    waiting_by_name: Mapping[str, int] = field(default_factory=dict)
+    kv_positions: int = 0
+    kv_capacity: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        """kv_positions over kv_capacity: 0 when nothing runs, 1 when every row fills its context."""
+        return self.kv_positions / self.kv_capacity if self.kv_capacity else 0.0
 
 
 class Handle:
-    """One submitted request: `id`, the composition it runs on, its prompt's length, each
+    """One submitted request: `id`, the composition it runs on, the name its submitter gave
+    that composition (the composition id when it gave none), its prompt's length, each
     choice's seed; its events until every choice has ended."""
 
     def __init__(self, rid: str, composition: str, prompt_tokens: int, seeds: tuple[int, ...],
-                 cancel: Callable[[], None]):
+                 cancel: Callable[[], None], name: str | None = None):
         self.id, self.composition, self.prompt_tokens, self.seeds = rid, composition, prompt_tokens, seeds
+        self.name = name or composition
         self._cancel = cancel
         self._open = len(seeds)  # choices not ended yet (as the reader sees them)
         self._lock = threading.Lock()

@@ -83,6 +83,7 @@ class Scheduler:
         self.prompts = MemoryPromptCache()
         self.draining = False  # a plain attribute: /health reads it without waiting on anything
         self.inflight = 0  # submitted and not yet closed: queued, being prefilled or running
+        self._inflight_names: collections.Counter[str] = collections.Counter()  # those, by Handle.name
         self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -91,22 +92,26 @@ class Scheduler:
         self.kernels = None
 
     # -- called from the readers' threads --------------------------------------------------------
-    def submit(self, target: Target, request: GenerationRequest, stream: bool = True) -> Handle:
+    def submit(self, target: Target, request: GenerationRequest, stream: bool = True,
+               name: str | None = None) -> Handle:
         """Prepare a request on the preparing thread and queue its choices together, or none
         (InvalidInput if it cannot run there, n over max_batch included; BudgetExceeded; Busy
         when full; ShuttingDown once draining). stream: text events as it decodes; else each
-        choice's text comes whole with its DoneEvent."""
+        choice's text comes whole with its DoneEvent. name: what the request called its
+        composition (status() counts rows by it; default: the composition id)."""
         self._check_submission(target, request)
         rendered = render(target, request)  # (a chat's template: on this thread, not the preparing one)
-        return self._preparing.submit(self._submit, target, request, stream, rendered).result()
+        return self._preparing.submit(self._submit, target, request, stream, rendered, name).result()
 
-    async def submit_async(self, target: Target, request: GenerationRequest, stream: bool = True) -> Handle:
+    async def submit_async(self, target: Target, request: GenerationRequest, stream: bool = True,
+                           name: str | None = None) -> Handle:
         """submit, awaited on an event loop that keeps serving meanwhile (a chat's template
         rendered on a pool thread of the loop's, each request on its own)."""
         self._check_submission(target, request)
         rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
             if request.chat else None
-        return await asyncio.wrap_future(self._preparing.submit(self._submit, target, request, stream, rendered))
+        return await asyncio.wrap_future(self._preparing.submit(self._submit, target, request, stream, rendered,
+                                                                name))
 
     def _check_submission(self, target: Target, request: GenerationRequest) -> None:
         """What submit takes, checked before any thread is asked: a GenerationRequest on a Target
@@ -134,13 +139,13 @@ class Scheduler:
         return await asyncio.wrap_future(self._preparing.submit(work, *args))
 
     def _submit(self, target: Target, request: GenerationRequest, stream: bool,
-                 rendered: ChatPrompt | None) -> Handle:
+                 rendered: ChatPrompt | None, name: str | None) -> Handle:
         prepared = prepare(target, request, mode=modes.of_activations(self.activations), memory_budget=self.budget,
                            max_n=self.max_batch, rendered=rendered)
         jobs: list[Job] = []
         handle = Handle(f"{'chatcmpl' if request.chat else 'cmpl'}-{next(self._ids)}", target.id,
                         len(prepared.prompt_ids), tuple(c.seed for c in prepared.choices),
-                        cancel=lambda: [job.cancel() for job in jobs])
+                        cancel=lambda: [job.cancel() for job in jobs], name=name)
         jobs += [Job(handle, prepared, choice, stream, self.view) for choice in prepared.choices]
         for job in jobs[1:]:
             job.twin = jobs[0]
@@ -155,15 +160,30 @@ class Scheduler:
                 raise Busy(f"the server is full ({self.max_batch} running, {self.max_queue} waiting); "
                            "retry shortly")
             self.inflight += len(jobs)  # each until its _close
-        for job in jobs:
-            self.pending.put(job)
+            self._inflight_names[jobs[0].handle.name] += len(jobs)
+            for job in jobs:  # (under the lock: status() sees them counted and queued, or neither)
+                self.pending.put(job)
         self._gauge()
         self._wake.set()
 
     def status(self) -> SchedulerStatus:
-        return SchedulerStatus(queued=self.pending.qsize(), running=len(self.running),
-                               prefilling=len(self.prefilling) + len(self.awaiting),  # (choices awaiting a copy)
-                               max_batch=self.max_batch, draining=self.draining)
+        """Read from any thread while the engine thread runs. The rows by name are one snapshot
+        (queued ones, and those in flight, under the locks that change them: a row moving from
+        the queue to the batch is counted once); running, prefilling and the KV positions are
+        read from the engine's lists as they are (each copied in one step: a list or deque
+        copied from C holds the GIL throughout), so a row may be counted in the state it just left."""
+        with self._count_lock, self.pending.mutex:
+            waiting = collections.Counter(job.handle.name for job in self.pending.queue)
+            admitted = self._inflight_names - waiting
+        running, prefilling, awaiting = list(self.running), list(self.prefilling), list(self.awaiting)
+        rows = [*running, *prefilling, *awaiting]
+        return SchedulerStatus(queued=sum(waiting.values()), running=len(running),
+                               prefilling=len(prefilling) + len(awaiting),  # (choices awaiting a copy)
+                               max_batch=self.max_batch, draining=self.draining,
+                               admitted_by_name=dict(admitted), waiting_by_name=dict(waiting),
+                               kv_positions=sum(job.seq.cache.length for job in rows if job.seq is not None),
+                               kv_capacity=self.max_batch * max((job.target.model.cfg.context_length
+                                                                 for job in rows), default=0))
 
     def start(self) -> None:
         self._thread.start()
@@ -355,6 +375,9 @@ class Scheduler:
         job.finished = True
         with self._count_lock:
             self.inflight -= 1
+            self._inflight_names[job.handle.name] -= 1
+            if not self._inflight_names[job.handle.name]:
+                del self._inflight_names[job.handle.name]
         return True
 
     def _finish(self, job: Job) -> None:

@@ -247,6 +247,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         active = catalog.active
         return None if active is None else active.id
 
+    metrics.follow(scheduler.status, catalog.runtime.max_staged)
+
     async def read_body(request: Request) -> bytes:
         chunks, size = [], 0
         async for chunk in request.stream():
@@ -268,7 +270,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                 target = await run_in_threadpool(catalog.resolve, req.model)
                 # prepared on the scheduler's preparing thread (a prompt too long for the context
                 # by its bytes alone is not tokenized)
-                handle = await scheduler.submit_async(target, req.generation, stream=req.stream)
+                handle = await scheduler.submit_async(target, req.generation, stream=req.stream, name=req.model)
             except SlmError as err:
                 raise protocol.http_error(err) from err
         except BadRequest as err:

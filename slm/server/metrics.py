@@ -1,9 +1,18 @@
-"""The server's Prometheus metrics (GET /metrics), in a registry of its own."""
+"""The server's Prometheus metrics (GET /metrics), in a registry of its own: slm's own, and the
+Kubernetes Gateway API Inference Extension's model-server protocol (its endpoint picker routes
+by load and adapter affinity from vLLM's gauges), read from the scheduler's status at each scrape."""
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING, Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (the /metrics content type)
+from prometheus_client.core import GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from slm.api import SchedulerStatus
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -39,9 +48,47 @@ class Metrics:
         self.switch_notice = Histogram("slm_switch_notice_seconds", "refs/active changed -> the server saw it",
                                        buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1), registry=r)
 
+        self.protocol = ModelServerGauges()
+        r.register(self.protocol)
+
+    def follow(self, status: Callable[[], SchedulerStatus], max_lora: int) -> None:
+        """Read the model-server protocol's gauges from `status` (a Scheduler's) at each scrape;
+        max_lora: how many compositions the server keeps staged."""
+        self.protocol.status, self.protocol.max_lora = status, max_lora
+
     def record_switch(self, sw) -> None:
         self.switches.labels("ok" if sw.ok else "refused").inc()
         self.switch_notice.observe(sw.noticed_ms / 1e3)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ModelServerGauges:
+    """vLLM's gauges that the model-server protocol reads (docs/serve.md, "Metrics"), counted
+    in rows (a request's choices are a row each). A composition, as requests name it, plays
+    the LoRA adapter: vllm:lora_requests_info is one series whose labels list the names with
+    admitted rows and those with waiting rows, comma-separated without spaces (the endpoint
+    picker splits on the comma), and whose value is the unix time they were read: the picker
+    takes the newest series."""
+
+    def __init__(self):
+        self.status: Callable[[], SchedulerStatus] | None = None
+        self.max_lora = 0
+
+    def collect(self):
+        if self.status is None:
+            return
+        s = self.status()
+        yield GaugeMetricFamily("vllm:num_requests_waiting", "Rows queued: submitted, not admitted yet",
+                                sum(s.waiting_by_name.values()))
+        yield GaugeMetricFamily("vllm:num_requests_running", "Rows admitted: decoding or prefilling",
+                                sum(s.admitted_by_name.values()))
+        yield GaugeMetricFamily("vllm:kv_cache_usage_perc", "Positions the admitted rows' KV caches hold over what "
+                                "max_batch rows of their longest context hold (0..1)", s.kv_usage)
+        info = GaugeMetricFamily("vllm:lora_requests_info", "Compositions (as requests name them) with admitted "
+                                 "and with waiting rows; the value: when this was read (unix seconds)",
+                                 labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+        info.add_metric([str(self.max_lora), ",".join(sorted(s.admitted_by_name)), ",".join(sorted(s.waiting_by_name))],
+                        time.time())
+        yield info

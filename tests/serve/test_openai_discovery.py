@@ -17,9 +17,11 @@ pytest.importorskip("uvicorn")
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, tiny_model):
-    """tq with a1 and a2; tq+a1@0.5 stored (activated once), then tq+a2@0.8 active."""
+    """tq with a1 and a2; tq+a1@0.5 stored (activated once), then tq+a2@0.8 active; the
+    tag prod names tq+a1@0.5, the tag plain the base alone."""
     return tiny_store(tmp_path_factory.mktemp("disc"), tiny_model, adapters=2,
-                      steps=(("activate", "tq", "a1@0.5"), ("activate", "tq", "a2@0.8")))
+                      steps=(("activate", "tq", "a1@0.5"), ("activate", "tq", "a2@0.8"),
+                             ("tag", "prod", "tq+a1@0.5"), ("tag", "plain", "tq")))
 
 
 @pytest.fixture
@@ -45,6 +47,36 @@ def test_models_lists_every_base_and_composition_with_created(server):
     assert comp["active"] and not by_id["tq+a1@0.5"]["slm"]["active"]
     assert by_id["active"]["slm"]["composition"] == comp["composition"]
     assert by_id["active"]["created"] == by_id["tq+a2@0.8"]["created"]
+
+
+def test_models_lists_every_name_a_request_accepts_once_with_its_lineage(server):
+    """Tags are listed (a request's `model` takes them), each id once, vLLM's root and parent
+    (the base), and a composition a request staged by its spec is listed by that spec, created
+    when the last of its names was committed."""
+    code, out = server.json("POST", "/v1/completions", {"model": "tq+a1@0.25", "prompt": "hi", "max_tokens": 1})
+    assert code == 200
+    data = server.json("GET", "/v1/models")[1]["data"]
+    ids = [m["id"] for m in data]
+    assert len(ids) == len(set(ids)), ids
+    assert set(ids) == {"active", "prod", "plain", "tq", "tq+a1@0.5", "tq+a2@0.8", "tq+a1@0.25"}
+    by_id = {m["id"]: m for m in data}
+    assert (by_id["tq"]["root"], by_id["tq"]["parent"]) == ("tq", None)
+    for model_id in ("active", "prod", "tq+a1@0.5", "tq+a2@0.8", "tq+a1@0.25"):
+        assert (by_id[model_id]["root"], by_id[model_id]["parent"]) == ("tq", "tq"), model_id
+    assert (by_id["plain"]["root"], by_id["plain"]["parent"]) == ("tq", None)  # the base alone
+    assert by_id["prod"]["slm"]["kind"] == "tag"
+    assert by_id["prod"]["slm"]["composition"] == by_id["tq+a1@0.5"]["slm"]["composition"]
+    assert by_id["plain"]["slm"]["composition"] == by_id["tq"]["slm"]["composition"] is not None
+    assert by_id["tq+a1@0.25"]["slm"]["composition"] == out["system_fingerprint"]
+    assert 0 < by_id["tq"]["created"] <= by_id["tq+a1@0.25"]["created"] <= by_id["prod"]["created"]
+    for model_id in ids:  # every listed id runs, on the composition listed for it
+        code, hdrs, _ = server.http("POST", "/v1/completions", {"model": model_id, "prompt": "hi", "max_tokens": 1})
+        assert code == 200 and hdrs["slm-composition"] == by_id[model_id]["slm"]["composition"], model_id
+    # one a request could name, not listed: its composition's entry, or one under that spec
+    comp = by_id["tq+a1@0.5"]["slm"]["composition"]
+    assert server.json("GET", f"/v1/models/{comp[:19]}")[1]["slm"]["composition"] == comp
+    code, m = server.json("GET", "/v1/models/tq+a2@0.125")
+    assert code == 200 and (m["id"], m["parent"], m["slm"]["composition"] is not None) == ("tq+a2@0.125", "tq", True)
 
 
 def test_listed_ids_are_what_requests_name(server):

@@ -94,7 +94,8 @@ def test_a_full_scheduler_refuses_with_busy_and_a_draining_one_with_shutting_dow
         with pytest.raises(slm.ShuttingDown, match="shutting down"):
             scheduler.submit(loaded, _request())
         assert scheduler.busy() == 1 and not handle.finished
-        assert scheduler.status() == slm.api.SchedulerStatus(queued=1, running=0, prefilling=0, max_batch=1, draining=True)
+        assert scheduler.status() == slm.api.SchedulerStatus(queued=1, running=0, prefilling=0, max_batch=1, draining=True,
+                                                             waiting_by_name={loaded.id: 1})
     finally:
         scheduler.stop()
 
