@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 _RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "BaseExportResult", "Certified", "CompositionInfo",
             "ExportResult", "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "NameMove", "OmsSignResult",
-            "PushResult", "ReceiveResult",
+            "Provisioned", "PushResult", "ReceiveResult",
             "Result", "SignResult", "SignatureCheck", "SignatureReport", "Status", "Timings", "TokenLogprobs",
             "Transition", "VerifyReport")
 _EXPORTS = {

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from slm.engine.handle import DoneEvent, Event, FailedEvent, Handle, SchedulerStatus, TextEvent  # noqa: F401
     from slm.engine.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
-                                 Generation, ImportResult, LogEntry, PushResult, ReceiveResult, SignatureReport,
+                                 Generation, ImportResult, LogEntry, Provisioned, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, Status, Transition, VerifyReport)
     from slm.ops.infer.run import RunOptions
     from slm.engine.scheduler import Scheduler
@@ -252,6 +252,15 @@ class Store(StoreNames):
         from slm.ops.ship import registry_ops
 
         return registry_ops.pull(self._s, reference, insecure, progress)
+
+    def provision(self, reference: str, insecure: bool = False, memory_budget: str | None = None,
+                  progress: Progress | None = None) -> Provisioned:
+        """Pull a registry reference and activate it, as `slm pull` then `slm activate` (`slm serve
+        --model`): a digest the store already received under that reference is not asked of the
+        registry again; a tag is resolved again each time."""
+        from slm.ops.ship import provision
+
+        return provision.provision(self._s, reference, insecure, memory_budget, progress)
 
     def sign(self, comp: Composition | str | None, key: str | os.PathLike | None = None, format: str = "slm",
              out: str | os.PathLike | None = None, signature: str | os.PathLike | None = None,

@@ -75,3 +75,13 @@ def verify_result(result) -> None:
     render.verify_report(r)
     if "certificate" in r:
         print(f"certificate written to {render.printable(r['certificate'])}")
+
+
+def provisioned(r) -> str:
+    """`slm serve --model`: one log line (the server's log writes it, on stderr or as JSON)."""
+    got = r.received
+    how = ("pulled before under this digest: the registry was not asked" if got is None else
+           f"{got.blobs_downloaded} blobs downloaded ({human_bytes(got.bytes_downloaded)}), "
+           f"{got.blobs_reused} already stored")
+    state = "activated" if r.transition.changed else "already active"
+    return f"model {r.reference}: composition {r.composition_id} {state}; {how}"

@@ -10,7 +10,7 @@ import typer
 
 from slm import render
 from slm.cli.common import (
-    ExactOpt, JsonOpt, MemoryBudgetOpt, app, decimal, integer, open_store, show_result,
+    ExactOpt, InsecureOpt, JsonOpt, MemoryBudgetOpt, app, decimal, integer, open_store, progress_bar, show_result,
 )
 
 
@@ -129,15 +129,22 @@ def serve(
     prefill_chunk: int = typer.Option(
         512, "--prefill-chunk", metavar="TOKENS", parser=integer,  # slm.engine.generate.PREFILL_CHUNK (not imported: start-up)
         help="Prompt tokens prefilled between two decode steps of the running requests."),
+    model: Optional[str] = typer.Option(
+        None, "--model", metavar="HOST[:PORT]/REPO[:TAG|@sha256:..]",
+        help="Before serving, pull this registry reference and activate it (`slm pull` + `slm activate`): "
+             "a digest already pulled is not downloaded again; a tag is resolved again at each start."),
+    insecure: bool = InsecureOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Serve the store's compositions over an OpenAI-compatible HTTP API (docs/serve.md).
 
-    Follows `slm activate` from other processes (hot swap); never writes to the store.
+    Follows `slm activate` from other processes (hot swap); never writes to the store, but for
+    --model, which pulls and activates before the server starts.
     Logs one line per request on stderr; with --json, one JSON object per line on stdout."""
     import slm
+    from slm import render_dist
     from slm.server.app import json_log, stderr_log
-    from slm.server.serve import ServeOptions
+    from slm.server.serve import ServeOptions, check
     from slm.server.serve import serve as run_server
 
     slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
@@ -145,7 +152,13 @@ def serve(
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                            memory_budget=memory_budget, threads=threads, exact=exact,
                            body_limit=body_limit, grace=grace, prefill_chunk=prefill_chunk)
-    run_server(open_store(ctx), options, log=json_log if json_out else stderr_log)
+    log = json_log if json_out else stderr_log
+    store = open_store(ctx)
+    if model is not None:
+        check(options)  # a bad option fails before anything is downloaded
+        ready = store.provision(model, insecure, memory_budget, progress_bar(json_out))
+        log(render_dist.provisioned(ready))
+    run_server(store, options, log=log)
 
 
 @app.command("chat")

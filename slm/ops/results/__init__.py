@@ -31,7 +31,7 @@ _FAMILIES = {
     "generation": ("Timings", "Alternative", "TokenLogprobs", "Generation"),
     "integrity": ("Finding", "FsckReport", "GcPlan", "VerifyReport"),
     "transfer": ("ImportResult", "ExportResult", "AdapterExportResult", "BaseExportResult", "ReceiveResult",
-                 "PushResult"),
+                 "PushResult", "Provisioned"),
     "signatures": ("SignatureCheck", "SignResult", "OmsSignResult", "SignatureReport", "Certified"),
 }
 _MODULE_OF = {name: family for family, names in _FAMILIES.items() for name in names}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slm.ops.results import Result
+from slm.ops.results.switches import Transition  # inside Provisioned
 
 
 @dataclass(frozen=True)
@@ -98,3 +99,13 @@ class PushResult(Result):
     blobs_present: int
     referrers: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class Provisioned(Result):
+    """`slm serve --model REF`: the reference pulled (or found pulled) and made active."""
+
+    reference: str
+    composition_id: str
+    received: ReceiveResult | None  # None: pinned by a digest the store had already received
+    transition: Transition  # the activation (changed False when REF was active already)
