@@ -1,8 +1,10 @@
 """The fleet the router tests run against (tests/fleet/): a local docker-registry holding three
 compositions of the real SmolLM2 (the base alone, + pirate@0.8, + french@0.6: the demo
 adapters), each signed by one Ed25519 key; three `slm serve` replicas, each with a store of
-its own that trusts only that key, requires signatures, and pulled the three; vLLM's router
-in front (scripts/vllm_router.py). Real processes on loopback, free ports, bounded waits."""
+its own that trusts only that key and requires signatures, started as a fleet starts them:
+`slm serve --model REF` with REF pinned by digest (pulled and activated before it listens),
+the two other compositions pulled beforehand for requests that name them; vLLM's router in
+front (scripts/vllm_router.py). Real processes on loopback, free ports, bounded waits."""
 
 from __future__ import annotations
 
@@ -26,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO_ADAPTERS = ROOT / "fixtures" / "demo_adapters"
 # tag in the registry -> the adapters of that composition on SmolLM2
 TAGS = {"pirate": ["pirate@0.8"], "french": ["french@0.6"], "base": []}
-ACTIVE = "pirate"  # what every replica activates
+ACTIVE = "pirate"  # what every replica serves as `active` (its --model)
 REPLICAS = 3
 REQUEST_S = 120  # one request's deadline through the router or direct
-GENERATION_SERIES = ('slm_requests_total{endpoint="/v1/completions"', 'slm_requests_total{endpoint="/v1/chat/completions"')
+GENERATION_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
 
 def signing_key(path: Path) -> str:
@@ -54,6 +56,7 @@ def _slm(*args) -> None:
 @dataclass
 class Published:
     refs: dict[str, str]  # tag -> HOST/fleet/smol:TAG
+    pinned: dict[str, str]  # tag -> HOST/fleet/smol@sha256:... (its manifest's digest)
     ids: dict[str, str]  # tag -> composition id
     public_key: str
 
@@ -67,41 +70,43 @@ def publish(root: Path, registry_host: str, smollm2_gguf: Path) -> Published:
     _slm("--store", store, "import", "base", smollm2_gguf, "--name", "smollm2")
     for name in ("pirate", "french"):
         _slm("--store", store, "import", "adapter", DEMO_ADAPTERS / name, "--name", name)
-    refs, ids = {}, {}
+    refs, pinned, ids = {}, {}, {}
     for tag, adapters in TAGS.items():
         _slm("--store", store, "activate", "smollm2", *adapters)
         _slm("--store", store, "sign", "--key", root / "key.pem")
         refs[tag] = f"{registry_host}/fleet/smol:{tag}"
-        _slm("--store", store, "push", refs[tag])
-        ids[tag] = Store.open(store).active().id
-    return Published(refs, ids, public)
+        pushed = Store.open(store).push(refs[tag])
+        pinned[tag] = f"{registry_host}/fleet/smol@{pushed.manifest_digest}"
+        ids[tag] = pushed.composition_id
+    return Published(refs, pinned, ids, public)
 
 
 def replica_store(path: Path, published: Published) -> Path:
-    """A replica's store: require_signed with the publisher's key alone, the three tags pulled,
-    ACTIVE activated (a signature check that refuses an unsigned composition)."""
+    """A replica's store: require_signed with the publisher's key alone (every activation, and
+    every composition a request stages, is checked against it), the tags but ACTIVE pulled."""
     _slm("--store", path, "init")
     config = path / "config.toml"
     doc = tomlkit.parse(config.read_text())
     doc["require_signed"] = True
     doc["trusted_keys"] = [published.public_key]
     config.write_text(tomlkit.dumps(doc))
-    for ref in published.refs.values():
-        _slm("--store", path, "pull", ref)
-    _slm("--store", path, "activate", published.refs[ACTIVE])
+    for tag, ref in published.refs.items():
+        if tag != ACTIVE:
+            _slm("--store", path, "pull", ref)
     return path
 
 
 class Replica:
-    """One `slm serve` on a port of its own, kept across a restart (the router knows it by URL)."""
+    """One `slm serve --model REF` on a port of its own, kept across a restart (the router knows
+    it by URL; a restart finds REF's digest received and asks no registry)."""
 
-    def __init__(self, store: Path, port: int):
-        self.store, self.port = store, port
+    def __init__(self, store: Path, port: int, model: str):
+        self.store, self.port, self.model = store, port, model
         self.url = f"http://127.0.0.1:{port}"
         self.start()
 
     def start(self) -> None:
-        self.server = Server(self.store, "--threads", "1", port=self.port)
+        self.server = Server(self.store, "--threads", "1", "--model", self.model, port=self.port)
 
     def kill(self) -> None:
         """kill -9: no draining, no goodbye; the open connections are cut."""
@@ -112,12 +117,19 @@ class Replica:
         if self.server.proc.poll() is None:
             self.server.stop()
 
-    def requests_served(self) -> float:
-        """Generation requests this process answered since it started (slm_requests_total of
-        the two generation endpoints, every status)."""
+    def requests(self) -> dict[tuple[str, str], float]:
+        """(endpoint, status) -> requests this process answered since it started
+        (slm_requests_total)."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
-            return sum(float(line.split()[-1]) for line in r.read().decode().splitlines()
-                       if line.startswith(GENERATION_SERIES))
+            text = r.read().decode()
+        from prometheus_client.parser import text_string_to_metric_families
+
+        return {(s.labels["endpoint"], s.labels["status"]): s.value for family in text_string_to_metric_families(text)
+                if family.name == "slm_requests" for s in family.samples if s.name == "slm_requests_total"}
+
+    def requests_served(self) -> float:
+        """Generation requests this process answered since it started, every status."""
+        return sum(n for (endpoint, _), n in self.requests().items() if endpoint in GENERATION_ENDPOINTS)
 
     def status(self) -> dict:
         return self.server.status()
@@ -155,7 +167,7 @@ def fleet(tmp_path_factory, smollm2_gguf):
         replicas: list[Replica] = []
         try:
             for store in stores:
-                replicas.append(Replica(store, free_port()))
+                replicas.append(Replica(store, free_port(), published.pinned[ACTIVE]))
             yield Fleet(root, published, replicas)
         finally:
             for replica in replicas:

@@ -24,13 +24,16 @@ PROMPT = "The capital of France is"
 MAX_TOKENS = 12
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
           "required": ["city"], "additionalProperties": False}
+# what vllm-router's cache_aware policy asks a replica before it routes a request
+TOKEN_ENDPOINTS = ("/v1/chat/completions/render", "/v1/completions/render", "/tokenize")
 FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
 
 
 def _models(fleet) -> dict[str, str]:  # noqa: F811
     """What a request may name in `model` -> the composition that must run it (its tag)."""
     pub = fleet.published
-    return {"active": "pirate", pub.ids["french"]: "french", pub.refs["base"]: "base",
+    return {"active": "pirate", pub.pinned["pirate"]: "pirate", pub.ids["french"]: "french",
+            pub.refs["base"]: "base",
             "smollm2+french@0.6": "french"}  # a spec of the signed composition is that composition
 
 
@@ -88,7 +91,7 @@ def router(request, fleet):  # noqa: F811
 
 
 def test_chat_and_completions_through_the_router_equal_a_direct_request(fleet, direct, router):  # noqa: F811
-    """Greedy, on four names of compositions, streamed and not: the text a replica gives when
+    """Greedy, on five names of compositions, streamed and not: the text a replica gives when
     asked directly, and the composition the name stands for (system_fingerprint)."""
     client = openai_client(router.url)
     ids = fleet.published.ids
@@ -104,6 +107,10 @@ def test_chat_and_completions_through_the_router_equal_a_direct_request(fleet, d
     assert sum(spread) == 2 * len(direct)  # each through the router reached one replica, once
     if router.policy == "round_robin":
         assert all(spread), spread  # the whole fleet answered
+    if router.policy == "cache_aware":  # it routes on the token ids a replica renders for it
+        asked = {k: n for r in fleet.replicas for k, n in r.requests().items() if k[0] in TOKEN_ENDPOINTS}
+        print(f"cache_aware: token endpoints asked {asked}")
+        assert asked and all(status == "200" for _, status in asked), asked
 
 
 def test_n2_and_a_seed_through_the_router_equal_a_direct_request(fleet, router):  # noqa: F811
@@ -126,6 +133,18 @@ def test_json_schema_through_the_router(fleet, router):  # noqa: F811
             for text in texts:
                 jsonschema.validate(json.loads(text), SCHEMA)
             assert texts == ask(straight, fleet.published.refs["base"], stream, max_tokens=40, **extra)[0]
+
+
+def test_models_and_an_unknown_model_through_the_router(fleet, router):  # noqa: F811
+    """The router passes /v1/models on from a replica: every name the tests send is listed; an
+    unknown model is the replica's 404."""
+    import openai
+
+    client = openai_client(router.url)
+    listed = {m.id for m in client.models.list()}
+    assert set(_models(fleet)) - {fleet.published.ids["french"]} <= listed, listed  # an id is listed by its spec
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
 
 
 def test_an_unsigned_composition_is_refused_through_the_router(fleet, router):  # noqa: F811
