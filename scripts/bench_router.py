@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import PROMPT, cpu_kind, cpu_model, slm_cli  # noqa: E402
+from bench_common import PROMPT, cpu_kind, cpu_model, med, slm_cli  # noqa: E402
 from bench_http import concurrent_completions, slm_serve  # noqa: E402
 from bench_inprocess import interleaved_medians  # noqa: E402
 from vllm_router import vllm_router  # noqa: E402
@@ -34,7 +34,8 @@ ROUTER_FLAGS = ("--worker-startup-check-interval", "1")
 
 
 def bench_router(store_root: Path, base: str, runs: int, steps: int, log: Path) -> dict:
-    """{"direct", "router": median tok/s, "ratio": router / direct, "samples": each sample}
+    """{"direct", "router": median tok/s, "ratio": router / direct, "pair_ratio_median": the
+    median of each round's router / direct, "samples": each sample}
     on `base` (activated), `runs` interleaved samples of CONCURRENT requests of `steps` tokens."""
     slm_cli(store_root, "activate", base)
     samples: dict = {"direct": [], "router": []}
@@ -58,7 +59,11 @@ def bench_router(store_root: Path, base: str, runs: int, steps: int, log: Path) 
         figures = interleaved_medians(sample, runs, {"direct": "direct", "router": "router"})
     figures = {k: round(v, 1) for k, v in figures.items()}
     figures["ratio"] = round(figures["router"] / figures["direct"], 3)
-    figures.update(samples=samples, concurrent=CONCURRENT, tokens_per_request=steps, policy="round_robin")
+    # each round's router sample over the direct one just before it: on a host whose speed
+    # drifts from one minute to the next, the pairs compare like with like
+    pairs = [r / d for d, r in zip(samples["direct"], samples["router"])]
+    figures["pair_ratio_median"] = round(med(pairs), 3)
+    figures.update(samples=samples, runs=runs, concurrent=CONCURRENT, tokens_per_request=steps, policy="round_robin")
     print(f"{base}: 8 concurrent through vllm-router vs direct {figures}", file=sys.stderr, flush=True)
     return figures
 
@@ -91,7 +96,7 @@ def main() -> int:
     results.setdefault("bases", {}).setdefault("smollm2", {})["router_http"] = figures
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"| SmolLM2, 8 concurrent requests of {a.steps} tokens | {figures['direct']} | {figures['router']} "
-          f"| {figures['ratio']:.3f}x |")
+          f"| {figures['ratio']:.3f}x | {figures['pair_ratio_median']:.3f}x |")
     return 0
 
 
