@@ -8,6 +8,7 @@ front (scripts/vllm_router.py). Real processes on loopback, free ports, bounded 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import urllib.request
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import tomlkit
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench_http import free_port
 from dist_fixtures import local_registry
@@ -122,8 +124,6 @@ class Replica:
         (slm_requests_total)."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
             text = r.read().decode()
-        from prometheus_client.parser import text_string_to_metric_families
-
         return {(s.labels["endpoint"], s.labels["status"]): s.value for family in text_string_to_metric_families(text)
                 if family.name == "slm_requests" for s in family.samples if s.name == "slm_requests_total"}
 
@@ -131,8 +131,10 @@ class Replica:
         """Generation requests this process answered since it started, every status."""
         return sum(n for (endpoint, _), n in self.requests().items() if endpoint in GENERATION_ENDPOINTS)
 
-    def status(self) -> dict:
-        return self.server.status()
+    def load(self) -> int:
+        """GET /get_load, what vllm-router's power_of_two policy polls."""
+        with urllib.request.urlopen(self.url + "/get_load", timeout=30) as r:
+            return json.loads(r.read())["load"]
 
 
 @dataclass

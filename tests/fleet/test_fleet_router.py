@@ -107,6 +107,9 @@ def test_chat_and_completions_through_the_router_equal_a_direct_request(fleet, d
     assert sum(spread) == 2 * len(direct)  # each through the router reached one replica, once
     if router.policy == "round_robin":
         assert all(spread), spread  # the whole fleet answered
+    if router.policy == "power_of_two":  # it weighs replicas by the load each reports
+        polls = [r.requests().get(("/get_load", "200"), 0) for r in fleet.replicas]
+        assert all(polls), polls
     if router.policy == "cache_aware":  # it routes on the token ids a replica renders for it
         asked = {k: n for r in fleet.replicas for k, n in r.requests().items() if k[0] in TOKEN_ENDPOINTS}
         print(f"cache_aware: token endpoints asked {asked}")
