@@ -45,11 +45,12 @@ class Session:
                  repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
                  response_format: dict | ResponseFormat | None = None, system: str | None = None,
-                 stop: str | Sequence[str] | None = ()) -> Generation:
+                 stop: str | Sequence[str] | None = (), **vllm_options: object) -> Generation:
         """max_tokens None: 128, or what the context leaves (more than it leaves: InvalidInput); seed None:
         a fresh random seed (Generation.seed); chat: the prompt in the base's chat template, after `system`
         if given (implies chat); stop: a stop sequence or up to 4 of them; logprobs k: each token's logprob and its k
-        likeliest alternatives (docs/api.md); response_format: OpenAI's object or a ResponseFormat."""
+        likeliest alternatives (docs/api.md); response_format: OpenAI's object or a ResponseFormat;
+        vllm_options: GenerationRequest's options of vLLM's (min_tokens, ignore_eos, ...)."""
         from slm.ops.infer import run
 
         options = self._options(response_format=response_format, prompt=prompt, max_tokens=max_tokens,
@@ -57,7 +58,7 @@ class Session:
                                 top_p=top_p, seed=seed, chat=chat, top_k=top_k, min_p=min_p,
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, logit_bias=logit_bias, logprobs=logprobs,
-                                system=system, stop=stop)
+                                system=system, stop=stop, **vllm_options)
         return run.generate_on(self._store, self._loaded, options)[0]
 
     def chat(self, messages: Sequence[ChatMessage | dict], max_tokens: int | None = None, *,

@@ -48,6 +48,22 @@ def run_cmd(
     repeat_penalty: float = typer.Option(
         1.0, "--repeat-penalty", parser=decimal,
         help="llama.cpp's: divide positive, multiply negative logits of tokens already generated (1: off)."),
+    repetition_penalty: float = typer.Option(
+        1.0, "--repetition-penalty", parser=decimal,
+        help="vLLM's: --repeat-penalty's rule over the prompt's tokens too (1: off; not with --repeat-penalty)."),
+    min_tokens: int = typer.Option(
+        0, "--min-tokens", parser=integer,
+        help="vLLM's: no stop (end of generation, --stop, --stop-token-id) before this many tokens."),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", help="vLLM's: an end-of-generation token does not end the answer (until --max-tokens)."),
+    stop_token_id: Optional[List[int]] = typer.Option(
+        None, "--stop-token-id", metavar="ID", parser=integer,
+        help="vLLM's stop_token_ids: generating this token ends the answer (repeatable)."),
+    include_stop: bool = typer.Option(
+        False, "--include-stop",
+        help="vLLM's include_stop_str_in_output: the stop sequence or token stays in the text."),
+    special_tokens: bool = typer.Option(
+        False, "--special-tokens", help="vLLM's skip_special_tokens false: special tokens' texts are in the answer."),
     frequency_penalty: float = typer.Option(
         0.0, "--frequency-penalty", parser=decimal, help="OpenAI's, -2..2: minus this times a token's count so far."),
     presence_penalty: float = typer.Option(
@@ -99,7 +115,10 @@ def run_cmd(
     request = GenerationRequest(prompt=prompt, chat=chat, system=system, stop=tuple(stop or ()), max_tokens=max_tokens,
                                 temperature=temperature, top_p=top_p, seed=seed, top_k=top_k, min_p=min_p,
                                 repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, logprobs=logprobs)
+                                presence_penalty=presence_penalty, logprobs=logprobs,
+                                repetition_penalty=repetition_penalty, min_tokens=min_tokens, ignore_eos=ignore_eos,
+                                stop_token_ids=tuple(stop_token_id or ()), include_stop_str_in_output=include_stop,
+                                skip_special_tokens=not special_tokens)
     options = RunOptions(request, base=base, model=model, logits_out=logits_out, memory_budget=memory_budget,
                          on_switch=on_switch, threads=threads, exact=exact, json_schema=json_schema, tools=tools,
                          tool_choice=tool_choice)

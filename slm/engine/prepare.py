@@ -4,7 +4,7 @@ chunk, written once for `slm run`, the Python API and the server's scheduler.
 prepare(target, request) renders the prompt (the chat template, with the request's tools;
 render() alone, for a caller that renders on a thread of its own),
 refuses an empty one or one past the context, settles max_tokens (a request that gives none
-gets DEFAULT_MAX_TOKENS or what the context leaves; one that gives more than the context leaves
+gets DEFAULT_MAX_TOKENS, or min_tokens if more, or what the context leaves; one that gives more than the context leaves
 is refused, wherever it comes from), checks the memory budget, compiles the grammar (a
 response_format, or forced tool calls) and gives each of the n choices its seed and logit
 processors. What it returns starts each choice's Sequence (slm.engine.generation), which the
@@ -18,7 +18,7 @@ from typing import Callable
 
 from slm.engine.budget import check_budget
 from slm.engine.generation import LogitProcessor, Sequence, new_sequence
-from slm.engine.processors import processors_for
+from slm.engine.processors import BAN, processors_for
 from slm.engine.request import DEFAULT_MAX_TOKENS, GenerationRequest
 from slm.engine.sampling import Sampler, check_processing, choice_seeds
 from slm.engine.stops import StopRules
@@ -96,7 +96,8 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
     seeds = choice_seeds(req.seed, req.n)
     ids = prompt_ids(target, req, rendered)
     context = cfg.context_length
-    max_tokens = min(DEFAULT_MAX_TOKENS, context - len(ids)) if req.max_tokens is None else req.max_tokens
+    max_tokens = req.max_tokens if req.max_tokens is not None else \
+        min(max(DEFAULT_MAX_TOKENS, req.min_tokens), context - len(ids))  # (at least min_tokens: a stop after them)
     if len(ids) + max_tokens > context:
         raise InvalidInput(f"max_tokens {max_tokens} is past the context: the prompt has {len(ids)} tokens "
                            f"and the context holds {context}")
@@ -107,6 +108,9 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
                                       mode=mode)
     check_budget(estimate, memory_budget, "this request" if req.n == 1 else f"this request ({req.n} choices)")
     ending = req.stop_token_ids + (() if req.ignore_eos else tuple(target.tokenizer.eos_ids))
+    if req.min_tokens and len({t for t, b in req.logit_bias if b <= BAN} | set(ending)) >= cfg.vocab_size:
+        raise InvalidInput("logit_bias bans every token that min_tokens does not (the end-of-generation and stop "
+                           "tokens): nothing is left to generate")
     penalties = processors_for(req.frequency_penalty, req.presence_penalty, req.repeat_penalty, req.logit_bias,
                                repetition_penalty=req.repetition_penalty, prompt_ids=ids,
                                min_tokens=req.min_tokens, ending=ending)
@@ -121,8 +125,8 @@ def prepare(target: Target, request: GenerationRequest, *, mode: str | None = No
 def render(target: Target, req: GenerationRequest) -> ChatPrompt | None:
     """A chat request's prompt text: its conversation through the base's chat template, with the
     request's tools in its tool format, opening the assistant's turn (add_generation_prompt) or
-    continuing the last message (continue_final_message) (None for a plain prompt). The template runs in its
-    bounded process (slm.model.chat), so a server calls this on a thread of its own, never on the
+    leaving the last message open (continue_final_message); None for a plain prompt. The
+    template runs in its bounded process (slm.model.chat), so a server calls this on a thread of its own, never on the
     one that prepares every request: a slow template holds up its own request alone. InvalidInput
     for a template that fails or exceeds a bound, or a conversation that cannot fit by its bytes."""
     if not req.chat:

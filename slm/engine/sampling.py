@@ -54,7 +54,8 @@ def check_processing(top_k=0, min_p=0.0, frequency_penalty=0.0, presence_penalty
                      repetition_penalty=1.0) -> None:
     """Raise InvalidInput (one line naming the option) unless top_k is an integer >= 0 (0: off),
     min_p in [0, 1], frequency_penalty and presence_penalty in [-2, 2], repeat_penalty a finite
-    number > 0 (1: off; so is repetition_penalty, and at most one of them is on), logit_bias a mapping of token ids to numbers in [-100, 100] (ids below
+    number > 0 (1: off; so is repetition_penalty, and at most one of them is on), logit_bias a
+    mapping of token ids to numbers in [-100, 100] (ids below
     vocab_size when it is known), logprobs None or an integer in [0, 20] (how many
     alternatives per token; logprobs_name: the request's name for it, chat's top_logprobs),
     n an integer in [1, max_n] and stop one stop sequence or at most 4 (stop_sequences), each of

@@ -82,8 +82,8 @@ class StopRules:
 
     @property
     def text(self) -> str:
-        """The answer's text so far: the generated tokens but end-of-generation ones, up to a
-        stop sequence that ended it."""
+        """The answer's text so far: the generated tokens but hidden ones (an end-of-generation
+        or stop token), up to a stop sequence that ended it."""
         full = self.stream.text if self.stream is not None else ""
         return full if self.cut is None else full[:self.cut]
 
@@ -130,7 +130,8 @@ class StopRules:
         checked, self.checked = self.checked, len(text)
         if not self.stops_apply:
             return False
-        found = [(p, p + len(s)) for s in self.stop_sequences if (p := text.find(s, max(0, checked - len(s) + 1))) >= 0]
+        found = [(p, p + len(s)) for s in self.stop_sequences
+                 if (p := text.find(s, max(0, checked - len(s) + 1))) >= 0]
         if found:
             start, end = min(found)
             self.cut = end if self.include_stop else start

@@ -11,8 +11,8 @@ naming the field, as for `slm run` and the API); the others shape the answer on 
 
 from __future__ import annotations
 
-from slm.api import GenerationRequest
 from slm import InvalidInput
+from slm.api import GenerationRequest
 
 # GenerationRequest's options of the same name (slm.engine.request)
 GENERATION = frozenset({"min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output",
@@ -32,6 +32,12 @@ FIELDS = {
 # - separate_reasoning, stream_reasoning (SGLang's), include_reasoning (vLLM's): they act on a
 #   reasoning parser's split of the answer, which slm does not make: the answer is all content.
 IGNORED = frozenset({"no_stop_trim", "separate_reasoning", "stream_reasoning", "include_reasoning"})
+
+# Fields the router's request types carry (SGLang's: sent when a client gives them) and vLLM's
+# chat_template_kwargs, which slm does not implement: 400 "unsupported field" (a JSON schema is
+# response_format's; an adapter is named in `model`, as a composition).
+UNSUPPORTED = frozenset({"regex", "ebnf", "json_schema", "lora_path", "session_params", "sampling_seed",
+                         "chat_template_kwargs"})
 
 # Fields whose one no-op value is accepted, as the router sends them; any other value is a 400.
 NO_OPS = {"return_hidden_states": False}

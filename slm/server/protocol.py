@@ -34,6 +34,7 @@ _SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "s
                        "n", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_k", "min_p",
                        "repeat_penalty", "response_format"})
 FIELDS = {
+    # (echo, best_of, suffix: only their no-op values)
     "completions": _SAMPLING | dialect.FIELDS["completions"] | {"prompt", "echo", "best_of", "suffix"},
     "chat": _SAMPLING | dialect.FIELDS["chat"] | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                                                   "tool_choice", "parallel_tool_calls"},
@@ -46,7 +47,7 @@ IGNORED = frozenset({"user", "metadata", "store", "service_tier", "safety_identi
 # "unsupported field".
 UNSUPPORTED = frozenset({"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
                          "reasoning_effort", "verbosity", "tools", "tool_choice", "parallel_tool_calls", "suffix",
-                         "echo", "best_of", "moderation"})
+                         "echo", "best_of", "moderation"}) | dialect.UNSUPPORTED
 
 
 class BadRequest(Exception):

@@ -52,10 +52,11 @@ def _named(token_ids: bool):
 
 
 def chat_logprobs(records, token_ids: bool = False) -> dict:
-    """OpenAI chat's choices[].logprobs: content[{token, logprob, bytes, top_logprobs[]}]."""
+    """OpenAI chat's choices[].logprobs: content[{token, logprob, bytes, top_logprobs[]}]
+    (bytes: the token's text's, whatever names it, as vLLM resolves a token_id:N)."""
     name = _named(token_ids)
-    return {"content": [{"token": name(r), "logprob": r.logprob, "bytes": _token_bytes(name(r)),
-                         "top_logprobs": [{"token": name(a), "logprob": a.logprob, "bytes": _token_bytes(name(a))}
+    return {"content": [{"token": name(r), "logprob": r.logprob, "bytes": _token_bytes(r.text),
+                         "top_logprobs": [{"token": name(a), "logprob": a.logprob, "bytes": _token_bytes(a.text)}
                                           for a in r.top]} for r in records], "refusal": None}
 
 

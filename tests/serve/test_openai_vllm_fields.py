@@ -72,6 +72,8 @@ def test_no_stop_trim_gives_vllms_answer_the_stop_sequence_trimmed(server, no_st
 @pytest.mark.parametrize("fields, message", [
     ({"no_stop_trimm": True}, "unknown field: no_stop_trimm"),
     ({"return_hidden_states": True}, "unsupported field: return_hidden_states"),
+    ({"lora_path": "a1"}, "unsupported field: lora_path (slm does not implement it"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "unsupported field: chat_template_kwargs"),
 ])
 def test_a_misspelled_or_unimplemented_field_is_a_400_naming_it(server, fields, message):
     status, body = _complete(server, **fields)
@@ -165,6 +167,12 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(server, tok):
     assert tok.decode(ids) == body["choices"][0]["text"] == plain["choices"][0]["text"]
     assert [tok.decode([i]) for i in ids] == plain["choices"][0]["logprobs"]["tokens"]
     assert all(k.startswith("token_id:") for top in body["choices"][0]["logprobs"]["top_logprobs"] for k in top)
+    status, chat = _chat(server, USER, logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True)
+    status, named = _chat(server, USER, logprobs=True, top_logprobs=2)
+    for by_id, by_text in zip(chat["choices"][0]["logprobs"]["content"], named["choices"][0]["logprobs"]["content"]):
+        assert tok.decode([int(by_id["token"].removeprefix("token_id:"))]) == by_text["token"]
+        assert by_id["bytes"] == by_text["bytes"] and by_id["logprob"] == by_text["logprob"]
+        assert [a["token"].startswith("token_id:") for a in by_id["top_logprobs"]] == [True, True]
 
 
 def test_ignore_eos_generates_exactly_max_tokens(server, tok):
@@ -220,10 +228,11 @@ def test_repetition_penalty_counts_the_prompts_tokens(server, tok):
     status, plain = _complete(server, logprobs=0, return_tokens_as_token_ids=True)
     text = PROMPT + tok.decode(_ids(plain)[:4])  # (a prompt whose own tokens the model goes on with)
     prompt = set(tok.encode(text))
-    status, body = _complete(server, prompt=text, repetition_penalty=1e4, logprobs=0, return_tokens_as_token_ids=True)
+    ids = {"logprobs": 0, "return_tokens_as_token_ids": True}
+    status, body = _complete(server, prompt=text, repetition_penalty=1e4, **ids)
     assert status == 200, body
     assert not set(_ids(body)) & prompt
-    status, other = _complete(server, prompt=text, repeat_penalty=1e4, logprobs=0, return_tokens_as_token_ids=True)
+    status, other = _complete(server, prompt=text, repeat_penalty=1e4, **ids)
     assert set(_ids(other)) & prompt, "the answer-only penalty lets a prompt token through (else the test shows nothing)"
     assert len(set(_ids(other))) == len(_ids(other))
 
@@ -240,3 +249,50 @@ def test_a_vllm_field_slm_cannot_honour_is_a_400_saying_why(server, fields, mess
     status, body = _complete(server, **fields)
     assert status == 400
     assert message in body["error"]["message"]
+
+
+def test_the_api_and_the_server_give_one_answer_to_vllms_options(server, template, tok, tmp_path):
+    """One request type, two doors: Session.generate and Session.chat take the same options."""
+    session = slm.Runtime(slm.Store.open(copy_store(template, tmp_path)), threads=1).session()
+    bias = {int(k): v for k, v in _eos_first(tok).items()}
+    generation = session.generate(PROMPT, 12, logit_bias=bias, min_tokens=5, include_stop_str_in_output=True,
+                                  skip_special_tokens=False)
+    status, body = _complete(server, logit_bias=_eos_first(tok), min_tokens=5, include_stop_str_in_output=True,
+                             skip_special_tokens=False)
+    assert generation.text == body["choices"][0]["text"] and len(generation.tokens) == 6
+    assert generation.text.endswith(tok.decode([generation.tokens[-1]], special=True)), "the kept end's text"
+    answer = session.chat(PREFILLED, 12, continue_final_message=True, add_generation_prompt=False)
+    status, body = _chat(server, PREFILLED, continue_final_message=True, add_generation_prompt=False)
+    assert answer.text == body["choices"][0]["message"]["content"]
+
+
+@pytest.mark.hostile
+def test_min_tokens_with_a_bias_that_bans_every_other_token_is_a_400(server, tok, template):
+    """The bias bans all but the end tokens, min_tokens bans those: sampling would draw from
+    nothing (a NaN distribution at temperature > 0, a 500)."""
+    vocab = slm.Store.open(template).tokenizer("tq").vocab_size
+    bias = {str(t): -100 for t in range(vocab) if t not in tok.eos_ids}
+    status, body = _complete(server, logit_bias=bias, min_tokens=2, temperature=1.0)
+    assert status == 400, body
+    assert "nothing is left to generate" in body["error"]["message"]
+
+
+def test_without_max_tokens_min_tokens_raises_the_default(server, tok):
+    body = {"prompt": PROMPT, "min_tokens": 130, "ignore_eos": True}
+    status, answer = server.json("POST", "/v1/completions", body)
+    assert status == 200, answer
+    assert answer["usage"]["completion_tokens"] == 130, "the default (128) would have been below min_tokens"
+
+
+def test_streamed_answers_equal_the_whole_ones_with_the_stop_options(server, tok):
+    status, plain = _complete(server, logprobs=0, return_tokens_as_token_ids=True)
+    text, ids = plain["choices"][0]["text"], _ids(plain)
+    for fields in ({"stop": [text[len(text) // 2:][:3]], "include_stop_str_in_output": True},
+                   {"stop_token_ids": [ids[3]], "include_stop_str_in_output": True},
+                   {"stop_token_ids": [ids[3]], "min_tokens": 4}):
+        status, whole = _complete(server, **fields)
+        status, _, data = server.http("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "stream": True,
+                                                                  **fields})
+        chunks = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: {")]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"], fields
+        assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"], fields
