@@ -166,11 +166,26 @@ def prompt_ids(target: Target, req: GenerationRequest, rendered: ChatPrompt | No
     try:  # (message content is text: a control token's text in it stays text)
         ids = prompt.ids(tok) if req.chat else tok.encode(text)
     finally:
-        if len(text) >= RELEASE_AFTER_CHARS:  # its peak, not kept (slm.model.allocator)
-            release_freed_memory()
+        release_after(text)
     if not ids:
         raise InvalidInput("the prompt encodes to no tokens")
     context = target.model.cfg.context_length
     if len(ids) >= context:
         raise InvalidInput(f"the prompt has {len(ids)} tokens; the context holds {context}")
     return ids
+
+
+def encode(target: Target, text: str, add_special: bool = True) -> list[int]:
+    """A text's token ids as the tokenizer gives them, checked against nothing (a text past the
+    context is counted: the server's /tokenize)."""
+    try:
+        return target.tokenizer.encode(text, add_special=add_special)
+    finally:
+        release_after(text)
+
+
+def release_after(text: str) -> None:
+    """After tokenizing a long text: its peak given back to the kernel, not kept for the next
+    (slm.model.allocator)."""
+    if len(text) >= RELEASE_AFTER_CHARS:
+        release_freed_memory()

@@ -44,7 +44,7 @@ from slm.engine.generate import PREFILL_CHUNK
 from slm.engine.generation import decode, first_token, prefill_next
 from slm.engine.handle import FailedEvent, Handle, SchedulerStatus
 from slm.engine.job import Job, LogprobView
-from slm.engine.prepare import prepare, prompt_ids, render
+from slm.engine.prepare import encode, prepare, prompt_ids, render
 from slm.engine.prompt_cache import MemoryPromptCache
 from slm.engine.request import GenerationRequest
 from slm.engine.stops import CANCELLED
@@ -133,6 +133,13 @@ class Scheduler:
         rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
             if request.chat else None
         return await asyncio.wrap_future(self._preparing.submit(prompt_ids, target, request, rendered))
+
+    async def tokenize(self, target: Target, text: str, add_special: bool = True) -> list[int]:
+        """A text's token ids on the preparing thread, awaited (slm.engine.prepare.encode: no
+        check against the context)."""
+        if not isinstance(target, Target) or not isinstance(text, str):
+            raise InvalidInput("tokenize takes a text on a staged composition (Runtime.stage)")
+        return await asyncio.wrap_future(self._preparing.submit(encode, target, text, add_special))
 
     async def call_preparing(self, work: Callable, *args):
         """Run work(*args) on the preparing thread (a large body's parsing, /tokenize), awaited."""

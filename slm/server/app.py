@@ -258,14 +258,17 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
             chunks.append(chunk)
         return b"".join(chunks)
 
+    async def read_json(request: Request) -> dict:
+        """The body, read under the limit and parsed: a large one on the scheduler's preparing
+        thread (the event loop keeps answering meanwhile, and it competes for the GIL with one
+        such thread, not many)."""
+        body = await read_body(request)
+        return protocol.parse_body(body) if len(body) < PARSE_INLINE_BYTES else \
+            await scheduler.call_preparing(protocol.parse_body, body)
+
     async def generate(request: Request, chat: bool) -> Response:
         try:
-            body = await read_body(request)
-            # a large body is parsed on the scheduler's preparing thread: the event loop keeps
-            # answering meanwhile, and it competes for the GIL with one such thread, not many
-            doc = protocol.parse_body(body) if len(body) < PARSE_INLINE_BYTES else \
-                await scheduler.call_preparing(protocol.parse_body, body)
-            req = protocol.parse_request(doc, chat)
+            req = protocol.parse_request(await read_json(request), chat)
             try:
                 target = await run_in_threadpool(catalog.resolve, req.model)
                 # prepared on the scheduler's preparing thread (a prompt too long for the context
@@ -306,7 +309,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         """The tokenizer endpoints (slm.server.tokens): the body read under the same limit as the
         others and checked, answered on the composition it names (or the active one)."""
         try:
-            req = parse(protocol.parse_body(await read_body(request)))
+            req = parse(await read_json(request))
             try:
                 loaded = await run_in_threadpool(catalog.resolve, req.model)
                 return JSONResponse(await answer(scheduler, loaded, req), headers={HEADER: loaded.id})

@@ -1,5 +1,5 @@
 """The tokenizer endpoints: POST /tokenize and /detokenize (vLLM's shapes, and llama-server's
-older /tokenize form beside them), POST /v1/chat/completions/render and /v1/completions/render
+/tokenize form beside them), POST /v1/chat/completions/render and /v1/completions/render
 (vLLM's: the token ids a generation request would run on, which a cache-aware router hashes).
 
 Each body is checked here into a typed request, every field read or refused by name (400), as
@@ -21,7 +21,7 @@ from slm.api import GenerationRequest, Tools
 from slm.server.protocol import BadRequest, GenerateRequest, _flag, _messages, _model_field, parse_request
 
 # A /detokenize body is parsed whole under the body limit; its list is bounded too, before any
-# id is looked up or decoded (a longer one is no sequence a model here could hold)
+# id is looked up or decoded: a 128k context's worth
 MAX_DETOKENIZE_TOKENS = 1 << 17
 
 LLAMA_FIELDS = frozenset({"content", "add_special", "with_pieces", "model"})
@@ -105,6 +105,8 @@ def _text(doc: dict, key: str) -> str:
 
 @dataclass(frozen=True)
 class Detokenize:
+    """A /detokenize body: the ids to decode (integers, not yet checked against a vocabulary)."""
+
     model: str | None
     tokens: list[int]
 
@@ -136,8 +138,9 @@ def parse_render_completion(doc: dict) -> GenerateRequest:
 # -- answers (on a staged composition, the text's work on the scheduler's preparing thread) ----
 async def tokenize(scheduler, loaded, req: TextTokenize | ChatTokenize) -> dict:
     if isinstance(req, ChatTokenize):
-        return counted(loaded, await scheduler.prompt_ids(loaded, req.generation), req.token_strs)
-    return await scheduler.call_preparing(tokenize_text, loaded, req)
+        return tokenize_response(loaded, await scheduler.prompt_ids(loaded, req.generation), req.token_strs)
+    ids = await scheduler.tokenize(loaded, req.text, req.add_special)
+    return await scheduler.call_preparing(text_answer, loaded, req, ids)
 
 
 async def detokenize(scheduler, loaded, req: Detokenize) -> dict:
@@ -154,17 +157,16 @@ async def render_completion(scheduler, loaded, req: GenerateRequest) -> list[dic
     return [rendered(req, await scheduler.prompt_ids(loaded, req.generation))]
 
 
-def tokenize_text(loaded, req: TextTokenize) -> dict:
-    """A text's token ids on a staged composition: vLLM's {count, max_model_len, tokens,
-    token_strs} or llama-server's {"tokens"} (with_pieces: [{"id", "piece"}])."""
+def text_answer(loaded, req: TextTokenize, ids: list[int]) -> dict:
+    """A text's token ids: vLLM's {count, max_model_len, tokens, token_strs} or llama-server's
+    {"tokens"} (with_pieces: [{"id", "piece"}])."""
     tok = loaded.tokenizer
-    ids = tok.encode(req.text, add_special=req.add_special)
     if req.llama:
         return {"tokens": [{"id": i, "piece": _piece(tok.piece_bytes(i))} for i in ids] if req.pieces else ids}
-    return counted(loaded, ids, req.token_strs)
+    return tokenize_response(loaded, ids, req.token_strs)
 
 
-def counted(loaded, ids: list[int], token_strs: bool) -> dict:
+def tokenize_response(loaded, ids: list[int], token_strs: bool) -> dict:
     """vLLM's TokenizeResponse of `ids`."""
     return {"count": len(ids), "max_model_len": loaded.context_length, "tokens": ids,
             "token_strs": [loaded.tokenizer.token_text(i) for i in ids] if token_strs else None}
