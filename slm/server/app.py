@@ -331,7 +331,9 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         return await token_endpoint(request, tokens.parse_render_completion, tokens.render_completion)
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "draining" if scheduler.draining else "ok"})
+        # 503 from the first signal on: a router takes the server out before it stops listening
+        draining = scheduler.draining
+        return JSONResponse({"status": "draining" if draining else "ok"}, status_code=503 if draining else 200)
 
     async def slm_status(request: Request) -> Response:
         status, engine = await run_in_threadpool(catalog.status), scheduler.status()

@@ -65,8 +65,8 @@ class Metrics:
 
 
 class ModelServerGauges:
-    """vLLM's gauges that the model-server protocol reads (docs/serve.md, "Metrics"), counted
-    in rows (a request's choices are a row each). A composition, as requests name it, plays
+    """vLLM's gauges that the model-server protocol reads (docs/serve.md, "Metrics for
+    routers"), counted in rows (a request's choices are a row each). A composition, as requests name it, plays
     the LoRA adapter: vllm:lora_requests_info is one series whose labels list the names with
     admitted rows and those with waiting rows, comma-separated without spaces (the endpoint
     picker splits on the comma), and whose value is the unix time they were read: the picker
@@ -84,8 +84,10 @@ class ModelServerGauges:
                                 sum(s.waiting_by_name.values()))
         yield GaugeMetricFamily("vllm:num_requests_running", "Rows admitted: decoding or prefilling",
                                 sum(s.admitted_by_name.values()))
-        yield GaugeMetricFamily("vllm:kv_cache_usage_perc", "Positions the admitted rows' KV caches hold over what "
-                                "max_batch rows of their longest context hold (0..1)", s.kv_usage)
+        usage = "Positions the admitted rows' KV caches hold over what max_batch rows of their longest context hold (0..1)"
+        yield GaugeMetricFamily("vllm:kv_cache_usage_perc", usage, s.kv_usage)
+        # (vLLM's earlier name of the same gauge, which earlier endpoint pickers read)
+        yield GaugeMetricFamily("vllm:gpu_cache_usage_perc", usage, s.kv_usage)
         info = GaugeMetricFamily("vllm:lora_requests_info", "Compositions (as requests name them) with admitted "
                                  "and with waiting rows; the value: when this was read (unix seconds)",
                                  labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])

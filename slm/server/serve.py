@@ -1,11 +1,14 @@
 """`slm serve`: the catalog, the scheduler and the HTTP app on uvicorn, in the foreground.
 
-Shutdown (SIGTERM or SIGINT): uvicorn stops accepting connections and the scheduler admits
-nothing new (503); running requests go on until `grace` seconds less min(1 s, grace / 4),
-then whatever is left is cancelled (its stream ends, a whole answer gets a 503 JSON error)
-and the process exits 0, within about the grace period plus one prefill chunk (the scheduler
-stops between two chunks; tests/serve/test_serve_real.py, tests/serve/test_hostile_serve.py);
-a client that stops reading its stream can hold the exit up to STRAGGLER_S longer.
+Shutdown (SIGTERM or SIGINT): the scheduler admits nothing new (503) and /health answers 503
+at once, so that a router stops sending; the server keeps listening while requests run, so
+that a router's health check reaches it. Running requests go on until `grace` seconds less
+min(1 s, grace / 4), then whatever is left is cancelled (its stream ends, a whole answer gets
+a 503 JSON error). Once nothing runs (or the grace period is out), uvicorn stops accepting
+connections, closes the idle ones and waits for the responses still open; the process exits
+0, within about the grace period plus one prefill chunk (the scheduler stops between two
+chunks; tests/serve/test_serve_real.py, tests/serve/test_hostile_serve.py); a client that
+stops reading its stream can hold the exit up to STRAGGLER_S longer.
 A second signal cancels at once; the handlers still answer, and the process exits 0.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass
 
 from slm import InvalidInput, IOFailure
@@ -24,12 +28,13 @@ from slm.server.metrics import Metrics
 
 MAX_BATCH = 64
 MAX_PREFILL_CHUNK = 8192
-# After the grace period, uvicorn waits this long for the responses still open before it
-# cancels their handlers (a plain-text 500 and a traceback each). The scheduler has cancelled
-# every request by then, and the handlers answer as soon as it ends its current prefill chunk
-# or decode step (seconds on a loaded machine); only a client that stopped reading its
-# stream can take longer.
+# Once nothing runs or the grace period is out, uvicorn waits this long for the responses
+# still open before it cancels their handlers (a plain-text 500 and a traceback each). The
+# scheduler has cancelled every request by then, and the handlers answer as soon as it ends
+# its current prefill chunk or decode step (seconds on a loaded machine); only a client that
+# stopped reading its stream can take longer.
 STRAGGLER_S = 30.0
+DRAIN_POLL_S = 0.05  # how often a draining server looks whether anything still runs
 
 
 @dataclass(frozen=True)
@@ -107,12 +112,20 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
                 timer = threading.Timer(o.grace - min(1.0, o.grace / 4), scheduler.request_stop)
                 timer.daemon = True
                 timer.start()
-                super().handle_exit(sig, frame)
+                threading.Thread(target=self.exit_when_idle, args=(sig, frame), name="slm-drain", daemon=True).start()
             else:
                 # a second signal cancels at once. Not passed on to uvicorn: its forced exit
                 # cancels the handlers mid-request (a plain-text 500 and a traceback each)
                 # where the scheduler's cancel lets each of them answer
                 scheduler.request_stop()
+
+        def exit_when_idle(self, sig, frame) -> None:
+            """uvicorn's shutdown (it stops listening) once no request runs or the grace period
+            is out: until then the port answers, /health with 503."""
+            deadline = time.monotonic() + o.grace
+            while scheduler.busy() and time.monotonic() < deadline:
+                time.sleep(DRAIN_POLL_S)
+            super().handle_exit(sig, frame)
 
         async def startup(self, sockets=None):
             await super().startup(sockets)
@@ -125,7 +138,7 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
                         f"{', API key required' if o.api_key else ''})")
 
     config = uvicorn.Config(app, host=o.host, port=o.port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=o.grace + STRAGGLER_S, lifespan="off")
+                            timeout_graceful_shutdown=STRAGGLER_S, lifespan="off")
     # uvicorn re-raises the signal after its shutdown: with Python handlers in place that is a
     # no-op, and the process exits 0 instead of dying by the signal
     for sig in (signal.SIGTERM, signal.SIGINT):

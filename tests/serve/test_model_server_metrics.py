@@ -67,7 +67,7 @@ def test_protocol_gauges_under_load(served):
     server, active, eos = served
     idle = _scrape(server)
     assert set(idle) == {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
-                         "vllm:lora_requests_info"}
+                         "vllm:gpu_cache_usage_perc", "vllm:lora_requests_info"}
     assert _gauge(idle, "vllm:num_requests_waiting") == 0 == _gauge(idle, "vllm:num_requests_running")
     assert _gauge(idle, "vllm:kv_cache_usage_perc") == 0
     # the end-of-sequence tokens forbidden: every answer runs to its max_tokens, long past the test
@@ -102,6 +102,8 @@ def test_protocol_gauges_under_load(served):
         first = _gauge(families, "vllm:kv_cache_usage_perc")
         grown = wait_until(lambda: usage_over(first), "the KV cache usage growing")
         assert 0 <= first < grown < wait_until(lambda: usage_over(grown), "the KV cache usage growing again") < 1
+        both = _scrape(server)  # the earlier name: the same reading
+        assert _gauge(both, "vllm:gpu_cache_usage_perc") == _gauge(both, "vllm:kv_cache_usage_perc") > 0
 
         conns[0].close()  # the client goes away: its row is cancelled and the next waiting one admitted
         wait_until(lambda: _gauge(_scrape(server), "vllm:num_requests_waiting") == len(MODELS) - MAX_BATCH - 1,

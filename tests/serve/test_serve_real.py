@@ -132,3 +132,42 @@ def test_disconnect_full_server_and_sigterm_during_streams(cli, smol_store, caps
     assert ended == [(True, "cancelled")] * 4, ended  # cut by the grace period, each stream ended
     with capsys.disabled():
         print(f"\nSIGTERM with 4 streams running: exit 0 after {elapsed:.2f} s (grace {grace:g} s)")
+
+
+def test_sigterm_answers_health_503_at_once_while_a_running_request_finishes(cli, smol_store):
+    """From SIGTERM on, /health answers 503 (a router stops sending) and a new request 503,
+    while the server keeps listening for as long as a request runs; that request, within the
+    grace period, ends by itself (finish_reason "length", not cancelled); then the server stops
+    listening and exits 0. (Before: /health answered 200 {"status": "draining"}, or nothing at
+    all once uvicorn had closed its socket.)"""
+    assert cli("activate", "smol").code == 0
+    eos = sorted(__import__("slm").Store.open(smol_store).tokenizer("smol").eos_ids)
+    server = Server(smol_store, "--threads", "1", "--grace", "600")  # the grace never cuts it
+    assert server.http("GET", "/health")[:1] == (200,)
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400, "stream": True,
+            "logit_bias": {str(e): -100 for e in eos}}  # it runs its 400 tokens
+    try:
+        conn, resp = _stream_lines(server.url, body)
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+        server.proc.send_signal(signal.SIGTERM)
+        code, health = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(server.json("GET", "/health")),
+                                  "/health answering 503")
+        assert health == {"status": "draining"}
+        status = server.status()  # still listening, and the request still runs
+        assert status["draining"] and status["running"] + status["prefilling"] == 1, status
+        code, refused = server.json("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+        assert code == 503 and refused["error"]["type"] == "unavailable", refused
+        lines = []
+        for _ in range(100_000):  # bounded: the server ends the stream
+            lines.append(resp.readline())
+            if not lines[-1]:
+                break
+        conn.close()
+        assert b"data: [DONE]\n" in lines and _finish_reason(lines) == "length"
+        assert server.proc.wait(timeout=HANG_S) == 0, "\n".join(server.lines)
+    finally:
+        if server.proc.poll() is None:
+            server.stop(signal.SIGKILL)
+    assert not any("Traceback" in line for line in server.lines), "\n".join(server.lines)
+    with pytest.raises(ConnectionError):  # stopped listening
+        http.client.HTTPConnection(urlparse(server.url).hostname, urlparse(server.url).port, timeout=5).connect()

@@ -82,6 +82,22 @@ def test_the_wire_request_becomes_the_schedulers_request_without_its_wire_fields
     assert (req.temperature, req.top_p, req.seed, req.stop) == (0.5, 0.9, 7, ("\n",))
 
 
+def test_status_counts_rows_by_the_name_their_request_gave_its_composition(store, runtime):
+    """What the model-server gauges read (slm.server.metrics): a request's rows (one per choice)
+    under the name it was submitted with, else under its composition's id; queued until admitted."""
+    loaded = runtime.stage(store.active())
+    scheduler = runtime.scheduler(max_batch=2, max_queue=4)  # its thread not started: everything waits
+    try:
+        named = scheduler.submit(loaded, _request(n=2), name="prod")
+        unnamed = scheduler.submit(loaded, _request())
+        assert (named.name, unnamed.name) == ("prod", loaded.id)
+        status = scheduler.status()
+        assert status.waiting_by_name == {"prod": 2, loaded.id: 1} and status.admitted_by_name == {}
+        assert (status.queued, status.kv_positions, status.kv_capacity, status.kv_usage) == (3, 0, 0, 0.0)
+    finally:
+        scheduler.stop()
+
+
 def test_a_full_scheduler_refuses_with_busy_and_a_draining_one_with_shutting_down(store, runtime):
     loaded = runtime.stage(store.active())
     scheduler = runtime.scheduler(max_batch=1, max_queue=0)  # its thread not started: nothing runs
