@@ -399,6 +399,14 @@ def check_sampling(temperature: float, top_p: float, seed: int | None, max_tempe
     check(temperature, top_p, seed, max_temperature)
 
 
+def check_threads(threads: int | None) -> None:
+    """The check of a thread count (None: every core), as Runtime makes it: InvalidInput naming
+    --threads (slm serve checks its options with it before anything slow)."""
+    from slm.ops.infer.run import check_threads as check
+
+    check(threads)
+
+
 def check_processing(**options: object) -> None:
     """The check of the other options (top_k, min_p, penalties, logit_bias, logprobs, n, stop):
     slm.engine.sampling.check_processing's InvalidInput naming the option."""

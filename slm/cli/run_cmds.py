@@ -149,9 +149,10 @@ def serve(
         512, "--prefill-chunk", metavar="TOKENS", parser=integer,  # slm.engine.generate.PREFILL_CHUNK (not imported: start-up)
         help="Prompt tokens prefilled between two decode steps of the running requests."),
     model: Optional[str] = typer.Option(
-        None, "--model", metavar="HOST[:PORT]/REPO[:TAG|@sha256:..]",
-        help="Before serving, pull this registry reference and activate it (`slm pull` + `slm activate`): "
-             "a digest already pulled is not downloaded again; a tag is resolved again at each start."),
+        None, "--model", metavar="REF",
+        help="Before serving, pull HOST[:PORT]/REPO[:TAG|@sha256:..] and activate it (`slm pull` + "
+             "`slm activate`): a digest already pulled is not downloaded again; a tag is resolved again "
+             "at each start."),
     insecure: bool = InsecureOpt,
     json_out: bool = JsonOpt,
 ) -> None:
@@ -174,7 +175,7 @@ def serve(
     log = json_log if json_out else stderr_log
     store = open_store(ctx)
     if model is not None:
-        check(options)  # a bad option fails before anything is downloaded
+        check(options)  # a bad option fails before anything is downloaded (the budget: in provision)
         ready = store.provision(model, insecure, memory_budget, progress_bar(json_out))
         log(render_dist.provisioned(ready))
     run_server(store, options, log=log)

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from slm import InvalidInput, IOFailure
-from slm.api import Runtime, Store
+from slm.api import Runtime, Store, check_threads
 from slm.server.app import DEFAULT_BODY_LIMIT, build_app, stderr_log
 from slm.server.catalog import Catalog
 from slm.server.metrics import Metrics
@@ -70,6 +70,7 @@ def check(o: ServeOptions) -> None:
         raise InvalidInput("--body-limit must be at least 1024 bytes")
     if not 0 <= o.grace <= 3600:
         raise InvalidInput("--grace must be between 0 and 3600 seconds")
+    check_threads(o.threads)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -7,6 +7,7 @@ before it listens, with one line and the documented exit code."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -52,8 +53,6 @@ def _fresh(cli, path: Path, trusted: str | None) -> Path:
 
 def _answer(server: Server) -> tuple[str, str]:
     """(the slm-composition header, the system_fingerprint) of one chat completion."""
-    import json
-
     status, headers, body = server.http("POST", "/v1/chat/completions", CHAT)
     assert status == 200, body
     return headers["slm-composition"], json.loads(body)["system_fingerprint"]
@@ -71,14 +70,15 @@ def test_replicas_pulling_one_digest_serve_one_composition_and_restart_without_t
         pushed = _push(cli, a, f"{reg.host}/fleet/smol:v1")
         ref = f"{reg.host}/fleet/smol@{pushed['manifest_digest']}"
         stores = [_fresh(cli, tmp_path / name, public) for name in ("b", "c")]
-        answers = []
-        for store in stores:
-            server = _serve(store, ref)
-            try:
+        servers = []  # two replicas running side by side, each on its own store
+        try:
+            for store in stores:
+                servers.append(_serve(store, ref))
+            for server in servers:
                 assert any("activated; " in line for line in server.lines), server.lines
-                answers.append(_answer(server))
-            finally:
-                assert server.stop() == 0
+            answers = [_answer(server) for server in servers]
+        finally:
+            assert [server.stop() for server in servers] == [0] * len(servers)
     # every replica: the composition store A pushed, in the header and the fingerprint alike
     assert answers == [(pushed["composition_id"], pushed["composition_id"])] * 2
     for store in stores:
@@ -139,6 +139,7 @@ def test_a_registry_not_answering_a_missing_digest_and_an_untrusted_signer_stop_
     # a bad option is refused before the registry is asked (else this would be 12)
     _refused_start(b, unreachable, 4, "--grace", "--grace", "-1")
     _refused_start(b, unreachable, 4, "memory budget", "--memory-budget", "lots")
+    _refused_start(b, unreachable, 4, "--threads", "--threads", "0")
     _refused_start(b, f"{registry.host}/fleet/smol@sha256:{'0' * 64}", 3, "fleet/smol")
     _, other = _ed25519_key(tmp_path / "other.pem", 8)
     c = _fresh(cli, tmp_path / "c", other)
