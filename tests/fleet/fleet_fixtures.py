@@ -108,7 +108,9 @@ class Replica:
         self.start()
 
     def start(self) -> None:
-        self.server = Server(self.store, "--threads", "1", "--model", self.model, port=self.port)
+        # a grace period longer than any test's stream: a SIGTERM lets every running one finish
+        self.server = Server(self.store, "--threads", "1", "--grace", str(REQUEST_S), "--model", self.model,
+                             port=self.port)
 
     def kill(self) -> None:
         """kill -9: no draining, no goodbye; the open connections are cut."""

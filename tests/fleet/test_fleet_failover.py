@@ -1,6 +1,8 @@
-"""kill -9 of one `slm serve` replica while 8 streams run through vLLM's router (round_robin):
-no stream hangs past its deadline, none is cut without an error, the two other replicas keep
-answering, and the restarted replica rejoins once the router's health check re-admits it.
+"""One `slm serve` replica of three goes away while 8 streams run through vLLM's router
+(round_robin), killed (kill -9) or stopped (SIGTERM, as a rolling update stops it): no stream
+hangs past its deadline, none is cut without an error, the two other replicas keep answering,
+and the restarted replica rejoins once the router's health check re-admits it. Stopped, the
+replica drains: every stream completes. Killed, its streams fail, visibly.
 
 What a client sees of a cut stream: vllm-router relays the replica's server-sent events as they
 come, and when the replica's connection dies it ends its own response without the chunked
@@ -11,6 +13,7 @@ finish_reason, which is what this test counts as the mark of an answer that ende
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -58,46 +61,89 @@ def _short(client) -> str:
     return client.completions.create(model="active", prompt="The capital of France is", max_tokens=4).choices[0].text
 
 
+class Streams:
+    """STREAMS streamed chats through a router, each on a thread of its own; started once every
+    stream has its first chunk."""
+
+    def __init__(self, url: str):
+        self.outcomes: list = []
+        started = threading.Barrier(STREAMS + 1, timeout=REQUEST_S)
+        self.threads = [threading.Thread(target=_stream, args=(url, started, self.outcomes), daemon=True)
+                        for _ in range(STREAMS)]
+        for t in self.threads:
+            t.start()
+        started.wait()
+
+    def ended(self, what: str) -> dict:
+        """Every stream's outcome once each has ended or the deadline passed; counted and printed."""
+        deadline = time.monotonic() + DEADLINE_S
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self.outcomes += [("hung", "still running at the deadline")] * sum(t.is_alive() for t in self.threads)
+        counts = {kind: sum(1 for k, _ in self.outcomes if k == kind)
+                  for kind in ("completed", "failed", "hung", "truncated")}
+        print(f"\n{what}; streams: {counts}")
+        for kind, detail in self.outcomes:
+            if kind != "completed":
+                print(f"  {kind}: {detail}")
+        assert counts["hung"] == 0 and counts["truncated"] == 0, self.outcomes
+        assert {d for k, d in self.outcomes if k == "completed"} <= {"length"}, self.outcomes
+        return counts
+
+
+def _busiest(fleet) -> tuple[int, list[int]]:  # noqa: F811
+    """(the replica with the most rows in flight, each replica's rows): every stream is in flight."""
+    running = [r.load() for r in fleet.replicas]
+    assert sum(running) == STREAMS, running
+    return max(range(len(running)), key=running.__getitem__), running
+
+
+def _rejoins(fleet, router, victim: int) -> None:  # noqa: F811
+    """The replica restarted on its port (the router still lists that URL) is re-admitted by the
+    router's health check and answers again; nothing is left in flight anywhere."""
+    replica = fleet.replicas[victim]
+    replica.start()
+    router.wait_healthy(REQUEST_S)
+    client = openai_client(router.url)
+    after = [_short(client) for _ in range(6)]
+    assert all(text.strip() for text in after), after
+    assert replica.requests_served() > 0  # round robin reached the restarted replica
+    assert [r.load() for r in fleet.replicas] == [0] * len(fleet.replicas)
+
+
 def test_kill_9_of_a_replica_during_8_streams(fleet):  # noqa: F811
     router = fleet.router("round_robin")
     try:
-        outcomes: list = []
-        started = threading.Barrier(STREAMS + 1, timeout=REQUEST_S)
-        threads = [threading.Thread(target=_stream, args=(router.url, started, outcomes), daemon=True)
-                   for _ in range(STREAMS)]
-        for t in threads:
-            t.start()
-        started.wait()  # every stream has its first chunk
-        running = [r.load() for r in fleet.replicas]  # rows in flight on each replica
-        assert sum(running) == STREAMS, running
-        victim = max(range(len(running)), key=running.__getitem__)
-        cut = running[victim]
+        streams = Streams(router.url)
+        victim, running = _busiest(fleet)
         fleet.replicas[victim].kill()
-
         client = openai_client(router.url)
         during = [_short(client) for _ in range(6)]  # the router retries elsewhere; the others answer
         assert all(text.strip() for text in during), during
+        counts = streams.ended(f"running per replica at the kill {running}, killed replica {victim}")
+        cut = running[victim]  # the streams the killed replica was serving, each failed visibly
+        assert counts["failed"] == cut and counts["completed"] == STREAMS - cut, (running, streams.outcomes)
+        _rejoins(fleet, router, victim)
+    finally:
+        router.stop()
 
-        deadline = time.monotonic() + DEADLINE_S
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        outcomes += [("hung", "still running at the deadline")] * sum(t.is_alive() for t in threads)
-        counts = {kind: sum(1 for k, _ in outcomes if k == kind) for kind in ("completed", "failed", "hung",
-                                                                              "truncated")}
-        print(f"\nrunning per replica at the kill {running}, killed replica {victim}; streams: {counts}")
-        for kind, detail in outcomes:
-            if kind != "completed":
-                print(f"  {kind}: {detail}")
-        assert counts["hung"] == 0 and counts["truncated"] == 0, outcomes
-        assert counts["failed"] == cut and counts["completed"] == STREAMS - cut, (running, outcomes)
-        assert {d for k, d in outcomes if k == "completed"} == {"length"}
 
-        replica = fleet.replicas[victim]
-        replica.start()  # on its port: the router still lists that URL
-        router.wait_healthy(REQUEST_S)  # its health check re-admitted the replica
-        after = [_short(client) for _ in range(6)]
-        assert all(text.strip() for text in after), after
-        assert replica.requests_served() > 0  # round robin reached the restarted replica
-        assert [r.load() for r in fleet.replicas] == [0] * len(fleet.replicas)  # nothing left in flight
+def test_sigterm_of_a_replica_during_8_streams_loses_nothing(fleet):  # noqa: F811
+    """A rolling update's stop: the replica drains (its /health 503 takes it out of the router's
+    rotation; a request sent to it meanwhile is a 503 the router retries elsewhere), finishes its
+    streams within --grace and exits 0: every stream completes, every request is answered."""
+    router = fleet.router("round_robin")
+    try:
+        streams = Streams(router.url)
+        victim, running = _busiest(fleet)
+        server = fleet.replicas[victim].server
+        server.proc.send_signal(signal.SIGTERM)
+        client = openai_client(router.url)
+        during = [_short(client) for _ in range(6)]
+        assert all(text.strip() for text in during), during
+        counts = streams.ended(f"running per replica at SIGTERM {running}, stopped replica {victim}")
+        assert counts["completed"] == STREAMS, streams.outcomes
+        assert server.proc.wait(timeout=REQUEST_S) == 0
+        _rejoins(fleet, router, victim)
     finally:
         router.stop()
