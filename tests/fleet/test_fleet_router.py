@@ -16,7 +16,7 @@ from fleet_fixtures import fleet, openai_client  # noqa: F401  (fixture)
 from vllm_router import POLICIES
 
 jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("openai")
+openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 QUESTION = "What is the capital of France?"
@@ -37,40 +37,36 @@ def _models(fleet) -> dict[str, str]:  # noqa: F811
             "smollm2+french@0.6": "french"}  # a spec of the signed composition is that composition
 
 
-def _chat(client, model: str, stream: bool, max_tokens: int = MAX_TOKENS, **extra) -> tuple[list[str], str]:
-    """(the choices' texts, system_fingerprint) of one chat request, streamed or whole."""
-    messages = [{"role": "user", "content": QUESTION}]
-    if not stream:
-        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, **extra)
-        return [c.message.content for c in reply.choices], reply.system_fingerprint
+def _streamed(chunks, piece) -> tuple[list[str], str]:
+    """(the choices' texts, system_fingerprint) of a stream: every choice ended with a
+    finish_reason, every chunk named the same composition. piece: a choice's text in a chunk."""
     texts: dict[int, str] = {}
     fingerprints, finished = set(), set()
-    for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
-                                                stream=True, **extra):
+    for chunk in chunks:
         fingerprints.add(chunk.system_fingerprint)
         for c in chunk.choices:
-            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            texts[c.index] = texts.get(c.index, "") + piece(c)
             if c.finish_reason:
                 finished.add(c.index)
     assert finished == set(texts) and len(fingerprints) == 1, (finished, fingerprints)
     return [texts[i] for i in sorted(texts)], fingerprints.pop()
+
+
+def _chat(client, model: str, stream: bool, max_tokens: int = MAX_TOKENS, **extra) -> tuple[list[str], str]:
+    """(the choices' texts, system_fingerprint) of one chat request, streamed or whole."""
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": QUESTION}],
+                                           max_tokens=max_tokens, stream=stream, **extra)
+    if stream:
+        return _streamed(reply, lambda c: c.delta.content or "")
+    return [c.message.content for c in reply.choices], reply.system_fingerprint
 
 
 def _completion(client, model: str, stream: bool, max_tokens: int = MAX_TOKENS, **extra) -> tuple[list[str], str]:
-    if not stream:
-        reply = client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, **extra)
-        return [c.text for c in reply.choices], reply.system_fingerprint
-    texts: dict[int, str] = {}
-    fingerprints, finished = set(), set()
-    for chunk in client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, stream=True,
-                                           **extra):
-        fingerprints.add(chunk.system_fingerprint)
-        for c in chunk.choices:
-            texts[c.index] = texts.get(c.index, "") + c.text
-            if c.finish_reason:
-                finished.add(c.index)
-    assert finished == set(texts) and len(fingerprints) == 1, (finished, fingerprints)
-    return [texts[i] for i in sorted(texts)], fingerprints.pop()
+    """The same for one completion of PROMPT."""
+    reply = client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, stream=stream, **extra)
+    if stream:
+        return _streamed(reply, lambda c: c.text)
+    return [c.text for c in reply.choices], reply.system_fingerprint
 
 
 ASK = {"chat": _chat, "completion": _completion}
@@ -141,8 +137,6 @@ def test_json_schema_through_the_router(fleet, router):  # noqa: F811
 def test_models_and_an_unknown_model_through_the_router(fleet, router):  # noqa: F811
     """The router passes /v1/models on from a replica: every name the tests send is listed; an
     unknown model is the replica's 404."""
-    import openai
-
     client = openai_client(router.url)
     listed = {m.id for m in client.models.list()}
     assert set(_models(fleet)) - {fleet.published.ids["french"]} <= listed, listed  # an id is listed by its spec
@@ -152,8 +146,6 @@ def test_models_and_an_unknown_model_through_the_router(fleet, router):  # noqa:
 
 def test_an_unsigned_composition_is_refused_through_the_router(fleet, router):  # noqa: F811
     """A spec whose composition nobody signed: the replica's 400, passed on by the router."""
-    import openai
-
     client = openai_client(router.url)
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="smollm2+pirate@0.5", messages=[{"role": "user", "content": "hi"}],
