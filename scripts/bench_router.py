@@ -13,6 +13,7 @@ measures it for each base of a full run (bench_router)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -39,7 +40,7 @@ def bench_router(store_root: Path, base: str, runs: int, steps: int, log: Path) 
     on `base` (activated), `runs` interleaved samples of CONCURRENT requests of `steps` tokens."""
     slm_cli(store_root, "activate", base)
     samples: dict = {"direct": [], "router": []}
-    rounds = iter(range(10**9))
+    rounds = itertools.count()
     with slm_serve(store_root, max_batch=CONCURRENT) as url, \
             vllm_router([url], "round_robin", log, extra=ROUTER_FLAGS) as router:
         targets = {"direct": url, "router": router.url}
