@@ -10,7 +10,9 @@ throughput, peak RSS, and the batching of `slm serve` (aggregate decode tok/s of
 decoded together in one step, on one composition and on 4, against one alone; in-process,
 through the server's batched step; `--batching-only` runs just that), and the cost of
 grammar-constrained decoding (a JSON schema on one row, and on 4 rows of a batch of 8, against
-free rows: scripts/bench_structured.py; `--only structured` runs just that). slm runs twice: as "slm",
+free rows: scripts/bench_structured.py; `--only structured` runs just that), and the cost of vLLM's
+router in front of `slm serve` (8 concurrent requests through vllm-router against the same sent
+straight to the server: scripts/bench_router.py, which also runs on its own). slm runs twice: as "slm",
 its exact mode (`--exact`: float32 products), and as "slm int8", its default mode (integer
 products), whose logits error against the exact mode is measured too (int8_error). Each system runs in a worker process of its own (no thread pool or
 environment setting of one can slow another; slm's sets one OpenBLAS thread, torch's two),
@@ -52,6 +54,8 @@ import make_random_lora  # noqa: E402
 import smollm2_path  # noqa: E402
 from bench_common import PROMPT, SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med, peak_rss, slm_cli  # noqa: E402
 from bench_inprocess import bench_batching, bench_serve_http, int8_error, lora_overhead_ab  # noqa: E402
+from bench_router import bench_router  # noqa: E402
+import vllm_router  # noqa: E402
 from bench_tables import print_tables  # noqa: E402
 
 
@@ -300,6 +304,8 @@ def bench_base(base: str, a) -> dict:
     if a.kernels == "default":
         results["batching_int8"] = bench_batching(store, base, ["lora16", "lora16b", "lora16c"], a, "int8")
     results["batching_http"] = bench_serve_http(store.root, base, ["lora16", "lora16b", "lora16c"], a)
+    if vllm_router.executable() is not None:  # the router's own cost (a dev-extra peer)
+        results["router_http"] = bench_router(store.root, base, min(a.runs, 3), a.batch_steps, work / "router.log")
     if a.kernels == "default":
         import bench_structured
 

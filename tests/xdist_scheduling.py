@@ -35,6 +35,8 @@ LONGEST_FIRST = [
     "tests/durability/test_durability.py",
     "tests/serve/test_serve_real.py",
     "tests/distribution/test_dist_crash.py",
+    "tests/fleet/test_fleet_router.py",  # a fleet of 3 replicas built, then 4 routers in front of it
+    "tests/fleet/test_fleet_failover.py",
     "tests/distribution/test_dist_registry.py",
     "tests/distribution/test_dist_bundle.py",
     "tests/cli/test_concurrency.py",

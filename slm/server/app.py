@@ -136,7 +136,7 @@ class Guard:
 
 
 KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics",
-               "/tokenize", "/detokenize", "/v1/completions/render", "/v1/chat/completions/render"}
+               "/tokenize", "/detokenize", "/v1/completions/render", "/v1/chat/completions/render", "/get_load"}
 
 
 class ClientGone(Exception):
@@ -341,6 +341,12 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
                       max_batch=engine.max_batch, draining=engine.draining)
         return JSONResponse(status)
 
+    async def get_load(request: Request) -> Response:
+        """vllm-router's power_of_two policy polls this: the rows in flight, admitted or queued
+        (vllm:num_requests_running + vllm:num_requests_waiting of /metrics, one snapshot)."""
+        engine = scheduler.status()
+        return JSONResponse({"load": sum(engine.admitted_by_name.values()) + sum(engine.waiting_by_name.values())})
+
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -361,6 +367,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         Route("/health", health, methods=["GET"]),
         Route("/v1/slm/status", slm_status, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/get_load", get_load, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     return Guard(app, api_key, body_limit, active_id, metrics, log, catalog.runtime.mode)

@@ -16,11 +16,13 @@ START_TIMEOUT_S = 120
 
 
 class Server:
-    """`python -m slm --store DIR serve --port 0 ARGS...`; its stderr lines are kept."""
+    """`python -m slm --store DIR serve --port PORT ARGS...` (port 0: any free one); its stderr
+    lines are kept."""
 
-    def __init__(self, store_dir, *args: str, env: dict | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store_dir), "serve", "--port", "0",
-                                      *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    def __init__(self, store_dir, *args: str, env: dict | None = None, port: int = 0):
+        self.proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store_dir), "serve", "--port",
+                                      str(port), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=env)
         self.lines: list[str] = []
         self._new: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
