@@ -135,7 +135,7 @@ def serve(
     port: int = typer.Option(8080, "--port", parser=integer, help="TCP port (0: any free port, printed at start)."),
     api_key: Optional[str] = typer.Option(
         None, "--api-key", envvar="SLM_API_KEY", metavar="KEY", show_envvar=True,
-        help="Require Authorization: Bearer KEY on every endpoint but /health."),
+        help="Require Authorization: Bearer KEY on every endpoint but /health and /get_load."),
     max_batch: int = typer.Option(8, "--max-batch", metavar="N", parser=integer, help="Requests decoded together in one step."),
     max_queue: Optional[int] = typer.Option(
         None, "--max-queue", metavar="N", parser=integer, help="Requests waiting beyond the batch before HTTP 429 (default 4 x N)."),

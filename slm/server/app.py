@@ -49,7 +49,7 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 
 class Guard:
-    """API key (every path but /health), body size (by Content-Length; handlers also count what
+    """API key (every path but the OPEN_PATHS), body size (by Content-Length; handlers also count what
     they read), the composition header default, the mode header, metrics and the one log line
     per request."""
 
@@ -110,7 +110,7 @@ class Guard:
 
     def _unauthenticated(self, headers: list[tuple[str, str]], path: str) -> Response | None:
         """The 401 of a request without the API key (one Authorization header, Bearer KEY)."""
-        if self.api_key is None or path == "/health":
+        if self.api_key is None or path in OPEN_PATHS:
             return None
         auths = [v for k, v in headers if k == "authorization"]
         if not auths or not auths[0]:
@@ -135,6 +135,9 @@ class Guard:
         return None
 
 
+# Answered without the API key: what routers and orchestrators poll, which carry no key and learn
+# nothing of a request's content there (a state, a count of rows in flight).
+OPEN_PATHS = frozenset({"/health", "/get_load"})
 KNOWN_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/v1/slm/status", "/metrics",
                "/tokenize", "/detokenize", "/v1/completions/render", "/v1/chat/completions/render", "/get_load"}
 

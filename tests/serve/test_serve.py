@@ -217,7 +217,7 @@ def test_bad_requests_get_4xx_and_change_nothing(cli, tiny_store):
         ("wrong method", "GET", "/v1/completions", None, auth, 405),
     ]
     try:
-        assert server.http("GET", "/health")[0] == 200  # the one endpoint without the key
+        assert server.http("GET", "/health")[0] == 200  # answered without the key (as /get_load is)
         for name, method, path, body, headers, want in cases:
             status, hdrs, data = server.http(method, path, body, headers)
             assert status == want, (name, status, data[:300])
