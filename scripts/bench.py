@@ -55,7 +55,7 @@ import smollm2_path  # noqa: E402
 from bench_common import PROMPT, SETTLE_S, WorkerProcess, cpu_kind, cpu_model, med, peak_rss, slm_cli  # noqa: E402
 from bench_inprocess import bench_batching, bench_serve_http, int8_error, lora_overhead_ab  # noqa: E402
 from bench_router import bench_router  # noqa: E402
-import vllm_router  # noqa: E402
+import router_peer  # noqa: E402
 from bench_tables import print_tables  # noqa: E402
 
 
@@ -304,7 +304,7 @@ def bench_base(base: str, a) -> dict:
     if a.kernels == "default":
         results["batching_int8"] = bench_batching(store, base, ["lora16", "lora16b", "lora16c"], a, "int8")
     results["batching_http"] = bench_serve_http(store.root, base, ["lora16", "lora16b", "lora16c"], a)
-    if vllm_router.executable() is not None:  # the router's own cost (a dev-extra peer)
+    if router_peer.executable() is not None:  # the router's own cost (a dev-extra peer)
         results["router_http"] = bench_router(store.root, base, min(a.runs, 3), a.batch_steps, work / "router.log")
     if a.kernels == "default":
         import bench_structured

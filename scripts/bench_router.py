@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 from bench_common import PROMPT, cpu_kind, cpu_model, med, slm_cli  # noqa: E402
 from bench_http import concurrent_completions, slm_serve  # noqa: E402
 from bench_inprocess import interleaved_medians  # noqa: E402
-from vllm_router import vllm_router  # noqa: E402
+from router_peer import vllm_router  # noqa: E402
 
 CONCURRENT = 8
 # The router's defaults but for the start-up check's pause (its first check finds the replica up).

@@ -4,7 +4,7 @@ adapters), each signed by one Ed25519 key; three `slm serve` replicas, each with
 its own that trusts only that key and requires signatures, started as a fleet starts them:
 `slm serve --model REF` with REF pinned by digest (pulled and activated before it listens),
 the two other compositions pulled beforehand for requests that name them; vLLM's router in
-front (scripts/vllm_router.py). Real processes on loopback, free ports, bounded waits."""
+front (scripts/router_peer.py). Real processes on loopback, free ports, bounded waits."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench_http import free_port
 from dist_fixtures import local_registry
 from serve_helpers import Server
-from vllm_router import Router, executable
+from router_peer import Router, executable
 
 from slm.api import Store
 

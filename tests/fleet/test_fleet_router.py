@@ -13,7 +13,7 @@ import json
 import pytest
 
 from fleet_fixtures import fleet, openai_client  # noqa: F401  (fixture)
-from vllm_router import POLICIES
+from router_peer import POLICIES
 
 jsonschema = pytest.importorskip("jsonschema")
 openai = pytest.importorskip("openai")

@@ -1,4 +1,4 @@
-"""vLLM's router (the `vllm-router` command of the pinned `vllm-router` package, the dev extra)
+"""The router peer: vLLM's router (the `vllm-router` command of the pinned `vllm-router` package, the dev extra)
 as a process in front of `slm serve` replicas: started on loopback with free ports (its own and
 its Prometheus exporter's), ready within a deadline, stopped (killed if need be) on the way out.
 
