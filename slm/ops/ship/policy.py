@@ -1,6 +1,6 @@
-"""The store's signing policy and the check every switch makes against it (slm.ops.ship.signing
-signs and verifies; it loads only where a signature is touched: an activation of a store that
-does not require signatures never imports it).
+"""The store's signing policy and the check every switch, and every pull before it receives
+anything, makes against it (slm.ops.ship.signing signs and verifies; it loads only where a
+signature is touched: an activation of a store that does not require signatures never imports it).
 
 Policy, in the store's config.toml (top level, above the first [table] line; slm.store.config
 refuses the keys anywhere else, so a misplaced one cannot leave the policy off):

@@ -5,7 +5,10 @@ then one referrer manifest per signature (`subject` = the composition's manifest
 registry does not index referrers itself, the OCI 1.1 fallback tag `sha256-<hex>` lists them).
 Pull is a receive transaction (slm.ops.ship.receive): only blobs the store lacks are downloaded,
 each streamed into the store's tmp/ and hashed on the way (never held whole), every byte is
-verified before anything becomes visible, kill -9 at any instant leaves old or new.
+verified before anything becomes visible, kill -9 at any instant leaves old or new. A store
+that requires signatures judges those that would come with the composition (its bundle's, its
+referrers, its own) before anything is received (slm.ops.ship.policy.admit): a refused pull
+writes nothing.
 """
 
 from __future__ import annotations
