@@ -59,7 +59,10 @@ def pull(
     json_out: bool = JsonOpt,
 ) -> None:
     """Receive a composition from an OCI registry (only the blobs the store lacks; all verified), or a
-    ModelPack / Docker model artifact of GGUF files (imported as a base and its LoRA adapters)."""
+    ModelPack / Docker model artifact of GGUF files (imported as a base and its LoRA adapters).
+
+    A store that requires signatures receives only a composition a trusted key signed: anything
+    else is refused before a byte is written."""
     from slm import render_dist
 
     show_result(open_store(ctx).pull(reference, insecure, progress_bar(json_out)), json_out, render_dist.received)

@@ -1,6 +1,8 @@
 """Receiving a bundle (`slm import bundle`, `slm pull`): a store transaction exactly like import.
 
-    read the OCI manifest and config -> fetch the composition record, the base and adapter
+    read the OCI manifest and config -> fetch the composition record and the signatures it
+    lists (each valid for its id; `admit`, given by a pull into a store that requires
+    signatures, judges them here, before anything is written) -> the base and adapter
     manifests -> check that the layers are exactly the blobs those manifests name -> fetch
     every other blob the store lacks, each re-hashed (sha256 and size against its descriptor,
     BLAKE3 against its annotation) and staged under tmp/ -> under the store lock: journal
@@ -22,7 +24,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from slm.compose.adapter_manifest import AdapterManifest, parse_adapter_manifest
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
@@ -57,6 +59,9 @@ class BlobSource(Protocol):
     def blob(self, digest: str, size: int) -> bytes: ...
 
     def chunks(self, digest: str, size: int) -> Iterator[bytes]: ...
+
+
+Admit = Callable[[str, list[bytes]], None]
 
 
 def names_of(comp: Composition) -> list[tuple[str, str, str]]:
@@ -98,9 +103,11 @@ def _checked(data: bytes, layer: Layer | Descriptor, blake3: str | None, where: 
 
 
 class Receiver:
-    def __init__(self, store: StoreDir, manifest: Manifest, source: BlobSource, where: str, progress: Progress):
+    def __init__(self, store: StoreDir, manifest: Manifest, source: BlobSource, where: str, progress: Progress,
+                 admit: Admit | None = None):
         self.store, self.manifest, self.source, self.where = store, manifest, source, where
         self.progress = progress
+        self.admit = admit
         self.layers = {l.blake3: l for l in manifest.layers}
         self.downloaded = 0
         self.bytes = 0
@@ -163,8 +170,9 @@ class Receiver:
             if pool is not None:  # a failure: what is not yet asked for never will be
                 pool.shutdown(wait=True, cancel_futures=True)
 
-    def content(self, digest: str, media: str, what: str) -> bytes:
-        """The verified bytes of a small blob (a manifest), from the store or the source."""
+    def small(self, digest: str, media: str, what: str) -> bytes:
+        """The verified bytes of a small blob (a manifest, a signature), from the store or the
+        source; not staged yet."""
         layer = self.layers.get(digest)
         if layer is None:
             raise IntegrityError(f"{self.where}: the bundle has no layer for {what} ({dg.short(digest)})")
@@ -172,7 +180,11 @@ class Receiver:
             raise InvalidInput(f"{self.where}: {what} has mediaType {layer.media_type!r}, expected {media!r}")
         if self._stored(digest):
             return self.store.objects.read_verified(digest)
-        data = self.fetch(layer)
+        return self.fetch(layer)
+
+    def content(self, digest: str, media: str, what: str) -> bytes:
+        """A small blob's verified bytes, staged unless the store has them."""
+        data = self.small(digest, media, what)
         self.staging.put(data)
         return data
 
@@ -200,8 +212,8 @@ class Receiver:
         self.bytes += cfg.size
         self.progress.start("receiving", sum(l.size for l in self.manifest.layers))
         record = config.composition_manifest
-        comp = parse_composition(self.content(record, mt.COMPOSITION, "the composition record"),
-                                 f"{self.where} composition record")
+        record_bytes = self.small(record, mt.COMPOSITION, "the composition record")
+        comp = parse_composition(record_bytes, f"{self.where} composition record")
         if comp.id != config.composition_id:
             named, record_id = dg.short_pair(config.composition_id, comp.id)
             raise IntegrityError(f"{self.where}: the config names composition {named} "
@@ -209,6 +221,15 @@ class Receiver:
         if comp.identity() != config.identity:
             raise IntegrityError(f"{self.where}: the config's identity of composition {dg.short(comp.id)} "
                                  "is not the one its record hashes to")
+        # the signatures it carries (small), each valid for this id, before anything is staged:
+        # so the admission check sees them while the store is still untouched
+        signatures = [self.small(s, mt.SIGNATURE, f"signature {dg.short(s)}") for s in comp.signatures]
+        for data in signatures:
+            signing.parse_signature(data, comp.id)
+        if self.admit is not None:
+            self.admit(comp.id, signatures)
+        for data in (record_bytes, *signatures):
+            self.staging.put(data)
         base = parse_base_manifest(self.content(comp.base, mt.BASE_MANIFEST, "the base manifest"),
                                    f"{self.where} base manifest")
         _check_base(comp, base, self.where)
@@ -233,11 +254,7 @@ class Receiver:
                 self.progress.advance(layer.size)
                 continue
             wanted.append(layer)
-        for layer in [l for l in wanted if l.media_type == mt.SIGNATURE]:  # small: checked whole
-            data = self.fetch(layer)
-            signing.parse_signature(data, comp.id)  # well-formed and valid for this id
-            self.staging.put(data)
-        with contextlib.closing(self._chunks_ahead([l for l in wanted if l.media_type != mt.SIGNATURE])) as blobs:
+        with contextlib.closing(self._chunks_ahead(wanted)) as blobs:
             for layer, chunks in blobs:
                 self.ingest(layer, chunks)  # staged in order, on this thread
         self.progress.finish()
@@ -258,8 +275,10 @@ def _check_base(comp: Composition, base: BaseManifest, where: str) -> None:
 
 
 def receive(store: StoreDir, manifest: Manifest, source: BlobSource, where: str,
-            progress: Progress | None = None) -> ReceiveResult:
-    receiver = Receiver(store, manifest, source, where, progress or NoProgress())
+            progress: Progress | None = None, admit: Admit | None = None) -> ReceiveResult:
+    """`admit(composition id, the signature blobs it carries)` raises to refuse the composition
+    before anything is staged (a pull into a store that requires signatures)."""
+    receiver = Receiver(store, manifest, source, where, progress or NoProgress(), admit)
     try:
         return receiver.run()
     finally:

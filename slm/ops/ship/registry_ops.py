@@ -5,7 +5,10 @@ then one referrer manifest per signature (`subject` = the composition's manifest
 registry does not index referrers itself, the OCI 1.1 fallback tag `sha256-<hex>` lists them).
 Pull is a receive transaction (slm.ops.ship.receive): only blobs the store lacks are downloaded,
 each streamed into the store's tmp/ and hashed on the way (never held whole), every byte is
-verified before anything becomes visible, kill -9 at any instant leaves old or new.
+verified before anything becomes visible, kill -9 at any instant leaves old or new. A store
+that requires signatures judges those that would come with the composition (its bundle's, its
+referrers, its own) before anything is received (slm.ops.ship.policy.admit): a refused pull
+writes nothing.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ from slm.distribution import mediatypes as mt
 from slm.distribution.bundle import MAX_MANIFEST_BYTES, Descriptor, Manifest, canonical, parse_manifest, sha256_of
 from slm.distribution.reference import parse_reference
 from slm.distribution.registry import Registry
-from slm.errors import InvalidInput, NotFound
+from slm.errors import Incompatible, InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
 from slm.distribution import model_artifacts
-from slm.ops.ship import bundles, model_pull, receive, referrers
+from slm.ops.ship import bundles, model_pull, policy, receive, referrers
 from slm.ops.infer import compositions
 from slm.ops.store import naming
 from slm.ops.progress import NoProgress, Progress
@@ -163,13 +166,17 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
             raise NotFound(f"registry {ref.host}: no manifest {ref.repository}:{ref.ref}")
         artifact = _model_artifact(data, f"{ref} manifest")
         if artifact is not None:
+            _refuse_unsigned_artifact(store, artifact, ref)
             pulled = model_pull.pull_model(store, artifact, data, _RegistrySource(clients), ref, progress)
             naming.name_remote(store, str(ref), compositions.load(store, pulled.composition_id))
             return pulled
         manifest = parse_manifest(data, f"{ref} manifest")
         # signatures pushed as referrers, checked before anything is received (slm.ops.ship.referrers)
         signed = referrers.fetch_signatures(registry, manifest, sha256_of(data))
-        result = receive.receive(store, manifest, _RegistrySource(clients), str(ref), progress)
+        # the store's signing policy over every signature that would come with the composition
+        # (its own and the referrers), before anything is received: a refused pull writes nothing
+        result = receive.receive(store, manifest, _RegistrySource(clients), str(ref), progress,
+                                 lambda comp_id, carried: policy.admit(store, comp_id, [*carried, *signed]))
         added = referrers.adopt(store, result.composition_id, signed) if signed else 0
     finally:
         clients.close()
@@ -178,6 +185,16 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
     naming.name_remote(store, str(ref), compositions.load(store, result.composition_id))
     return dataclasses.replace(result, manifest_digest=sha256_of(data), signatures=result.signatures + added,
                                referrer_signatures=len(signed))
+
+
+def _refuse_unsigned_artifact(store: StoreDir, artifact: model_artifacts.ModelArtifact, ref) -> None:
+    """A model artifact carries no slm signature (slm pushes none with one, and its composition
+    id is known only once its weights are imported), so a store that requires signatures
+    refuses it before anything is downloaded."""
+    if policy.policy(store).require_signed:
+        raise Incompatible(f"{ref}: a {artifact.kind} model artifact carries no slm signature, and this store "
+                           "requires signed compositions (require_signed in config.toml); push the composition "
+                           "signed, in slm's own format")
 
 
 def _model_artifact(data: bytes, what: str) -> model_artifacts.ModelArtifact | None:

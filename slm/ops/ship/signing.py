@@ -37,19 +37,22 @@ def _record(store: StoreDir, comp_id: str) -> Composition | None:
 
 
 def check_signatures(store: StoreDir, comp_id: str, trusted: tuple[str, ...]) -> list[SignatureCheck]:
+    """Each signature the store lists with the composition, checked (none if it is not stored)."""
+    record = _record(store, comp_id)
+    return [check_signature(digest, lambda d=digest: store.objects.read_verified(d), comp_id, trusted)
+            for digest in (record.signatures if record else ())]
+
+
+def check_signature(digest: str, read, comp_id: str, trusted: tuple[str, ...]) -> SignatureCheck:
+    """One signature blob (`read()` gives its bytes) checked for `comp_id` under `trusted`: a
+    blob that cannot be read or does not verify is an invalid check, not an error."""
     from slm.distribution import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
-    record = _record(store, comp_id)
-    out = []
-    for digest in record.signatures if record else ():
-        try:
-            sig = signing.parse_signature(store.objects.read_verified(digest), comp_id,
-                                          f"signature {dg.short(digest)}")
-        except SlmError as err:
-            out.append(SignatureCheck(digest, None, None, False, False, str(err)))
-            continue
-        out.append(SignatureCheck(digest, sig.public_key, sig.fingerprint, True, sig.public_key in trusted))
-    return out
+    try:
+        sig = signing.parse_signature(read(), comp_id, f"signature {dg.short(digest)}")
+    except SlmError as err:
+        return SignatureCheck(digest, None, None, False, False, str(err))
+    return SignatureCheck(digest, sig.public_key, sig.fingerprint, True, sig.public_key in trusted)
 
 
 def _find(store: StoreDir, ref: str | None) -> str:
