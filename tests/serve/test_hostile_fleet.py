@@ -1,0 +1,69 @@
+"""The fleet-serving surfaces (issue 46) attacked as a hostile client or peer would: vLLM's
+request fields, the tokenizer endpoints, /metrics, /v1/models. One real server on the tiny
+base `tq` with tq + a1@0.5 active (its log lines kept by serve_helpers.Server)."""
+
+from __future__ import annotations
+
+import http.client
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from helpers import copy_store, tiny_store
+from serve_helpers import Server
+
+pytest.importorskip("uvicorn")
+pytestmark = pytest.mark.hostile
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model):
+    root = tmp_path_factory.mktemp("fleet")
+    template = tiny_store(root / "template", tiny_model, adapters=1, steps=(("activate", "tq", "a1@0.5"),))
+    srv = Server(copy_store(template, root), "--threads", "1")
+    yield srv
+    assert srv.stop() == 0
+
+
+def _log_since(server, start: int) -> list[str]:
+    """The server's log lines from line `start` on, up to and including the log line of a
+    /health request made now (a request's line is written once its response is sent)."""
+    server.http("GET", "/health")
+    deadline = time.monotonic() + 30
+    while not any("GET /health" in line for line in server.lines[start:]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return server.lines[start:]
+
+
+@pytest.mark.parametrize("field, penalty", [("repetition_penalty", 1e-40), ("repetition_penalty", 1e-320),
+                                            ("repeat_penalty", 1e-320), ("repetition_penalty", 1e308)])
+def test_an_extreme_repetition_penalty_is_an_answer_not_a_500(server, field, penalty):
+    """A penalty the range check accepts (a finite number > 0) took a seen token's logit past
+    float32's range: +inf on two tokens, NaN probabilities, HTTP 500 and numpy's warnings in the
+    log. The penalised logits stay finite: a sampled answer, as vLLM gives one."""
+    start = len(server.lines)
+    code, doc = server.json("POST", "/v1/completions", {"prompt": "hi hi hi", "max_tokens": 6, "temperature": 0.7,
+                                                        "seed": 3, field: penalty})
+    assert code == 200, doc
+    assert doc["choices"][0]["finish_reason"] in ("length", "stop")
+    assert doc["usage"]["completion_tokens"] >= 1
+    assert not [line for line in _log_since(server, start) if "Warning" in line or not line.startswith("slm serve:")]
+
+
+def test_a_path_cannot_forge_a_log_line(server):
+    """A percent-encoded line break in the path was written raw into the one-line-per-request
+    log: the client wrote a line of its own (`slm serve: FAKE ...`) and raw bytes (%00)."""
+    start = len(server.lines)
+    url = urlparse(server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        conn.request("GET", "/v1/models/x%0Aslm%20serve:%20FAKE%00%0D%E2%80%A8")
+        response = conn.getresponse()
+        response.read()
+    finally:
+        conn.close()
+    assert response.status == 404
+    lines = [line for line in _log_since(server, start) if "FAKE" in line]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("slm serve: GET /v1/models/x\\nslm serve: FAKE\\x00\\r\\u2028 404"), lines
