@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import sys
 import threading
 import time
@@ -391,8 +392,14 @@ def _write_line(stream, text: str) -> None:
         stream.flush()
 
 
+# What a client sends reaches the log (a percent-decoded path, a model name in a message): its
+# line breaks and other control characters are written escaped, so that a request can neither
+# forge a log line of its own nor write raw bytes into the log
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def stderr_log(line: str) -> None:
-    _write_line(sys.stderr, f"slm serve: {line}")
+    _write_line(sys.stderr, "slm serve: " + _CONTROL.sub(lambda m: repr(m.group())[1:-1], line))
 
 
 def json_log(line: str) -> None:
