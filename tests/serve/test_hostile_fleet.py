@@ -67,3 +67,19 @@ def test_a_path_cannot_forge_a_log_line(server):
     lines = [line for line in _log_since(server, start) if "FAKE" in line]
     assert len(lines) == 1, lines
     assert lines[0].startswith("slm serve: GET /v1/models/x\\nslm serve: FAKE\\x00\\r\\u2028 404"), lines
+
+
+def test_a_weight_padded_to_a_megabyte_is_refused_not_carried_into_every_label(server):
+    """`tq+a1@0.5000...` (200,000 zeros) is the active composition's own weight, so it ran, and
+    its name, as requests name it, was carried whole: into every streamed chunk's `model` and
+    into /metrics' vllm:lora_requests_info label, which every router scrapes (12 such requests:
+    a 2.4 MB /metrics). A weight is written in at most 32 characters: 400, naming it."""
+    padded = "tq+a1@0.5" + "0" * 200_000
+    for path, body in (("/v1/completions", {"model": padded, "prompt": "hi", "max_tokens": 2}),
+                       ("/tokenize", {"model": padded, "prompt": "hi"})):
+        code, doc = server.json("POST", path, body)
+        assert code == 400, (path, code)
+        message = doc["error"]["message"]
+        assert "weight" in message and "32" in message and len(message) < 300, message
+    code, doc = server.json("POST", "/v1/completions", {"model": "tq+a1@0.50000", "prompt": "hi", "max_tokens": 2})
+    assert code == 200 and doc["model"] == "tq+a1@0.50000", doc
