@@ -80,6 +80,7 @@ class Scheduler:
         # (each thread that tokenized a long prompt kept its own, slm.model.allocator); and the
         # event loop competes for the GIL with this thread alone
         self._preparing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="slm-prepare")
+        self._preparing_jobs = 0  # given to that thread, not yet done (bounded: _prepare)
         self.prompts = MemoryPromptCache()
         self.draining = False  # a plain attribute: /health reads it without waiting on anything
         self.inflight = 0  # submitted and not yet closed: queued, being prefilled or running
@@ -101,7 +102,7 @@ class Scheduler:
         composition (status() counts rows by it; default: the composition id)."""
         self._check_submission(target, request)
         rendered = render(target, request)  # (a chat's template: on this thread, not the preparing one)
-        return self._preparing.submit(self._submit, target, request, stream, rendered, name).result()
+        return self._prepare(self._submit, target, request, stream, rendered, name).result()
 
     async def submit_async(self, target: Target, request: GenerationRequest, stream: bool = True,
                            name: str | None = None) -> Handle:
@@ -110,7 +111,7 @@ class Scheduler:
         self._check_submission(target, request)
         rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
             if request.chat else None
-        return await asyncio.wrap_future(self._preparing.submit(self._submit, target, request, stream, rendered,
+        return await asyncio.wrap_future(self._prepare(self._submit, target, request, stream, rendered,
                                                                 name))
 
     def _check_submission(self, target: Target, request: GenerationRequest) -> None:
@@ -132,18 +133,40 @@ class Scheduler:
             raise InvalidInput("prompt_ids takes a GenerationRequest on a staged composition (Runtime.stage)")
         rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
             if request.chat else None
-        return await asyncio.wrap_future(self._preparing.submit(prompt_ids, target, request, rendered))
+        return await asyncio.wrap_future(self._prepare(prompt_ids, target, request, rendered))
 
     async def tokenize(self, target: Target, text: str, add_special: bool = True) -> list[int]:
         """A text's token ids on the preparing thread, awaited (slm.engine.prepare.encode: no
         check against the context)."""
         if not isinstance(target, Target) or not isinstance(text, str):
             raise InvalidInput("tokenize takes a text on a staged composition (Runtime.stage)")
-        return await asyncio.wrap_future(self._preparing.submit(encode, target, text, add_special))
+        return await asyncio.wrap_future(self._prepare(encode, target, text, add_special))
 
     async def call_preparing(self, work: Callable, *args):
         """Run work(*args) on the preparing thread (a large body's parsing, /tokenize), awaited."""
-        return await asyncio.wrap_future(self._preparing.submit(work, *args))
+        return await asyncio.wrap_future(self._prepare(work, *args))
+
+    def _prepare(self, work: Callable, *args) -> concurrent.futures.Future:
+        """work(*args) given to the preparing thread; Busy when max_batch + max_queue jobs are
+        there already. Every request's text waits its turn on that one thread, and a tokenizer
+        endpoint's text is as long as a body may be: unbounded, a flood of them would hold their
+        texts in memory and delay every generation's prompt behind them without end."""
+        with self._count_lock:
+            if self._preparing_jobs >= self.max_batch + self.max_queue:
+                raise Busy(f"the server is full ({self._preparing_jobs} requests waiting to be prepared); "
+                           "retry shortly")
+            self._preparing_jobs += 1
+        try:
+            future = self._preparing.submit(work, *args)
+        except BaseException:  # (the thread stopped: shutting down)
+            self._prepared(None)
+            raise
+        future.add_done_callback(self._prepared)  # (a cancelled job's too)
+        return future
+
+    def _prepared(self, _future) -> None:
+        with self._count_lock:
+            self._preparing_jobs -= 1
 
     def _submit(self, target: Target, request: GenerationRequest, stream: bool,
                  rendered: ChatPrompt | None, name: str | None) -> Handle:

@@ -267,8 +267,12 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         thread (the event loop keeps answering meanwhile, and it competes for the GIL with one
         such thread, not many)."""
         body = await read_body(request)
-        return protocol.parse_body(body) if len(body) < PARSE_INLINE_BYTES else \
-            await scheduler.call_preparing(protocol.parse_body, body)
+        if len(body) < PARSE_INLINE_BYTES:
+            return protocol.parse_body(body)
+        try:
+            return await scheduler.call_preparing(protocol.parse_body, body)
+        except SlmError as err:  # (Busy: that thread has enough waiting)
+            raise protocol.http_error(err) from err
 
     async def generate(request: Request, chat: bool) -> Response:
         try:
