@@ -65,7 +65,7 @@ class Scheduler:
     def __init__(self, max_batch: int = 8, max_queue: int = 32, threads: int | None = None,
                  memory_budget: int | None = None, metrics=None, log: Callable[[str], None] = print,
                  activations: str = "float32", prefill_chunk: int = PREFILL_CHUNK,
-                 view: LogprobView = lambda tokenizer, record: record):
+                 view: LogprobView = lambda tokenizer, record, special: record):
         self.max_batch, self.max_queue, self.threads = max_batch, max_queue, threads
         self.prefill_chunk = prefill_chunk
         self.activations = activations  # the batch step's and every request's model's (alike, so

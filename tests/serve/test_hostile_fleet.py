@@ -5,6 +5,7 @@ base `tq` with tq + a1@0.5 active (its log lines kept by serve_helpers.Server)."
 from __future__ import annotations
 
 import http.client
+import json
 import time
 from urllib.parse import urlparse
 
@@ -83,3 +84,26 @@ def test_a_weight_padded_to_a_megabyte_is_refused_not_carried_into_every_label(s
         assert "weight" in message and "32" in message and len(message) < 300, message
     code, doc = server.json("POST", "/v1/completions", {"model": "tq+a1@0.50000", "prompt": "hi", "max_tokens": 2})
     assert code == 200 and doc["model"] == "tq+a1@0.50000", doc
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_name_a_special_token_as_the_answer_writes_it(server, stream):
+    """skip_special_tokens false puts an end-of-turn token's text (`<|im_end|>`, forced here by
+    logit_bias with ignore_eos) in the answer, but its logprobs named it "": the tokens no
+    longer added up to the text, and text_offset pointed past it. They name it as the text does."""
+    body = {"prompt": "hi", "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logit_bias": {"2": 100},
+            "skip_special_tokens": False, "logprobs": 1, "stream": stream}
+    status, _, data = server.http("POST", "/v1/completions", body)
+    assert status == 200, data
+    if stream:
+        chunks = [json.loads(line[len(b"data: "):]) for line in data.splitlines()
+                  if line.startswith(b"data: {")]
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        tokens = [t for c in chunks if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]]
+    else:
+        choice = json.loads(data)["choices"][0]
+        text, tokens = choice["text"], choice["logprobs"]["tokens"]
+        assert choice["logprobs"]["text_offset"] == [0, len("<|im_end|>"), 2 * len("<|im_end|>")]
+    assert text == "<|im_end|>" * 3
+    assert tokens == ["<|im_end|>"] * 3
+
