@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
+import sys
 import time
 from urllib.parse import urlparse
 
@@ -107,3 +109,32 @@ def test_logprobs_name_a_special_token_as_the_answer_writes_it(server, stream):
     assert text == "<|im_end|>" * 3
     assert tokens == ["<|im_end|>"] * 3
 
+
+@pytest.mark.parametrize("damage", [b"blake3:zzzz", b"x" * 5000, b"\xff\xfe"], ids=["not-a-digest", "oversized", "binary"])
+def test_one_damaged_tag_does_not_take_the_model_list_down(tmp_path, tiny_model, damage):
+    """A tag file with garbage in it (store damage: a torn disk, a hand edit) made Store.ls
+    raise, so `slm ls` failed as a whole (exit 5) and the server's /v1/models and every
+    /v1/models/{id} answered 500: one bad name hid every model from every client and router.
+    The damaged name is listed with its error (`slm ls`), left out of /v1/models; the rest answer."""
+    from slm.cli import run
+
+    store = tiny_store(tmp_path, tiny_model, adapters=1, steps=(("activate", "tq", "a1@0.5"), ("tag", "good", "@active"),
+                                                                ("tag", "bad", "tq")))
+    (store / "names" / "tags" / "bad").write_bytes(damage)
+    srv = Server(store, "--threads", "1")
+    try:
+        code, doc = srv.json("GET", "/v1/models")
+        assert code == 200, doc
+        ids = [m["id"] for m in doc["data"]]
+        assert {"active", "good", "tq", "tq+a1@0.5"} <= set(ids) and "bad" not in ids, ids
+        code, doc = srv.json("GET", "/v1/models/good")
+        assert code == 200 and doc["slm"]["kind"] == "tag", doc
+    finally:
+        assert srv.stop() == 0
+    listed = subprocess.run([sys.executable, "-m", "slm", "--store", str(store), "ls", "--json"], capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    entries = {(e["kind"], e["name"]): e for e in json.loads(listed.stdout)}
+    assert "slm fsck" in entries["tag", "bad"]["error"] and entries["tag", "bad"]["digest"] is None
+    assert "error" not in entries["tag", "good"] and entries["tag", "good"]["active"] is True
+    assert run(["--store", str(store), "fsck"]) == 5  # still damage, for the operator to decide
