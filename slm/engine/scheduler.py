@@ -44,7 +44,7 @@ from slm.engine.generate import PREFILL_CHUNK
 from slm.engine.generation import decode, first_token, prefill_next
 from slm.engine.handle import FailedEvent, Handle, SchedulerStatus
 from slm.engine.job import Job, LogprobView
-from slm.engine.prepare import encode, prepare, prompt_ids, render
+from slm.engine.prepare import Prepared, encode, prepare, prompt_ids, render
 from slm.engine.prompt_cache import MemoryPromptCache
 from slm.engine.request import GenerationRequest
 from slm.engine.stops import CANCELLED
@@ -135,6 +135,16 @@ class Scheduler:
             if request.chat else None
         return await asyncio.wrap_future(self._prepare(prompt_ids, target, request, rendered))
 
+    async def check(self, target: Target, request: GenerationRequest) -> Prepared:
+        """What `submit` would run `request` on, checked as submit checks it (InvalidInput,
+        BudgetExceeded: the context, the vocabulary, the schema, n, the memory budget) and
+        prepared, nothing queued: the prompt's ids and the request with its max_tokens resolved."""
+        if not isinstance(request, GenerationRequest) or not isinstance(target, Target):
+            raise InvalidInput("check takes a GenerationRequest on a staged composition (Runtime.stage)")
+        rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
+            if request.chat else None
+        return await asyncio.wrap_future(self._prepare(self._checked, target, request, rendered))
+
     async def tokenize(self, target: Target, text: str, add_special: bool = True) -> list[int]:
         """A text's token ids on the preparing thread, awaited (slm.engine.prepare.encode: no
         check against the context)."""
@@ -159,19 +169,22 @@ class Scheduler:
         try:
             future = self._preparing.submit(work, *args)
         except BaseException:  # (the thread stopped: shutting down)
-            self._prepared(None)
+            self._job_done(None)
             raise
-        future.add_done_callback(self._prepared)  # (a cancelled job's too)
+        future.add_done_callback(self._job_done)  # (a cancelled job's too)
         return future
 
-    def _prepared(self, _future) -> None:
+    def _job_done(self, _future) -> None:
         with self._count_lock:
             self._preparing_jobs -= 1
 
+    def _checked(self, target: Target, request: GenerationRequest, rendered: ChatPrompt | None) -> Prepared:
+        return prepare(target, request, mode=modes.of_activations(self.activations), memory_budget=self.budget,
+                       max_n=self.max_batch, rendered=rendered)
+
     def _submit(self, target: Target, request: GenerationRequest, stream: bool,
                  rendered: ChatPrompt | None, name: str | None) -> Handle:
-        prepared = prepare(target, request, mode=modes.of_activations(self.activations), memory_budget=self.budget,
-                           max_n=self.max_batch, rendered=rendered)
+        prepared = self._checked(target, request, rendered)
         jobs: list[Job] = []
         handle = Handle(f"{'chatcmpl' if request.chat else 'cmpl'}-{next(self._ids)}", target.id,
                         len(prepared.prompt_ids), tuple(c.seed for c in prepared.choices),

@@ -110,6 +110,35 @@ def test_logprobs_name_a_special_token_as_the_answer_writes_it(server, stream):
     assert tokens == ["<|im_end|>"] * 3
 
 
+CHAT_HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("fields", [{"stop_token_ids": [99999]}, {"logit_bias": {"99999": 1}}, {"max_tokens": 100000},
+                                    {"n": 9}, {"seed": 2**63 - 1, "n": 2},
+                                    {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                                "schema": {"$ref": "#"}}}}],
+                         ids=["stop-id", "bias-id", "max-tokens", "n", "seed-n", "schema"])
+def test_a_render_refuses_what_its_completion_refuses(server, fields):
+    """/v1/chat/completions/render checked the body alone: ids outside the vocabulary, a
+    max_tokens past the context, n over --max-batch, seed + n past the seeds, a schema that
+    accepts nothing all rendered 200 with those sampling parameters, where the completion
+    itself answers 400. The render is checked as its completion is (docs/serve.md, Tokens)."""
+    body = {"messages": CHAT_HI, **fields}
+    code, completion = server.json("POST", "/v1/chat/completions", body)
+    assert code == 400, completion
+    code, render = server.json("POST", "/v1/chat/completions/render", body)
+    assert code == 400 and render["error"]["message"] == completion["error"]["message"], render
+    code, listed = server.json("POST", "/v1/completions/render", {"prompt": "hi", **fields})
+    assert code == 400, listed
+
+
+def test_a_render_reports_the_max_tokens_its_answer_may_run_to(server):
+    render = server.json("POST", "/v1/chat/completions/render", {"messages": CHAT_HI})[1]
+    assert render["sampling_params"]["max_tokens"] == 128  # the completion's default, not null
+    given = server.json("POST", "/v1/chat/completions/render", {"messages": CHAT_HI, "max_tokens": 8})[1]
+    assert given["sampling_params"]["max_tokens"] == 8
+
+
 @pytest.mark.parametrize("damage", [b"blake3:zzzz", b"x" * 5000, b"\xff\xfe"], ids=["not-a-digest", "oversized", "binary"])
 def test_one_damaged_tag_does_not_take_the_model_list_down(tmp_path, tiny_model, damage):
     """A tag file with garbage in it (store damage: a torn disk, a hand edit) made Store.ls
