@@ -69,15 +69,17 @@ class Guard:
         scope.setdefault("state", {})
 
         received = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
-        unauthenticated = self._unauthenticated(received, path)
+        without_key = self._unauthenticated(received)
+        unauthenticated = None if path in OPEN_PATHS else without_key
+        # the active composition is told to a client with the key only, on the open paths too
+        keyed = without_key is None
         refusal = unauthenticated if unauthenticated is not None else self._too_large(dict(received))
 
         async def send_tagged(message):
             if message["type"] == "http.response.start":
                 seen["status"] = message["status"]
                 headers = list(message.get("headers", []))
-                # the active composition is told to a client with the key only
-                if unauthenticated is None and not any(k.lower() == HEADER.encode() and v for k, v in headers):
+                if keyed and not any(k.lower() == HEADER.encode() and v for k, v in headers):
                     headers = [(k, v) for k, v in headers if k.lower() != HEADER.encode()]
                     headers.append((HEADER.encode(), (self.active_id() or "").encode()))
                 headers.append((MODE_HEADER.encode(), self.mode.encode()))
@@ -109,9 +111,9 @@ class Guard:
             if not message.get("more_body", False):
                 return
 
-    def _unauthenticated(self, headers: list[tuple[str, str]], path: str) -> Response | None:
+    def _unauthenticated(self, headers: list[tuple[str, str]]) -> Response | None:
         """The 401 of a request without the API key (one Authorization header, Bearer KEY)."""
-        if self.api_key is None or path in OPEN_PATHS:
+        if self.api_key is None:
             return None
         auths = [v for k, v in headers if k == "authorization"]
         if not auths or not auths[0]:

@@ -167,3 +167,21 @@ def test_one_damaged_tag_does_not_take_the_model_list_down(tmp_path, tiny_model,
     assert "slm fsck" in entries["tag", "bad"]["error"] and entries["tag", "bad"]["digest"] is None
     assert "error" not in entries["tag", "good"] and entries["tag", "good"]["active"] is True
     assert run(["--store", str(store), "fsck"]) == 5  # still damage, for the operator to decide
+
+
+def test_the_open_paths_tell_the_active_composition_to_a_client_with_the_key_only(tmp_path, tiny_model):
+    """/health and /get_load answer without the API key (a router's probes carry none), but
+    their slm-composition header told every keyless client the active composition's id, which
+    every other endpoint tells a client with the key only (a 401's header is empty)."""
+    store = tiny_store(tmp_path, tiny_model)
+    srv = Server(store, "--threads", "1", "--api-key", "sekrit")
+    try:
+        for path in ("/health", "/get_load"):
+            status, headers, _ = srv.http("GET", path)
+            assert status == 200 and not headers.get("slm-composition"), (path, headers)
+            status, headers, _ = srv.http("GET", path, headers={"Authorization": "Bearer wrong"})
+            assert status == 200 and not headers.get("slm-composition"), (path, headers)
+            status, headers, _ = srv.http("GET", path, headers={"Authorization": "Bearer sekrit"})
+            assert status == 200 and headers["slm-composition"].startswith("blake3:"), (path, headers)
+    finally:
+        assert srv.stop() == 0
