@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import subprocess
 import sys
 import time
@@ -139,7 +140,8 @@ def test_a_render_reports_the_max_tokens_its_answer_may_run_to(server):
     assert given["sampling_params"]["max_tokens"] == 8
 
 
-@pytest.mark.parametrize("damage", [b"blake3:zzzz", b"x" * 5000, b"\xff\xfe"], ids=["not-a-digest", "oversized", "binary"])
+@pytest.mark.parametrize("damage", [b"blake3:zzzz", b"x" * 5000, b"\xff\xfe", "fifo"],
+                         ids=["not-a-digest", "oversized", "binary", "fifo"])
 def test_one_damaged_tag_does_not_take_the_model_list_down(tmp_path, tiny_model, damage):
     """A tag file with garbage in it (store damage: a torn disk, a hand edit) made Store.ls
     raise, so `slm ls` failed as a whole (exit 5) and the server's /v1/models and every
@@ -149,7 +151,12 @@ def test_one_damaged_tag_does_not_take_the_model_list_down(tmp_path, tiny_model,
 
     store = tiny_store(tmp_path, tiny_model, adapters=1, steps=(("activate", "tq", "a1@0.5"), ("tag", "good", "@active"),
                                                                 ("tag", "bad", "tq")))
-    (store / "names" / "tags" / "bad").write_bytes(damage)
+    bad = store / "names" / "tags" / "bad"
+    if damage == "fifo":  # (read without waiting for a writer: damage, never a hang)
+        bad.unlink()
+        os.mkfifo(bad)
+    else:
+        bad.write_bytes(damage)
     srv = Server(store, "--threads", "1")
     try:
         code, doc = srv.json("GET", "/v1/models")
