@@ -42,6 +42,11 @@ HEADER = "slm-composition"
 MODE_HEADER = "slm-mode"  # the runtime's numerics mode, "int8" or "exact", on every response
 SEED_HEADER = "x-slm-seed"  # each choice's sampler seed, comma-separated in choice order
 PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (well under a millisecond)
+# A body's deadline: BODY_TIMEOUT_S, plus a second for each BODY_MIN_RATE bytes received (the
+# registry client's rule for what it downloads). A client that stops sending half-way would
+# otherwise hold its connection and its request open for ever.
+BODY_TIMEOUT_S = 10.0
+BODY_MIN_RATE = 16384
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
                    headers: dict | None = None, comp: str | None = None) -> JSONResponse:
@@ -256,13 +261,23 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
     metrics.follow(scheduler.status, catalog.runtime.max_staged)
 
     async def read_body(request: Request) -> bytes:
-        chunks, size = [], 0
-        async for chunk in request.stream():
+        """The body, under the size limit and the body's deadline (408 past it)."""
+        chunks, size, started = [], 0, time.monotonic()
+        stream = request.stream().__aiter__()
+        while True:
+            left = started + BODY_TIMEOUT_S + size / BODY_MIN_RATE - time.monotonic()
+            try:
+                chunk = await asyncio.wait_for(stream.__anext__(), max(left, 0.0))
+            except StopAsyncIteration:
+                return b"".join(chunks)
+            except asyncio.TimeoutError:
+                raise BadRequest(f"the request body stopped arriving: {size} bytes in {time.monotonic() - started:.0f} s "
+                                 f"(allowed: {BODY_TIMEOUT_S:g} s plus one second per {BODY_MIN_RATE} bytes)",
+                                 status=408) from None
             size += len(chunk)
             if size > body_limit:
                 raise BadRequest(f"the request body is over the limit of {body_limit} bytes", status=413)
             chunks.append(chunk)
-        return b"".join(chunks)
 
     async def read_json(request: Request) -> dict:
         """The body, read under the limit and parsed: a large one on the scheduler's preparing

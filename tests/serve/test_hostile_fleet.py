@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -192,3 +193,20 @@ def test_the_open_paths_tell_the_active_composition_to_a_client_with_the_key_onl
             assert status == 200 and headers["slm-composition"].startswith("blake3:"), (path, headers)
     finally:
         assert srv.stop() == 0
+
+
+def test_a_body_that_stops_arriving_is_a_408_not_a_request_held_open(server):
+    """A client (or a broken router) that announces a body and stops sending half-way held its
+    connection and its request open for ever: the server waited for the rest with no deadline.
+    It gets 408 once the body's deadline (10 s, plus a second per 16 KiB received) is past."""
+    url = urlparse(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=60) as conn:
+        conn.sendall(b"POST /tokenize HTTP/1.1\r\nHost: slm\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            piece = conn.recv(4096)  # (within the socket's 60 s: a server that waits for ever fails here)
+            assert piece, answer
+            answer += piece
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert server.json("POST", "/tokenize", {"prompt": "hi"})[0] == 200
