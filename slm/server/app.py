@@ -106,10 +106,15 @@ class Guard:
 
     async def _discard_body(self, receive) -> None:
         """Read (and drop) an oversized body, up to DISCARD_LIMIT, so that the client, still
-        sending, gets the 413 instead of a reset connection."""
-        drained = 0
+        sending, gets the 413 instead of a reset connection; within the body's deadline (one that
+        stops arriving gets the 413 then)."""
+        drained, started = 0, time.monotonic()
         while drained <= DISCARD_LIMIT:
-            message = await receive()
+            left = started + BODY_TIMEOUT_S + drained / BODY_MIN_RATE - time.monotonic()
+            try:
+                message = await asyncio.wait_for(receive(), max(left, 0.0))
+            except asyncio.TimeoutError:
+                return
             if message["type"] != "http.request":
                 return
             drained += len(message.get("body", b""))

@@ -210,3 +210,14 @@ def test_a_body_that_stops_arriving_is_a_408_not_a_request_held_open(server):
             answer += piece
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert server.json("POST", "/tokenize", {"prompt": "hi"})[0] == 200
+
+
+def test_an_oversized_body_that_never_arrives_still_gets_its_413(server):
+    """Content-Length over the limit and no body: the 413 waited for the body it drains first
+    (so that a client still sending reads the 413), with no deadline: for ever."""
+    url = urlparse(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=60) as conn:
+        conn.sendall(b"POST /tokenize HTTP/1.1\r\nHost: slm\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 99999999\r\n\r\n")
+        answer = conn.recv(4096)  # (within the socket's 60 s)
+    assert answer.startswith(b"HTTP/1.1 413"), answer
