@@ -48,6 +48,12 @@ PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop 
 BODY_TIMEOUT_S = 10.0
 BODY_MIN_RATE = 16384
 
+
+def body_time_left(started: float, received: int) -> float:
+    """Seconds left for the rest of a body begun at `started` (time.monotonic()) of which
+    `received` bytes came (0 once the deadline is past)."""
+    return max(started + BODY_TIMEOUT_S + received / BODY_MIN_RATE - time.monotonic(), 0.0)
+
 def error_response(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
                    headers: dict | None = None, comp: str | None = None) -> JSONResponse:
     h = {HEADER: comp or "", **(headers or {})}
@@ -110,9 +116,8 @@ class Guard:
         stops arriving gets the 413 then)."""
         drained, started = 0, time.monotonic()
         while drained <= DISCARD_LIMIT:
-            left = started + BODY_TIMEOUT_S + drained / BODY_MIN_RATE - time.monotonic()
             try:
-                message = await asyncio.wait_for(receive(), max(left, 0.0))
+                message = await asyncio.wait_for(receive(), body_time_left(started, drained))
             except asyncio.TimeoutError:
                 return
             if message["type"] != "http.request":
@@ -270,9 +275,8 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         chunks, size, started = [], 0, time.monotonic()
         stream = request.stream().__aiter__()
         while True:
-            left = started + BODY_TIMEOUT_S + size / BODY_MIN_RATE - time.monotonic()
             try:
-                chunk = await asyncio.wait_for(stream.__anext__(), max(left, 0.0))
+                chunk = await asyncio.wait_for(stream.__anext__(), body_time_left(started, size))
             except StopAsyncIteration:
                 return b"".join(chunks)
             except asyncio.TimeoutError:
