@@ -167,7 +167,7 @@ def entries_table(entries: list[dict]) -> None:
                        f"{human_bytes(e['bytes'])}")
         else:
             details = " + ".join([e["base"], *e["adapters"]]) + ("  [bold](active)[/]" if e["active"] else "")
-        table.add_row(e["kind"], e["name"], dg.short(e["digest"]), details)
+        table.add_row(e["kind"], e["name"], dg.short(e["digest"]) if e["digest"] else "-", details)
     out().print(table)
 
 

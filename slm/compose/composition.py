@@ -36,6 +36,10 @@ FLOAT32_MAX = 3.4028234663852886e38
 # so useful weights lie within a few units of 0; far beyond, the network's activations leave
 # float32's range and every logit turns to the same value, an empty answer that looks like an end.
 MAX_WEIGHT = 1000.0
+# A weight as written is at most this many characters: a float64 needs 17 significant digits, and
+# a spec is a name requests repeat (a server's /metrics labels and every answer's `model` carry
+# it): "0.5" followed by a megabyte of zeros is the same weight, and would be carried as it is.
+MAX_WEIGHT_CHARS = 32
 RUNTIME = {"name": "slm", "version": slm.__version__}
 
 
@@ -142,6 +146,9 @@ def stamped(c: Composition, created_by: str) -> Composition:
 def parse_weight(text: str, where: str) -> float:
     """An adapter's weight as a user writes it (`NAME@WEIGHT` on the command line,
     `BASE+NAME@WEIGHT` in a server request): slm.numbers' DECIMAL, then check_usable_weight."""
+    if len(text) > MAX_WEIGHT_CHARS:
+        raise InvalidInput(f"{where}: weight {text[:MAX_WEIGHT_CHARS]!r}... is {len(text)} characters; a weight is "
+                           f"written in at most {MAX_WEIGHT_CHARS}")
     if not numbers.is_decimal(text):
         raise InvalidInput(f"{where}: weight {text!r} is not a number ({numbers.DECIMAL_GRAMMAR})")
     return check_usable_weight(float(text), where)

@@ -14,8 +14,9 @@ from slm.engine.structured import tool_answer
 from slm.engine.target import Target
 
 # A logprob record (slm.engine.generation.TokenLogprob) as the reader wants it, given the
-# target's tokenizer: slm.api makes the public slm.TokenLogprobs of it
-LogprobView = Callable[[object, object], object]
+# target's tokenizer and whether special tokens' texts are the answer's (the request's
+# skip_special_tokens false): slm.api makes the public slm.TokenLogprobs of it
+LogprobView = Callable[[object, object, bool], object]
 
 
 @dataclass(eq=False)
@@ -67,7 +68,8 @@ class Job:
             return ()
         new = self.seq.token_logprobs[self.logprobs_sent:]
         self.logprobs_sent += len(new)
-        return tuple(self.view(self.target.tokenizer, record) for record in new)
+        special = not self.prepared.request.skip_special_tokens
+        return tuple(self.view(self.target.tokenizer, record, special) for record in new)
 
     def done(self, reason: str) -> DoneEvent:
         """Its last event: the text not streamed (with tools: outside the calls) and the calls."""

@@ -55,8 +55,17 @@ class RepeatPenalty:
             return logits
         tokens = np.union1d(self.prompt, np.asarray(ids, dtype=np.int64))
         out = logits.copy()
-        seen = out[tokens]
-        out[tokens] = np.where(seen > 0, seen / self.penalty, seen * self.penalty)
+        # In float64 by the penalty in the row's precision: the row's own rounding of the rule
+        # (a float64 quotient of float32 numbers rounds to float32 as a float32 division does)
+        seen = out[tokens].astype(np.float64)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            penalty = np.float64(np.asarray(self.penalty, dtype=out.dtype))
+            penalised = np.where(seen > 0, seen / penalty, np.where(seen < 0, seen * penalty, seen))
+        # A penalty near 0 (or huge) takes a logit past the row's float range: +inf on two
+        # tokens is NaN once the sampler subtracts the maximum, and -inf would be a ban, which
+        # a penalty is not. The largest finite logit keeps the rule's order of tokens.
+        limit = np.finfo(out.dtype).max
+        out[tokens] = np.clip(penalised, -limit, limit)
         return out
 
 

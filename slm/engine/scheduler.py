@@ -44,7 +44,7 @@ from slm.engine.generate import PREFILL_CHUNK
 from slm.engine.generation import decode, first_token, prefill_next
 from slm.engine.handle import FailedEvent, Handle, SchedulerStatus
 from slm.engine.job import Job, LogprobView
-from slm.engine.prepare import encode, prepare, prompt_ids, render
+from slm.engine.prepare import Prepared, encode, prepare, prompt_ids, render
 from slm.engine.prompt_cache import MemoryPromptCache
 from slm.engine.request import GenerationRequest
 from slm.engine.stops import CANCELLED
@@ -65,7 +65,7 @@ class Scheduler:
     def __init__(self, max_batch: int = 8, max_queue: int = 32, threads: int | None = None,
                  memory_budget: int | None = None, metrics=None, log: Callable[[str], None] = print,
                  activations: str = "float32", prefill_chunk: int = PREFILL_CHUNK,
-                 view: LogprobView = lambda tokenizer, record: record):
+                 view: LogprobView = lambda tokenizer, record, special: record):
         self.max_batch, self.max_queue, self.threads = max_batch, max_queue, threads
         self.prefill_chunk = prefill_chunk
         self.activations = activations  # the batch step's and every request's model's (alike, so
@@ -80,6 +80,7 @@ class Scheduler:
         # (each thread that tokenized a long prompt kept its own, slm.model.allocator); and the
         # event loop competes for the GIL with this thread alone
         self._preparing = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="slm-prepare")
+        self._preparing_jobs = 0  # given to that thread, not yet done (bounded: _prepare)
         self.prompts = MemoryPromptCache()
         self.draining = False  # a plain attribute: /health reads it without waiting on anything
         self.inflight = 0  # submitted and not yet closed: queued, being prefilled or running
@@ -101,7 +102,7 @@ class Scheduler:
         composition (status() counts rows by it; default: the composition id)."""
         self._check_submission(target, request)
         rendered = render(target, request)  # (a chat's template: on this thread, not the preparing one)
-        return self._preparing.submit(self._submit, target, request, stream, rendered, name).result()
+        return self._prepare(self._submit, target, request, stream, rendered, name).result()
 
     async def submit_async(self, target: Target, request: GenerationRequest, stream: bool = True,
                            name: str | None = None) -> Handle:
@@ -110,7 +111,7 @@ class Scheduler:
         self._check_submission(target, request)
         rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
             if request.chat else None
-        return await asyncio.wrap_future(self._preparing.submit(self._submit, target, request, stream, rendered,
+        return await asyncio.wrap_future(self._prepare(self._submit, target, request, stream, rendered,
                                                                 name))
 
     def _check_submission(self, target: Target, request: GenerationRequest) -> None:
@@ -132,23 +133,58 @@ class Scheduler:
             raise InvalidInput("prompt_ids takes a GenerationRequest on a staged composition (Runtime.stage)")
         rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
             if request.chat else None
-        return await asyncio.wrap_future(self._preparing.submit(prompt_ids, target, request, rendered))
+        return await asyncio.wrap_future(self._prepare(prompt_ids, target, request, rendered))
+
+    async def check(self, target: Target, request: GenerationRequest) -> Prepared:
+        """What `submit` would run `request` on, checked as submit checks it (InvalidInput,
+        BudgetExceeded: the context, the vocabulary, the schema, n, the memory budget) and
+        prepared, nothing queued: the prompt's ids and the request with its max_tokens resolved."""
+        if not isinstance(request, GenerationRequest) or not isinstance(target, Target):
+            raise InvalidInput("check takes a GenerationRequest on a staged composition (Runtime.stage)")
+        rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
+            if request.chat else None
+        return await asyncio.wrap_future(self._prepare(self._checked, target, request, rendered))
 
     async def tokenize(self, target: Target, text: str, add_special: bool = True) -> list[int]:
         """A text's token ids on the preparing thread, awaited (slm.engine.prepare.encode: no
         check against the context)."""
         if not isinstance(target, Target) or not isinstance(text, str):
             raise InvalidInput("tokenize takes a text on a staged composition (Runtime.stage)")
-        return await asyncio.wrap_future(self._preparing.submit(encode, target, text, add_special))
+        return await asyncio.wrap_future(self._prepare(encode, target, text, add_special))
 
     async def call_preparing(self, work: Callable, *args):
         """Run work(*args) on the preparing thread (a large body's parsing, /tokenize), awaited."""
-        return await asyncio.wrap_future(self._preparing.submit(work, *args))
+        return await asyncio.wrap_future(self._prepare(work, *args))
+
+    def _prepare(self, work: Callable, *args) -> concurrent.futures.Future:
+        """work(*args) given to the preparing thread; Busy when max_batch + max_queue jobs are
+        there already. Every request's text waits its turn on that one thread, and a tokenizer
+        endpoint's text is as long as a body may be: unbounded, a flood of them would hold their
+        texts in memory and delay every generation's prompt behind them without end."""
+        with self._count_lock:
+            if self._preparing_jobs >= self.max_batch + self.max_queue:
+                raise Busy(f"the server is full ({self._preparing_jobs} requests waiting to be prepared); "
+                           "retry shortly")
+            self._preparing_jobs += 1
+        try:
+            future = self._preparing.submit(work, *args)
+        except BaseException:  # (the thread stopped: shutting down)
+            self._job_done(None)
+            raise
+        future.add_done_callback(self._job_done)  # (a cancelled job's too)
+        return future
+
+    def _job_done(self, _future) -> None:
+        with self._count_lock:
+            self._preparing_jobs -= 1
+
+    def _checked(self, target: Target, request: GenerationRequest, rendered: ChatPrompt | None) -> Prepared:
+        return prepare(target, request, mode=modes.of_activations(self.activations), memory_budget=self.budget,
+                       max_n=self.max_batch, rendered=rendered)
 
     def _submit(self, target: Target, request: GenerationRequest, stream: bool,
                  rendered: ChatPrompt | None, name: str | None) -> Handle:
-        prepared = prepare(target, request, mode=modes.of_activations(self.activations), memory_budget=self.budget,
-                           max_n=self.max_batch, rendered=rendered)
+        prepared = self._checked(target, request, rendered)
         jobs: list[Job] = []
         handle = Handle(f"{'chatcmpl' if request.chat else 'cmpl'}-{next(self._ids)}", target.id,
                         len(prepared.prompt_ids), tuple(c.seed for c in prepared.choices),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import sys
 import threading
 import time
@@ -41,6 +42,17 @@ HEADER = "slm-composition"
 MODE_HEADER = "slm-mode"  # the runtime's numerics mode, "int8" or "exact", on every response
 SEED_HEADER = "x-slm-seed"  # each choice's sampler seed, comma-separated in choice order
 PARSE_INLINE_BYTES = 64 << 10  # bodies up to this are parsed on the event loop (well under a millisecond)
+# A body's deadline: BODY_TIMEOUT_S, plus a second for each BODY_MIN_RATE bytes received (the
+# registry client's rule for what it downloads). A client that stops sending half-way would
+# otherwise hold its connection and its request open for ever.
+BODY_TIMEOUT_S = 10.0
+BODY_MIN_RATE = 16384
+
+
+def body_time_left(started: float, received: int) -> float:
+    """Seconds left for the rest of a body begun at `started` (time.monotonic()) of which
+    `received` bytes came (0 once the deadline is past)."""
+    return max(started + BODY_TIMEOUT_S + received / BODY_MIN_RATE - time.monotonic(), 0.0)
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
                    headers: dict | None = None, comp: str | None = None) -> JSONResponse:
@@ -68,15 +80,17 @@ class Guard:
         scope.setdefault("state", {})
 
         received = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
-        unauthenticated = self._unauthenticated(received, path)
+        without_key = self._unauthenticated(received)
+        unauthenticated = None if path in OPEN_PATHS else without_key
+        # the active composition is told to a client with the key only, on the open paths too
+        keyed = without_key is None
         refusal = unauthenticated if unauthenticated is not None else self._too_large(dict(received))
 
         async def send_tagged(message):
             if message["type"] == "http.response.start":
                 seen["status"] = message["status"]
                 headers = list(message.get("headers", []))
-                # the active composition is told to a client with the key only
-                if unauthenticated is None and not any(k.lower() == HEADER.encode() and v for k, v in headers):
+                if keyed and not any(k.lower() == HEADER.encode() and v for k, v in headers):
                     headers = [(k, v) for k, v in headers if k.lower() != HEADER.encode()]
                     headers.append((HEADER.encode(), (self.active_id() or "").encode()))
                 headers.append((MODE_HEADER.encode(), self.mode.encode()))
@@ -98,19 +112,23 @@ class Guard:
 
     async def _discard_body(self, receive) -> None:
         """Read (and drop) an oversized body, up to DISCARD_LIMIT, so that the client, still
-        sending, gets the 413 instead of a reset connection."""
-        drained = 0
+        sending, gets the 413 instead of a reset connection; within the body's deadline (one that
+        stops arriving gets the 413 then)."""
+        drained, started = 0, time.monotonic()
         while drained <= DISCARD_LIMIT:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), body_time_left(started, drained))
+            except asyncio.TimeoutError:
+                return
             if message["type"] != "http.request":
                 return
             drained += len(message.get("body", b""))
             if not message.get("more_body", False):
                 return
 
-    def _unauthenticated(self, headers: list[tuple[str, str]], path: str) -> Response | None:
+    def _unauthenticated(self, headers: list[tuple[str, str]]) -> Response | None:
         """The 401 of a request without the API key (one Authorization header, Bearer KEY)."""
-        if self.api_key is None or path in OPEN_PATHS:
+        if self.api_key is None:
             return None
         auths = [v for k, v in headers if k == "authorization"]
         if not auths or not auths[0]:
@@ -253,21 +271,34 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
     metrics.follow(scheduler.status, catalog.runtime.max_staged)
 
     async def read_body(request: Request) -> bytes:
-        chunks, size = [], 0
-        async for chunk in request.stream():
+        """The body, under the size limit and the body's deadline (408 past it)."""
+        chunks, size, started = [], 0, time.monotonic()
+        stream = request.stream().__aiter__()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(stream.__anext__(), body_time_left(started, size))
+            except StopAsyncIteration:
+                return b"".join(chunks)
+            except asyncio.TimeoutError:
+                raise BadRequest(f"the request body stopped arriving: {size} bytes in {time.monotonic() - started:.0f} s "
+                                 f"(allowed: {BODY_TIMEOUT_S:g} s plus one second per {BODY_MIN_RATE} bytes)",
+                                 status=408) from None
             size += len(chunk)
             if size > body_limit:
                 raise BadRequest(f"the request body is over the limit of {body_limit} bytes", status=413)
             chunks.append(chunk)
-        return b"".join(chunks)
 
     async def read_json(request: Request) -> dict:
         """The body, read under the limit and parsed: a large one on the scheduler's preparing
         thread (the event loop keeps answering meanwhile, and it competes for the GIL with one
         such thread, not many)."""
         body = await read_body(request)
-        return protocol.parse_body(body) if len(body) < PARSE_INLINE_BYTES else \
-            await scheduler.call_preparing(protocol.parse_body, body)
+        if len(body) < PARSE_INLINE_BYTES:
+            return protocol.parse_body(body)
+        try:
+            return await scheduler.call_preparing(protocol.parse_body, body)
+        except SlmError as err:  # (Busy: that thread has enough waiting)
+            raise protocol.http_error(err) from err
 
     async def generate(request: Request, chat: bool) -> Response:
         try:
@@ -391,8 +422,14 @@ def _write_line(stream, text: str) -> None:
         stream.flush()
 
 
+# What a client sends reaches the log (a percent-decoded path, a model name in a message): its
+# line breaks and other control characters are written escaped, so that a request can neither
+# forge a log line of its own nor write raw bytes into the log
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def stderr_log(line: str) -> None:
-    _write_line(sys.stderr, f"slm serve: {line}")
+    _write_line(sys.stderr, "slm serve: " + _CONTROL.sub(lambda m: repr(m.group())[1:-1], line))
 
 
 def json_log(line: str) -> None:

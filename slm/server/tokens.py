@@ -4,10 +4,11 @@
 
 Each body is checked here into a typed request, every field read or refused by name (400), as
 slm.server.protocol checks the generation bodies; the answers are made from what generation
-itself uses: a chat's token ids (a /tokenize with messages, a render) are the scheduler's own
+itself uses: a chat's token ids (a /tokenize with messages) are the scheduler's own
 (Scheduler.prompt_ids: the same rendering of the chat template in its bounded process and the
 same tokenizing as a submitted request), and a render's body is parsed as its generation
-endpoint parses it (protocol.parse_request).
+endpoint parses it (protocol.parse_request) and checked and prepared as a submitted request is
+(Scheduler.check: the same 400s), nothing queued.
 """
 
 from __future__ import annotations
@@ -148,13 +149,13 @@ async def detokenize(scheduler, loaded, req: Detokenize) -> dict:
 
 
 async def render_chat(scheduler, loaded, req: GenerateRequest) -> dict:
-    """/v1/chat/completions/render: one GenerateRequest."""
-    return rendered(req, await scheduler.prompt_ids(loaded, req.generation))
+    """/v1/chat/completions/render: one GenerateRequest (checked as its generation would be)."""
+    return rendered(req, await scheduler.check(loaded, req.generation))
 
 
 async def render_completion(scheduler, loaded, req: GenerateRequest) -> list[dict]:
     """/v1/completions/render: one GenerateRequest per prompt (slm takes one)."""
-    return [rendered(req, await scheduler.prompt_ids(loaded, req.generation))]
+    return [rendered(req, await scheduler.check(loaded, req.generation))]
 
 
 def text_answer(loaded, req: TextTokenize, ids: list[int]) -> dict:
@@ -192,10 +193,11 @@ def decode(loaded, tokens: list[int]) -> dict:
     return {"prompt": text, "content": text}
 
 
-def rendered(req: GenerateRequest, ids: list[int]) -> dict:
+def rendered(req: GenerateRequest, prepared) -> dict:
     """vLLM's render answer, a GenerateRequest: the prompt's token ids with the sampling
-    parameters the request asked for (vLLM's names)."""
-    g = req.generation
+    parameters the request runs with (vLLM's names; max_tokens resolved: what its answer may run to),
+    from `prepared` (Scheduler.check: the request checked as its generation is)."""
+    g, ids = prepared.request, list(prepared.prompt_ids)
     params = {"n": g.n, "temperature": g.temperature, "top_p": g.top_p, "top_k": g.top_k, "min_p": g.min_p,
               "seed": g.seed, "max_tokens": g.max_tokens, "stop": list(g.stop),
               "presence_penalty": g.presence_penalty, "frequency_penalty": g.frequency_penalty,

@@ -89,3 +89,31 @@ def test_submit_after_stop_is_shutting_down():
     scheduler.stop()
     with pytest.raises(ShuttingDown):
         scheduler.submit(_Staged(), GenerationRequest(prompt="hi"))
+
+
+def test_the_preparing_thread_takes_a_bounded_number_of_jobs():
+    """Every request's text waits for the one preparing thread, and a /tokenize text may be as
+    long as a body: without a bound, a flood of them queued there held every text in memory and
+    put every generation's prompt behind them. Past max_batch + max_queue jobs: Busy (429)."""
+    import asyncio
+    import threading
+
+    from slm.errors import Busy
+
+    scheduler = Scheduler(max_batch=1, max_queue=1)
+    release = threading.Event()
+
+    async def flood():
+        held = [asyncio.ensure_future(scheduler.call_preparing(release.wait, 30)) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(Busy, match="retry shortly"):
+            await scheduler.call_preparing(len, "refused")
+        release.set()
+        assert await asyncio.gather(*held) == [True, True]
+        return await scheduler.call_preparing(len, "taken again")  # the jobs done are counted out
+
+    try:
+        assert asyncio.run(flood()) == len("taken again")
+    finally:
+        release.set()
+        scheduler.stop()

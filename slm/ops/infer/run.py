@@ -200,7 +200,8 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
                         round(gen.decode_tok_s, 2)),
         memory_estimate=prepared.estimate.to_json(),
         seed=prepared.choices[0].seed,
-        logprobs=None if o.request.logprobs is None else tuple(logprob_view(tok, r) for r in gen.logprobs),
+        logprobs=None if o.request.logprobs is None else tuple(logprob_view(tok, r, not o.request.skip_special_tokens)
+                                                                     for r in gen.logprobs),
         mode=mode,
         tool_calls=calls,
     )
@@ -208,9 +209,11 @@ def generate_on(store: StoreDir, loaded: Loaded, o: RunOptions, on_text=None, ke
     return result, logits
 
 
-def logprob_view(tok, record) -> TokenLogprobs:
-    """A slm.engine.generation.TokenLogprob with the tokens' texts (the API's and `--json`'s)."""
-    text = lambda t: tok.decode([t])  # noqa: E731
+def logprob_view(tok, record, special: bool = False) -> TokenLogprobs:
+    """A slm.engine.generation.TokenLogprob with the tokens' texts (the API's and `--json`'s);
+    special: a special token's text is its own, as in an answer that keeps them
+    (skip_special_tokens false), else empty, as in one that leaves them out."""
+    text = lambda t: tok.decode([t], special=special)  # noqa: E731
     return TokenLogprobs(record.token, text(record.token), record.logprob,
                          tuple(Alternative(t, text(t), lp) for t, lp in record.top))
 

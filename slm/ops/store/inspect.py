@@ -14,24 +14,24 @@ from slm.store import digest as dg
 
 
 def list_entries(store: StoreDir) -> list[dict]:
+    """Every name, each with its details or, damaged (its file, or what it names), an "error"
+    in their place: one damaged name does not hide the others (`slm ls`, the server's /v1/models)."""
     out = []
-    for name, digest in store.names.items("bases"):
-        out.append(_entry("base", name, digest, store, _base_details, store.names.committed_at("bases", name)))
-    for name, digest in store.names.items("adapters"):
-        out.append(_entry("adapter", name, digest, store, _adapter_details,
-                          store.names.committed_at("adapters", name)))
     active = store.active_ref.read()
-    for kind, label in (("tags", "tag"), ("remotes", "pulled")):
-        for name, comp_id in store.names.items(kind):
-            entry = _entry(label, name, comp_id, store, _composition_details, store.names.committed_at(kind, name))
-            entry["active"] = comp_id == active
+    for kind, label, details in (("bases", "base", _base_details), ("adapters", "adapter", _adapter_details),
+                                 ("tags", "tag", _composition_details), ("remotes", "pulled", _composition_details),
+                                 ("compositions", "composition", _composition_details)):
+        for name, digest, damage in store.names.scan(kind):
+            shown = name[:12] if kind == "compositions" else name  # (a composition's name is its id)
+            if damage is not None:
+                out.append({"kind": label, "name": shown, "digest": None, "created": None, "error": str(damage)})
+                continue
+            if kind == "compositions":
+                digest = dg.PREFIX + name
+            entry = _entry(label, shown, digest, store, details, store.names.committed_at(kind, name))
+            if details is _composition_details:
+                entry["active"] = digest == active
             out.append(entry)
-    for hex_id, _ in store.names.items("compositions"):
-        comp_id = dg.PREFIX + hex_id
-        entry = _entry("composition", hex_id[:12], comp_id, store, _composition_details,
-                       store.names.committed_at("compositions", hex_id))
-        entry["active"] = comp_id == active
-        out.append(entry)
     return out
 
 
