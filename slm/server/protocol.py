@@ -143,7 +143,7 @@ def _integer(doc: dict, key: str, default: int | None) -> int | None:
     return value
 
 
-def _messages(doc: dict) -> tuple[ChatMessage, ...]:
+def parse_messages(doc: dict) -> tuple[ChatMessage, ...]:
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of {role, content} objects")
@@ -263,7 +263,7 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
     try:
         check_sampling(temperature, top_p, seed, MAX_TEMPERATURE)  # OpenAI's range: the sampler's own check
         generation = GenerationRequest(
-            prompt="" if chat else _prompt(doc), messages=_messages(doc) if chat else None, chat=chat,
+            prompt="" if chat else _prompt(doc), messages=parse_messages(doc) if chat else None, chat=chat,
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=doc.get("stop"),
             n=_integer(doc, "n", 1), top_k=_integer(doc, "top_k", 0), min_p=_number(doc, "min_p", 0.0),
             frequency_penalty=_number(doc, "frequency_penalty", 0.0),
@@ -274,7 +274,7 @@ def parse_request(doc: dict, chat: bool) -> GenerateRequest:
         wire = dialect.wire_options(doc, generation)
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
-    return GenerateRequest(generation, _model_field(doc), _flag(doc, "stream", False), _include_usage(doc), **wire)
+    return GenerateRequest(generation, model_field(doc), flag(doc, "stream", False), _include_usage(doc), **wire)
 
 
 def _include_usage(doc: dict) -> bool:
@@ -289,7 +289,7 @@ def _include_usage(doc: dict) -> bool:
     return bool(include_usage)
 
 
-def _model_field(doc: dict) -> str | None:
+def model_field(doc: dict) -> str | None:
     model = doc.get("model")
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise BadRequest("model must be a non-empty string: 'active', a composition id or prefix, "
@@ -297,7 +297,7 @@ def _model_field(doc: dict) -> str | None:
     return None if model in (None, "active") else model.strip()
 
 
-def _flag(doc: dict, key: str, default: bool) -> bool:
+def flag(doc: dict, key: str, default: bool) -> bool:
     value = doc.get(key, default)
     if value is None:
         return default

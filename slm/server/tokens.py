@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from slm import InvalidInput
 from slm.api import GenerationRequest, Tools
-from slm.server.protocol import BadRequest, GenerateRequest, _flag, _messages, _model_field, parse_request
+from slm.server.protocol import BadRequest, GenerateRequest, flag, model_field, parse_messages, parse_request
 
 # A /detokenize body is parsed whole under the body limit; its list is bounded too, before any
 # id is looked up or decoded: a 128k context's worth
@@ -65,15 +65,15 @@ def parse_tokenize(doc: dict) -> TextTokenize | ChatTokenize:
     form = forms[0] if forms else "content"
     if form == "content":
         _only(doc, LLAMA_FIELDS)
-        return TextTokenize(_model_field(doc), _text(doc, "content"), _flag(doc, "add_special", False), False,
-                            _flag(doc, "with_pieces", False), True)
+        return TextTokenize(model_field(doc), _text(doc, "content"), flag(doc, "add_special", False), False,
+                            flag(doc, "with_pieces", False), True)
     if form == "prompt":
         _only(doc, PROMPT_FIELDS)
-        return TextTokenize(_model_field(doc), _text(doc, "prompt"), _flag(doc, "add_special_tokens", True),
-                            _flag(doc, "return_token_strs", False), False, False)
+        return TextTokenize(model_field(doc), _text(doc, "prompt"), flag(doc, "add_special_tokens", True),
+                            flag(doc, "return_token_strs", False), False, False)
     _only(doc, CHAT_FIELDS)
     for key, only, why in CHAT_ONLY:
-        if _flag(doc, key, only) != only:
+        if flag(doc, key, only) != only:
             raise BadRequest(f"unsupported field: {key} (only {json.dumps(only)}: {why})")
     if doc.get("chat_template") is not None:
         raise BadRequest("unsupported field: chat_template (a request's own template is not run: slm renders "
@@ -82,12 +82,12 @@ def parse_tokenize(doc: dict) -> TextTokenize | ChatTokenize:
         if doc.get(key) not in (None, {}):
             raise BadRequest(f"unsupported field: {key} (only {{}}: slm passes the template no extra variables)")
     try:
-        generation = GenerationRequest(messages=_messages(doc), chat=True, tools=Tools.of(doc.get("tools"), None, None),
-                                       add_generation_prompt=_flag(doc, "add_generation_prompt", True),
-                                       continue_final_message=_flag(doc, "continue_final_message", False))
+        generation = GenerationRequest(messages=parse_messages(doc), chat=True, tools=Tools.of(doc.get("tools"), None, None),
+                                       add_generation_prompt=flag(doc, "add_generation_prompt", True),
+                                       continue_final_message=flag(doc, "continue_final_message", False))
     except InvalidInput as err:
         raise BadRequest(str(err)) from err
-    return ChatTokenize(_model_field(doc), generation, _flag(doc, "return_token_strs", False))
+    return ChatTokenize(model_field(doc), generation, flag(doc, "return_token_strs", False))
 
 
 def _only(doc: dict, fields: frozenset) -> None:
@@ -124,7 +124,7 @@ def parse_detokenize(doc: dict) -> Detokenize:
     bad = [t for t in tokens if not isinstance(t, int) or isinstance(t, bool)]
     if bad:
         raise BadRequest(f"tokens must be a list of token ids (integers), not {json.dumps(bad[0])[:40]}")
-    return Detokenize(_model_field(doc), tokens)
+    return Detokenize(model_field(doc), tokens)
 
 
 def parse_render_chat(doc: dict) -> GenerateRequest:
