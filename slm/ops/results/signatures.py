@@ -31,6 +31,23 @@ class SignResult(Result):
 
 
 @dataclass(frozen=True)
+class StatementResult(Result):
+    """`slm sign --for REPO:TAG --version N --expires DURATION`: a signed statement for a tag,
+    stored with the composition's signatures (slm.distribution.statement)."""
+
+    composition_id: str
+    signature: str
+    public_key: str
+    fingerprint: str
+    signatures: int
+    added: bool
+    repository: str
+    tag: str
+    version: int
+    expires: str
+
+
+@dataclass(frozen=True)
 class OmsSignResult(Result):
     """`slm sign --format oms --out SIG DIR`: an OpenSSF Model Signing signature of a directory."""
 

@@ -24,21 +24,29 @@ from slm.distribution.layout_read import LayoutReader
 from slm.errors import IntegrityError, InvalidInput, NotFound, UsageError
 from slm.ops.infer import compositions
 from slm.ops.ship.policy import policy
-from slm.ops.results import OmsSignResult, SignResult
+from slm.ops.results import OmsSignResult, SignResult, StatementResult
+from slm.ops.ship import statements
 from slm.ops.ship.signing import add_signature, sign
 from slm.store import StoreDir, outputs
 
 
 def sign_as_asked(store: StoreDir, ref: str | None, key, fmt: str, out, signature, certificate=None,
-                  chain=()) -> SignResult | OmsSignResult:
-    """`slm sign`'s forms and the rules of their arguments."""
+                  chain=(), target: str | None = None, version: int | None = None,
+                  expires: str | None = None) -> SignResult | OmsSignResult | StatementResult:
+    """`slm sign`'s forms and the rules of their arguments; `target`, `version` and `expires`
+    (all three or none) make it a statement for a tag (slm.ops.ship.statements)."""
     if fmt not in ("slm", "oms"):
         raise InvalidInput(f"--format {fmt!r}: choose one of slm, oms")
+    statement = (target, version, expires) != (None, None, None)
+    if statement and (None in (target, version, expires) or fmt != "slm"):
+        raise UsageError("--for REPO:TAG, --version N and --expires DURATION go together, with --format slm")
     if fmt == "slm":
         if out is not None or signature is not None or certificate is not None or chain:
             raise UsageError("--out, --signature, --certificate and --certificate-chain go with --format oms")
         if key is None:
             raise UsageError("give --key KEY.pem (an Ed25519 private key)")
+        if statement:
+            return statements.sign_for(store, ref, Path(key), target, version, expires)
         return sign(store, ref, Path(key))
     if ref is None:
         raise UsageError("--format oms: name the directory (DIR)")
