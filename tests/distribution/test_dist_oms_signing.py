@@ -6,6 +6,7 @@ in bundles. Ed25519 signatures stay readable beside it."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -237,3 +238,43 @@ def test_model_signing_certificate_signature_is_recorded_under_its_root(cli, tmp
     leaf_key = r.json()["public_key"]
     report = cli("--store", store, "verify", "--signature", "--key", leaf_key, "--json").json()
     assert [(s["valid"], s["trusted"]) for s in report["signatures"]] == [(True, True)]
+
+
+def _with_predicate_fields(bundle: bytes, extra: dict, key_path: Path) -> bytes:
+    """The OMS bundle with `extra` added to its in-toto predicate, signed again with the key."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from slm.distribution import oms
+
+    doc = json.loads(bundle)
+    statement = json.loads(base64.b64decode(doc["dsseEnvelope"]["payload"]))
+    statement["predicate"].update(extra)
+    payload = json.dumps(statement, indent=2).encode()
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    pae = b"DSSEv1 %d %s %d %s" % (len(oms.PAYLOAD_TYPE), oms.PAYLOAD_TYPE.encode(), len(payload), payload)
+    doc["dsseEnvelope"]["payload"] = base64.b64encode(payload).decode()
+    doc["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(key.sign(pae, ec.ECDSA(hashes.SHA256()))).decode()
+    return json.dumps(doc).encode()
+
+
+def test_model_signing_verifies_a_bundle_whose_predicate_carries_statement_fields(cli, tmp_path, exported):
+    """What docs/distribution.md ("Statements for a tag") says of OMS: model-signing's verifier
+    reads only the predicate's resources and serialization, so a statement's repository, tag,
+    version and expiry could ride in the predicate, inside what is signed, without breaking it."""
+    store, comp_id, out = exported
+    key, pub = _ec_key(tmp_path, "signer")
+    assert cli("--store", store, "sign", "--format", "oms", "--key", key, "--out", tmp_path / "plain.sig", out).code == 0
+    extra = {"slm_statement": {"composition": comp_id, "repository": "fleet/support", "tag": "prod",
+                               "version": 7, "expires": "2027-01-06T22:00:00Z"}}
+    (tmp_path / "stated.sig").write_bytes(_with_predicate_fields((tmp_path / "plain.sig").read_bytes(), extra, key))
+    checked = _model_signing("verify", "key", "--signature", tmp_path / "stated.sig", "--public_key", pub, out)
+    assert checked.returncode == 0, checked.stderr
+    # the fields are inside what is signed: changing one after signing fails the same verifier
+    doc = json.loads((tmp_path / "stated.sig").read_bytes())
+    payload = base64.b64decode(doc["dsseEnvelope"]["payload"]).replace(b'"version": 7', b'"version": 8')
+    assert b'"version": 8' in payload
+    doc["dsseEnvelope"]["payload"] = base64.b64encode(payload).decode()
+    (tmp_path / "edited.sig").write_text(json.dumps(doc))
+    edited = _model_signing("verify", "key", "--signature", tmp_path / "edited.sig", "--public_key", pub, out)
+    assert edited.returncode != 0
