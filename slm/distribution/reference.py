@@ -97,6 +97,14 @@ def parse_reference(text: str) -> Reference:
     return Reference(host, rest, tag, digest)
 
 
+def is_repository(text: str) -> bool:
+    return len(text) <= 255 and _REPO.fullmatch(text) is not None
+
+
+def is_tag(text: str) -> bool:
+    return _TAG.fullmatch(text) is not None
+
+
 def parse_target(text: str) -> tuple[str, str]:
     """(repository, tag) of `slm sign --for REPO:TAG`. A leading registry host (a first
     component with a '.' or a ':', or `localhost`: Docker's rule) is accepted and dropped: a

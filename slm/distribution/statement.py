@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from slm.distribution.bundle import MAX_SIGNATURE_BYTES, canonical
+from slm.distribution.reference import is_repository, is_tag
 from slm.errors import (EquivocationRefused, Incompatible, IntegrityError, InvalidInput, RollbackRefused, SlmError,
                         StatementExpired, WrongTarget)
 from slm.formats.jsonfile import parse_json_object
@@ -42,8 +43,6 @@ MAX_DURATION_S = 366 * 86400  # a statement that never expires would make a free
 _UNITS = {"d": 86400, "h": 3600, "m": 60}
 _DURATION = re.compile(r"([1-9][0-9]{0,6})([dhm])")
 _EXPIRES = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z")
-_REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,8 @@ def _parse_time(text, what: str) -> int:
 
 def check_version(version, what: str = "--version") -> int:
     if type(version) is not int or not 1 <= version <= MAX_VERSION:
-        raise InvalidInput(f"{what}: the version must be an integer from 1 to {MAX_VERSION}, not {str(version)[:40]}")
+        shown = "a larger one" if type(version) is int and version > MAX_VERSION else repr(version)[:40]
+        raise InvalidInput(f"{what}: the version must be an integer from 1 to {MAX_VERSION}, not {shown}")
     return version
 
 
@@ -164,10 +164,9 @@ def parse_statement(data: bytes, what: str = "statement") -> Statement:
         raise InvalidInput(f"{what}: fields are not those of {SCHEMA}")
     if not isinstance(doc["composition"], str) or not dg.is_digest(doc["composition"]):
         raise InvalidInput(f"{what}: composition is not a digest")
-    if not isinstance(doc["repository"], str) or len(doc["repository"]) > 255 \
-            or not _REPOSITORY.fullmatch(doc["repository"]):
+    if not isinstance(doc["repository"], str) or not is_repository(doc["repository"]):
         raise InvalidInput(f"{what}: repository is not a repository name")
-    if not isinstance(doc["tag"], str) or not _TAG.fullmatch(doc["tag"]):
+    if not isinstance(doc["tag"], str) or not is_tag(doc["tag"]):
         raise InvalidInput(f"{what}: tag is not a tag")
     version = check_version(doc["version"], what)
     expires = _parse_time(doc["expires"], what)
@@ -186,6 +185,8 @@ def check_statement(statement: bytes | Statement, *, repository: str, tag: str, 
     its key are: well formed, signature, trusted key, repository/tag/composition, expiry (a
     statement expires at `expires` itself: now >= expires is expired; no allowance for clock
     skew, the device's clock is the one that decides), then the version against the running one."""
+    from slm.distribution.signing import key_fingerprint  # signing reads statements: imported when used
+
     if not isinstance(statement, Statement):
         try:
             statement = parse_statement(statement)
@@ -194,8 +195,6 @@ def check_statement(statement: bytes | Statement, *, repository: str, tag: str, 
         except InvalidInput as err:
             return Verdict(Reason.MALFORMED, str(err))
     s = statement
-    from slm.distribution.signing import key_fingerprint
-
     if s.public_key not in set(trusted_keys):
         return Verdict(Reason.UNTRUSTED, f"statement signed by key {key_fingerprint(s.public_key)}, "
                        "which is not a trusted key", s)

@@ -31,16 +31,10 @@ class SignResult(Result):
 
 
 @dataclass(frozen=True)
-class StatementResult(Result):
+class StatementResult(SignResult):
     """`slm sign --for REPO:TAG --version N --expires DURATION`: a signed statement for a tag,
     stored with the composition's signatures (slm.distribution.statement)."""
 
-    composition_id: str
-    signature: str
-    public_key: str
-    fingerprint: str
-    signatures: int
-    added: bool
     repository: str
     tag: str
     version: int

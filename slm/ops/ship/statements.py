@@ -36,8 +36,8 @@ def sign_for(store: StoreDir, ref: str | None, key_path: Path, target: str, vers
         comp_id = find(store, ref)
         blob = statement.sign(comp_id, repository, tag, version, until, key)
         signed = add_signature(store, comp_id, blob, public)
-    return StatementResult(comp_id, signed.signature, public, signed.fingerprint, signed.signatures, signed.added,
-                           repository, tag, version, statement.format_time(until))
+    return StatementResult(**vars(signed), repository=repository, tag=tag, version=version,
+                           expires=statement.format_time(until))
 
 
 def fetch_statements(registry: Registry, manifest: Manifest, manifest_digest: str) -> list:
