@@ -66,6 +66,7 @@ class Reason(enum.Enum):
     CURRENT = "current"  # accepted: the version and composition running: nothing to do
     MALFORMED = "malformed"  # 4
     BAD_SIGNATURE = "bad-signature"  # 5
+    MISSING = "missing"  # 6: no statement at all (as require_signed refuses an unsigned composition)
     UNTRUSTED = "untrusted"  # 6
     WRONG_TARGET = "wrong-target"  # 17: mix-and-match
     EXPIRED = "expired"  # 16: freeze
@@ -74,7 +75,8 @@ class Reason(enum.Enum):
 
 
 _ERRORS: dict[Reason, type[SlmError]] = {
-    Reason.MALFORMED: InvalidInput, Reason.BAD_SIGNATURE: IntegrityError, Reason.UNTRUSTED: Incompatible,
+    Reason.MALFORMED: InvalidInput, Reason.BAD_SIGNATURE: IntegrityError, Reason.MISSING: Incompatible,
+    Reason.UNTRUSTED: Incompatible,
     Reason.WRONG_TARGET: WrongTarget, Reason.EXPIRED: StatementExpired, Reason.ROLLBACK: RollbackRefused,
     Reason.EQUIVOCATION: EquivocationRefused,
 }
@@ -220,3 +222,27 @@ def check_statement(statement: bytes | Statement, *, repository: str, tag: str, 
     if s.version == run_version:
         return Verdict(Reason.CURRENT, f"version {s.version} of {repository}:{tag} is running", s)
     return Verdict(Reason.NEWER, f"version {s.version} of {repository}:{tag}, above {run_version}", s)
+
+
+# How far a refused statement got through check_statement's checks: of several refusals, the
+# furthest is the one worth reporting (an expired statement for this tag says more than a
+# statement for another tag beside it).
+_STAGE = {Reason.MALFORMED: 0, Reason.BAD_SIGNATURE: 1, Reason.UNTRUSTED: 2, Reason.WRONG_TARGET: 3,
+          Reason.EXPIRED: 4, Reason.ROLLBACK: 5, Reason.EQUIVOCATION: 5}
+
+
+def check_statements(statements, *, repository: str, tag: str, now: float, running: tuple[int, str] | None,
+                     trusted_keys, composition: str | None = None) -> Verdict:
+    """check_statement over every statement a manifest carries (blobs or Statements): the
+    accepted one of the highest version if any is accepted (statements for other tags beside
+    it are not a mix-and-match: they are someone else's); else the refusal that got furthest
+    through the checks (the higher version among equals); none at all is MISSING."""
+    trusted_keys = frozenset(trusted_keys)
+    verdicts = [check_statement(s, repository=repository, tag=tag, now=now, running=running,
+                                trusted_keys=trusted_keys, composition=composition) for s in statements]
+    if not verdicts:
+        return Verdict(Reason.MISSING, f"no signed statement for {repository}:{tag}")
+    accepted = [v for v in verdicts if v.accepted]
+    if accepted:
+        return max(accepted, key=lambda v: v.statement.version)
+    return max(verdicts, key=lambda v: (_STAGE[v.reason], v.statement.version if v.statement else 0))

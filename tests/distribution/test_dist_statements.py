@@ -13,7 +13,7 @@ import tomlkit
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
 from helpers import refused, snapshot, tiny_store
-from slm.distribution.statement import Reason, check_statement, parse_statement
+from slm.distribution.statement import Reason, check_statement, check_statements, parse_statement
 
 
 def _key(path: Path, seed: int) -> tuple[Path, str]:
@@ -137,6 +137,9 @@ def test_a_pushed_statement_is_fetched_back_and_checks(cli, tmp_path, registry, 
                 for s in found}
     assert verdicts["prod"].reason is Reason.NEWER
     assert verdicts["staging"].reason is Reason.WRONG_TARGET
+    chosen = check_statements(found, repository="fleet/support", tag="prod", now=time.time(),
+                              running=(6, "blake3:" + "0" * 64), trusted_keys=[public], composition=comp_id)
+    assert chosen.accepted and (chosen.statement.tag, chosen.statement.version) == ("prod", 7)
     assert check_statement(next(s for s in found if s.tag == "prod"), repository="fleet/support", tag="prod",
                            now=time.time(), running=(8, comp_id), trusted_keys=[public]).reason is Reason.ROLLBACK
 

@@ -90,7 +90,8 @@ def test_each_refusal_has_its_own_error_and_exit_code(reason, error, code):
     assert type(err) is error and err.code == code and "\n" not in str(err)
     with pytest.raises(error):
         v.raise_if_refused()
-    assert len({e.code for e in statement._ERRORS.values()}) == len(statement._ERRORS)
+    codes = {r: e.code for r, e in statement._ERRORS.items() if r is not Reason.MISSING}  # MISSING is unsigned: 6
+    assert len(set(codes.values())) == len(codes)
 
 
 def test_expiry_is_exclusive_and_the_device_clock_decides():
@@ -212,3 +213,28 @@ def test_an_ecdsa_key_in_a_statement_is_a_one_line_refusal():
     v = _check(forged)
     assert v.reason is Reason.MALFORMED and "public_key is not an ed25519" in v.message
     assert v.error().code == ExitCode.INVALID_INPUT
+
+
+def _many(blobs, running=(5, C1), now=NOW):
+    return statement.check_statements(blobs, repository=REPO, tag=TAG, now=now, running=running, trusted_keys=TRUSTED)
+
+
+def test_of_several_statements_the_highest_accepted_version_wins():
+    v = _many([_blob(6, C2), _blob(9, C2), _blob(12, C2, tag="dev"), _blob(13, C2, key=OTHER), b"junk"])
+    assert v.reason is Reason.NEWER and v.statement.version == 9
+    assert _many([_blob(4), _blob(5)]).reason is Reason.CURRENT  # an older one beside is not a rollback
+
+
+@pytest.mark.parametrize("blobs, reason, version", [
+    ([], Reason.MISSING, None),
+    ([b"junk", _blob(7, tag="dev")], Reason.WRONG_TARGET, 7),
+    ([_blob(7, tag="dev"), _blob(8, expires=NOW)], Reason.EXPIRED, 8),  # the furthest refusal is reported
+    ([_blob(3), _blob(4), _blob(9, key=OTHER)], Reason.ROLLBACK, 4),
+    ([_blob(4), _blob(5, C2)], Reason.EQUIVOCATION, 5),
+])
+def test_of_several_refused_statements_the_furthest_refusal_is_reported(blobs, reason, version):
+    v = _many(blobs)
+    assert v.reason is reason and not v.accepted
+    assert (v.statement.version if v.statement else None) == version
+    assert v.error().code == {Reason.MISSING: 6, Reason.WRONG_TARGET: 17, Reason.EXPIRED: 16,
+                              Reason.ROLLBACK: 14, Reason.EQUIVOCATION: 15}[reason]
