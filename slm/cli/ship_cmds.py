@@ -91,7 +91,8 @@ def sign(
         help="oms --out: the certificates above --certificate; oms --signature: the trusted root(s). Repeatable."),
     for_tag: Optional[str] = typer.Option(
         None, "--for", metavar="REPO:TAG",
-        help="slm: sign a statement for this tag (with --version and --expires) that a device following it checks."),
+        help="Sign a statement for this tag (with --version and --expires) that a device following it checks "
+             "(oms: in the predicate of --out)."),
     version: Optional[int] = typer.Option(
         None, "--version", metavar="N", help="--for: the statement's version, above every earlier one for the tag."),
     expires: Optional[str] = typer.Option(

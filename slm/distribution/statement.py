@@ -15,6 +15,10 @@ as for slm.signature/1; its own schema string keeps a statement from being read 
 signature by a verifier that knows only slm.signature/1 (it refuses the document), and a plain
 signature from being taken for a statement.
 
+An OpenSSF Model Signing signature carries the same five fields (`fields`) in its in-toto
+predicate, under slm.distribution.oms.TAG_STATEMENT; recorded in the store (slm.oms-signature/1)
+it is a statement under the signer's EC key, for the composition of the bundle it signs.
+
 `check_statement` is pure: no network, no store, the clock and the running version given.
 """
 
@@ -27,6 +31,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from slm.distribution import oms
 from slm.distribution.bundle import MAX_SIGNATURE_BYTES, canonical
 from slm.distribution.reference import is_repository, is_tag
 from slm.errors import (EquivocationRefused, Incompatible, IntegrityError, InvalidInput, RollbackRefused, SlmError,
@@ -35,9 +40,9 @@ from slm.formats.jsonfile import parse_json_object
 from slm.store import digest as dg
 
 SCHEMA = "slm.statement/1"
-FIELDS = frozenset({"schema", "composition", "repository", "tag", "version", "expires",
-                    "algorithm", "public_key", "signature"})
-MAX_STATEMENT_BYTES = 4 << 10  # a statement is a few hundred bytes; refused before it is parsed
+OMS_FIELDS = frozenset({"composition", "repository", "tag", "version", "expires"})  # in an OMS predicate
+FIELDS = OMS_FIELDS | {"schema", "algorithm", "public_key", "signature"}
+MAX_STATEMENT_BYTES = 4 << 10  # slm's is a few hundred bytes (an OMS one lists files: MAX_SIGNATURE_BYTES)
 MAX_VERSION = (1 << 53) - 1  # exact in every JSON reader (a double's integers)
 MAX_DURATION_S = 366 * 86400  # a statement that never expires would make a freeze undetectable
 _UNITS = {"d": 86400, "h": 3600, "m": 60}
@@ -134,46 +139,73 @@ def check_version(version, what: str = "--version") -> int:
     return version
 
 
+def fields(comp_id: str, repository: str, tag: str, version: int, expires: int) -> dict:
+    """What a statement says (in an OMS predicate as it is; slm's format adds its schema)."""
+    return {"composition": comp_id, "repository": repository, "tag": tag, "version": check_version(version),
+            "expires": format_time(expires)}
+
+
 def sign(comp_id: str, repository: str, tag: str, version: int, expires: int, private_key) -> bytes:
     """A statement blob, signed with an Ed25519 private key."""
     from slm.distribution import signing
 
-    doc = {"schema": SCHEMA, "composition": comp_id, "repository": repository, "tag": tag,
-           "version": check_version(version), "expires": format_time(expires)}
+    doc = {"schema": SCHEMA, **fields(comp_id, repository, tag, version, expires)}
     sig = private_key.sign(signing.message(doc))
     return canonical({**doc, "algorithm": signing.ALGORITHM, "public_key": signing.public_key_text(private_key),
                       "signature": base64.b64encode(sig).decode("ascii")})
 
 
 def is_statement(data: bytes) -> bool:
-    """Whether a signature blob claims to be a statement (its schema); not whether it is valid."""
+    """Whether a signature blob claims to be a statement (slm's, or an OMS signature whose
+    predicate carries one); not whether it is valid: parse_statement says that."""
     try:
-        return parse_json_object(data, "signature", MAX_SIGNATURE_BYTES).get("schema") == SCHEMA
+        doc = parse_json_object(data, "signature", MAX_SIGNATURE_BYTES)
+        return doc.get("schema") == SCHEMA or (doc.get("schema") == oms.STORE_SCHEMA
+                                               and oms.claims_tag_statement(doc.get("bundle")))
     except InvalidInput:
         return False
 
 
+def _statement_of(fields: dict, key: str, what: str) -> Statement:
+    """The statement that `fields` (already signed under `key`) make, each field well formed."""
+    if not isinstance(fields["composition"], str) or not dg.is_digest(fields["composition"]):
+        raise InvalidInput(f"{what}: composition is not a digest")
+    if not isinstance(fields["repository"], str) or not is_repository(fields["repository"]):
+        raise InvalidInput(f"{what}: repository is not a repository name")
+    if not isinstance(fields["tag"], str) or not is_tag(fields["tag"]):
+        raise InvalidInput(f"{what}: tag is not a tag")
+    version = check_version(fields["version"], what)
+    expires = _parse_time(fields["expires"], what)
+    return Statement(fields["composition"], fields["repository"], fields["tag"], version, expires, key)
+
+
 def parse_statement(data: bytes, what: str = "statement") -> Statement:
-    """A statement blob, checked: at most MAX_STATEMENT_BYTES, exactly its fields, each well
-    formed (InvalidInput), and its signature valid under its own key (IntegrityError); whether
+    """A statement blob, checked: slm's (at most MAX_STATEMENT_BYTES) or a stored OMS signature
+    whose predicate carries one (slm.distribution.oms.TAG_STATEMENT), exactly its fields, each
+    well formed (InvalidInput), its signature valid under its own key (IntegrityError); whether
     that key is trusted, and whether the statement fits the tag and the clock, is check_statement's."""
     from slm.distribution import signing
 
-    doc = parse_json_object(data, what, MAX_STATEMENT_BYTES, strict_keys=True)
+    doc = parse_json_object(data, what, MAX_SIGNATURE_BYTES, strict_keys=True)
+    if doc.get("schema") == oms.STORE_SCHEMA:
+        if not isinstance(doc.get("composition"), str) or not dg.is_digest(doc["composition"]):
+            raise InvalidInput(f"{what}: composition is not a digest")
+        key, signed = oms.check_store_statement(doc, doc["composition"], what)
+        fields = signed.tag_statement
+        if fields is None:
+            raise InvalidInput(f"{what}: an OMS signature that carries no statement for a tag")
+        if set(fields) != OMS_FIELDS:
+            raise InvalidInput(f"{what}: the predicate's {oms.TAG_STATEMENT} fields are not those of a statement")
+        if fields["composition"] != doc["composition"]:
+            raise IntegrityError(f"{what}: its statement names another composition than the bundle it signs")
+        return _statement_of(fields, key, what)
     if doc.get("schema") != SCHEMA:
         raise InvalidInput(f"{what}: not an {SCHEMA} document (schema {str(doc.get('schema'))[:40]!r})")
+    if len(data) > MAX_STATEMENT_BYTES:
+        raise InvalidInput(f"{what}: larger than {MAX_STATEMENT_BYTES} bytes")
     if set(doc) != FIELDS:
         raise InvalidInput(f"{what}: fields are not those of {SCHEMA}")
-    if not isinstance(doc["composition"], str) or not dg.is_digest(doc["composition"]):
-        raise InvalidInput(f"{what}: composition is not a digest")
-    if not isinstance(doc["repository"], str) or not is_repository(doc["repository"]):
-        raise InvalidInput(f"{what}: repository is not a repository name")
-    if not isinstance(doc["tag"], str) or not is_tag(doc["tag"]):
-        raise InvalidInput(f"{what}: tag is not a tag")
-    version = check_version(doc["version"], what)
-    expires = _parse_time(doc["expires"], what)
-    key = signing.verify_doc(doc, SCHEMA, what)
-    return Statement(doc["composition"], doc["repository"], doc["tag"], version, expires, key)
+    return _statement_of(doc, signing.verify_doc(doc, SCHEMA, what), what)
 
 
 def check_statement(statement: bytes | Statement, *, repository: str, tag: str, now: float,

@@ -100,14 +100,6 @@ def test_bad_targets_are_one_line_errors(cli, tmp_path, store_a, target):
     assert "REPO:TAG" in r.err and len(r.err) < 500
 
 
-def test_statement_options_do_not_go_with_oms(cli, tmp_path, store_a):
-    a, _ = store_a
-    key, _ = _key(tmp_path / "ci.pem", 1)
-    r = refused(cli, a, 2, "sign", "--format", "oms", "--key", key, "--out", tmp_path / "sig", str(tmp_path),
-                "--for", "fleet/x:y", "--version", "1", "--expires", "1d")
-    assert "--format slm" in r.err
-
-
 def test_a_pushed_statement_is_fetched_back_and_checks(cli, tmp_path, registry, store_a):  # noqa: F811
     from slm.distribution.bundle import parse_manifest, sha256_of
     from slm.distribution.reference import parse_reference

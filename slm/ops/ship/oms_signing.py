@@ -38,8 +38,10 @@ def sign_as_asked(store: StoreDir, ref: str | None, key, fmt: str, out, signatur
     if fmt not in ("slm", "oms"):
         raise InvalidInput(f"--format {fmt!r}: choose one of slm, oms")
     statement = (target, version, expires) != (None, None, None)
-    if statement and (None in (target, version, expires) or fmt != "slm"):
-        raise UsageError("--for REPO:TAG, --version N and --expires DURATION go together, with --format slm")
+    if statement and None in (target, version, expires):
+        raise UsageError("--for REPO:TAG, --version N and --expires DURATION go together")
+    if statement and fmt == "oms" and out is None:
+        raise UsageError("--format oms: --for goes with --out SIG (signing a directory)")
     if fmt == "slm":
         if out is not None or signature is not None or certificate is not None or chain:
             raise UsageError("--out, --signature, --certificate and --certificate-chain go with --format oms")
@@ -60,11 +62,21 @@ def sign_as_asked(store: StoreDir, ref: str | None, key, fmt: str, out, signatur
         raise UsageError("--format oms --out: give --key KEY.pem (an ECDSA private key)")
     if chain and certificate is None:
         raise UsageError("--certificate-chain goes with --certificate (the signing certificate)")
-    return sign_directory(store, Path(ref), Path(key), Path(out), certificate, list(chain))
+    tag = statements.terms(target, version, expires) if statement else None
+    return sign_directory(store, Path(ref), Path(key), Path(out), certificate, list(chain), tag)
 
 
 def sign_directory(store: StoreDir, directory: Path, key_path: Path, out: Path, certificate=None,
-                   chain: list = ()) -> OmsSignResult:
+                   chain: list = (), tag: tuple[str, str, int, int] | None = None) -> OmsSignResult:
+    """`tag` (repository, tag, version, expiry: statements.terms): the signature also carries a
+    statement for that tag about the composition DIR's bundle holds, in its predicate."""
+    from slm.distribution import statement
+    from slm.distribution.bundle import parse_config
+
+    tag_statement = None
+    if tag is not None:
+        comp_id = parse_config(_bundle_config(Path(directory)), f"{directory} config").composition_id
+        tag_statement = statement.fields(comp_id, *tag)
     key = oms.load_private_key(Path(key_path))
     certificates = oms_certs.load_certificates([Path(certificate), *map(Path, chain)]) if certificate else None
     directory = Path(directory)
@@ -72,7 +84,7 @@ def sign_directory(store: StoreDir, directory: Path, key_path: Path, out: Path, 
     if real_out == real_dir or real_out.startswith(real_dir.rstrip("/") + "/"):
         raise InvalidInput(f"--out {out}: the signature cannot be inside the directory it signs")
     with outputs.OutputFile(Path(out), store.root, "--out") as target:
-        bundle = oms.sign_directory(directory, key, certificates)
+        bundle = oms.sign_directory(directory, key, certificates, tag_statement)
         target.write(bundle)
         target.commit()
     public = oms.public_key_text(key)

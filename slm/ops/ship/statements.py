@@ -19,17 +19,25 @@ from slm.ops.results import StatementResult
 from slm.store import StoreDir
 
 
+def terms(target: str, version: int, expires: str, now: float | None = None) -> tuple[str, str, int, int]:
+    """(repository, tag, version, expiry in seconds since the epoch) of `--for`, `--version` and
+    `--expires`, each checked (one line, exit 4) before any key is read."""
+    from slm.distribution import statement
+    from slm.distribution.reference import parse_target
+
+    repository, tag = parse_target(target)
+    statement.check_version(version)
+    return repository, tag, version, int(time.time() if now is None else now) + statement.parse_duration(expires)
+
+
 def sign_for(store: StoreDir, ref: str | None, key_path: Path, target: str, version: int,
              expires: str, now: float | None = None) -> StatementResult:
     """Sign `ref` (default: the active composition) as version `version` of `target`
     (REPO:TAG), valid for `expires` (a duration: 30d, 12h, 90m) from now."""
     from slm.distribution import signing, statement
-    from slm.distribution.reference import parse_target
     from slm.ops.ship.signing import add_signature, find
 
-    repository, tag = parse_target(target)  # every argument checked before the key is read
-    statement.check_version(version)
-    until = int(time.time() if now is None else now) + statement.parse_duration(expires)
+    repository, tag, version, until = terms(target, version, expires, now)
     key = signing.load_private_key(Path(key_path))
     public = signing.public_key_text(key)
     with store.locked():
