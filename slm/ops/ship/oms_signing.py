@@ -11,6 +11,9 @@
         (--key, else each ecdsa key of config.toml trusted_keys), DIR's files against it, and
         the composition must be in the store. It then counts for `slm verify --signature` and
         require_signed like an Ed25519 signature of the same key.
+    slm sign --format oms --key KEY.pem --out SIG DIR --for REPO:TAG --version N --expires DURATION
+        the same signature, its predicate also carrying a statement for the tag about the
+        composition DIR's bundle holds (slm.distribution.statement); record it as above.
 """
 
 from __future__ import annotations

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from slm.distribution.bundle import Manifest
-from slm.distribution.registry import Registry
 from slm.ops.results import StatementResult
 from slm.store import StoreDir
+
+if TYPE_CHECKING:  # `slm sign` loads no registry client
+    from slm.distribution.bundle import Manifest
+    from slm.distribution.registry import Registry
 
 
 def terms(target: str, version: int, expires: str, now: float | None = None) -> tuple[str, str, int, int]:
