@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "BaseExportResult", "Certified", "CompositionInfo",
             "ExportResult", "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "NameMove", "OmsSignResult",
             "Provisioned", "PushResult", "ReceiveResult",
-            "Result", "SignResult", "SignatureCheck", "SignatureReport", "Status", "Timings", "TokenLogprobs",
+            "Result", "SignResult", "SignatureCheck", "SignatureReport", "StatementResult", "Status", "Timings", "TokenLogprobs",
             "Transition", "VerifyReport")
 _EXPORTS = {
     "Store": "slm.api", "Runtime": "slm.api", "Session": "slm.api", "Conversation": "slm.conversation",
@@ -25,7 +25,8 @@ _EXPORTS = {
     "InvalidInput": "slm.errors", "IntegrityError": "slm.errors", "Incompatible": "slm.errors",
     "Busy": "slm.errors", "BudgetExceeded": "slm.errors", "NeedsRecovery": "slm.errors",
     "NumericsError": "slm.errors", "Switched": "slm.errors", "IOFailure": "slm.errors",
-    "CommittedIncomplete": "slm.errors", "ShuttingDown": "slm.errors",
+    "CommittedIncomplete": "slm.errors", "ShuttingDown": "slm.errors", "RollbackRefused": "slm.errors",
+    "EquivocationRefused": "slm.errors", "StatementExpired": "slm.errors", "WrongTarget": "slm.errors",
     "keep_freed_memory": "slm.model.allocator", "version_info": "slm.ops.about",
 }
 __all__ = sorted([*_EXPORTS, "__version__"])

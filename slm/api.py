@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from slm.engine.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
                                  Generation, ImportResult, LogEntry, Provisioned, PushResult, ReceiveResult, SignatureReport,
-                                 SignResult, Status, Transition, VerifyReport)
+                                 SignResult, StatementResult, Status, Transition, VerifyReport)
     from slm.ops.infer.run import RunOptions
     from slm.engine.scheduler import Scheduler
 
@@ -264,13 +264,18 @@ class Store(StoreNames):
 
     def sign(self, comp: Composition | str | None, key: str | os.PathLike | None = None, format: str = "slm",
              out: str | os.PathLike | None = None, signature: str | os.PathLike | None = None,
-             certificate: str | os.PathLike | None = None, chain: Sequence[str] = ()) -> SignResult | OmsSignResult:
+             certificate: str | os.PathLike | None = None, chain: Sequence[str] = (),
+             for_tag: str | None = None, version: int | None = None,
+             expires: str | None = None) -> SignResult | OmsSignResult | StatementResult:
         """Sign a stored composition (default: the active one) with an Ed25519 PEM key; format
-        "oms": OpenSSF Model Signing of the directory `comp` names (slm.ops.ship.oms_signing)."""
+        "oms": OpenSSF Model Signing of the directory `comp` names (slm.ops.ship.oms_signing).
+        `for_tag` REPO:TAG, `version` and `expires` (a duration: 30d) together: a signed statement
+        for that tag (slm.distribution.statement)."""
         from slm.ops.ship import oms_signing
 
         ref = comp.id if isinstance(comp, Composition) else comp
-        return oms_signing.sign_as_asked(self._s, ref, key, format, out, signature, certificate, chain)
+        return oms_signing.sign_as_asked(self._s, ref, key, format, out, signature, certificate, chain,
+                                         for_tag, version, expires)
 
     def verify_signatures(self, comp: Composition | str | None = None, keys: Sequence[str] = ()) -> SignatureReport:
         """Each signature of a composition checked; trusted = config.toml trusted_keys + `keys`."""

@@ -24,6 +24,10 @@ class ExitCode(IntEnum):
     SWITCHED = 11  # `slm run`: the active composition changed during generation
     IO = 12  # the OS refused a read or write (permissions, disk full, EIO)
     INCOMPLETE = 13  # the change is committed (durable), but finishing it failed: `slm fsck --repair`
+    ROLLBACK = 14  # a signed statement's version is lower than the one running
+    EQUIVOCATION = 15  # a signed statement gives the running version to another composition
+    EXPIRED = 16  # a signed statement's expiry has passed (a freeze)
+    WRONG_TARGET = 17  # a signed statement is for another repository, tag or composition
 
 
 class SlmError(Exception):
@@ -108,3 +112,27 @@ class CommittedIncomplete(SlmError):
     clean-up step after it failed. Never a plain failure: a script must not retry it."""
 
     code = ExitCode.INCOMPLETE
+
+
+class RollbackRefused(SlmError):
+    """A signed statement for a tag carries a version lower than the one running."""
+
+    code = ExitCode.ROLLBACK
+
+
+class EquivocationRefused(SlmError):
+    """A signed statement gives the version running to another composition."""
+
+    code = ExitCode.EQUIVOCATION
+
+
+class StatementExpired(SlmError):
+    """A signed statement's expiry time has passed: a registry may be freezing its tag."""
+
+    code = ExitCode.EXPIRED
+
+
+class WrongTarget(SlmError):
+    """A signed statement is for another repository, tag or composition (mix-and-match)."""
+
+    code = ExitCode.WRONG_TARGET

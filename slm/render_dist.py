@@ -45,8 +45,11 @@ def signed(r: dict) -> None:
     if r.get("format") == "oms":
         oms_signed(r)
         return
-    verb = "signed" if r["added"] else "already signed by this key:"
-    print(f"{verb} composition {r['composition_id']}")
+    if "tag" in r:  # a statement for a tag
+        print(f"{'signed' if r['added'] else 'already signed:'} composition {r['composition_id']} is version "
+              f"{r['version']} of {r['repository']}:{r['tag']} until {r['expires']}")
+    else:
+        print(f"{'signed' if r['added'] else 'already signed by this key:'} composition {r['composition_id']}")
     print(f"  key {r['fingerprint']} ({r['public_key']}); {r['signatures']} signature(s)")
 
 

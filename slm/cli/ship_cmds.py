@@ -89,9 +89,19 @@ def sign(
     chain: Optional[list[str]] = typer.Option(
         None, "--certificate-chain", metavar="PEM",
         help="oms --out: the certificates above --certificate; oms --signature: the trusted root(s). Repeatable."),
+    for_tag: Optional[str] = typer.Option(
+        None, "--for", metavar="REPO:TAG",
+        help="Sign a statement for this tag (with --version and --expires) that a device following it checks "
+             "(oms: in the predicate of --out)."),
+    version: Optional[int] = typer.Option(
+        None, "--version", metavar="N", help="--for: the statement's version, above every earlier one for the tag."),
+    expires: Optional[str] = typer.Option(
+        None, "--expires", metavar="DURATION", help="--for: how long the statement holds: 30d, 12h, 90m (at most 366d)."),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Sign a composition id with Ed25519 (stored with it), or a directory as OpenSSF Model Signing."""
+    """Sign a composition id with Ed25519 (stored with it), or a directory as OpenSSF Model Signing;
+    with --for, a statement that the composition is version N of REPO:TAG until an expiry."""
     from slm import render_dist
 
-    show_result(open_store(ctx).sign(ref, key, fmt, out, signature, certificate, chain or []), json_out, render_dist.signed)
+    show_result(open_store(ctx).sign(ref, key, fmt, out, signature, certificate, chain or [], for_tag, version, expires),
+                json_out, render_dist.signed)

@@ -51,6 +51,7 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 IGNORED = (".github", ".git", ".gitattributes", ".gitignore")  # model_signing's default
 STORE_SCHEMA = "slm.oms-signature/1"
+TAG_STATEMENT = "slm_statement"  # the predicate field of a statement for a tag (slm.distribution.statement)
 MAX_BUNDLE_BYTES = 1 << 20
 MAX_FILES = 100_000
 MAX_KEY_FILE = 64 << 10
@@ -183,10 +184,12 @@ def _pae(payload: bytes) -> bytes:
 
 
 # -- signing -------------------------------------------------------------------------------------
-def sign_directory(root: Path, private_key, certificates: list | None = None) -> bytes:
+def sign_directory(root: Path, private_key, certificates: list | None = None,
+                   tag_statement: dict | None = None) -> bytes:
     """The OMS bundle (JSON bytes) signing every file of `root`: key mode, or with
     `certificates` (the signing certificate of `private_key` first, then the chain above it)
-    certificate mode (slm.distribution.oms_certs)."""
+    certificate mode (slm.distribution.oms_certs). `tag_statement`: a statement for a tag's
+    fields (slm.distribution.statement), carried in the predicate beside the files."""
     ec, hashes, serialization, _ = _crypto()
     material = {"publicKey": {"hint": _hint(private_key.public_key())}, "tlogEntries": []}
     if certificates:
@@ -206,6 +209,8 @@ def sign_directory(root: Path, private_key, certificates: list | None = None) ->
                               "method": "files"},
         },
     }
+    if tag_statement is not None:
+        statement["predicate"][TAG_STATEMENT] = tag_statement
     payload = json.dumps(statement, indent=2).encode("utf-8")
     _, hash_name = _curve(private_key, "key")
     sig = private_key.sign(_pae(payload), ec.ECDSA(getattr(hashes, hash_name)()))
@@ -223,6 +228,7 @@ def sign_directory(root: Path, private_key, certificates: list | None = None) ->
 class Statement:
     subject_name: str
     resources: dict[str, str]  # relative path -> sha256 hex
+    tag_statement: dict | None = None  # the predicate's TAG_STATEMENT, if it carries one
 
 
 def _b64(value, what: str) -> bytes:
@@ -290,7 +296,21 @@ def _statement(payload: bytes, what: str) -> Statement:
         raise IntegrityError(f"{what}: the subject digest does not match its resources")
     if len(dict(resources)) != len(resources):
         raise InvalidInput(f"{what}: a file is listed twice")
-    return Statement(str(subject[0].get("name", "")), dict(resources))
+    tag_statement = predicate.get(TAG_STATEMENT)
+    if tag_statement is not None and not isinstance(tag_statement, dict):
+        raise InvalidInput(f"{what}: the predicate's {TAG_STATEMENT} is not an object")
+    return Statement(str(subject[0].get("name", "")), dict(resources), tag_statement)
+
+
+def claims_tag_statement(bundle) -> bool:
+    """Whether an OMS bundle's predicate has a TAG_STATEMENT field, read without verifying
+    anything (to sort signatures; check_store_statement is what checks one)."""
+    try:
+        payload = _b64(bundle["dsseEnvelope"]["payload"], "OMS payload")
+        predicate = parse_json_object(payload, "OMS statement", MAX_BUNDLE_BYTES).get("predicate")
+    except (InvalidInput, KeyError, TypeError):
+        return False
+    return isinstance(predicate, dict) and TAG_STATEMENT in predicate
 
 
 def read_bundle_file(path: Path) -> dict:
@@ -318,6 +338,11 @@ def store_signature(comp_id: str, public_key_text_: str, config: bytes, bundle: 
 
 def check_store_signature(doc: dict, comp_id: str, what: str) -> str:
     """The public key text of a stored OMS signature that holds for `comp_id`."""
+    return check_store_statement(doc, comp_id, what)[0]
+
+
+def check_store_statement(doc: dict, comp_id: str, what: str) -> tuple[str, Statement]:
+    """(public key text, the signed statement) of a stored OMS signature that holds for `comp_id`."""
     if set(doc) != {"schema", "composition", "public_key", "config", "bundle"}:
         raise InvalidInput(f"{what}: fields are not those of {STORE_SCHEMA}")
     key_text = doc["public_key"]
@@ -329,4 +354,4 @@ def check_store_signature(doc: dict, comp_id: str, what: str) -> str:
     signed = parse_config(config, what + " config").composition_id
     if signed != comp_id or doc["composition"] != comp_id:
         raise IntegrityError(f"{what}: signs a bundle of composition {signed[:19]}, not {comp_id[:19]}")
-    return key_text
+    return key_text, statement

@@ -95,3 +95,27 @@ def parse_reference(text: str) -> Reference:
     if port is not None and not 0 < int(port) < 65536:
         raise InvalidInput(f"registry reference {text!r}: bad port {port}")
     return Reference(host, rest, tag, digest)
+
+
+def is_repository(text: str) -> bool:
+    return len(text) <= 255 and _REPO.fullmatch(text) is not None
+
+
+def is_tag(text: str) -> bool:
+    return _TAG.fullmatch(text) is not None
+
+
+def parse_target(text: str) -> tuple[str, str]:
+    """(repository, tag) of `slm sign --for REPO:TAG`. A leading registry host (a first
+    component with a '.' or a ':', or `localhost`: Docker's rule) is accepted and dropped: a
+    statement names the repository and tag, so it holds on every mirror of the registry."""
+    head, sep, _ = text.partition("/")
+    has_host = sep and ("." in head or ":" in head or head == "localhost")
+    try:
+        ref = parse_reference(text if has_host else "localhost/" + text)
+    except InvalidInput:
+        ref = None
+    if ref is None or ref.tag is None:
+        raise InvalidInput(f"--for {text[:300]!r}: expected REPO:TAG (a repository of lowercase letters, digits, "
+                           "'.', '_', '-', '/'; a tag of letters, digits, '_', '.', '-')")
+    return ref.repository, ref.tag

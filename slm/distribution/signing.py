@@ -1,6 +1,7 @@
 """Ed25519 signatures over composition ids, and signed verification certificates; a signature
 blob may also be an OpenSSF Model Signing bundle bound to its composition (slm.distribution.oms),
-which parse_signature checks the same way (well-formed, for this id, valid under its key).
+which parse_signature checks the same way (well-formed, for this id, valid under its key); so
+may a statement for a tag (slm.distribution.statement), which signs its composition id too.
 
 A signature blob (media type application/vnd.slm.signature.v1+json), canonical JSON:
 
@@ -28,7 +29,7 @@ import binascii
 from dataclasses import dataclass
 from pathlib import Path
 
-from slm.distribution import oms
+from slm.distribution import oms, statement
 from slm.distribution.bundle import MAX_SIGNATURE_BYTES, canonical
 from slm.errors import IntegrityError, InvalidInput
 from slm.formats.jsonfile import parse_json_object
@@ -132,31 +133,33 @@ def public_key_from_file_or_text(value: str) -> str:
     return KEY_PREFIX + base64.b64encode(raw).decode("ascii")
 
 
-def _message(doc: dict) -> bytes:
+def message(doc: dict) -> bytes:
     return canonical({k: v for k, v in doc.items() if k not in ("signature", "algorithm", "public_key")})
 
 
 def sign(comp_id: str, private_key) -> bytes:
     """A signature blob for `comp_id`."""
     doc = {"schema": SCHEMA, "composition": comp_id}
-    sig = private_key.sign(_message(doc))
+    sig = private_key.sign(message(doc))
     return canonical({**doc, "algorithm": ALGORITHM, "public_key": public_key_text(private_key),
                       "signature": base64.b64encode(sig).decode("ascii")})
 
 
-def _verify_doc(doc: dict, schema: str, what: str) -> str:
+def verify_doc(doc: dict, schema: str, what: str) -> str:
     """Check the signature of a signed document; returns its public key text."""
     _, _, invalid = _crypto()
     if doc.get("schema") != schema or doc.get("algorithm") != ALGORITHM:
         raise InvalidInput(f"{what}: not an {schema} {ALGORITHM} document")
     key_text = doc.get("public_key")
+    if not isinstance(key_text, str) or not key_text.startswith(KEY_PREFIX):  # an EC key verifies no Ed25519 signature
+        raise InvalidInput(f"{what}: public_key is not an {KEY_PREFIX}<base64> key")
     key = parse_public_key(key_text, what)
     try:
         sig = base64.b64decode(str(doc.get("signature")), validate=True)
     except (binascii.Error, ValueError) as err:
         raise InvalidInput(f"{what}: signature is not base64") from err
     try:
-        key.verify(sig, _message(doc))
+        key.verify(sig, message(doc))
     except invalid as err:
         raise IntegrityError(f"{what}: the signature does not verify (tampered, or signed by another key)") from err
     return key_text
@@ -168,17 +171,22 @@ def parse_signature(data: bytes, comp_id: str, what: str = "signature") -> Signa
     doc = parse_json_object(data, what, MAX_SIGNATURE_BYTES)
     if doc.get("schema") == oms.STORE_SCHEMA:  # an OpenSSF Model Signing bundle, bound to the id
         return Signature(comp_id, oms.check_store_signature(doc, comp_id, what))
+    if doc.get("schema") == statement.SCHEMA:  # a statement for a tag also signs its composition
+        signed = statement.parse_statement(data, what)
+        if signed.composition != comp_id:
+            raise IntegrityError(f"{what}: signs composition %s, not %s" % dg.short_pair(signed.composition, comp_id))
+        return Signature(comp_id, signed.public_key)
     if set(doc) != {"schema", "composition", "algorithm", "public_key", "signature"}:
         raise InvalidInput(f"{what}: fields are not those of {SCHEMA}")
     if doc["composition"] != comp_id:
         signed, wanted = dg.short_pair(str(doc["composition"]), comp_id)
         raise IntegrityError(f"{what}: signs composition {signed}, not {wanted}")
-    return Signature(comp_id, _verify_doc(doc, SCHEMA, what))
+    return Signature(comp_id, verify_doc(doc, SCHEMA, what))
 
 
 def certificate(comp_id: str, result: dict, private_key) -> bytes:
     doc = {"schema": CERT_SCHEMA, "composition": comp_id, "result": result}
-    sig = private_key.sign(_message(doc))
+    sig = private_key.sign(message(doc))
     return canonical({**doc, "algorithm": ALGORITHM, "public_key": public_key_text(private_key),
                       "signature": base64.b64encode(sig).decode("ascii")})
 
@@ -188,7 +196,7 @@ def check_certificate(data: bytes, what: str = "certificate") -> tuple[str, str,
     doc = parse_json_object(data, what, MAX_CERT_BYTES)
     if set(doc) != {"schema", "composition", "result", "algorithm", "public_key", "signature"}:
         raise InvalidInput(f"{what}: fields are not those of {CERT_SCHEMA}")
-    key = _verify_doc(doc, CERT_SCHEMA, what)
+    key = verify_doc(doc, CERT_SCHEMA, what)
     if not dg.is_digest(str(doc["composition"])) or not isinstance(doc["result"], dict):
         raise InvalidInput(f"{what}: malformed composition or result")
     return doc["composition"], key, doc["result"]

@@ -30,13 +30,13 @@ def parse_json(text: str, strict_keys: bool = False):
         raise ValueError("nested too deeply") from err
 
 
-def parse_json_object(data: bytes, what: str, max_bytes: int) -> dict:
+def parse_json_object(data: bytes, what: str, max_bytes: int, strict_keys: bool = False) -> dict:
     """A JSON object from bytes someone else wrote (a bundle's manifest, a signature): bounded,
-    one-line errors."""
+    one-line errors; `strict_keys`: a key given twice is an error."""
     if len(data) > max_bytes:
         raise InvalidInput(f"{what}: larger than {max_bytes} bytes")
     try:
-        doc = parse_json(data.decode("utf-8"))
+        doc = parse_json(data.decode("utf-8"), strict_keys)
     except (UnicodeDecodeError, ValueError) as err:
         raise InvalidInput(f"{what}: not JSON ({err})") from err
     if not isinstance(doc, dict):

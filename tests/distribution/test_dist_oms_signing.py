@@ -6,6 +6,7 @@ in bundles. Ed25519 signatures stay readable beside it."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -237,3 +238,78 @@ def test_model_signing_certificate_signature_is_recorded_under_its_root(cli, tmp
     leaf_key = r.json()["public_key"]
     report = cli("--store", store, "verify", "--signature", "--key", leaf_key, "--json").json()
     assert [(s["valid"], s["trusted"]) for s in report["signatures"]] == [(True, True)]
+
+
+
+def test_an_oms_statement_for_a_tag_verifies_with_model_signing_and_checks(cli, tmp_path, exported):
+    """`slm sign --format oms --for REPO:TAG --version N --expires D --out SIG DIR` carries the
+    statement in the in-toto predicate: model-signing's verifier (which reads only the
+    predicate's resources and serialization) accepts it, an edit of the statement fails that
+    verifier, and once recorded it is a statement check_statement reads under the EC key."""
+    import time
+
+    from slm.distribution.statement import Reason, check_statement, parse_statement
+    from slm.store import StoreDir
+
+    store, comp_id, out = exported
+    key, pub = _ec_key(tmp_path, "signer")
+    r = cli("--store", store, "sign", "--format", "oms", "--key", key, "--out", tmp_path / "stated.sig", out,
+            "--for", "fleet/support:prod", "--version", "7", "--expires", "12h", "--json")
+    assert r.code == 0, r.err
+    checked = _model_signing("verify", "key", "--signature", tmp_path / "stated.sig", "--public_key", pub, out)
+    assert checked.returncode == 0, checked.stderr
+    doc = json.loads((tmp_path / "stated.sig").read_bytes())
+    payload = base64.b64decode(doc["dsseEnvelope"]["payload"])
+    edited = payload.replace(b'"version": 7', b'"version": 8')
+    assert edited != payload
+    doc["dsseEnvelope"]["payload"] = base64.b64encode(edited).decode()
+    (tmp_path / "edited.sig").write_text(json.dumps(doc))
+    assert _model_signing("verify", "key", "--signature", tmp_path / "edited.sig", "--public_key", pub, out).returncode != 0
+
+    recorded = cli("--store", store, "sign", "--format", "oms", "--signature", tmp_path / "stated.sig", "--key", pub,
+                   out, "--json")
+    assert recorded.code == 0, recorded.err
+    s = parse_statement(StoreDir.open(store).objects.read_verified(recorded.json()["signature"]))
+    assert (s.composition, s.repository, s.tag, s.version) == (comp_id, "fleet/support", "prod", 7)
+    v = check_statement(s, repository="fleet/support", tag="prod", now=time.time(), running=(6, comp_id),
+                        trusted_keys=[recorded.json()["public_key"]])
+    assert v.reason is Reason.NEWER
+    # a plain OMS signature is not a statement
+    assert cli("--store", store, "sign", "--format", "oms", "--key", key, "--out", tmp_path / "plain.sig", out).code == 0
+    plain = cli("--store", store, "sign", "--format", "oms", "--signature", tmp_path / "plain.sig", "--key", pub,
+                out, "--json")
+    v = check_statement(StoreDir.open(store).objects.read_verified(plain.json()["signature"]), repository="fleet/support",
+                        tag="prod", now=time.time(), running=None, trusted_keys=[plain.json()["public_key"]])
+    assert v.reason is Reason.MALFORMED and "carries no statement" in v.message
+
+
+def test_oms_statement_needs_out(cli, tmp_path, exported):
+    store, _, out = exported
+    key, _ = _ec_key(tmp_path, "signer")
+    r = refused(cli, store, 2, "sign", "--format", "oms", "--signature", tmp_path / "x.sig", out,
+                "--for", "fleet/x:y", "--version", "1", "--expires", "1d")
+    assert "--out" in r.err
+
+
+@pytest.mark.hostile
+def test_an_oms_statement_naming_another_composition_than_its_bundle_is_refused(cli, tmp_path, exported):
+    """The predicate's statement and the bundle it signs must name the same composition: one
+    signed for composition X inside a signature of Y's bundle is refused (exit 5), though the
+    signature itself holds for Y."""
+    from cryptography.hazmat.primitives import serialization
+
+    from slm.distribution import oms
+    from slm.distribution.statement import Reason, check_statement, fields
+    from slm.store import StoreDir
+
+    store, comp_id, out = exported
+    key, pub = _ec_key(tmp_path, "signer")
+    private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    other = "blake3:" + "ab" * 32
+    (tmp_path / "x.sig").write_bytes(oms.sign_directory(out, private, None,
+                                                        fields(other, "fleet/support", "prod", 9, 4_000_000_000)))
+    r = cli("--store", store, "sign", "--format", "oms", "--signature", tmp_path / "x.sig", "--key", pub, out, "--json")
+    assert r.code == 0, r.err  # a valid OMS signature of the bundle of comp_id
+    v = check_statement(StoreDir.open(store).objects.read_verified(r.json()["signature"]), repository="fleet/support",
+                        tag="prod", now=0, running=None, trusted_keys=[r.json()["public_key"]])
+    assert v.reason is Reason.BAD_SIGNATURE and "another composition" in v.message and comp_id != other

@@ -203,3 +203,20 @@ def test_an_io_error_at_every_operation_of_sign_obeys_the_commit_point(cli, tmp_
         assert signed == (r.code == 13), f"op {n}"
         shutil.rmtree(store)
     assert codes[-1] == 0 and 12 in codes
+
+
+@pytest.mark.hostile
+def test_a_signature_claiming_ed25519_with_an_ecdsa_key_is_a_one_line_refusal(signed_setup):
+    """An OMS signer's EC key in an ed25519 signature document was an internal error (exit 1:
+    the EC key's verify takes another argument); it is bad input (exit 4), as every malformed
+    signature is."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    from slm.distribution import oms, signing
+    from slm.errors import InvalidInput
+
+    _, comp_id = signed_setup
+    doc = json.loads(signing.sign(comp_id, ed25519.Ed25519PrivateKey.generate()))
+    doc["public_key"] = oms.public_key_text(ec.generate_private_key(ec.SECP256R1()))
+    with pytest.raises(InvalidInput, match="public_key is not an ed25519"):
+        signing.parse_signature(json.dumps(doc).encode(), comp_id)

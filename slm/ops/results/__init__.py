@@ -32,7 +32,7 @@ _FAMILIES = {
     "integrity": ("Finding", "FsckReport", "GcPlan", "VerifyReport"),
     "transfer": ("ImportResult", "ExportResult", "AdapterExportResult", "BaseExportResult", "ReceiveResult",
                  "PushResult", "Provisioned"),
-    "signatures": ("SignatureCheck", "SignResult", "OmsSignResult", "SignatureReport", "Certified"),
+    "signatures": ("SignatureCheck", "SignResult", "StatementResult", "OmsSignResult", "SignatureReport", "Certified"),
 }
 _MODULE_OF = {name: family for family, names in _FAMILIES.items() for name in names}
 __all__ = ["Result", *_MODULE_OF]

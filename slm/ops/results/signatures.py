@@ -31,6 +31,17 @@ class SignResult(Result):
 
 
 @dataclass(frozen=True)
+class StatementResult(SignResult):
+    """`slm sign --for REPO:TAG --version N --expires DURATION`: a signed statement for a tag,
+    stored with the composition's signatures (slm.distribution.statement)."""
+
+    repository: str
+    tag: str
+    version: int
+    expires: str
+
+
+@dataclass(frozen=True)
 class OmsSignResult(Result):
     """`slm sign --format oms --out SIG DIR`: an OpenSSF Model Signing signature of a directory."""
 

@@ -11,6 +11,9 @@
         (--key, else each ecdsa key of config.toml trusted_keys), DIR's files against it, and
         the composition must be in the store. It then counts for `slm verify --signature` and
         require_signed like an Ed25519 signature of the same key.
+    slm sign --format oms --key KEY.pem --out SIG DIR --for REPO:TAG --version N --expires DURATION
+        the same signature, its predicate also carrying a statement for the tag about the
+        composition DIR's bundle holds (slm.distribution.statement); record it as above.
 """
 
 from __future__ import annotations
@@ -24,21 +27,31 @@ from slm.distribution.layout_read import LayoutReader
 from slm.errors import IntegrityError, InvalidInput, NotFound, UsageError
 from slm.ops.infer import compositions
 from slm.ops.ship.policy import policy
-from slm.ops.results import OmsSignResult, SignResult
+from slm.ops.results import OmsSignResult, SignResult, StatementResult
+from slm.ops.ship import statements
 from slm.ops.ship.signing import add_signature, sign
 from slm.store import StoreDir, outputs
 
 
 def sign_as_asked(store: StoreDir, ref: str | None, key, fmt: str, out, signature, certificate=None,
-                  chain=()) -> SignResult | OmsSignResult:
-    """`slm sign`'s forms and the rules of their arguments."""
+                  chain=(), target: str | None = None, version: int | None = None,
+                  expires: str | None = None) -> SignResult | OmsSignResult | StatementResult:
+    """`slm sign`'s forms and the rules of their arguments; `target`, `version` and `expires`
+    (all three or none) make it a statement for a tag (slm.ops.ship.statements)."""
     if fmt not in ("slm", "oms"):
         raise InvalidInput(f"--format {fmt!r}: choose one of slm, oms")
+    statement = (target, version, expires) != (None, None, None)
+    if statement and None in (target, version, expires):
+        raise UsageError("--for REPO:TAG, --version N and --expires DURATION go together")
+    if statement and fmt == "oms" and out is None:
+        raise UsageError("--format oms: --for goes with --out SIG (signing a directory)")
     if fmt == "slm":
         if out is not None or signature is not None or certificate is not None or chain:
             raise UsageError("--out, --signature, --certificate and --certificate-chain go with --format oms")
         if key is None:
             raise UsageError("give --key KEY.pem (an Ed25519 private key)")
+        if statement:
+            return statements.sign_for(store, ref, Path(key), target, version, expires)
         return sign(store, ref, Path(key))
     if ref is None:
         raise UsageError("--format oms: name the directory (DIR)")
@@ -52,11 +65,21 @@ def sign_as_asked(store: StoreDir, ref: str | None, key, fmt: str, out, signatur
         raise UsageError("--format oms --out: give --key KEY.pem (an ECDSA private key)")
     if chain and certificate is None:
         raise UsageError("--certificate-chain goes with --certificate (the signing certificate)")
-    return sign_directory(store, Path(ref), Path(key), Path(out), certificate, list(chain))
+    tag = statements.terms(target, version, expires) if statement else None
+    return sign_directory(store, Path(ref), Path(key), Path(out), certificate, list(chain), tag)
 
 
 def sign_directory(store: StoreDir, directory: Path, key_path: Path, out: Path, certificate=None,
-                   chain: list = ()) -> OmsSignResult:
+                   chain: list = (), tag: tuple[str, str, int, int] | None = None) -> OmsSignResult:
+    """`tag` (repository, tag, version, expiry: statements.terms): the signature also carries a
+    statement for that tag about the composition DIR's bundle holds, in its predicate."""
+    from slm.distribution import statement
+    from slm.distribution.bundle import parse_config
+
+    tag_statement = None
+    if tag is not None:
+        comp_id = parse_config(_bundle_config(Path(directory)), f"{directory} config").composition_id
+        tag_statement = statement.fields(comp_id, *tag)
     key = oms.load_private_key(Path(key_path))
     certificates = oms_certs.load_certificates([Path(certificate), *map(Path, chain)]) if certificate else None
     directory = Path(directory)
@@ -64,7 +87,7 @@ def sign_directory(store: StoreDir, directory: Path, key_path: Path, out: Path, 
     if real_out == real_dir or real_out.startswith(real_dir.rstrip("/") + "/"):
         raise InvalidInput(f"--out {out}: the signature cannot be inside the directory it signs")
     with outputs.OutputFile(Path(out), store.root, "--out") as target:
-        bundle = oms.sign_directory(directory, key, certificates)
+        bundle = oms.sign_directory(directory, key, certificates, tag_statement)
         target.write(bundle)
         target.commit()
     public = oms.public_key_text(key)

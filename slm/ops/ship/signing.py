@@ -55,7 +55,7 @@ def check_signature(digest: str, read, comp_id: str, trusted: tuple[str, ...]) -
     return SignatureCheck(digest, sig.public_key, sig.fingerprint, True, sig.public_key in trusted)
 
 
-def _find(store: StoreDir, ref: str | None) -> str:
+def find(store: StoreDir, ref: str | None) -> str:
     if ref is None:
         return compositions.active_id(store, "name a composition to sign")
     comp_id = specs.resolve(store, ref).id
@@ -71,7 +71,7 @@ def sign(store: StoreDir, ref: str | None, key_path: Path) -> SignResult:
     key = signing.load_private_key(Path(key_path))
     public = signing.public_key_text(key)
     with store.locked():
-        comp_id = _find(store, ref)
+        comp_id = find(store, ref)
         return add_signature(store, comp_id, signing.sign(comp_id, key), public)
 
 
@@ -109,7 +109,7 @@ def verify_signatures(store: StoreDir, ref: str | None, keys: list[str] = ()) ->
     the keys given (key texts or PEM files)."""
     from slm.distribution import signing  # Ed25519 and the canonical JSON load when a signature is touched
 
-    comp_id = _find(store, ref)
+    comp_id = find(store, ref)
     trusted = policy(store).trusted_keys + tuple(signing.public_key_from_file_or_text(k) for k in keys)
     return SignatureReport(comp_id, tuple(check_signatures(store, comp_id, trusted)), len(set(trusted)))
 
