@@ -83,7 +83,7 @@ def test_a_healthy_composition_passes_every_check_and_a_missing_certificate_is_s
     assert [checks[n][0] for n in ("integrity", "generation", "script:10-env")] == ["passed"] * 3
     assert checks["script:10-env"][1] == f"comp={active} store={store}"
     human = cli("--store", store, "health")
-    assert human.code == 0 and "healthy" in human.out.splitlines()[-1]
+    assert human.code == 0 and human.out.splitlines()[-1] == f"composition {active}: healthy"
 
 
 def test_a_certificate_of_the_composition_passes_and_records_golden_answers(cli, store, tmp_path):
