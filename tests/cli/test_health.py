@@ -205,3 +205,39 @@ def test_a_script_writing_100_mb_is_bounded(cli, store):
 def test_a_bad_timeout_is_refused(cli, store, value):
     r = cli("--store", store, "health", "--timeout", value)
     assert r.code == 4 and r.err.startswith("slm: error:"), (r.code, r.err)
+
+
+def test_a_certificate_by_a_key_outside_trusted_keys_fails(cli, store, tmp_path):
+    import tomlkit
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from slm.distribution.signing import public_key_text
+
+    key, private = _key(tmp_path / "ci.pem")
+    cert = tmp_path / "cert.json"
+    assert cli("--store", store, "verify", "--certificate", cert, "--key", key).code == 0
+    config = store / "config.toml"
+    doc = tomlkit.parse(config.read_text())
+    other = ed25519.Ed25519PrivateKey.from_private_bytes(bytes(32))
+    doc["trusted_keys"] = [public_key_text(other)]
+    config.write_text(tomlkit.dumps(doc))
+    code, checks, _ = health(cli, store, "--certificate", cert)
+    assert code == 18 and checks["certificate"][0] == "failed" and "not one of trusted_keys" in checks["certificate"][1]
+    doc["trusted_keys"] = [public_key_text(private)]
+    config.write_text(tomlkit.dumps(doc))
+    assert health(cli, store, "--certificate", cert)[1]["certificate"][0] == "passed"
+
+
+def test_the_api_returns_a_frozen_typed_report(store):
+    import dataclasses
+
+    import slm
+
+    report = slm.Store.open(store).health("tq")
+    assert isinstance(report, slm.HealthReport) and report.healthy and report.failed is None
+    assert [c.name for c in report.checks] == ["integrity", "certificate", "generation"]
+    assert all(isinstance(c, slm.HealthCheck) and c.duration_s >= 0 for c in report.checks)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.checks[0].status = "passed"  # type: ignore[misc]
+    with pytest.raises(slm.InvalidInput):
+        slm.Store.open(store).health("tq", timeout_s=float("inf"))

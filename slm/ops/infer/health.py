@@ -18,6 +18,7 @@ nothing, a busy or damaged store, or Ctrl-C end the command instead.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Callable
@@ -27,7 +28,7 @@ from slm.errors import InvalidInput, SlmError
 from slm.model import modes
 from slm.ops.infer import golden, verify
 from slm.ops.infer.health_scripts import DEFAULT_TIMEOUT_S, run_scripts
-from slm.ops.infer.loading import load_composition
+from slm.ops.infer.loading import Loaded, load_composition
 from slm.ops.progress import NoProgress
 from slm.ops.results.health import FAILED, PASSED, SKIPPED, HealthCheck, HealthReport
 from slm.store import StoreDir
@@ -37,11 +38,14 @@ GENERATION_TOKENS = 4
 MAX_TIMEOUT_S = 86400.0  # a script's deadline: a day at most
 
 
+Load = Callable[[], Loaded]  # the composition staged and loaded to run, on first call
+
+
 class CheckFailed(Exception):
     """A check's verdict: failed, with its one-line reason."""
 
 
-def _integrity(store: StoreDir, comp: Composition, certificate: Path | None) -> str:
+def _integrity(store: StoreDir, comp: Composition, certificate: Path | None, load: Load) -> str:
     found = verify.check_integrity(store, comp, NoProgress())
     if found["bad_blobs"]:
         raise CheckFailed(f"{len(found['bad_blobs'])} blob(s) missing or corrupt, e.g. {found['bad_blobs'][0]}")
@@ -50,7 +54,7 @@ def _integrity(store: StoreDir, comp: Composition, certificate: Path | None) -> 
     return f"{found['blobs']} blobs re-hashed"
 
 
-def _certificate(store: StoreDir, comp: Composition, certificate: Path | None) -> str | None:
+def _certificate(store: StoreDir, comp: Composition, certificate: Path | None, load: Load) -> str | None:
     """None when there is no certificate to check (the check is skipped)."""
     if certificate is None:
         return None
@@ -71,20 +75,20 @@ def _certificate(store: StoreDir, comp: Composition, certificate: Path | None) -
     if not here["ok"]:
         raise CheckFailed(f"logits differ from the fresh-base oracle here (max abs {here['max_abs_error']:.2e}, "
                           f"top-1 agreement {here['top1_agreement']:.3f})")
-    differs = golden.differences(store, load_composition(store, comp, verify=False), result.get("golden"))
+    differs = golden.differences(store, load(), result.get("golden"))
     if differs:
         raise CheckFailed(differs)
     return f"certified by key {cert['fingerprint']}: oracle numerics and golden answers match"
 
 
-def _generation(store: StoreDir, comp: Composition, certificate: Path | None) -> str:
-    loaded = load_composition(store, comp, verify=False)  # integrity was checked first
+def _generation(store: StoreDir, comp: Composition, certificate: Path | None, load: Load) -> str:
+    loaded = load()
     mode = modes.resolve(False)  # what `slm run` and `slm serve` run in by default
     tokens = golden.generate(store, loaded, GENERATION_PROMPT, GENERATION_TOKENS, mode)
     return f"{len(tokens)} tokens generated ({mode}), logits finite"
 
 
-BUILT_IN: tuple[tuple[str, Callable[[StoreDir, Composition, Path | None], str | None]], ...] = (
+BUILT_IN: tuple[tuple[str, Callable[[StoreDir, Composition, Path | None, Load], str | None]], ...] = (
     ("integrity", _integrity), ("certificate", _certificate), ("generation", _generation))
 
 
@@ -105,9 +109,11 @@ def check_health(store: StoreDir, comp: Composition, *, certificate: Path | None
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
             or not 0 < timeout_s <= MAX_TIMEOUT_S:  # (NaN fails both comparisons)
         raise InvalidInput(f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}")
+    # loaded once for the golden answers and the generation (integrity is checked before either)
+    load: Load = functools.cache(lambda: load_composition(store, comp, verify=False))
     checks: list[HealthCheck] = []
     for name, check in BUILT_IN:
-        checks.append(_timed(name, lambda check=check: check(store, comp, certificate)))
+        checks.append(_timed(name, lambda check=check: check(store, comp, certificate, load)))
         if checks[-1].status == FAILED:
             return HealthReport(comp.id, tuple(checks))
     for found in run_scripts(store.root, comp.id, timeout_s):
