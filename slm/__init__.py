@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "BaseExportResult", "Certified", "CompositionInfo",
-            "ExportResult", "Finding", "FsckReport", "GcPlan", "Generation", "ImportResult", "LogEntry", "NameMove", "OmsSignResult",
+            "ExportResult", "Finding", "FsckReport", "GcPlan", "Generation", "HealthCheck", "HealthReport", "ImportResult", "LogEntry", "NameMove", "OmsSignResult",
             "Provisioned", "PushResult", "ReceiveResult",
             "Result", "SignResult", "SignatureCheck", "SignatureReport", "StatementResult", "Status", "Timings", "TokenLogprobs",
             "Transition", "VerifyReport")
@@ -27,6 +27,7 @@ _EXPORTS = {
     "NumericsError": "slm.errors", "Switched": "slm.errors", "IOFailure": "slm.errors",
     "CommittedIncomplete": "slm.errors", "ShuttingDown": "slm.errors", "RollbackRefused": "slm.errors",
     "EquivocationRefused": "slm.errors", "StatementExpired": "slm.errors", "WrongTarget": "slm.errors",
+    "Unhealthy": "slm.errors",
     "keep_freed_memory": "slm.model.allocator", "version_info": "slm.ops.about",
 }
 __all__ = sorted([*_EXPORTS, "__version__"])

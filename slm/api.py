@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from slm.engine.handle import DoneEvent, Event, FailedEvent, Handle, SchedulerStatus, TextEvent  # noqa: F401
     from slm.engine.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
-                                 Generation, ImportResult, LogEntry, Provisioned, PushResult, ReceiveResult, SignatureReport,
+                                 Generation, HealthReport, ImportResult, LogEntry, Provisioned, PushResult, ReceiveResult, SignatureReport,
                                  SignResult, StatementResult, Status, Transition, VerifyReport)
     from slm.ops.infer.run import RunOptions
     from slm.engine.scheduler import Scheduler
@@ -205,6 +205,19 @@ class Store(StoreNames):
 
         ref = comp.id if isinstance(comp, Composition) else comp
         return verify.verify(self._s, ref, numerics, progress)
+
+    def health(self, comp: Composition | str | None = None, *, certificate: str | os.PathLike | None = None,
+               timeout_s: float = 60.0) -> HealthReport:
+        """The health checks of a composition (default: the active one), stopped at the first
+        failure: integrity, its signed verify certificate if given, a short generation, the
+        store's health.d/ scripts (each killed after timeout_s). Writes nothing (docs/health.md)."""
+        from slm.ops.infer import health
+        from slm.ops.store import specs
+
+        resolved = comp if isinstance(comp, Composition) else specs.resolve(
+            self._s, comp, hint="name a composition to check, or activate one")
+        return health.check_health(self._s, resolved, certificate=None if certificate is None else Path(certificate),
+                                   timeout_s=timeout_s)
 
     def fsck(self, repair: bool = False, progress: Progress | None = None) -> FsckReport:
         from slm.ops.store import fsck

@@ -28,6 +28,7 @@ class ExitCode(IntEnum):
     EQUIVOCATION = 15  # a signed statement gives the running version to another composition
     EXPIRED = 16  # a signed statement's expiry has passed (a freeze)
     WRONG_TARGET = 17  # a signed statement is for another repository, tag or composition
+    UNHEALTHY = 18  # `slm health`: a health check of the composition failed
 
 
 class SlmError(Exception):
@@ -136,3 +137,9 @@ class WrongTarget(SlmError):
     """A signed statement is for another repository, tag or composition (mix-and-match)."""
 
     code = ExitCode.WRONG_TARGET
+
+
+class Unhealthy(SlmError):
+    """A health check of a composition failed (`slm health`; the report says which and why)."""
+
+    code = ExitCode.UNHEALTHY

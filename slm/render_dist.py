@@ -88,3 +88,10 @@ def provisioned(r) -> str:
            f"{got.blobs_reused} already stored")
     state = "activated" if r.transition.changed else "already active"
     return f"model {r.reference}: composition {r.composition_id} {state}; {how}"
+
+
+def health_report(report) -> None:
+    """`slm health`: one line per check that ran, then the verdict."""
+    for c in report.checks:
+        print(f"{c.status:<8} {render.printable(c.name):<24} {render.printable(c.reason)} ({c.duration_s:.2f} s)")
+    print(f"composition {report.composition}: {'healthy' if report.healthy else 'unhealthy'}")

@@ -3,7 +3,7 @@
     common.py      the app, the global --store option, shared options, opening the store,
                    showing a result
     store_cmds.py  init, import, activate, deactivate, rollback, status, log, fsck, gc,
-                   verify, ls, show
+                   verify, health, ls, show
     name_cmds.py   tag, rm, mv
     run_cmds.py    run, serve, chat
     ship_cmds.py   export, push, pull, sign

@@ -1,5 +1,5 @@
 """`slm` commands on the store: init, import, activate, deactivate, rollback, status, log,
-fsck, gc, verify, ls, show.
+fsck, gc, verify, health, ls, show.
 
 No `from __future__ import annotations` in slm/cli (typer reads the annotations)."""
 
@@ -10,7 +10,7 @@ import typer
 
 from slm import render
 from slm.cli.common import (
-    JsonOpt, MemoryBudgetOpt, app, hand_ctrl_c_to_the_command, import_app, integer, open_store,
+    JsonOpt, MemoryBudgetOpt, app, decimal, hand_ctrl_c_to_the_command, import_app, integer, open_store,
     progress_bar, show_result,
 )
 
@@ -187,6 +187,26 @@ def verify(
 
     result = open_store(ctx).verify_as_asked(ref, numerics, signature, key or [], certificate, progress_bar(json_out))
     show_result(result, json_out, render_dist.verify_result)
+
+
+@app.command()
+def health(
+    ctx: typer.Context,
+    ref: Optional[str] = typer.Argument(
+        None, metavar="[SPEC]", help="A composition spec; default: the active one."),
+    certificate: Optional[Path] = typer.Option(
+        None, "--certificate", metavar="FILE",
+        help="The composition's signed verify certificate: its numerics and golden answers are checked "
+             "again here (without it, that check is skipped)."),
+    timeout: float = typer.Option(60.0, "--timeout", metavar="S", parser=decimal, help="Each health.d script's deadline, in seconds."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Run the health checks of a composition (integrity, its certificate, a short generation,
+    the store's health.d/ scripts), stopping at the first failure: exit 18 (docs/health.md)."""
+    from slm import render_dist
+
+    result = open_store(ctx).health(ref, certificate=certificate, timeout_s=timeout)
+    show_result(result, json_out, render_dist.health_report)
 
 
 @app.command("ls")

@@ -140,13 +140,20 @@ def check_certificate(path: Path, keys: list[str] = ()) -> dict:
 def certify(store: StoreDir, ref: str | None, key_path: Path, out: Path, numerics: bool = True,
             progress=None) -> Certified:
     """`slm verify --certificate OUT --key KEY`: verify, then write the report signed and bound to
-    the composition id (written whatever the result: the result says whether it passed)."""
+    the composition id (written whatever the result: the result says whether it passed); with
+    numerics checked and passed, it also records the golden answers (slm.ops.infer.golden) that
+    `slm health` compares."""
     from slm.distribution import signing
-    from slm.ops.infer import verify
+    from slm.ops.infer import golden, verify
+    from slm.ops.infer.loading import load_composition
 
     signing.load_private_key(Path(key_path))  # a bad key fails before minutes of verification
     # ... and so does a bad output (inside the store, already there, unwritable)
     with outputs.OutputFile(Path(out), store.root, "--certificate") as target:
         report = verify.verify(store, ref, numerics, progress)
-        path = write_certificate(report.composition, report.to_json(), Path(key_path), target)
+        result = report.to_json()
+        if report.numerics is not None and report.ok:
+            comp = specs.resolve(store, report.composition)
+            result["golden"] = golden.answers(store, load_composition(store, comp, verify=False))
+        path = write_certificate(report.composition, result, Path(key_path), target)
     return Certified(report, path)
