@@ -238,3 +238,15 @@ def test_of_several_refused_statements_the_furthest_refusal_is_reported(blobs, r
     assert (v.statement.version if v.statement else None) == version
     assert v.error().code == {Reason.MISSING: 6, Reason.WRONG_TARGET: 17, Reason.EXPIRED: 16,
                               Reason.ROLLBACK: 14, Reason.EQUIVOCATION: 15}[reason]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("running", [None, (5, C1)])
+def test_two_trusted_statements_giving_one_version_to_two_compositions_are_an_equivocation(running):
+    """The signer (or whoever holds its key) said version 6 is C1 and also C2: whichever one the
+    device would pick, the other device was told otherwise; neither is followed."""
+    for blobs in ([_blob(6, C1), _blob(6, C2)], [_blob(6, C2), _blob(6, C1)],
+                  [_blob(7, C2), _blob(6, C1), _blob(6, C2, expires=NOW)]):
+        v = _many(blobs, running=running)
+        assert v.reason is Reason.EQUIVOCATION and v.error().code == 15
+    assert _many([_blob(6, C1), _blob(6, C2, tag="dev"), _blob(6, C2, key=OTHER)], running=running).accepted
