@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,44 @@ def test_a_script_that_exits_leaving_a_child_on_its_stdout_is_judged_when_it_exi
         wait_until(lambda: not _alive(_pid(child)), "the script's child killed when the script exited")
     finally:
         _kill(_pid(child))
+
+
+@pytest.mark.hostile
+@pytest.mark.xfail(strict=True, reason="open: the script runs in a session of its own, which nothing "
+                   "kills when the checker dies (needs a guardian process or a cgroup)")
+def test_killing_the_checker_leaves_no_script_running(tmp_path):
+    """kill -9 of the process running the checks (slm health, a follower): the script it was
+    running, and what that started, die with it (no orphan keeps the device busy)."""
+    script_pid, child_pid = tmp_path / "script.pid", tmp_path / "child.pid"
+    path = _script(tmp_path, f"echo $$ > {script_pid}\nsleep {LONG_S} &\necho $! > {child_pid}\nwait\n")
+    runner = subprocess.Popen([sys.executable, "-c",
+                               "import os, sys; from pathlib import Path; "
+                               "from slm.ops.infer.health_scripts import run_script; "
+                               f"run_script(Path(sys.argv[1]), dict(os.environ), Path(sys.argv[2]), {DEADLINE_S})",
+                               str(path), str(tmp_path)], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        wait_until(lambda: _pid(script_pid) and _pid(child_pid), "the script started its child", proc=runner)
+        runner.kill()
+        runner.wait()
+        wait_until(lambda: not _alive(_pid(script_pid)) and not _alive(_pid(child_pid)),
+                   "the script and its child dead with the checker", timeout=10)
+    finally:
+        runner.kill()
+        runner.wait()
+        _kill(_pid(script_pid))
+        _kill(_pid(child_pid))
+
+
+@pytest.mark.hostile
+@pytest.mark.xfail(strict=True, reason="open: a daemon that calls setsid leaves the script's process "
+                   "group, so killing the group misses it (needs a cgroup or a child subreaper)")
+def test_a_daemon_that_leaves_the_process_group_does_not_outlive_the_script(tmp_path):
+    daemon = tmp_path / "daemon.pid"
+    path = _script(tmp_path, f"setsid sh -c 'echo $$ > {daemon}; exec sleep {LONG_S}' "
+                             "</dev/null >/dev/null 2>&1 &\n"
+                             f"while [ ! -s {daemon} ]; do sleep 0.05; done\nexit 0\n")
+    try:
+        assert run_script(path, dict(os.environ), tmp_path, DEADLINE_S)[0]
+        wait_until(lambda: not _alive(_pid(daemon)), "the daemon killed with the script", timeout=10)
+    finally:
+        _kill(_pid(daemon))
