@@ -126,8 +126,11 @@ def _parse_time(text, what: str) -> int:
     m = _EXPIRES.fullmatch(text) if isinstance(text, str) else None
     if m is None:
         raise InvalidInput(f"{what}: expires is not a UTC time YYYY-MM-DDTHH:MM:SSZ")
-    epoch = calendar.timegm(tuple(int(g) for g in m.groups()))
-    if format_time(epoch) != text:  # 2027-02-30 or 25:00 normalised into another day
+    try:  # a year 0, a month 0 or 13: outside what timegm counts from
+        epoch = calendar.timegm(tuple(int(g) for g in m.groups()))
+    except ValueError:
+        epoch = None
+    if epoch is None or format_time(epoch) != text:  # 2027-02-30 or 25:00 normalised into another day
         raise InvalidInput(f"{what}: expires {text!r} is not a real time")
     return epoch
 
