@@ -80,10 +80,16 @@ def run_script(path: Path, env: dict[str, str], cwd: Path, timeout_s: float) -> 
                                 stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True, close_fds=True)
     except OSError as err:  # an exec format error, a missing interpreter, permission denied
         return False, f"could not be started: {err.strerror or err}"
+    try:
+        exited = os.pidfd_open(proc.pid)  # readable once the script exits (it stays unreaped: see _exited)
+    except OSError as err:  # a kernel without pidfds (before Linux 5.3)
+        _kill_group(proc)
+        proc.stdout.close()
+        proc.stderr.close()
+        return False, f"could not be watched: {err.strerror or err}"
     tails = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     killed = False
     deadline = time.monotonic() + timeout_s
-    exited = os.pidfd_open(proc.pid)  # readable once the script exits (it stays unreaped: see _exited)
     with selectors.DefaultSelector() as sel:
         for stream in tails:
             os.set_blocking(stream.fileno(), False)
