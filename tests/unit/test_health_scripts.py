@@ -51,7 +51,7 @@ def test_a_script_that_exits_leaving_a_child_on_its_stdout_is_judged_when_it_exi
     path = _script(tmp_path, f"sleep {LONG_S} &\necho $! > {child}\necho fine >&2\nexit 0\n")
     try:
         passed, reason = run_script(path, dict(os.environ), tmp_path, DEADLINE_S)
-        assert (passed, reason) == (True, "fine")
+        assert (passed, reason) == (True, "fine") and _pid(child) is not None
         wait_until(lambda: not _alive(_pid(child)), "the script's child killed when the script exited")
     finally:
         _kill(_pid(child))
