@@ -126,8 +126,11 @@ def _parse_time(text, what: str) -> int:
     m = _EXPIRES.fullmatch(text) if isinstance(text, str) else None
     if m is None:
         raise InvalidInput(f"{what}: expires is not a UTC time YYYY-MM-DDTHH:MM:SSZ")
-    epoch = calendar.timegm(tuple(int(g) for g in m.groups()))
-    if format_time(epoch) != text:  # 2027-02-30 or 25:00 normalised into another day
+    try:  # a year 0, a month 0 or 13: outside what timegm counts from
+        epoch = calendar.timegm(tuple(int(g) for g in m.groups()))
+    except ValueError:
+        epoch = None
+    if epoch is None or format_time(epoch) != text:  # 2027-02-30 or 25:00 normalised into another day
         raise InvalidInput(f"{what}: expires {text!r} is not a real time")
     return epoch
 
@@ -268,13 +271,34 @@ def check_statements(statements, *, repository: str, tag: str, now: float, runni
     """check_statement over every statement a manifest carries (blobs or Statements): the
     accepted one of the highest version if any is accepted (statements for other tags beside
     it are not a mix-and-match: they are someone else's); else the refusal that got furthest
-    through the checks (the higher version among equals); none at all is MISSING."""
+    through the checks (the higher version among equals); none at all is MISSING. Two trusted
+    statements that give one version of the tag to two compositions refuse them all (EQUIVOCATION)."""
     trusted_keys = frozenset(trusted_keys)
     verdicts = [check_statement(s, repository=repository, tag=tag, now=now, running=running,
                                 trusted_keys=trusted_keys, composition=composition) for s in statements]
     if not verdicts:
         return Verdict(Reason.MISSING, f"no signed statement for {repository}:{tag}")
+    conflict = _equivocation(verdicts, repository, tag)
+    if conflict is not None:
+        return conflict
     accepted = [v for v in verdicts if v.accepted]
     if accepted:
         return max(accepted, key=lambda v: v.statement.version)
     return max(verdicts, key=lambda v: (_STAGE[v.reason], v.statement.version if v.statement else 0))
+
+
+def _equivocation(verdicts: list[Verdict], repository: str, tag: str) -> Verdict | None:
+    """Two statements of a trusted key that give one version of the tag to two compositions
+    (whatever their expiry, whichever the tag resolves to): the key said two things, so no
+    statement of it beside them is believed either."""
+    said: dict[int, Statement] = {}
+    for v in verdicts:
+        s = v.statement
+        if s is None or v.reason is Reason.UNTRUSTED or (s.repository, s.tag) != (repository, tag):
+            continue  # not a trusted statement for this tag
+        first = said.setdefault(s.version, s)
+        if first.composition != s.composition:
+            one, other = dg.short_pair(first.composition, s.composition)
+            return Verdict(Reason.EQUIVOCATION, f"two statements give version {s.version} of {repository}:{tag} "
+                           f"to {one} and to {other} (equivocation)", s)
+    return None

@@ -238,3 +238,27 @@ def test_of_several_refused_statements_the_furthest_refusal_is_reported(blobs, r
     assert (v.statement.version if v.statement else None) == version
     assert v.error().code == {Reason.MISSING: 6, Reason.WRONG_TARGET: 17, Reason.EXPIRED: 16,
                               Reason.ROLLBACK: 14, Reason.EQUIVOCATION: 15}[reason]
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("running", [None, (5, C1)])
+def test_two_trusted_statements_giving_one_version_to_two_compositions_are_an_equivocation(running):
+    """The signer (or whoever holds its key) said version 6 is C1 and also C2: whichever one the
+    device would pick, the other device was told otherwise; neither is followed."""
+    for blobs in ([_blob(6, C1), _blob(6, C2)], [_blob(6, C2), _blob(6, C1)],
+                  [_blob(7, C2), _blob(6, C1), _blob(6, C2, expires=NOW)]):
+        v = _many(blobs, running=running)
+        assert v.reason is Reason.EQUIVOCATION and v.error().code == 15
+    assert _many([_blob(6, C1), _blob(6, C2, tag="dev"), _blob(6, C2, key=OTHER)], running=running).accepted
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("expires", ["0000-01-01T00:00:00Z", "2027-00-10T00:00:00Z", "2027-13-01T00:00:00Z"])
+def test_an_expiry_outside_the_calendar_is_malformed_not_a_crash(expires):
+    """Signed under any key (the signature is checked before the key is trusted), so a registry
+    can serve it: a year 0 or a month 0 or 13 is a one-line malformed verdict."""
+    blob = _resigned({**json.loads(_blob()), "expires": expires}, key=OTHER)
+    v = _check(blob)
+    assert v.reason is Reason.MALFORMED and "not a real time" in v.message
+    with pytest.raises(InvalidInput, match="not a real time"):
+        parse_statement(blob)

@@ -80,6 +80,13 @@ def run_script(path: Path, env: dict[str, str], cwd: Path, timeout_s: float) -> 
                                 stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True, close_fds=True)
     except OSError as err:  # an exec format error, a missing interpreter, permission denied
         return False, f"could not be started: {err.strerror or err}"
+    try:
+        exited = os.pidfd_open(proc.pid)  # readable once the script exits (it stays unreaped: see _exited)
+    except OSError as err:  # a kernel without pidfds (before Linux 5.3)
+        _kill_group(proc)
+        proc.stdout.close()
+        proc.stderr.close()
+        return False, f"could not be watched: {err.strerror or err}"
     tails = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     killed = False
     deadline = time.monotonic() + timeout_s
@@ -87,13 +94,20 @@ def run_script(path: Path, env: dict[str, str], cwd: Path, timeout_s: float) -> 
         for stream in tails:
             os.set_blocking(stream.fileno(), False)
             sel.register(stream, selectors.EVENT_READ)
+        sel.register(exited, selectors.EVENT_READ)
         try:
-            while sel.get_map():  # until both streams end (the script and all it started closed them)
+            # until both streams end; once the script exits, what it left running is killed (a
+            # child holding its stdout open would otherwise keep a finished script "running")
+            while len(sel.get_map()) > (exited in sel.get_map()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     killed = True
                     break
                 for key, _ in sel.select(left):
+                    if key.fileobj == exited:
+                        sel.unregister(exited)
+                        _kill_group(proc, reap=False)
+                        continue
                     chunk = os.read(key.fileobj.fileno(), 1 << 16)
                     if not chunk:
                         sel.unregister(key.fileobj)
@@ -104,6 +118,7 @@ def run_script(path: Path, env: dict[str, str], cwd: Path, timeout_s: float) -> 
             killed = killed or not _exited(proc.pid, deadline)
         finally:
             _kill_group(proc)  # over its deadline, or done: nothing it started outlives it
+            os.close(exited)
             for stream in tails:
                 stream.close()
     if killed:
@@ -125,12 +140,13 @@ def _exited(pid: int, deadline: float) -> bool:
     return True
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, reap: bool = True) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # the group is gone already
-    proc.wait()
+    if reap:
+        proc.wait()
 
 
 def _last_line(data: bytes) -> str:
