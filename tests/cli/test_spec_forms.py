@@ -15,7 +15,7 @@ from dist_fixtures import registry  # noqa: F401  (fixture)
 from helpers import copy_store, tiny_store
 
 FORMS = ["tag", "prefix", "base+adapter", "@active", "@active~1", "pulled", "file"]
-VERBS = ["activate", "verify", "export", "push", "show", "rollback", "sign", "tag", "run"]
+VERBS = ["activate", "verify", "export", "push", "show", "rollback", "sign", "tag", "run", "health"]
 TAKES_A_FILE = {"activate"}
 
 
@@ -82,6 +82,8 @@ def _run(cli, verb, spec_args, store, tmp_path, registry_host):  # noqa: F811
         return _json(cli, *s, "sign", *spec_args, "--key", _key(tmp_path / "key.pem"))["composition_id"]
     if verb == "tag":
         return _json(cli, *s, "tag", "candidate", *spec_args)["new"]
+    if verb == "health":
+        return _json(cli, *s, "health", *spec_args)["composition"]
     if verb == "run":  # run without activating (slm run --model)
         return _json(cli, *s, "run", "Once upon a time", "-n", "1", "--model", *spec_args)["composition"]
     raise AssertionError(verb)
