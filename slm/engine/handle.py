@@ -78,6 +78,11 @@ class SchedulerStatus:
     kv_capacity: int = 0
 
     @property
+    def admitted_rows(self) -> int:
+        """The rows admitted (running or prefilling), from the same snapshot as `queued`."""
+        return sum(self.admitted_by_name.values())
+
+    @property
     def kv_usage(self) -> float:
         """kv_positions over kv_capacity: 0 when nothing runs, 1 when every row fills its context."""
         return self.kv_positions / self.kv_capacity if self.kv_capacity else 0.0

@@ -129,21 +129,22 @@ class Scheduler:
         rendered as submit_async renders it, tokenized on the preparing thread
         (slm.engine.prepare.prompt_ids; InvalidInput for a prompt that is empty or fills the
         context)."""
-        if not isinstance(request, GenerationRequest) or not isinstance(target, Target):
-            raise InvalidInput("prompt_ids takes a GenerationRequest on a staged composition (Runtime.stage)")
-        rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
-            if request.chat else None
-        return await asyncio.wrap_future(self._prepare(prompt_ids, target, request, rendered))
+        return await self._rendered_then(prompt_ids, "prompt_ids", target, request)
 
     async def check(self, target: Target, request: GenerationRequest) -> Prepared:
         """What `submit` would run `request` on, checked as submit checks it (InvalidInput,
         BudgetExceeded: the context, the vocabulary, the schema, n, the memory budget) and
         prepared, nothing queued: the prompt's ids and the request with its max_tokens resolved."""
+        return await self._rendered_then(self._checked, "check", target, request)
+
+    async def _rendered_then(self, work: Callable, what: str, target: Target, request: GenerationRequest):
+        """work(target, request, rendered) on the preparing thread, awaited, a chat's template
+        rendered first on a pool thread of the loop's (as submit_async renders it)."""
         if not isinstance(request, GenerationRequest) or not isinstance(target, Target):
-            raise InvalidInput("check takes a GenerationRequest on a staged composition (Runtime.stage)")
+            raise InvalidInput(f"{what} takes a GenerationRequest on a staged composition (Runtime.stage)")
         rendered = await asyncio.get_running_loop().run_in_executor(None, render, target, request) \
             if request.chat else None
-        return await asyncio.wrap_future(self._prepare(self._checked, target, request, rendered))
+        return await asyncio.wrap_future(self._prepare(work, target, request, rendered))
 
     async def tokenize(self, target: Target, text: str, add_special: bool = True) -> list[int]:
         """A text's token ids on the preparing thread, awaited (slm.engine.prepare.encode: no

@@ -379,7 +379,7 @@ def build_app(catalog: Catalog, scheduler: Scheduler, metrics: Metrics, *, api_k
         """vllm-router's power_of_two policy polls this: the rows in flight, admitted or queued
         (vllm:num_requests_running + vllm:num_requests_waiting of /metrics, one snapshot)."""
         engine = scheduler.status()
-        return JSONResponse({"load": sum(engine.admitted_by_name.values()) + sum(engine.waiting_by_name.values())})
+        return JSONResponse({"load": engine.admitted_rows + engine.queued})
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -81,9 +81,9 @@ class ModelServerGauges:
             return
         s = self.status()
         yield GaugeMetricFamily("vllm:num_requests_waiting", "Rows queued: submitted, not admitted yet",
-                                sum(s.waiting_by_name.values()))
+                                s.queued)
         yield GaugeMetricFamily("vllm:num_requests_running", "Rows admitted: decoding or prefilling",
-                                sum(s.admitted_by_name.values()))
+                                s.admitted_rows)
         usage = "Positions the admitted rows' KV caches hold over what max_batch rows of their longest context hold (0..1)"
         yield GaugeMetricFamily("vllm:kv_cache_usage_perc", usage, s.kv_usage)
         # (vLLM's earlier name of the same gauge, which earlier endpoint pickers read)
