@@ -139,7 +139,12 @@ def message(doc: dict) -> bytes:
 
 def sign(comp_id: str, private_key) -> bytes:
     """A signature blob for `comp_id`."""
-    doc = {"schema": SCHEMA, "composition": comp_id}
+    return sign_doc({"schema": SCHEMA, "composition": comp_id}, private_key)
+
+
+def sign_doc(doc: dict, private_key) -> bytes:
+    """`doc` signed with an Ed25519 private key: its canonical JSON with the algorithm, the
+    public key and the signature of `message(doc)` (what verify_doc checks)."""
     sig = private_key.sign(message(doc))
     return canonical({**doc, "algorithm": ALGORITHM, "public_key": public_key_text(private_key),
                       "signature": base64.b64encode(sig).decode("ascii")})
@@ -185,10 +190,7 @@ def parse_signature(data: bytes, comp_id: str, what: str = "signature") -> Signa
 
 
 def certificate(comp_id: str, result: dict, private_key) -> bytes:
-    doc = {"schema": CERT_SCHEMA, "composition": comp_id, "result": result}
-    sig = private_key.sign(message(doc))
-    return canonical({**doc, "algorithm": ALGORITHM, "public_key": public_key_text(private_key),
-                      "signature": base64.b64encode(sig).decode("ascii")})
+    return sign_doc({"schema": CERT_SCHEMA, "composition": comp_id, "result": result}, private_key)
 
 
 def check_certificate(data: bytes, what: str = "certificate") -> tuple[str, str, dict]:

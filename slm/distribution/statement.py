@@ -24,7 +24,6 @@ it is a statement under the signer's EC key, for the composition of the bundle i
 
 from __future__ import annotations
 
-import base64
 import calendar
 import enum
 import re
@@ -32,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 from slm.distribution import oms
-from slm.distribution.bundle import MAX_SIGNATURE_BYTES, canonical
+from slm.distribution.bundle import MAX_SIGNATURE_BYTES
 from slm.distribution.reference import is_repository, is_tag
 from slm.errors import (EquivocationRefused, Incompatible, IntegrityError, InvalidInput, RollbackRefused, SlmError,
                         StatementExpired, WrongTarget)
@@ -152,10 +151,7 @@ def sign(comp_id: str, repository: str, tag: str, version: int, expires: int, pr
     """A statement blob, signed with an Ed25519 private key."""
     from slm.distribution import signing
 
-    doc = {"schema": SCHEMA, **fields(comp_id, repository, tag, version, expires)}
-    sig = private_key.sign(signing.message(doc))
-    return canonical({**doc, "algorithm": signing.ALGORITHM, "public_key": signing.public_key_text(private_key),
-                      "signature": base64.b64encode(sig).decode("ascii")})
+    return signing.sign_doc({"schema": SCHEMA, **fields(comp_id, repository, tag, version, expires)}, private_key)
 
 
 def is_statement(data: bytes) -> bool:
