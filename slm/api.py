@@ -22,6 +22,7 @@ from slm.compose.composition import Composition
 from slm.errors import UsageError
 from slm.api_arguments import checked
 from slm.api_session import Session  # noqa: F401  (Runtime.session's result, public as slm.Session)
+from slm.api_follow import StoreFollow
 from slm.api_names import StoreNames
 from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
     from slm.engine.handle import DoneEvent, Event, FailedEvent, Handle, SchedulerStatus, TextEvent  # noqa: F401
     from slm.engine.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
-                                 Generation, HealthReport, ImportResult, LogEntry, Provisioned, PushResult, ReceiveResult, SignatureReport,
+                                 Generation, HealthReport, ImportResult, LogEntry, Provisioned, PushResult,
+                                 ReceiveResult, SignatureReport,
                                  SignResult, StatementResult, Status, Transition, VerifyReport)
     from slm.ops.infer.run import RunOptions
     from slm.engine.scheduler import Scheduler
@@ -58,7 +60,7 @@ def __getattr__(name: str):
 
 
 @checked
-class Store(StoreNames):
+class Store(StoreNames, StoreFollow):
     """A store of bases, adapters and compositions, and the one active composition (its names'
     verbs, tag/rm/mv/name_log, are StoreNames')."""
 

@@ -95,3 +95,40 @@ def health_report(report) -> None:
     for c in report.checks:
         print(f"{c.status:<8} {render.printable(c.name):<24} {render.printable(c.reason)} ({c.duration_s:.2f} s)")
     print(f"composition {report.composition}: {'healthy' if report.healthy else 'unhealthy'}")
+
+
+@sanitized(markup=False)
+def follow_round(r: dict) -> None:
+    """`slm follow`: one line per round (a trial's checks under it)."""
+    active = dg.short(r["composition"]) if r["composition"] else "nothing"
+    print(f"{r['outcome']}: {r['message']} (active: {active})", flush=True)
+    for c in (r["health"] or {}).get("checks", []):
+        print(f"  {c['status']:<8} {c['name']:<24} {c['reason']}", flush=True)
+
+
+@sanitized(markup=False)
+def follow_status(r: dict) -> None:
+    if r["reference"] is None:
+        print("this store follows no tag")
+        return
+    print(f"following {r['reference']}" + (" (a follower runs)" if r["following"] else " (no follower runs)"))
+    print(f"  active:  {dg.short(r['active']) if r['active'] else '-'}")
+    good = r["good"]
+    print(f"  good:    " + (f"version {good['version']} {dg.short(good['composition'])}" if good else "-"))
+    trial = r["trial"]
+    if trial:
+        print(f"  trial:   version {trial['version']} {dg.short(trial['composition'])} "
+              f"(deaths {trial['deaths']}" + (f"; failed: {trial['failed']})" if trial["failed"] else ")"))
+    for b in r["bad"]:
+        print(f"  bad:     version {b['version']} {dg.short(b['composition'])} {b['manifest'][:19]}: {b['reason']}")
+    if r["last_check"]:
+        print(f"  last check {r['last_check']}: {r['last_outcome']}"
+              + (f" (exit {r['last_exit_code']}: {r['last_error']})" if r["last_error"] else ""))
+    if r["next_try"]:
+        print(f"  next try {r['next_try']}" + (f" ({r['failures']} failure(s) in a row)" if r["failures"] else ""))
+
+
+@sanitized(markup=False)
+def follow_done(r: dict) -> None:
+    """`slm follow --clear-bad` / `--forget`."""
+    print(f"cleared {r['cleared']} bad mark(s)" if "cleared" in r else "forgot the followed tag")

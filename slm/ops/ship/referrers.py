@@ -68,16 +68,24 @@ def fetch_signatures(registry: Registry, manifest: Manifest, manifest_digest: st
     digests = _index_entries(registry, manifest_digest)
     if not digests:
         return []
-    config = registry.get_blob(manifest.config.digest, manifest.config.size)
-    if len(config) > MAX_CONFIG_BYTES or sha256_of(config) != manifest.config.digest:
-        raise IntegrityError(f"the config of {manifest_digest[:19]} does not match its descriptor")
-    comp_id = parse_config(config).composition_id
+    comp_id = composition_of(registry, manifest, manifest_digest)
     blobs = []
     for digest in digests:
         blob = _signature_of(registry, digest, manifest_digest)
         signing.parse_signature(blob, comp_id, f"signature referrer {digest[:19]}")
         blobs.append(blob)
     return blobs
+
+
+def composition_of(registry: Registry, manifest: Manifest, manifest_digest: str) -> str:
+    """The composition id a manifest's config names (the config fetched, bounded and checked
+    against its descriptor: IntegrityError)."""
+    if manifest.config.size > MAX_CONFIG_BYTES:
+        raise IntegrityError(f"the config of {manifest_digest[:19]} is larger than {MAX_CONFIG_BYTES} bytes")
+    config = registry.get_blob(manifest.config.digest, manifest.config.size)
+    if len(config) > MAX_CONFIG_BYTES or sha256_of(config) != manifest.config.digest:
+        raise IntegrityError(f"the config of {manifest_digest[:19]} does not match its descriptor")
+    return parse_config(config).composition_id
 
 
 def adopt(store: StoreDir, comp_id: str, blobs: list[bytes]) -> int:

@@ -9,7 +9,7 @@ journals nothing (a crash leaves only blobs no name reaches, for `slm gc`).
 
 from __future__ import annotations
 
-from slm.ops.ship import receive
+from slm.ops.ship import follow_state, receive
 from slm.ops.store import activation, gc, importing, naming
 from slm.store.transaction import Recover
 
@@ -19,4 +19,5 @@ RECOVER: dict[str, Recover] = {
     naming.KIND: naming.recover,          # name-<kind>-<name>: tag, rm, mv, a pull's reference
     receive.KIND: receive.recover,        # bundle-<composition hex>: import bundle, pull
     gc.KIND: gc.recover,                  # gc
+    follow_state.KIND: follow_state.recover,  # follow: a change of the follower's state
 }
