@@ -19,8 +19,9 @@ cut, an OOM kill: a composition that crashes its host): it counts the death, res
 trial's checks, and after `max_trial_deaths` (config.toml [follow], default 3) rolls it back
 and marks it bad, the boot-count rule of U-Boot and greenboot.
 
-Each round runs under the follower's own lock (follow/lock, held for the follower's life), so
-two followers never share a store; the store lock is held only while a step writes.
+Each round runs under the follower's own lock (an flock of the store's directory, held for the
+follower's life), so two followers never share a store; the store lock is held only while a
+step writes.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from slm.distribution.reference import Reference, parse_reference
-from slm.errors import Busy, Incompatible, InvalidInput, NotFound
+from slm.errors import Busy, Incompatible, InvalidInput, IOFailure, NotFound
 from slm.ops.infer import compositions
 from slm.ops.infer.health import check_health
 from slm.ops.infer.health_scripts import DEFAULT_TIMEOUT_S
@@ -44,7 +45,6 @@ from slm.ops.store import activation
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
 from slm.store.config import follow_settings
-from slm.store.lock import store_lock
 
 UPDATED, CURRENT, ROLLED_BACK, KNOWN_BAD = "updated", "current", "rolled-back", "known-bad"
 
@@ -63,25 +63,26 @@ def target(reference: str, state: FollowState | None = None) -> Reference:
 
 @contextmanager
 def follower(store: StoreDir) -> Iterator[None]:
-    """The follower's lock for its whole life: a second follower of the store is refused (exit 7)."""
-    fs.mkdir(fstate.lock_path(store).parent)
+    """The follower's lock for its whole life: an flock of the store's directory itself (no
+    file to create: a refused first round leaves the store as it was), which the kernel drops
+    when the follower dies. A second follower of the store is refused (exit 7)."""
+    fd = _open_root(store)
     try:
-        lock = store_lock(fstate.lock_path(store), timeout=0)
-        lock.__enter__()
-    except Busy as err:
-        raise Busy("another follower runs on this store") from err
-    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            raise Busy("another follower runs on this store") from err
         yield
     finally:
-        lock.__exit__(None, None, None)
+        os.close(fd)
 
 
 def is_following(store: StoreDir) -> bool:
-    """Whether a follower holds the store's follow lock now (this process's own included: a
-    lock of its own is asked through another open file, which flock tells apart)."""
+    """Whether a follower holds the store's follow lock now (this process's own included: the
+    lock is asked through another open file, which flock tells apart)."""
     try:
-        fd = os.open(fstate.lock_path(store), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd = _open_root(store)
+    except IOFailure:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -92,6 +93,13 @@ def is_following(store: StoreDir) -> bool:
         os.close(fd)
 
 
+def _open_root(store: StoreDir) -> int:
+    try:
+        return os.open(store.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        raise IOFailure(f"cannot open the store {store.root}: {err.strerror or err}") from err
+
+
 def roll_back_interrupted(store: StoreDir) -> None:
     """`slm fsck --repair` of a trial no follower runs: rolled back and marked bad."""
     with store.locked():
@@ -100,9 +108,12 @@ def roll_back_interrupted(store: StoreDir) -> None:
             _roll_back(store, state, state.trial.failed or "interrupted: rolled back by `slm fsck --repair`")
 
 
-def resume(store: StoreDir, reference: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> FollowRound | None:
-    """At a follower's start: a trial left in the state is a death during it. Counted; resumed,
-    or rolled back and marked bad once the deaths reach max_trial_deaths. None if no trial."""
+def resume(store: StoreDir, reference: str, *, died: bool = True,
+           timeout_s: float = DEFAULT_TIMEOUT_S) -> FollowRound | None:
+    """A trial left in the state: at a follower's start (`died`), a death during it, counted,
+    then the trial resumed, or rolled back and marked bad once the deaths reach
+    max_trial_deaths; later in a follower's life, a trial an error interrupted (the store
+    busy, the memory budget), resumed. None if no trial is pending."""
     state = fstate.read(store)
     trial = state.trial
     if trial is None:
@@ -110,6 +121,8 @@ def resume(store: StoreDir, reference: str, *, timeout_s: float = DEFAULT_TIMEOU
     ref = target(reference, state)
     if trial.failed is not None:  # it failed its checks; the roll-back was interrupted
         return _roll_back(store, state, trial.failed)
+    if not died:
+        return _trial(store, state, str(ref), timeout_s)
     deaths = trial.deaths + 1
     counted = dataclasses.replace(state, trial=dataclasses.replace(trial, deaths=deaths))
     fstate.write(store, state, counted, "follow-death")

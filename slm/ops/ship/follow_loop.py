@@ -1,8 +1,10 @@
 """The follower's life: `slm follow REF` (and `slm serve --follow REF`) runs rounds
 (slm.ops.ship.follow) until stopped, and reports each in cache/follow-status.json.
 
-    start     the follow lock taken (a second follower is refused, exit 7); a trial left by a
-              follower that died is resumed or rolled back (follow.resume): that is the first round
+    start     the follow lock taken (a second follower is refused, exit 7); a store an earlier
+              life left mid-transaction repaired as `slm fsck --repair` does; a trial left by a
+              follower that died is resumed or rolled back (follow.resume): that is the first
+              round; a trial an error interrupted later is resumed the same way, with no death
     round     follow.follow_round; a refusal or an error (registry down, slow, lying) is the
               round's outcome, never the follower's end: the device keeps what it runs
     wait      the interval (config.toml [follow] interval, or --interval), with a tenth of
@@ -70,12 +72,15 @@ def run(store: StoreDir, reference: str, *, insecure: bool = False, interval: st
         while True:
             result, error = None, None
             try:
-                result = follow.resume(store, reference, timeout_s=timeout_s) if first else None
+                died = first  # a trial pending at the start: this follower's last life ended in it
+                if first:
+                    _recover_if_interrupted(store)
+                    first = False
+                result = follow.resume(store, reference, died=died, timeout_s=timeout_s)
                 if result is None:
                     result = follow.follow_round(store, reference, insecure=insecure, timeout_s=timeout_s)
             except SlmError as err:
                 error = err
-            first = False
             failures = 0 if error is None else failures + 1  # a refusal or an error: the registry's
             wait = delay_after(interval_s, failures)
             _report(store, reference, result, error, failures, None if once else time.time() + wait)
@@ -87,6 +92,20 @@ def run(store: StoreDir, reference: str, *, insecure: bool = False, interval: st
                 on_round(result, error)
             if stop.wait(wait):
                 return None
+
+
+def _recover_if_interrupted(store: StoreDir) -> None:
+    """A follower runs unattended: a transaction its last life left interrupted (kill -9 in an
+    activation, a power cut in a pull) is finished or undone as `slm fsck --repair` would, before
+    anything else. Under the follow lock, fsck leaves a pending trial to the follower's resume."""
+    from slm.errors import NeedsRecovery
+    from slm.ops.store import activation, fsck
+
+    try:
+        with store.locked():
+            activation.preflight(store)
+    except NeedsRecovery:
+        fsck.fsck(store, repair=True)
 
 
 def _report(store: StoreDir, reference: str, result: FollowRound | None, error: SlmError | None,

@@ -42,7 +42,6 @@ KIND = "follow"  # journal/follow.intent: one follower per store
 SCHEMA = "slm.follow/1"
 FOLDER = "follow"
 STATE_FILE = "state.json"
-LOCK_FILE = "lock"  # held by a running follower for its whole life (slm.ops.ship.follow)
 MAX_BAD = 256  # digests remembered as bad, newest kept
 MAX_STATE_BYTES = 256 << 10
 MAX_REASON = 300
@@ -95,10 +94,6 @@ class FollowState:
 
 def path(store: StoreDir) -> Path:
     return store.root / FOLDER / STATE_FILE
-
-
-def lock_path(store: StoreDir) -> Path:
-    return store.root / FOLDER / LOCK_FILE
 
 
 def read(store: StoreDir) -> FollowState:

@@ -5,7 +5,7 @@ called once interrupted transactions are dealt with:
                                         the device's defence against a rollback: remove the
                                         file by hand to follow afresh)
     a trial pending, no follower     -> the follower died during a trial. Repaired as a
-      holding follow/lock               round undone: the last good composition (else the one
+      holding the follow lock           round undone: the last good composition (else the one
                                         active before the trial) made active again and the
                                         trial marked bad (`slm follow --clear-bad` lets it be
                                         tried again). A follower that starts first resumes the
