@@ -30,6 +30,9 @@ class FollowRound(Result):
         not a tag naming a composition marked bad)."""
         return self.outcome in ("updated", "current")
 
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "health": None if self.health is None else self.health.to_json()}
+
     def check(self) -> None:
         """Raise Unhealthy (exit 18) for a rolled-back trial or a tag that names a bad composition."""
         from slm.errors import Unhealthy
