@@ -10,8 +10,9 @@
 
 Layers, in order: the composition record, the base manifest, the tokenizer, the base tensors (in
 the base manifest's order), then per adapter its manifest and tensors, then signatures, then
-signed verify certificates; a blob named twice is listed once. JSON is written with sorted keys and no whitespace, so one
-composition always gives one manifest digest (a second push finds everything in place).
+signed verify certificates; a blob named twice is listed once. JSON is written with sorted keys
+and no whitespace, so one composition always gives one manifest digest (a second push finds
+everything in place).
 
 Parsing refuses any field it does not know: a bundle is checked, not interpreted generously.
 """

@@ -97,42 +97,52 @@ def skopeo():
     return exe
 
 
-def attach_referrer(host: str, repo: str, subject_digest: str, subject_size: int, blob: bytes,
-                    artifact_type: str | None = None, media_type: str | None = None,
-                    claimed_size: int | None = None) -> None:
-    """Push `blob` as a referrer of the subject manifest the way a third party would (plain
-    HTTP requests, OCI distribution spec), maintaining the fallback tag: by default as an slm
-    signature; `claimed_size` puts another size in the layer's descriptor."""
+def _call(host: str, method: str, path: str, body: bytes = b"", headers=None):
+    url = path if path.startswith("http") else f"http://{host}{path}"  # Location may be absolute
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    return urllib.request.urlopen(req, timeout=60)
+
+
+def put_referrer(host: str, repo: str, subject_digest: str, subject_size: int, blob: bytes,
+                 artifact_type: str | None = None, media_type: str | None = None) -> dict:
+    """Push `blob` as a referrer manifest of the subject the way a third party would (plain HTTP
+    requests, OCI distribution spec), by default as an slm signature; its index entry."""
     from slm.distribution import mediatypes as mt
 
     artifact_type = artifact_type or mt.ARTIFACT_SIGNATURE
 
-    def call(method, path, body=b"", headers=None):
-        url = path if path.startswith("http") else f"http://{host}{path}"  # Location may be absolute
-        req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-        return urllib.request.urlopen(req, timeout=60)
-
     def put_blob(data: bytes) -> str:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        location = call("POST", f"/v2/{repo}/blobs/uploads/").headers["Location"]
+        location = _call(host, "POST", f"/v2/{repo}/blobs/uploads/").headers["Location"]
         sep = "&" if "?" in location else "?"
-        call("PUT", f"{location}{sep}digest={digest}", data, {"Content-Type": "application/octet-stream"})
+        _call(host, "PUT", f"{location}{sep}digest={digest}", data, {"Content-Type": "application/octet-stream"})
         return digest
 
-    config = b"{}"
     referrer = json.dumps({
         "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": artifact_type,
-        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": put_blob(config), "size": 2},
-        "layers": [{"mediaType": media_type or mt.SIGNATURE, "digest": put_blob(blob),
-                    "size": len(blob) if claimed_size is None else claimed_size}],
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": put_blob(b"{}"), "size": 2},
+        "layers": [{"mediaType": media_type or mt.SIGNATURE, "digest": put_blob(blob), "size": len(blob)}],
         "subject": {"mediaType": mt.OCI_MANIFEST, "digest": subject_digest, "size": subject_size},
     }).encode()
     digest = "sha256:" + hashlib.sha256(referrer).hexdigest()
-    call("PUT", f"/v2/{repo}/manifests/{digest}", referrer, {"Content-Type": mt.OCI_MANIFEST})
-    index = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": [
-        {"mediaType": mt.OCI_MANIFEST, "digest": digest, "size": len(referrer),
-         "artifactType": artifact_type}]}).encode()
-    call("PUT", f"/v2/{repo}/manifests/{subject_digest.replace(':', '-')}", index, {"Content-Type": mt.OCI_INDEX})
+    _call(host, "PUT", f"/v2/{repo}/manifests/{digest}", referrer, {"Content-Type": mt.OCI_MANIFEST})
+    return {"mediaType": mt.OCI_MANIFEST, "digest": digest, "size": len(referrer), "artifactType": artifact_type}
+
+
+def put_referrers_index(host: str, repo: str, subject_digest: str, entries: list[dict]) -> None:
+    """The OCI 1.1 fallback tag of the subject, listing `entries` (and nothing else)."""
+    from slm.distribution import mediatypes as mt
+
+    index = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": entries}).encode()
+    _call(host, "PUT", f"/v2/{repo}/manifests/{subject_digest.replace(':', '-')}", index,
+          {"Content-Type": mt.OCI_INDEX})
+
+
+def attach_referrer(host: str, repo: str, subject_digest: str, subject_size: int, blob: bytes,
+                    artifact_type: str | None = None, media_type: str | None = None) -> None:
+    """`blob` as the one referrer of the subject (put_referrer, then the fallback tag)."""
+    entry = put_referrer(host, repo, subject_digest, subject_size, blob, artifact_type, media_type)
+    put_referrers_index(host, repo, subject_digest, [entry])
 
 
 def manifest_size(host: str, repo: str, digest: str) -> int:

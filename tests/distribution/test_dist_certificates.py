@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from dist_fixtures import attach_referrer, manifest_size
+from dist_fixtures import attach_referrer, manifest_size, put_referrer, put_referrers_index
 from dist_fixtures import registry  # noqa: F401  (fixture)
 from helpers import refused, snapshot, tiny_store
 
@@ -217,3 +217,17 @@ def test_a_bundle_listing_a_certificate_as_a_signature_or_the_reverse_is_refused
     assert cli("--store", setup.a, "export", "-o", tmp_path / "bundle").code == 0
     r = refused(cli, setup.b, 4, "import", "bundle", tmp_path / "bundle")
     assert f"slm.{'signature' if listed_as == 'signatures' else 'certificate'}/1" in r.err, r.err
+
+
+@pytest.mark.hostile
+def test_more_certificate_referrers_than_a_record_holds_refuse_the_pull_unread(cli, setup, registry,
+                                                                              pushed):  # noqa: F811
+    from slm.compose.composition import MAX_CERTIFICATES
+    from slm.distribution import mediatypes as mt
+
+    ref, digest, size = pushed
+    entries = [put_referrer(registry.host, "fleet/plain", digest, size, b"junk %d" % i,
+                            mt.ARTIFACT_CERTIFICATE, mt.CERTIFICATE) for i in range(MAX_CERTIFICATES + 1)]
+    put_referrers_index(registry.host, "fleet/plain", digest, entries)
+    r = refused(cli, setup.b, 4, "pull", ref)
+    assert f"more than {MAX_CERTIFICATES} certificates" in r.err, r.err

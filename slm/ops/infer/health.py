@@ -60,7 +60,8 @@ def _integrity(store: StoreDir, comp: Composition, certificate: Path | None, loa
     return f"{found['blobs']} blobs re-hashed"
 
 
-def _certificates(store: StoreDir, comp: Composition, certificate: Path | None, trusted: tuple[str, ...]) -> list[dict]:
+def _certificates(store: StoreDir, comp: Composition, certificate: Path | None,
+                  trusted: tuple[str, ...]) -> list[dict]:
     """The certificates to judge: the file given (whatever its key: an untrusted one fails), or
     those recorded with the composition whose key is trusted (every one, with no trusted_keys).
     Skip when there is none."""

@@ -55,7 +55,8 @@ def _plan(store: StoreDir, comp_ref: str | None, fmt: str, progress: Progress):
     if comp.signatures:
         raise _refusal(fmt, f"composition {dg.short(comp.id)} has {len(comp.signatures)} slm signature(s)")
     if comp.certificates:
-        raise _refusal(fmt, f"composition {dg.short(comp.id)} has {len(comp.certificates)} signed verify certificate(s)")
+        raise _refusal(fmt, f"composition {dg.short(comp.id)} has {len(comp.certificates)} "
+                            "signed verify certificate(s)")
     base = parse_base_manifest(store.objects.read_verified(comp.base), f"base {dg.short(comp.base)}")
     gguf = base_gguf_plan(store, comp.base, base)  # Incompatible: no GGUF file to give back
     base_name = comp.base_name or f"base-{dg.short(comp.base, 8)}"

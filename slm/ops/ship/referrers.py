@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slm.compose.composition import MAX_CERTIFICATES, MAX_SIGNATURES
 from slm.distribution import mediatypes as mt
 from slm.distribution.bundle import (MAX_CERT_BYTES, MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES,
                                      Manifest, parse_config, parse_descriptor, sha256_of)
@@ -27,16 +28,18 @@ MAX_REFERRERS = 256
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of slm referrer: its artifactType, its one layer's media type and bound."""
+    """One kind of slm referrer: its artifactType, its one layer's media type and bound, and how
+    many a composition record lists at most (more referrers of the kind are refused unread)."""
 
     name: str  # as messages say it
     artifact_type: str
     media_type: str
     max_bytes: int
+    max_count: int
 
 
-SIGNATURE = Kind("signature", mt.ARTIFACT_SIGNATURE, mt.SIGNATURE, MAX_SIGNATURE_BYTES)
-CERTIFICATE = Kind("certificate", mt.ARTIFACT_CERTIFICATE, mt.CERTIFICATE, MAX_CERT_BYTES)
+SIGNATURE = Kind("signature", mt.ARTIFACT_SIGNATURE, mt.SIGNATURE, MAX_SIGNATURE_BYTES, MAX_SIGNATURES)
+CERTIFICATE = Kind("certificate", mt.ARTIFACT_CERTIFICATE, mt.CERTIFICATE, MAX_CERT_BYTES, MAX_CERTIFICATES)
 KINDS = (SIGNATURE, CERTIFICATE)
 KIND_OF_LAYER = {k.media_type: k for k in KINDS}
 
@@ -63,6 +66,10 @@ def _index_entries(registry: Registry, subject: str, kinds: tuple[Kind, ...]) ->
             desc, _ = parse_descriptor({k: v for k, v in entry.items() if k != "artifactType"},
                                        f"referrers index of {subject[:19]} [{i}]")
             out.append((kind, desc.digest))
+    for kind in kinds:
+        if sum(1 for k, _ in out if k is kind) > kind.max_count:
+            raise InvalidInput(f"the referrers index of {subject[:19]} lists more than {kind.max_count} "
+                               f"{kind.name}s, more than a composition record holds")
     return out
 
 
