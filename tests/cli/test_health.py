@@ -273,6 +273,21 @@ def test_a_certificate_verify_writes_is_recorded_and_checked_without_being_given
     assert human.code == 0 and "recorded with composition" in human.out
 
 
+def test_a_certificate_of_a_spec_never_stored_is_written_with_its_golden_answers(cli, store, tmp_path):
+    """The golden answers were generated for the composition resolved by its id, which only a
+    stored composition has: `verify tq+a1 --certificate` exited 3 after verifying."""
+    from slm.distribution.signing import check_certificate
+    from slm.ops.store import specs
+    from slm.store import StoreDir
+
+    key, _ = _key(tmp_path / "ci.pem")
+    r = cli("--store", store, "verify", "tq+a1", "--certificate", tmp_path / "c.json", "--key", key)
+    assert r.code == 0, r.err
+    comp_id, _, result = check_certificate((tmp_path / "c.json").read_bytes())
+    assert comp_id == specs.resolve(StoreDir.open(store), "tq+a1").id and len(result["golden"]) == 2
+    assert health(cli, store, "tq+a1", "--certificate", tmp_path / "c.json")[1]["certificate"][0] == "passed"
+
+
 def test_a_certificate_of_nothing_health_can_check_is_not_recorded(cli, store, tmp_path):
     """--no-numerics certifies no golden answers; a spec never stored has no record to list it."""
     key, _ = _key(tmp_path / "ci.pem")
