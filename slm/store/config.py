@@ -72,6 +72,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "follow": {
         "interval": (lambda v: isinstance(v, str) or _is_number(v), 'a duration such as "5m" or "30s"'),
         "max_trial_deaths": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        "require_certificate": (lambda v: isinstance(v, bool), "true or false"),
     },
 }
 TABLES = tuple(t for t in SCHEMA if t)
@@ -210,15 +211,16 @@ def duration_s(value, what: str, bare_unit: str = "d") -> float:
 
 
 _UNIT_NAMES = {"s": "seconds", "d": "days"}
-DEFAULT_FOLLOW = {"interval": "5m", "max_trial_deaths": 3}
+DEFAULT_FOLLOW = {"interval": "5m", "max_trial_deaths": 3, "require_certificate": False}
 MAX_TRIAL_DEATHS = 100
 MAX_INTERVAL_S = 7 * 86400
 
 
 def follow_settings(config: dict) -> dict:
-    """[follow] of config.toml: `interval` (between rounds, default 5 minutes, 1 s to a week)
-    and `max_trial_deaths` (follower deaths during one trial that roll it back, 1 to 100,
-    default 3), each checked."""
+    """[follow] of config.toml: `interval` (between rounds, default 5 minutes, 1 s to a week),
+    `max_trial_deaths` (follower deaths during one trial that roll it back, 1 to 100, default
+    3) and `require_certificate` (a trial without a certificate of a trusted key fails: a
+    registry that withholds certificates cannot skip the check; default false), each checked."""
     table = config.get("follow", {})
     table = table if isinstance(table, dict) else {}
     interval = duration_s(table.get("interval", DEFAULT_FOLLOW["interval"]), "config.toml: follow.interval", "s")
@@ -227,4 +229,7 @@ def follow_settings(config: dict) -> dict:
     deaths = table.get("max_trial_deaths", DEFAULT_FOLLOW["max_trial_deaths"])
     if type(deaths) is not int or not 1 <= deaths <= MAX_TRIAL_DEATHS:
         raise InvalidInput(f"config.toml: follow.max_trial_deaths must be an integer from 1 to {MAX_TRIAL_DEATHS}")
-    return {"interval_s": interval, "max_trial_deaths": deaths}
+    required = table.get("require_certificate", DEFAULT_FOLLOW["require_certificate"])
+    if not isinstance(required, bool):
+        raise InvalidInput("config.toml: follow.require_certificate must be true or false")
+    return {"interval_s": interval, "max_trial_deaths": deaths, "require_certificate": required}

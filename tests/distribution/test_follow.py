@@ -238,3 +238,24 @@ def test_a_damaged_state_file_is_reported_by_fsck_and_refused_by_the_follower(cl
     assert cli("--store", dev, "follow", "--status").code == 5
     found = cli("--store", dev, "fsck", "--json")
     assert found.code != 0 and "follow-state" in [f["problem"] for f in found.json()["findings"]]
+
+
+def test_require_certificate_fails_a_trial_without_one_and_passes_a_certified_one(cli, tmp_path, publisher,
+                                                                                  registry):  # noqa: F811
+    """[follow] require_certificate: a registry that withholds the certificate cannot skip its check."""
+    store, key, public = publisher
+    repo = "fleet/certified"
+    ref = f"{registry.host}/{repo}:prod"
+    v1 = _publish(cli, publisher, registry, repo, "a1", 1)
+    dev = _device(cli, tmp_path, public, follow={"require_certificate": True})
+    r, out = _round(cli, dev, ref)
+    assert (r.code, out["outcome"], out["composition"]) == (18, "rolled-back", None)
+    assert "require_certificate" in out["message"]
+    certified = cli("--store", store, "verify", "tq+a1@0.5", "--certificate", tmp_path / "cert.json", "--key", key,
+                    "--json")
+    assert certified.code == 0 and certified.json()["recorded"], certified.err
+    assert cli("--store", store, "push", ref, "tq+a1@0.5").code == 0
+    assert cli("--store", dev, "follow", "--clear-bad").code == 0
+    r, out = _round(cli, dev, ref)
+    assert (r.code, out["outcome"], out["composition"]) == (0, "updated", v1), out
+    assert [c["status"] for c in out["health"]["checks"] if c["name"] == "certificate"] == ["passed"]

@@ -38,7 +38,8 @@ from slm.errors import Busy, Incompatible, InvalidInput, IOFailure, NotFound
 from slm.ops.infer import compositions
 from slm.ops.infer.health import check_health
 from slm.ops.infer.health_scripts import DEFAULT_TIMEOUT_S
-from slm.ops.results import FollowRound
+from slm.ops.results import FollowRound, HealthReport
+from slm.ops.results.health import SKIPPED
 from slm.ops.ship import follow_state as fstate
 from slm.ops.ship.follow_state import Followed, FollowState, Trial
 from slm.ops.store import activation
@@ -202,9 +203,8 @@ def _trial(store: StoreDir, state: FollowState, reference: str, timeout_s: float
         fs.point("follow.activated")
     report = check_health(store, comp, timeout_s=timeout_s)
     fs.point("follow.checked")
-    if not report.healthy:
-        failed = report.failed
-        why = f"the {failed.name} check failed: {failed.reason}"
+    why = _verdict(store, report)
+    if why is not None:
         marked = dataclasses.replace(state, trial=dataclasses.replace(trial, failed=why))
         fstate.write(store, state, marked, "follow-failed")
         return _roll_back(store, marked, why, report)
@@ -216,6 +216,18 @@ def _trial(store: StoreDir, state: FollowState, reference: str, timeout_s: float
     return FollowRound(reference, UPDATED, trial.composition, trial.version, trial.manifest,
                        f"version {trial.version} ({dg.short(trial.composition)}) passed its health checks: marked good",
                        report)
+
+
+def _verdict(store: StoreDir, report: HealthReport) -> str | None:
+    """Why the trial fails (None: it passes): a failed check, or, under [follow]
+    require_certificate, a certificate check that found nothing to judge."""
+    if not report.healthy:
+        return f"the {report.failed.name} check failed: {report.failed.reason}"
+    certificate = next((c for c in report.checks if c.name == "certificate"), None)
+    if follow_settings(store.config)["require_certificate"] and certificate is not None \
+            and certificate.status == SKIPPED:
+        return f"no certificate to check ({certificate.reason}), and [follow] require_certificate is set"
+    return None
 
 
 def _rollback_target(state: FollowState) -> str | None:
