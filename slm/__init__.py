@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _RESULTS = ("AdapterEntry", "AdapterExportResult", "Alternative", "BaseExportResult", "Certified", "CompositionInfo",
-            "ExportResult", "Finding", "FsckReport", "GcPlan", "Generation", "HealthCheck", "HealthReport", "ImportResult", "LogEntry", "NameMove", "OmsSignResult",
+            "ExportResult", "Finding", "FollowRound", "FollowStatus", "FsckReport", "GcPlan", "Generation", "HealthCheck", "HealthReport", "ImportResult", "LogEntry", "NameMove", "OmsSignResult",
             "Provisioned", "PushResult", "ReceiveResult",
             "Result", "SignResult", "SignatureCheck", "SignatureReport", "StatementResult", "Status", "Timings", "TokenLogprobs",
             "Transition", "VerifyReport")

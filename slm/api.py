@@ -22,6 +22,7 @@ from slm.compose.composition import Composition
 from slm.errors import UsageError
 from slm.api_arguments import checked
 from slm.api_session import Session  # noqa: F401  (Runtime.session's result, public as slm.Session)
+from slm.api_follow import StoreFollow
 from slm.api_names import StoreNames
 from slm.store import store as _store
 from slm.store.digest import short as short_digest, short_pair as short_digest_pair  # noqa: F401  (ids in messages)
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
     from slm.engine.handle import DoneEvent, Event, FailedEvent, Handle, SchedulerStatus, TextEvent  # noqa: F401
     from slm.engine.request import ChatMessage, GenerationRequest, ResponseFormat, ToolCall, Tools  # noqa: F401
     from slm.ops.results import (AdapterExportResult, BaseExportResult, Certified, OmsSignResult, CompositionInfo, ExportResult, FsckReport, GcPlan,
-                                 Generation, HealthReport, ImportResult, LogEntry, Provisioned, PushResult, ReceiveResult, SignatureReport,
+                                 Generation, HealthReport, ImportResult, LogEntry, Provisioned, PushResult,
+                                 ReceiveResult, SignatureReport,
                                  SignResult, StatementResult, Status, Transition, VerifyReport)
     from slm.ops.infer.run import RunOptions
     from slm.engine.scheduler import Scheduler
@@ -58,7 +60,7 @@ def __getattr__(name: str):
 
 
 @checked
-class Store(StoreNames):
+class Store(StoreNames, StoreFollow):
     """A store of bases, adapters and compositions, and the one active composition (its names'
     verbs, tag/rm/mv/name_log, are StoreNames')."""
 
@@ -209,8 +211,9 @@ class Store(StoreNames):
     def health(self, comp: Composition | str | None = None, *, certificate: str | os.PathLike | None = None,
                timeout_s: float = 60.0) -> HealthReport:
         """The health checks of a composition (default: the active one), stopped at the first
-        failure: integrity, its signed verify certificate if given, a short generation, the
-        store's health.d/ scripts (each killed after timeout_s). Writes nothing (docs/health.md)."""
+        failure: integrity, its signed verify certificate (the file given, else every one recorded
+        with it), a short generation, the store's health.d/ scripts (each killed after
+        timeout_s). Writes nothing (docs/health.md)."""
         from slm.ops.infer import health
         from slm.ops.store import specs
 
@@ -300,11 +303,13 @@ class Store(StoreNames):
     def certify(self, comp: Composition | str | None, key: str | os.PathLike, out: str | os.PathLike,
                 numerics: bool = True, progress: Progress | None = None) -> Certified:
         """verify, then write the report as a certificate signed with `key`, bound to the
-        composition id; returns a Certified (the report and the path)."""
-        from slm.ops.ship import signing
+        composition id; one that certifies passing numerics of a stored composition is also
+        recorded with it (it travels with the composition; `health` checks it). Returns a
+        Certified (the report, the path, the recorded digest or why it is not recorded)."""
+        from slm.ops.ship import certificates
 
         ref = comp.id if isinstance(comp, Composition) else comp
-        return signing.certify(self._s, ref, Path(key), Path(out), numerics, progress)
+        return certificates.certify(self._s, ref, Path(key), Path(out), numerics, progress)
 
     def verify_as_asked(self, comp: Composition | str | None = None, numerics: bool = True,
                         signature: bool = False, keys: Sequence[str] = (),

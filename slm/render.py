@@ -33,6 +33,11 @@ def print_json(obj) -> None:
     sys.stdout.flush()
 
 
+def json_line(obj) -> str:
+    """One JSON document on one line (a stream of results: `slm follow --json`)."""
+    return json.dumps(obj.to_json() if hasattr(obj, "to_json") else obj, ensure_ascii=False) + "\n"
+
+
 def _clean(obj, markup: bool):
     """Every string of a result made safe to print: control characters escaped (a name, a
     tensor name or a path from a hostile file cannot drive the terminal) and, for rich, markup

@@ -28,7 +28,8 @@ def received(r: dict) -> None:
     print(f"received composition {r['composition_id']} from {r['source']}")
     names = ", ".join(filter(None, [r["base_name"], *r["adapter_names"]]))
     print(f"  {r['blobs_downloaded']} blobs downloaded ({human_bytes(r['bytes_downloaded'])}), "
-          f"{r['blobs_reused']} already stored; names: {names or '-'}; signatures: {r['signatures']}")
+          f"{r['blobs_reused']} already stored; names: {names or '-'}; signatures: {r['signatures']}"
+          + (f"; certificates: {r['certificates']}" if r["certificates"] else ""))
     print(f"  activate it with: slm activate {dg.short(r['composition_id'])}")
 
 
@@ -37,7 +38,8 @@ def pushed(r: dict) -> None:
     print(f"pushed composition {r['composition_id']} to {r['reference']}")
     print(f"  {r['blobs_uploaded']} blobs uploaded ({human_bytes(r['bytes_uploaded'])}), "
           f"{r['blobs_present']} already there; manifest {r['manifest_digest']}"
-          + (f"; {r['referrers']} signature referrer(s)" if r["referrers"] else ""))
+          + (f"; {r['referrers']} signature referrer(s)" if r["referrers"] else "")
+          + (f"; {r['certificate_referrers']} certificate referrer(s)" if r["certificate_referrers"] else ""))
 
 
 @sanitized(markup=False)
@@ -78,6 +80,9 @@ def verify_result(result) -> None:
     render.verify_report(r)
     if "certificate" in r:
         print(f"certificate written to {render.printable(r['certificate'])}")
+        print(f"  recorded with composition {dg.short(r['composition'])} as {dg.short(r['recorded'])}: it travels "
+              "with export and push, and `slm health` checks it" if r["recorded"] else
+              f"  not recorded with the composition: {r['not_recorded']}")
 
 
 def provisioned(r) -> str:
@@ -95,3 +100,40 @@ def health_report(report) -> None:
     for c in report.checks:
         print(f"{c.status:<8} {render.printable(c.name):<24} {render.printable(c.reason)} ({c.duration_s:.2f} s)")
     print(f"composition {report.composition}: {'healthy' if report.healthy else 'unhealthy'}")
+
+
+@sanitized(markup=False)
+def follow_round(r: dict) -> None:
+    """`slm follow`: one line per round (a trial's checks under it)."""
+    active = dg.short(r["composition"]) if r["composition"] else "nothing"
+    print(f"{r['outcome']}: {r['message']} (active: {active})", flush=True)
+    for c in (r["health"] or {}).get("checks", []):
+        print(f"  {c['status']:<8} {c['name']:<24} {c['reason']}", flush=True)
+
+
+@sanitized(markup=False)
+def follow_status(r: dict) -> None:
+    if r["reference"] is None:
+        print("this store follows no tag")
+        return
+    print(f"following {r['reference']}" + (" (a follower runs)" if r["following"] else " (no follower runs)"))
+    print(f"  active:  {dg.short(r['active']) if r['active'] else '-'}")
+    good = r["good"]
+    print(f"  good:    " + (f"version {good['version']} {dg.short(good['composition'])}" if good else "-"))
+    trial = r["trial"]
+    if trial:
+        print(f"  trial:   version {trial['version']} {dg.short(trial['composition'])} "
+              f"(deaths {trial['deaths']}" + (f"; failed: {trial['failed']})" if trial["failed"] else ")"))
+    for b in r["bad"]:
+        print(f"  bad:     version {b['version']} {dg.short(b['composition'])} {b['manifest'][:19]}: {b['reason']}")
+    if r["last_check"]:
+        print(f"  last check {r['last_check']}: {r['last_outcome']}"
+              + (f" (exit {r['last_exit_code']}: {r['last_error']})" if r["last_error"] else ""))
+    if r["next_try"]:
+        print(f"  next try {r['next_try']}" + (f" ({r['failures']} failure(s) in a row)" if r["failures"] else ""))
+
+
+@sanitized(markup=False)
+def follow_done(r: dict) -> None:
+    """`slm follow --clear-bad` / `--forget`."""
+    print(f"cleared {r['cleared']} bad mark(s)" if "cleared" in r else "forgot the followed tag")

@@ -11,18 +11,19 @@ import sys
 from pathlib import Path
 
 
-# The verified-digest cache is derived, advisory data, not store state (docs/recovery.md): any
-# command that re-hashes a blob may refresh it, one that fails included.
-ADVISORY = "cache/verified-digests"
+# The verified-digest cache and the follower's report of its last round are advisory data, not
+# store state (docs/recovery.md, docs/fleet.md): any command that re-hashes a blob may refresh the
+# first, and every round of `slm follow` writes the second, a refused one included.
+ADVISORY = ("cache/verified-digests", "cache/follow-status.json")
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
     """Every file under a store with its mode and content hash (to prove nothing changed), but
-    the advisory verified-digest cache."""
+    the advisory files (ADVISORY)."""
     state = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
-        if rel == ADVISORY:
+        if rel in ADVISORY:
             continue
         st = path.lstat()
         if stat.S_ISDIR(st.st_mode):

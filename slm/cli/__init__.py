@@ -7,6 +7,7 @@
     name_cmds.py   tag, rm, mv
     run_cmds.py    run, serve, chat
     ship_cmds.py   export, push, pull, sign
+    follow_cmds.py follow
     (here)         running one command line: the exit code and the one error line
 
 No `from __future__ import annotations` in slm/cli: typer reads each parameter's annotation,
@@ -24,6 +25,7 @@ from slm.cli import store_cmds  # noqa: F401, I001
 from slm.cli import name_cmds  # noqa: F401, I001
 from slm.cli import run_cmds  # noqa: F401, I001
 from slm.cli import ship_cmds  # noqa: F401, I001
+from slm.cli import follow_cmds  # noqa: F401, I001
 from slm.cli.common import Reported, app, hand_ctrl_c_to_the_command  # noqa: F401 (the package's names)
 from slm.errors import ExitCode, SlmError, printable
 from slm.store.testing import faults

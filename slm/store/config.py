@@ -69,6 +69,11 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     "gc": {
         "reflog_expiry": (lambda v: isinstance(v, str) or _is_number(v), 'a duration such as "90d" or "12h"'),
     },
+    "follow": {
+        "interval": (lambda v: isinstance(v, str) or _is_number(v), 'a duration such as "5m" or "30s"'),
+        "max_trial_deaths": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+        "require_certificate": (lambda v: isinstance(v, bool), "true or false"),
+    },
 }
 TABLES = tuple(t for t in SCHEMA if t)
 
@@ -184,16 +189,47 @@ def reflog_expiry_s(config: dict) -> float:
     "30m", "45s", "2w", or a bare number of days; 0 keeps no old target."""
     table = config.get("gc", {})
     value = table.get("reflog_expiry", DEFAULT_REFLOG_EXPIRY) if isinstance(table, dict) else None
+    return duration_s(value, "gc.reflog_expiry")
+
+
+def duration_s(value, what: str, bare_unit: str = "d") -> float:
+    """A duration of config.toml or the command line in seconds: "90d", "12h", "30m", "45s",
+    "2w", or a bare number (of `bare_unit`s); InvalidInput naming `what` otherwise."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value) * 86400
+        seconds = float(value) * _UNITS[bare_unit]
     elif isinstance(value, str) and value[-1:] in _UNITS and value[:-1].replace(".", "", 1).isdigit() \
             and value[:-1].isascii():
         seconds = float(value[:-1]) * _UNITS[value[-1]]
     elif isinstance(value, str) and value.replace(".", "", 1).isdigit() and value.isascii():
-        seconds = float(value) * 86400
+        seconds = float(value) * _UNITS[bare_unit]
     else:
         seconds = -1.0
     if not 0 <= seconds < float("inf"):
-        raise InvalidInput(f"config.toml: gc.reflog_expiry must be a duration such as \"90d\", \"12h\" "
-                           f"or a number of days, not {value!r}")
+        raise InvalidInput(f"{what} must be a duration such as \"90d\", \"12h\", \"30s\" "
+                           f"or a number of {_UNIT_NAMES[bare_unit]}, not {str(value)[:40]!r}")
     return seconds
+
+
+_UNIT_NAMES = {"s": "seconds", "d": "days"}
+DEFAULT_FOLLOW = {"interval": "5m", "max_trial_deaths": 3, "require_certificate": False}
+MAX_TRIAL_DEATHS = 100
+MAX_INTERVAL_S = 7 * 86400
+
+
+def follow_settings(config: dict) -> dict:
+    """[follow] of config.toml: `interval` (between rounds, default 5 minutes, 1 s to a week),
+    `max_trial_deaths` (follower deaths during one trial that roll it back, 1 to 100, default
+    3) and `require_certificate` (a trial without a certificate of a trusted key fails: a
+    registry that withholds certificates cannot skip the check; default false), each checked."""
+    table = config.get("follow", {})
+    table = table if isinstance(table, dict) else {}
+    interval = duration_s(table.get("interval", DEFAULT_FOLLOW["interval"]), "config.toml: follow.interval", "s")
+    if not 1 <= interval <= MAX_INTERVAL_S:
+        raise InvalidInput("config.toml: follow.interval must be from 1 second to a week")
+    deaths = table.get("max_trial_deaths", DEFAULT_FOLLOW["max_trial_deaths"])
+    if type(deaths) is not int or not 1 <= deaths <= MAX_TRIAL_DEATHS:
+        raise InvalidInput(f"config.toml: follow.max_trial_deaths must be an integer from 1 to {MAX_TRIAL_DEATHS}")
+    required = table.get("require_certificate", DEFAULT_FOLLOW["require_certificate"])
+    if not isinstance(required, bool):
+        raise InvalidInput("config.toml: follow.require_certificate must be true or false")
+    return {"interval_s": interval, "max_trial_deaths": deaths, "require_certificate": required}

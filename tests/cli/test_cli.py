@@ -20,7 +20,7 @@ def test_cli_reference_is_up_to_date():
 
 
 VERBS = {"init", "import", "ls", "show", "run", "activate", "deactivate", "rollback", "status", "log",
-         "fsck", "gc", "verify", "serve", "chat", "export", "push", "pull", "sign", "tag", "rm", "mv", "health"}
+         "fsck", "gc", "verify", "serve", "chat", "export", "push", "pull", "sign", "tag", "rm", "mv", "health", "follow"}
 
 
 def test_help_lists_exactly_the_verbs(cli):

@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("slm.compose",),
     ("slm.distribution",),
     ("slm.ops",),  # slm/ops/store, slm/ops/ship, slm/ops/infer side by side, and their results
-    ("slm", "slm.api", "slm.api_session", "slm.api_names", "slm.api_arguments", "slm.conversation"),
+    ("slm", "slm.api", "slm.api_session", "slm.api_names", "slm.api_follow", "slm.api_arguments", "slm.conversation"),
     ("slm.cli", "slm.server", "slm.render", "slm.render_dist", "slm.entry", "slm.__main__"),
 )
 

@@ -186,7 +186,8 @@ def test_every_kernel_source_is_built_headed_and_mapped():
 
 _TRANSACTION = "slm/store/transaction.py"
 _TRANSACTIONS = ("slm/ops/store/activation.py", "slm/ops/store/importing.py", "slm/ops/ship/receive.py",
-                 "slm/ops/ship/signing.py", "slm/ops/store/gc.py", "slm/ops/store/naming.py")
+                 "slm/ops/ship/signing.py", "slm/ops/store/gc.py", "slm/ops/store/naming.py",
+                 "slm/ops/ship/follow_state.py")
 
 
 def _journal_protocol_uses(tree: ast.Module) -> list[int]:

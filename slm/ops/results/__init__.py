@@ -34,6 +34,7 @@ _FAMILIES = {
                  "PushResult", "Provisioned"),
     "signatures": ("SignatureCheck", "SignResult", "StatementResult", "OmsSignResult", "SignatureReport", "Certified"),
     "health": ("HealthCheck", "HealthReport"),
+    "follow": ("FollowRound", "FollowStatus"),
 }
 _MODULE_OF = {name: family for family, names in _FAMILIES.items() for name in names}
 __all__ = ["Result", *_MODULE_OF]
@@ -53,6 +54,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time each family loads on first use
+    from slm.ops.results.follow import *  # noqa: F401,F403
     from slm.ops.results.generation import *  # noqa: F401,F403
     from slm.ops.results.health import *  # noqa: F401,F403
     from slm.ops.results.integrity import *  # noqa: F401,F403

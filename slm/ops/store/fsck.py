@@ -32,7 +32,7 @@ from slm.errors import SlmError
 from slm.formats.base_origin import parse_origin_record
 from slm.formats.gguf_frame import parse_frame_record
 from slm.ops.infer import compositions
-from slm.ops.store import fsck_names, naming
+from slm.ops.store import fsck_follow, fsck_names, naming
 from slm.ops.store.transaction_kinds import RECOVER
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import Finding, FsckReport
@@ -80,7 +80,7 @@ class Fsck:
                 continue  # an import filling it right now (it stages without the store lock)
             self.add("junk", f"tmp/{entry.name} left by an interrupted command", "remove it",
                      lambda e=entry: fs.remove_tree(e) if e.is_dir() else fs.unlink(e))
-        for folder in [root / "refs", root / "logs", root / "journal", *(root / "names").glob("*"),
+        for folder in [root / "refs", root / "logs", root / "journal", root / "follow", *(root / "names").glob("*"),
                        *(root / "logs" / "names").glob("*")]:
             for entry in sorted(folder.glob(".*.tmp")):
                 self.add("junk", f"{entry.relative_to(root)}: a temp file of an interrupted write",
@@ -240,9 +240,11 @@ class Fsck:
         ok = bool(self._check_manifest(f"{label} base", comp.base, self._base_blobs))
         for a in comp.adapters:
             ok &= bool(self._check_manifest(f"{label} adapter {a.name}", a.digest, self._adapter_blobs))
-        missing = [s for s in comp.signatures if not self._blob_ok(s)]
+        missing = [(kind, d) for kind, listed in (("signature", comp.signatures), ("certificate", comp.certificates))
+                   for d in listed if not self._blob_ok(d)]
         if missing:
-            self.add("missing-blob", f"{label}: signature blob {dg.short(missing[0])} is missing or corrupt",
+            kind, digest = missing[0]
+            self.add("missing-blob", f"{label}: {kind} blob {dg.short(digest)} is missing or corrupt",
                      repairable=False)
         return ok and not missing
 
@@ -341,6 +343,8 @@ class Fsck:
         self.check_journal(self.check_transitions())
         self.check_prompt_cache()
         fsck_names.check_names(self.store, self.add, self.repair)
+        if self.repair or not self.store.journal.pending():
+            fsck_follow.check_follow(self.store, self.add)
         unresolved = [f for f in self.findings if not f.repaired]
         return FsckReport(not self.findings, self.repair, self.blobs, self.bytes, tuple(self.findings),
                           len(unresolved))
