@@ -153,25 +153,38 @@ def serve(
         help="Before serving, pull HOST[:PORT]/REPO[:TAG|@sha256:..] and activate it (`slm pull` + "
              "`slm activate`): a digest already pulled is not downloaded again; a tag is resolved again "
              "at each start."),
+    follow: Optional[str] = typer.Option(
+        None, "--follow", metavar="REF",
+        help="Follow the registry tag HOST[:PORT]/REPO:TAG while serving, as `slm follow REF` does (docs/fleet.md): "
+             "each version it activates is served at once (hot swap). Not with --model."),
+    follow_interval: Optional[str] = typer.Option(
+        None, "--follow-interval", metavar="DURATION",
+        help="With --follow: time between rounds (30s, 5m, 1h); default: config.toml's [follow] interval, else 5m."),
     insecure: bool = InsecureOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Serve the store's compositions over an OpenAI-compatible HTTP API (docs/serve.md).
 
     Follows `slm activate` from other processes (hot swap); never writes to the store, but for
-    --model, which pulls and activates before the server starts.
+    --model, which pulls and activates before the server starts, and --follow, whose follower
+    pulls, activates and rolls back while it serves.
     Logs one line per request on stderr; with --json, one JSON object per line on stdout."""
     import slm
-    from slm import render_dist
+    from slm import UsageError, render_dist
     from slm.server.app import json_log, stderr_log
     from slm.server.serve import ServeOptions, check
     from slm.server.serve import serve as run_server
 
+    if follow is not None and model is not None:
+        raise UsageError("--follow and --model do not go together: the follower pulls and activates what the tag names")
+    if follow_interval is not None and follow is None:
+        raise UsageError("--follow-interval goes with --follow")
     slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
 
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                            memory_budget=memory_budget, threads=threads, exact=exact,
-                           body_limit=body_limit, grace=grace, prefill_chunk=prefill_chunk)
+                           body_limit=body_limit, grace=grace, prefill_chunk=prefill_chunk, follow=follow,
+                           follow_interval=follow_interval, insecure=insecure)
     log = json_log if json_out else stderr_log
     store = open_store(ctx)
     if model is not None:

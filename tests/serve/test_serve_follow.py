@@ -1,0 +1,186 @@
+"""`slm serve --follow REF`: a real server (uvicorn, loopback) follows a tag on a real registry
+(Debian's docker-registry): a new signed version is served once its health checks pass; one a
+health.d script rejects is rolled back while the server keeps answering on the good one, and
+/metrics tells the rounds, the state and the bad mark; SIGTERM stops the loop and the server;
+a second follower of the store is refused while the server follows."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import tomlkit
+from prometheus_client.parser import text_string_to_metric_families
+
+from dist_fixtures import registry  # noqa: F401  (fixture)
+from helpers import copy_store, refused, tiny_store
+from serve_helpers import Server
+from test_dist_statements import _key
+
+CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0}
+TAG = "fleet/smol:prod"
+WAIT_S = 180  # a hang guard for what the follower does in the background (a loaded machine is slow)
+
+
+@pytest.fixture(scope="module")
+def publisher_template(tmp_path_factory, tiny_model):
+    """A publisher's store (the tiny base, adapters a1..a3: version N is tq+aN@0.5) and its key."""
+    root = tmp_path_factory.mktemp("publisher")
+    store = tiny_store(root, tiny_model, 3, steps=())
+    return store, _key(root / "ci.pem", 5)
+
+
+@pytest.fixture
+def publisher(publisher_template, tmp_path):
+    store, key = publisher_template
+    return copy_store(store, tmp_path / "pub"), key
+
+
+def _publish(cli, publisher, host: str, version: int) -> str:
+    """Version N (tq+aN@0.5) signed for the tag and pushed to it; its composition id."""
+    store, (key, _) = publisher
+    assert cli("--store", store, "activate", "tq", f"a{version}@0.5").code == 0
+    signed = cli("--store", store, "sign", "--key", key, "--for", TAG, "--version", str(version), "--expires", "1d",
+                 "--json")
+    assert signed.code == 0, signed.err
+    pushed = cli("--store", store, "push", f"{host}/{TAG}")
+    assert pushed.code == 0, pushed.err
+    return signed.json()["composition_id"]
+
+
+def _device(cli, path: Path, public: str, reject: str | None = None) -> Path:
+    """A device store that trusts only the publisher's key; with `reject`, a health.d script
+    fails that composition."""
+    assert cli("--store", path, "init").code == 0
+    doc = tomlkit.parse((path / "config.toml").read_text())
+    doc["require_signed"], doc["trusted_keys"] = True, [public]
+    (path / "config.toml").write_text(tomlkit.dumps(doc))
+    if reject is not None:
+        (path / "health.d").mkdir()
+        script = path / "health.d" / "reject"
+        script.write_text(f'#!/bin/sh\nif [ "$SLM_COMPOSITION" = "{reject}" ]; then echo "rejected" >&2; exit 1; fi\n')
+        script.chmod(0o755)
+    return path
+
+
+def _metrics(server: Server) -> dict[str, list]:
+    """/metrics parsed by prometheus_client's own parser: {family name: [samples]}."""
+    status, _, body = server.http("GET", "/metrics")
+    assert status == 200
+    return {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
+
+
+def _rounds(metrics: dict, outcome: str) -> float:
+    return sum(s.value for s in metrics.get("slm_follow_rounds", []) if s.name == "slm_follow_rounds_total"
+               and s.labels["outcome"] == outcome)
+
+
+def _served(server: Server) -> str:
+    """The composition the server answers on now (/health's slm-composition header)."""
+    status, headers, _ = server.http("GET", "/health")
+    assert status == 200  # the device keeps serving throughout, a roll-back included
+    return headers["slm-composition"]
+
+
+def _until(what, server: Server, describe: str):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        assert server.proc.poll() is None, "the server exited:\n" + "\n".join(server.lines)
+        time.sleep(0.1)
+    raise AssertionError(f"{describe} did not happen within {WAIT_S} s:\n" + "\n".join(server.lines))
+
+
+def _answer(server: Server) -> tuple[str, str]:
+    """(the slm-composition header, the system_fingerprint) of one chat completion."""
+    status, headers, body = server.http("POST", "/v1/chat/completions", CHAT)
+    assert status == 200, body
+    return headers["slm-composition"], json.loads(body)["system_fingerprint"]
+
+
+def test_the_server_serves_each_good_version_and_keeps_serving_through_a_roll_back(cli, tmp_path, registry,  # noqa: F811
+                                                                                     publisher):
+    public = publisher[1][1]
+    ref = f"{registry.host}/{TAG}"
+    v1 = _publish(cli, publisher, registry.host, 1)
+    # v3's id is known before it is published: the device's health.d script rejects it
+    store, _ = publisher
+    assert cli("--store", store, "activate", "tq", "a3@0.5").code == 0
+    v3_id = cli("--store", store, "status", "--json").json()["active"]["id"]
+    device = _device(cli, tmp_path / "device", public, reject=v3_id)
+
+    server = Server(device, "--follow", ref, "--follow-interval", "1s")
+    try:
+        assert any(f"following {ref}" in line for line in server.lines), server.lines
+        _until(lambda: _served(server) == v1, server, "serving v1")
+        assert _answer(server) == (v1, v1)
+
+        v2 = _publish(cli, publisher, registry.host, 2)
+        _until(lambda: _served(server) == v2, server, "serving v2")
+        assert _answer(server) == (v2, v2)
+        _until(lambda: _rounds(_metrics(server), "updated") >= 2, server, "two updates counted")
+
+        assert _publish(cli, publisher, registry.host, 3) == v3_id
+        _until(lambda: _rounds(_metrics(server), "rolled-back") == 1, server, "v3 rolled back")
+        assert _served(server) == v2 and _answer(server) == (v2, v2)
+        metrics = _metrics(server)
+        info = metrics["slm_follow_info"][0]
+        assert (info.labels["reference"], info.labels["composition"], info.labels["good_composition"],
+                info.labels["good_version"]) == (ref, v2, v2, "2")
+        assert [(s.labels["composition"], s.labels["version"]) for s in metrics["slm_follow_bad_info"]] == [(v3_id, "3")]
+        assert metrics["slm_follow_running"][0].value == 1
+        assert metrics["slm_follow_trial"][0].value == 0
+        assert metrics["slm_follow_consecutive_failures"][0].value == 0
+        checked = metrics["slm_follow_last_check_timestamp_seconds"][0].value
+        assert metrics["slm_follow_next_try_timestamp_seconds"][0].value >= checked
+        rolled = next(s for s in metrics["slm_follow_rounds"] if s.labels["outcome"] == "rolled-back")
+        assert rolled.labels["exit_code"] == "18"
+        # the tag still names v3: it is known bad, never pulled again, and v2 goes on serving
+        _until(lambda: _rounds(_metrics(server), "known-bad") >= 1, server, "a known-bad round")
+        assert _served(server) == v2
+        assert any("rolled-back" in line and "rejected" in line for line in server.lines), server.lines
+
+        # the server's follower holds the store's follow lock: a second follower is refused
+        second = cli("--store", device, "follow", ref, "--once")
+        assert second.code == 7 and "another follower" in second.err
+    finally:
+        assert server.stop() == 0
+    assert any(line.endswith("stopped") for line in server.lines)
+    status = cli("--store", device, "follow", "--status", "--json").json()
+    assert (status["good"]["composition"], [b["composition"] for b in status["bad"]]) == (v2, [v3_id])
+    assert status["following"] is False and status["trial"] is None
+
+
+def test_sigterm_stops_the_follow_loop_and_the_server(cli, tmp_path, registry, publisher):  # noqa: F811
+    public = publisher[1][1]
+    ref = f"{registry.host}/{TAG}"
+    v1 = _publish(cli, publisher, registry.host, 1)
+    device = _device(cli, tmp_path / "device", public)
+    # an hour between rounds: the server ends within the test's bound only if the stop event
+    # ends the loop's wait
+    server = Server(device, "--follow", ref, "--follow-interval", "1h")
+    try:
+        _until(lambda: _rounds(_metrics(server), "updated") == 1, server, "the first round")
+        assert _served(server) == v1
+    finally:
+        assert server.stop(timeout=60) == 0
+    assert cli("--store", device, "follow", "--status", "--json").json()["following"] is False
+    assert cli("--store", device, "fsck").code == 0
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (("--follow", "REF", "--model", "REF"), 2, "--model"),
+    (("--follow-interval", "5s"), 2, "--follow"),
+    (("--follow", "HOST/fleet/smol@sha256:" + "0" * 64), 4, "follow a tag"),
+    (("--follow", "REF", "--follow-interval", "0s"), 4, "from 1 second to a week"),
+])
+def test_follow_refusals_at_start_are_one_line_errors_before_anything_is_served(cli, tmp_path, registry,  # noqa: F811
+                                                                               publisher, args, code, words):
+    device = _device(cli, tmp_path / "device", publisher[1][1])
+    args = [a.replace("REF", f"{registry.host}/{TAG}").replace("HOST", registry.host) for a in args]
+    refused(cli, device, code, "serve", "--port", "0", *args)  # in-process: it must not start serving
+    assert words in cli("--store", device, "serve", "--port", "0", *args).err
