@@ -170,15 +170,11 @@ def serve(
     pulls, activates and rolls back while it serves.
     Logs one line per request on stderr; with --json, one JSON object per line on stdout."""
     import slm
-    from slm import UsageError, render_dist
+    from slm import render_dist
     from slm.server.app import json_log, stderr_log
     from slm.server.serve import ServeOptions, check
     from slm.server.serve import serve as run_server
 
-    if follow is not None and model is not None:
-        raise UsageError("--follow and --model do not go together: the follower pulls and activates what the tag names")
-    if follow_interval is not None and follow is None:
-        raise UsageError("--follow-interval goes with --follow")
     slm.keep_freed_memory()  # a setting of this process, as OPENBLAS_NUM_THREADS (slm/entry.py)
 
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
@@ -187,8 +183,8 @@ def serve(
                            follow_interval=follow_interval, insecure=insecure)
     log = json_log if json_out else stderr_log
     store = open_store(ctx)
+    check(options, model)  # a bad option fails before anything is downloaded (the budget: in provision)
     if model is not None:
-        check(options)  # a bad option fails before anything is downloaded (the budget: in provision)
         ready = store.provision(model, insecure, memory_budget, progress_bar(json_out))
         log(render_dist.provisioned(ready))
     run_server(store, options, log=log)

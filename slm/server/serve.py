@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from slm import InvalidInput, IOFailure
+from slm import InvalidInput, IOFailure, UsageError
 from slm.api import Runtime, Store, check_threads
 from slm.server.app import DEFAULT_BODY_LIMIT, build_app, stderr_log
 from slm.server.catalog import Catalog
@@ -61,7 +61,12 @@ class ServeOptions:
     insecure: bool = False  # the registry over plain HTTP (as `slm pull --insecure`)
 
 
-def check(o: ServeOptions) -> None:
+def check(o: ServeOptions, model: str | None = None) -> None:
+    """The options (and `slm serve --model`'s REF beside them) before anything is done."""
+    if o.follow is not None and model is not None:
+        raise UsageError("--follow and --model do not go together: the follower pulls and activates what the tag names")
+    if o.follow_interval is not None and o.follow is None:
+        raise UsageError("--follow-interval goes with --follow")
     if not 0 <= o.port <= 65535:
         raise InvalidInput(f"--port must be between 0 and 65535, not {o.port}")
     if not 1 <= o.max_batch <= MAX_BATCH:

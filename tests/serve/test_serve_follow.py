@@ -184,3 +184,22 @@ def test_follow_refusals_at_start_are_one_line_errors_before_anything_is_served(
     args = [a.replace("REF", f"{registry.host}/{TAG}").replace("HOST", registry.host) for a in args]
     refused(cli, device, code, "serve", "--port", "0", *args)  # in-process: it must not start serving
     assert words in cli("--store", device, "serve", "--port", "0", *args).err
+
+
+def test_each_refusal_is_counted_under_its_name_and_exit_code():
+    import slm
+    from slm.server.metrics import Metrics
+
+    metrics = Metrics()
+    refusals = [slm.RollbackRefused, slm.EquivocationRefused, slm.StatementExpired, slm.WrongTarget, slm.Incompatible,
+                slm.IntegrityError, slm.IOFailure, slm.NeedsRecovery, slm.Busy]
+    for error in refusals:
+        metrics.record_follow_round(None, error("refused"))
+    metrics.record_follow_round(None, slm.StatementExpired("again"))
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    counted = {(s.labels["outcome"], s.labels["exit_code"]): s.value for s in families["slm_follow_rounds"].samples
+               if s.name == "slm_follow_rounds_total"}
+    assert counted == {("rollback", "14"): 1, ("equivocation", "15"): 1, ("expired", "16"): 2,
+                       ("wrong-target", "17"): 1, ("untrusted", "6"): 1, ("integrity", "5"): 1, ("registry", "12"): 1,
+                       ("needs-recovery", "9"): 1, ("busy", "7"): 1}
+    assert "slm_follow_info" not in families  # a server that does not follow shows no follower's state
