@@ -37,7 +37,7 @@ class Follower:
 
     def start(self) -> None:
         """Run the loop on its thread; return once it holds the store's follow lock, or raise what
-        refused it (a bad REF or interval 4, another follower 7, a store that needs fsck 9)."""
+        refused it (a bad REF or interval 4, another follower 7, a damaged follower state 5)."""
         self._thread = threading.Thread(target=self._run, name="slm-follower", daemon=True)
         self._thread.start()
         while not self._started.wait(0.05):

@@ -65,7 +65,7 @@ def run(store: StoreDir, reference: str, *, insecure: bool = False, interval: st
     """Follow `reference`. `once`: one round, returned (its refusal raised as its typed error).
     Otherwise rounds until `stop` is set, each reported to `on_round` (result or error); returns None.
     `on_start` is called once the follow lock is held, before the first round: what refuses to
-    start (a bad REF or interval, another follower, a store that needs fsck) is raised before it."""
+    start (a bad REF or interval, another follower, a damaged state) is raised before it."""
     interval_s = interval_of(store, interval)
     follow.target(reference, follow_state.read(store))  # a bad REF or another tag: refused before the lock
     stop = stop or threading.Event()
