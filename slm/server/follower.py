@@ -18,6 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Callable
 
 from slm import SlmError
+from slm.server.metrics import refusal_name
 
 if TYPE_CHECKING:
     from slm import FollowRound
@@ -70,4 +71,4 @@ class Follower:
         if result is not None:
             self.log(f"follow {self.reference}: {result.outcome}: {result.message}")
         else:
-            self.log(f"follow {self.reference}: refused (exit {int(error.code)}): {error}")
+            self.log(f"follow {self.reference}: {refusal_name(error.code)} (exit {int(error.code)}): {error}")

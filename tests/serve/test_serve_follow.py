@@ -8,61 +8,17 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
-import tomlkit
 from prometheus_client.parser import text_string_to_metric_families
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
-from helpers import copy_store, refused, tiny_store
+from helpers import refused
 from serve_helpers import Server
-from test_dist_statements import _key
+from test_follow import _device, _publish, _reject, publisher  # noqa: F401  (fixture)
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0}
-TAG = "fleet/smol:prod"
 WAIT_S = 180  # a hang guard for what the follower does in the background (a loaded machine is slow)
-
-
-@pytest.fixture(scope="module")
-def publisher_template(tmp_path_factory, tiny_model):
-    """A publisher's store (the tiny base, adapters a1..a3: version N is tq+aN@0.5) and its key."""
-    root = tmp_path_factory.mktemp("publisher")
-    store = tiny_store(root, tiny_model, 3, steps=())
-    return store, _key(root / "ci.pem", 5)
-
-
-@pytest.fixture
-def publisher(publisher_template, tmp_path):
-    store, key = publisher_template
-    return copy_store(store, tmp_path / "pub"), key
-
-
-def _publish(cli, publisher, host: str, version: int) -> str:
-    """Version N (tq+aN@0.5) signed for the tag and pushed to it; its composition id."""
-    store, (key, _) = publisher
-    assert cli("--store", store, "activate", "tq", f"a{version}@0.5").code == 0
-    signed = cli("--store", store, "sign", "--key", key, "--for", TAG, "--version", str(version), "--expires", "1d",
-                 "--json")
-    assert signed.code == 0, signed.err
-    pushed = cli("--store", store, "push", f"{host}/{TAG}")
-    assert pushed.code == 0, pushed.err
-    return signed.json()["composition_id"]
-
-
-def _device(cli, path: Path, public: str, reject: str | None = None) -> Path:
-    """A device store that trusts only the publisher's key; with `reject`, a health.d script
-    fails that composition."""
-    assert cli("--store", path, "init").code == 0
-    doc = tomlkit.parse((path / "config.toml").read_text())
-    doc["require_signed"], doc["trusted_keys"] = True, [public]
-    (path / "config.toml").write_text(tomlkit.dumps(doc))
-    if reject is not None:
-        (path / "health.d").mkdir()
-        script = path / "health.d" / "reject"
-        script.write_text(f'#!/bin/sh\nif [ "$SLM_COMPOSITION" = "{reject}" ]; then echo "rejected" >&2; exit 1; fi\n')
-        script.chmod(0o755)
-    return path
 
 
 def _metrics(server: Server) -> dict[str, list]:
@@ -103,15 +59,13 @@ def _answer(server: Server) -> tuple[str, str]:
 
 
 def test_the_server_serves_each_good_version_and_keeps_serving_through_a_roll_back(cli, tmp_path, registry,  # noqa: F811
-                                                                                     publisher):
-    public = publisher[1][1]
-    ref = f"{registry.host}/{TAG}"
-    v1 = _publish(cli, publisher, registry.host, 1)
-    # v3's id is known before it is published: the device's health.d script rejects it
-    store, _ = publisher
-    assert cli("--store", store, "activate", "tq", "a3@0.5").code == 0
-    v3_id = cli("--store", store, "status", "--json").json()["active"]["id"]
-    device = _device(cli, tmp_path / "device", public, reject=v3_id)
+                                                                                     publisher):  # noqa: F811
+    repo = "fleet/served"
+    ref = f"{registry.host}/{repo}:prod"
+    v1 = _publish(cli, publisher, registry, repo, "a1", 1)
+    device = _device(cli, tmp_path, publisher[2])
+    v3 = cli("--store", publisher[0], "show", "tq+a3@0.5", "--json").json()["id"]
+    _reject(device, v3)  # the device's health.d script fails v3
 
     server = Server(device, "--follow", ref, "--follow-interval", "1s")
     try:
@@ -119,19 +73,19 @@ def test_the_server_serves_each_good_version_and_keeps_serving_through_a_roll_ba
         _until(lambda: _served(server) == v1, server, "serving v1")
         assert _answer(server) == (v1, v1)
 
-        v2 = _publish(cli, publisher, registry.host, 2)
+        v2 = _publish(cli, publisher, registry, repo, "a2", 2)
         _until(lambda: _served(server) == v2, server, "serving v2")
         assert _answer(server) == (v2, v2)
         _until(lambda: _rounds(_metrics(server), "updated") >= 2, server, "two updates counted")
 
-        assert _publish(cli, publisher, registry.host, 3) == v3_id
+        assert _publish(cli, publisher, registry, repo, "a3", 3) == v3
         _until(lambda: _rounds(_metrics(server), "rolled-back") == 1, server, "v3 rolled back")
         assert _served(server) == v2 and _answer(server) == (v2, v2)
         metrics = _metrics(server)
         info = metrics["slm_follow_info"][0]
         assert (info.labels["reference"], info.labels["composition"], info.labels["good_composition"],
                 info.labels["good_version"]) == (ref, v2, v2, "2")
-        assert [(s.labels["composition"], s.labels["version"]) for s in metrics["slm_follow_bad_info"]] == [(v3_id, "3")]
+        assert [(s.labels["composition"], s.labels["version"]) for s in metrics["slm_follow_bad_info"]] == [(v3, "3")]
         assert metrics["slm_follow_running"][0].value == 1
         assert metrics["slm_follow_trial"][0].value == 0
         assert metrics["slm_follow_consecutive_failures"][0].value == 0
@@ -142,7 +96,7 @@ def test_the_server_serves_each_good_version_and_keeps_serving_through_a_roll_ba
         # the tag still names v3: it is known bad, never pulled again, and v2 goes on serving
         _until(lambda: _rounds(_metrics(server), "known-bad") >= 1, server, "a known-bad round")
         assert _served(server) == v2
-        assert any("rolled-back" in line and "rejected" in line for line in server.lines), server.lines
+        assert any("rolled-back" in line and "answers garbage" in line for line in server.lines), server.lines
 
         # the server's follower holds the store's follow lock: a second follower is refused
         second = cli("--store", device, "follow", ref, "--once")
@@ -151,15 +105,15 @@ def test_the_server_serves_each_good_version_and_keeps_serving_through_a_roll_ba
         assert server.stop() == 0
     assert any(line.endswith("stopped") for line in server.lines)
     status = cli("--store", device, "follow", "--status", "--json").json()
-    assert (status["good"]["composition"], [b["composition"] for b in status["bad"]]) == (v2, [v3_id])
+    assert (status["good"]["composition"], [b["composition"] for b in status["bad"]]) == (v2, [v3])
     assert status["following"] is False and status["trial"] is None
 
 
 def test_sigterm_stops_the_follow_loop_and_the_server(cli, tmp_path, registry, publisher):  # noqa: F811
-    public = publisher[1][1]
-    ref = f"{registry.host}/{TAG}"
-    v1 = _publish(cli, publisher, registry.host, 1)
-    device = _device(cli, tmp_path / "device", public)
+    repo = "fleet/stopped"
+    ref = f"{registry.host}/{repo}:prod"
+    v1 = _publish(cli, publisher, registry, repo, "a1", 1)
+    device = _device(cli, tmp_path, publisher[2])
     # an hour between rounds: the server ends within the test's bound only if the stop event
     # ends the loop's wait
     server = Server(device, "--follow", ref, "--follow-interval", "1h")
@@ -179,9 +133,9 @@ def test_sigterm_stops_the_follow_loop_and_the_server(cli, tmp_path, registry, p
     (("--follow", "REF", "--follow-interval", "0s"), 4, "from 1 second to a week"),
 ])
 def test_follow_refusals_at_start_are_one_line_errors_before_anything_is_served(cli, tmp_path, registry,  # noqa: F811
-                                                                               publisher, args, code, words):
-    device = _device(cli, tmp_path / "device", publisher[1][1])
-    args = [a.replace("REF", f"{registry.host}/{TAG}").replace("HOST", registry.host) for a in args]
+                                                                               publisher, args, code, words):  # noqa: F811
+    device = _device(cli, tmp_path, publisher[2])
+    args = [a.replace("REF", f"{registry.host}/fleet/refused:prod").replace("HOST", registry.host) for a in args]
     refused(cli, device, code, "serve", "--port", "0", *args)  # in-process: it must not start serving
     assert words in cli("--store", device, "serve", "--port", "0", *args).err
 

@@ -29,8 +29,8 @@ def _unit(path: Path) -> configparser.ConfigParser:
 
 
 def _seconds(value: str) -> float:
-    number, unit = value[:-1] if value[-1] in "sm" else value, value[-1] if value[-1] in "sm" else "s"
-    return float(number) * (60 if unit == "m" else 1)
+    """A systemd time span as these units write it: 30s, 2m."""
+    return float(value[:-1]) * {"s": 1, "m": 60}[value[-1]]
 
 
 def _follower(argv: list[str]):
