@@ -1,7 +1,8 @@
 """`slm serve --follow REF`: a real server (uvicorn, loopback) follows a tag on a real registry
 (Debian's docker-registry): a new signed version is served once its health checks pass; one a
 health.d script rejects is rolled back while the server keeps answering on the good one, and
-/metrics tells the rounds, the state and the bad mark; SIGTERM stops the loop and the server;
+/metrics tells the rounds, the state and the bad mark; SIGTERM stops the loop and the server,
+and a round still running past the grace period is abandoned and resumed at the next start;
 a second follower of the store is refused while the server follows."""
 
 from __future__ import annotations
@@ -157,3 +158,39 @@ def test_each_refusal_is_counted_under_its_name_and_exit_code():
                        ("wrong-target", "17"): 1, ("untrusted", "6"): 1, ("integrity", "5"): 1, ("registry", "12"): 1,
                        ("needs-recovery", "9"): 1, ("busy", "7"): 1}
     assert "slm_follow_info" not in families  # a server that does not follow shows no follower's state
+
+
+def test_a_round_still_running_after_the_grace_period_is_abandoned_and_resumed_at_the_next_start(
+        cli, tmp_path, registry, publisher):  # noqa: F811
+    import contextlib
+    import os
+    import signal
+
+    repo = "fleet/abandoned"
+    ref = f"{registry.host}/{repo}:prod"
+    v1 = _publish(cli, publisher, registry, repo, "a1", 1)
+    device = _device(cli, tmp_path, publisher[2])
+    v2 = cli("--store", publisher[0], "show", "tq+a2@0.5", "--json").json()["id"]
+    started = tmp_path / "check-started"
+    (device / "health.d").mkdir()
+    hang = device / "health.d" / "hang"  # v2's check tells it started, then outlasts the grace period
+    hang.write_text(f'#!/bin/sh\nif [ "$SLM_COMPOSITION" = "{v2}" ]; then echo $$ > {started}; exec sleep 600; fi\n')
+    hang.chmod(0o755)
+    server = Server(device, "--follow", ref, "--follow-interval", "1s", "--grace", "1")
+    try:
+        _until(lambda: _served(server) == v1, server, "serving v1")
+        _publish(cli, publisher, registry, repo, "a2", 2)
+        _until(lambda: started.exists() and started.read_text().strip(), server, "v2's check")
+    finally:
+        assert server.stop() == 0
+        if started.exists() and started.read_text().strip():
+            with contextlib.suppress(ProcessLookupError):  # the script outlives slm, as after a kill
+                os.killpg(int(started.read_text()), signal.SIGKILL)
+    assert any("the round in progress is abandoned" in line for line in server.lines), server.lines
+    status = cli("--store", device, "follow", "--status", "--json").json()
+    assert (status["trial"]["composition"], status["trial"]["deaths"], status["active"]) == (v2, 0, v2)
+
+    hang.unlink()  # the next start resumes the trial, counting the abandoned one as a death
+    resumed = cli("--store", device, "follow", ref, "--once", "--json")
+    assert resumed.code == 0, resumed.err
+    assert (resumed.json()["outcome"], resumed.json()["composition"]) == ("updated", v2)
