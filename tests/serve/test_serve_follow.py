@@ -8,6 +8,7 @@ a second follower of the store is refused while the server follows."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -52,6 +53,35 @@ def _until(what, server: Server, describe: str):
     raise AssertionError(f"{describe} did not happen within {WAIT_S} s:\n" + "\n".join(server.lines))
 
 
+class _Streams:
+    """A client streaming completions one after another until stopped (bounded): each answer's
+    set of system_fingerprints, its chunks' compositions."""
+
+    def __init__(self, server: Server):
+        self.client, self.done, self.failures = server.client(), threading.Event(), []
+        self.fingerprints: list[set[str]] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for _ in range(100_000):
+            if self.done.is_set():
+                return
+            try:
+                chunks = list(self.client.completions.create(model="active", prompt="Once upon a time", max_tokens=16,
+                                                             temperature=0, stream=True))
+            except Exception as err:  # noqa: BLE001 (any failure is the test's finding)
+                self.failures.append(repr(err))
+                return
+            self.fingerprints.append({c.system_fingerprint for c in chunks})
+
+    def stop(self) -> list[set[str]]:
+        self.done.set()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive() and self.failures == [], self.failures
+        return self.fingerprints
+
+
 def _answer(server: Server) -> tuple[str, str]:
     """(the slm-composition header, the system_fingerprint) of one chat completion."""
     status, headers, body = server.http("POST", "/v1/chat/completions", CHAT)
@@ -73,6 +103,7 @@ def test_the_server_serves_each_good_version_and_keeps_serving_through_a_roll_ba
         assert any(f"following {ref}" in line for line in server.lines), server.lines
         _until(lambda: _served(server) == v1, server, "serving v1")
         assert _answer(server) == (v1, v1)
+        streams = _Streams(server)  # clients stream throughout the update and the roll-back
 
         v2 = _publish(cli, publisher, registry, repo, "a2", 2)
         _until(lambda: _served(server) == v2, server, "serving v2")
@@ -82,6 +113,10 @@ def test_the_server_serves_each_good_version_and_keeps_serving_through_a_roll_ba
         assert _publish(cli, publisher, registry, repo, "a3", 3) == v3
         _until(lambda: _rounds(_metrics(server), "rolled-back") == 1, server, "v3 rolled back")
         assert _served(server) == v2 and _answer(server) == (v2, v2)
+        # every answer ran on one composition from its first chunk to its last, across the swaps
+        fingerprints = streams.stop()
+        assert fingerprints and all(len(f) == 1 for f in fingerprints), fingerprints
+        assert {v1, v2} <= set().union(*fingerprints) <= {v1, v2, v3}
         metrics = _metrics(server)
         info = metrics["slm_follow_info"][0]
         assert (info.labels["reference"], info.labels["composition"], info.labels["good_composition"],
