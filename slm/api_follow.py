@@ -19,16 +19,19 @@ class StoreFollow:
 
     def follow(self, reference: str, *, insecure: bool = False, interval: str | None = None, once: bool = False,
                timeout_s: float = 60.0, on_round: Callable[[FollowRound | None, SlmError | None], None] | None = None,
-               stop: threading.Event | None = None) -> FollowRound | None:
+               stop: threading.Event | None = None,
+               on_start: Callable[[], None] | None = None) -> FollowRound | None:
         """Follow a registry tag (docs/fleet.md): each round resolves it, judges its signed
         statements, pulls, activates a new version as a trial, runs the health checks, and marks
         it good or rolls it back and marks it bad. `once`: one round, returned (its refusal
         raised as its typed error). Otherwise rounds every `interval` (a duration; default
-        config.toml's [follow] interval) until `stop` is set, each reported to `on_round`."""
+        config.toml's [follow] interval) until `stop` is set, each reported to `on_round`.
+        `on_start`: called once this follower holds the store's follow lock, before its first
+        round (what refuses to start is raised before it: a thread running this can wait for it)."""
         from slm.ops.ship import follow_loop
 
         return follow_loop.run(self._s, reference, insecure=insecure, interval=interval, once=once,
-                               timeout_s=timeout_s, on_round=on_round, stop=stop)
+                               timeout_s=timeout_s, on_round=on_round, stop=stop, on_start=on_start)
 
     def follow_status(self) -> FollowStatus:
         """The followed tag, what is good, on trial and bad, and the last round's report."""

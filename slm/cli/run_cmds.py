@@ -153,13 +153,21 @@ def serve(
         help="Before serving, pull HOST[:PORT]/REPO[:TAG|@sha256:..] and activate it (`slm pull` + "
              "`slm activate`): a digest already pulled is not downloaded again; a tag is resolved again "
              "at each start."),
+    follow: Optional[str] = typer.Option(
+        None, "--follow", metavar="REF",
+        help="Follow the registry tag HOST[:PORT]/REPO:TAG while serving, as `slm follow REF` does (docs/fleet.md): "
+             "each version it activates is served at once (hot swap). Not with --model."),
+    follow_interval: Optional[str] = typer.Option(
+        None, "--follow-interval", metavar="DURATION",
+        help="With --follow: time between rounds (30s, 5m, 1h); default: config.toml's [follow] interval, else 5m."),
     insecure: bool = InsecureOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Serve the store's compositions over an OpenAI-compatible HTTP API (docs/serve.md).
 
     Follows `slm activate` from other processes (hot swap); never writes to the store, but for
-    --model, which pulls and activates before the server starts.
+    --model, which pulls and activates before the server starts, and --follow, whose follower
+    pulls, activates and rolls back while it serves.
     Logs one line per request on stderr; with --json, one JSON object per line on stdout."""
     import slm
     from slm import render_dist
@@ -171,11 +179,12 @@ def serve(
 
     options = ServeOptions(host=host, port=port, api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                            memory_budget=memory_budget, threads=threads, exact=exact,
-                           body_limit=body_limit, grace=grace, prefill_chunk=prefill_chunk)
+                           body_limit=body_limit, grace=grace, prefill_chunk=prefill_chunk, follow=follow,
+                           follow_interval=follow_interval, insecure=insecure)
     log = json_log if json_out else stderr_log
     store = open_store(ctx)
+    check(options, model)  # a bad option fails before anything is downloaded (the budget: in provision)
     if model is not None:
-        check(options)  # a bad option fails before anything is downloaded (the budget: in provision)
         ready = store.provision(model, insecure, memory_budget, progress_bar(json_out))
         log(render_dist.provisioned(ready))
     run_server(store, options, log=log)

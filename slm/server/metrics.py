@@ -1,9 +1,11 @@
-"""The server's Prometheus metrics (GET /metrics), in a registry of its own: slm's own, and the
+"""The server's Prometheus metrics (GET /metrics), in a registry of its own: slm's own, the
 Kubernetes Gateway API Inference Extension's model-server protocol (its endpoint picker routes
-by load and adapter affinity from vLLM's gauges), read from the scheduler's status at each scrape."""
+by load and adapter affinity from vLLM's gauges), read from the scheduler's status at each scrape,
+and with `--follow` the follower's (FollowGauges, read from Store.follow_status at each scrape)."""
 
 from __future__ import annotations
 
+import calendar
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -11,7 +13,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (the /metrics content type)
 from prometheus_client.core import GaugeMetricFamily
 
+from slm import ExitCode
+
 if TYPE_CHECKING:
+    from slm import FollowRound, FollowStatus, SlmError
     from slm.api import SchedulerStatus
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -48,8 +53,14 @@ class Metrics:
         self.switch_notice = Histogram("slm_switch_notice_seconds", "refs/active changed -> the server saw it",
                                        buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1), registry=r)
 
+        self.follow_rounds = Counter("slm_follow_rounds", "The follower's rounds by outcome (updated, current, "
+                                     "rolled-back, known-bad, or the refusal) and exit code", ["outcome", "exit_code"],
+                                     registry=r)
+
         self.protocol = ModelServerGauges()
         r.register(self.protocol)
+        self.following = FollowGauges()
+        r.register(self.following)
 
     def follow(self, status: Callable[[], SchedulerStatus], max_lora: int) -> None:
         """Read the model-server protocol's gauges from `status` (a Scheduler's) at each scrape;
@@ -59,6 +70,17 @@ class Metrics:
     def record_switch(self, sw) -> None:
         self.switches.labels("ok" if sw.ok else "refused").inc()
         self.switch_notice.observe(sw.noticed_ms / 1e3)
+
+    def follow_status(self, status: Callable[[], FollowStatus], running: Callable[[], bool]) -> None:
+        """Read the follower's gauges from `status` (Store.follow_status) at each scrape; running:
+        whether the server's follow loop is alive."""
+        self.following.status, self.following.running = status, running
+
+    def record_follow_round(self, result: FollowRound | None, error: SlmError | None) -> None:
+        if result is not None:
+            self.follow_rounds.labels(result.outcome, "0" if result.ok else str(int(ExitCode.UNHEALTHY))).inc()
+        else:
+            self.follow_rounds.labels(refusal_name(error.code), str(int(error.code))).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -94,3 +116,58 @@ class ModelServerGauges:
         info.add_metric([str(self.max_lora), ",".join(sorted(s.admitted_by_name)), ",".join(sorted(s.waiting_by_name))],
                         time.time())
         yield info
+
+
+# A refusal's outcome label: what the follower refused, named as docs/fleet.md names it; any
+# other error by its exit code's name (not-found, needs-recovery, ...)
+REFUSALS = {ExitCode.ROLLBACK: "rollback", ExitCode.EQUIVOCATION: "equivocation", ExitCode.EXPIRED: "expired",
+            ExitCode.WRONG_TARGET: "wrong-target", ExitCode.INCOMPATIBLE: "untrusted", ExitCode.INTEGRITY: "integrity",
+            ExitCode.IO: "registry"}
+
+
+def refusal_name(code: ExitCode) -> str:
+    return REFUSALS.get(code) or ExitCode(code).name.lower().replace("_", "-")
+
+
+def epoch_of(stamp: str | None) -> float | None:
+    """A status time (UTC, 2026-01-02T03:04:05Z) as unix seconds."""
+    try:
+        return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))) if stamp else None
+    except ValueError:
+        return None
+
+
+class FollowGauges:
+    """The follower's state (follow/state.json) and its last report (the advisory status file),
+    read at each scrape: the followed tag and what runs, when it last asked and will ask again,
+    failures in a row, a trial in progress, and each composition marked bad."""
+
+    def __init__(self):
+        self.status: Callable[[], FollowStatus] | None = None
+        self.running: Callable[[], bool] = lambda: False
+
+    def collect(self):
+        if self.status is None:
+            return
+        s = self.status()
+        good = s.good or {}
+        info = GaugeMetricFamily("slm_follow_info", "The followed tag, the active composition and the good version "
+                                 "(always 1)", labels=["reference", "composition", "good_composition", "good_version"])
+        info.add_metric([s.reference or "", s.active or "", good.get("composition", ""), str(good.get("version", ""))], 1)
+        yield info
+        yield GaugeMetricFamily("slm_follow_running", "1 while the server's follow loop runs", int(self.running()))
+        for name, help_, stamp in (("slm_follow_last_check_timestamp_seconds", "When the follower last asked the "
+                                    "registry (unix seconds)", s.last_check),
+                                   ("slm_follow_next_try_timestamp_seconds", "When the follower asks next (unix "
+                                    "seconds)", s.next_try)):
+            epoch = epoch_of(stamp)
+            if epoch is not None:
+                yield GaugeMetricFamily(name, help_, epoch)
+        yield GaugeMetricFamily("slm_follow_consecutive_failures", "Rounds in a row that ended in a refusal or an "
+                                "error", s.failures)
+        yield GaugeMetricFamily("slm_follow_trial", "1 while a composition is on trial", int(s.trial is not None))
+        bad = GaugeMetricFamily("slm_follow_bad_info", "A composition marked bad: never followed again until cleared "
+                                "(always 1)", labels=["composition", "manifest", "version"])
+        for b in s.bad:
+            bad.add_metric([b.get("composition", ""), b.get("manifest", ""), str(b.get("version", ""))], 1)
+        yield bad

@@ -61,9 +61,18 @@ class BadRequest(Exception):
 
 
 # slm's errors (their exit codes) -> HTTP: the client named or sent something wrong (4xx) vs.
-# the store or the machine failing under a good request (5xx)
+# the store or the machine failing under a good request (5xx). A signed statement the device's
+# trust policy refuses (an older version, another composition at the running version, an expired
+# one, one for another tag) is a 403: what it names is not to be served, and asking again will not
+# change that; a composition that fails its health checks a 422, as non-finite logits are.
 STATUS_OF_CODE = {ExitCode.INVALID_INPUT: 400, ExitCode.INCOMPATIBLE: 400,
-                  ExitCode.BUDGET: 400, ExitCode.USAGE: 400, ExitCode.NUMERICS: 422}
+                  ExitCode.BUDGET: 400, ExitCode.USAGE: 400, ExitCode.NUMERICS: 422,
+                  ExitCode.ROLLBACK: 403, ExitCode.EQUIVOCATION: 403, ExitCode.EXPIRED: 403,
+                  ExitCode.WRONG_TARGET: 403, ExitCode.UNHEALTHY: 422}
+# the error's `code` field where the status alone does not tell what was refused
+CODE_NAMES = {ExitCode.ROLLBACK: "rollback_refused", ExitCode.EQUIVOCATION: "equivocation_refused",
+              ExitCode.EXPIRED: "statement_expired", ExitCode.WRONG_TARGET: "wrong_target",
+              ExitCode.UNHEALTHY: "unhealthy"}
 RETRY_AFTER_S = "1"  # a full server: a slot frees when any running request ends
 
 
@@ -71,8 +80,9 @@ def http_error(err: Exception) -> BadRequest:
     """The one mapping of an slm error to an HTTP answer: ShuttingDown 503, Busy (a full server)
     429 with Retry-After, NotFound (a `model` no name resolves to: the server looks nothing else
     up) 404 model_not_found as OpenAI and vLLM answer, a client's mistake 400 (a `model` that is
-    not a spec's syntax included), non-finite logits 422, any other slm error 500; an exception
-    that is not an slm error is a bug: 500 naming it."""
+    not a spec's syntax included), non-finite logits and a failed health check 422, a refused
+    signed statement 403, any other slm error 500; an exception that is not an slm error is a
+    bug: 500 naming it."""
     if not isinstance(err, SlmError):
         return BadRequest(f"internal error: {type(err).__name__}: {err}", status=500, kind="server_error")
     if isinstance(err, ShuttingDown):
@@ -82,7 +92,8 @@ def http_error(err: Exception) -> BadRequest:
     if isinstance(err, NotFound):
         return BadRequest(str(err), status=404, code="model_not_found")
     status = STATUS_OF_CODE.get(err.code, 500)
-    return BadRequest(str(err), status=status, kind="invalid_request_error" if status < 500 else "server_error")
+    return BadRequest(str(err), status=status, kind="invalid_request_error" if status < 500 else "server_error",
+                      code=CODE_NAMES.get(err.code))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ connections, closes the idle ones and waits for the responses still open; the pr
 chunks; tests/serve/test_serve_real.py, tests/serve/test_hostile_serve.py); a client that
 stops reading its stream can hold the exit up to STRAGGLER_S longer.
 A second signal cancels at once; the handlers still answer, and the process exits 0.
+
+With `follow` (`slm serve --follow REF`), the server follows a registry tag on a thread of its
+own (slm.server.follower): the first signal stops its loop, and the drain waits for a round in
+progress as for a running request.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from slm import InvalidInput, IOFailure
+from slm import InvalidInput, IOFailure, UsageError
 from slm.api import Runtime, Store, check_threads
 from slm.server.app import DEFAULT_BODY_LIMIT, build_app, stderr_log
 from slm.server.catalog import Catalog
+from slm.server.follower import Follower
 from slm.server.metrics import Metrics
 
 MAX_BATCH = 64
@@ -51,9 +56,17 @@ class ServeOptions:
     grace: float = 10.0  # seconds running requests get to finish after SIGTERM
     prefill_chunk: int | None = None  # prompt positions a prefill pass takes between two decode steps
     # (None: slm run's chunk)
+    follow: str | None = None  # a registry tag the server follows (docs/fleet.md)
+    follow_interval: str | None = None  # a duration; None: config.toml's [follow] interval
+    insecure: bool = False  # the registry over plain HTTP (as `slm pull --insecure`)
 
 
-def check(o: ServeOptions) -> None:
+def check(o: ServeOptions, model: str | None = None) -> None:
+    """The options (and `slm serve --model`'s REF beside them) before anything is done."""
+    if o.follow is not None and model is not None:
+        raise UsageError("--follow and --model do not go together: the follower pulls and activates what the tag names")
+    if o.follow_interval is not None and o.follow is None:
+        raise UsageError("--follow-interval goes with --follow")
     if not 0 <= o.port <= 65535:
         raise InvalidInput(f"--port must be between 0 and 65535, not {o.port}")
     if not 1 <= o.max_batch <= MAX_BATCH:
@@ -94,6 +107,14 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
 
     sock = bind(o.host, o.port)  # before anything slow: a taken port fails at once, in one line
     metrics = Metrics()
+    follower = None
+    if o.follow is not None:
+        follower = Follower(store, o.follow, insecure=o.insecure, interval=o.follow_interval, metrics=metrics, log=log)
+        try:  # a bad REF or interval, another follower of the store: refused before anything is served
+            follower.start()
+        except BaseException:
+            sock.close()
+            raise
     catalog = Catalog(runtime, log=log)
     catalog.on_switch = metrics.record_switch
     catalog.start()  # stages what is active now (a failure is logged; the server still starts)
@@ -108,6 +129,8 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
                 log(f"{signal.Signals(sig).name}: no new requests; {scheduler.busy()} running get up to "
                     f"{o.grace:g} s")
                 scheduler.drain()
+                if follower is not None:
+                    follower.stop()
                 # then cancel what is left, leaving the last part of the grace period (up to 1 s)
                 # for the streams to end and the process to exit
                 timer = threading.Timer(o.grace - min(1.0, o.grace / 4), scheduler.request_stop)
@@ -121,10 +144,10 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
                 scheduler.request_stop()
 
         def exit_when_idle(self, sig, frame) -> None:
-            """uvicorn's shutdown (it stops listening) once no request runs or the grace period
-            is out: until then the port answers, /health with 503."""
+            """uvicorn's shutdown (it stops listening) once no request runs (nor a follower's round)
+            or the grace period is out: until then the port answers, /health with 503."""
             deadline = time.monotonic() + o.grace
-            while scheduler.busy() and time.monotonic() < deadline:
+            while (scheduler.busy() or (follower is not None and follower.running())) and time.monotonic() < deadline:
                 time.sleep(DRAIN_POLL_S)
             super().handle_exit(sig, frame)
 
@@ -136,7 +159,8 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
                     active = catalog.active
                     log(f"listening on http://{host}:{port} (active: {active.id if active else 'none'}; "
                         f"mode {runtime.mode}; max batch {o.max_batch}"
-                        f"{', API key required' if o.api_key else ''})")
+                        f"{', API key required' if o.api_key else ''}"
+                        f"{'; following ' + o.follow if o.follow else ''})")
 
     config = uvicorn.Config(app, host=o.host, port=o.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=STRAGGLER_S, lifespan="off")
@@ -149,4 +173,8 @@ def serve(store: Store, o: ServeOptions, log=stderr_log) -> None:
     finally:
         scheduler.stop()
         catalog.stop()
+        if follower is not None:
+            follower.stop()
+            if follower.running():  # past the grace period: ended with the process, as a kill ends it
+                log(f"follow {o.follow}: the round in progress is abandoned; the next start resumes it")
     log("stopped")

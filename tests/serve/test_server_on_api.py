@@ -33,24 +33,30 @@ def runtime(store):
 
 # -- one mapping of slm's errors to HTTP ------------------------------------------------------------
 
-@pytest.mark.parametrize("error, status, kind", [
-    (slm.InvalidInput, 400, "invalid_request_error"),
-    (slm.NotFound, 404, "invalid_request_error"),
-    (slm.Incompatible, 400, "invalid_request_error"),
-    (slm.BudgetExceeded, 400, "invalid_request_error"),
-    (slm.UsageError, 400, "invalid_request_error"),
-    (slm.NumericsError, 422, "invalid_request_error"),
-    (slm.Busy, 429, "rate_limit_exceeded"),
-    (slm.ShuttingDown, 503, "unavailable"),
-    (slm.IntegrityError, 500, "server_error"),
-    (slm.IOFailure, 500, "server_error"),
-    (slm.NeedsRecovery, 500, "server_error"),
+@pytest.mark.parametrize("error, status, kind, code", [
+    (slm.InvalidInput, 400, "invalid_request_error", None),
+    (slm.NotFound, 404, "invalid_request_error", "model_not_found"),  # (OpenAI's and vLLM's)
+    (slm.Incompatible, 400, "invalid_request_error", None),
+    (slm.BudgetExceeded, 400, "invalid_request_error", None),
+    (slm.UsageError, 400, "invalid_request_error", None),
+    (slm.NumericsError, 422, "invalid_request_error", None),
+    (slm.Busy, 429, "rate_limit_exceeded", None),
+    (slm.ShuttingDown, 503, "unavailable", None),
+    (slm.IntegrityError, 500, "server_error", None),
+    (slm.IOFailure, 500, "server_error", None),
+    (slm.NeedsRecovery, 500, "server_error", None),
+    # a signed statement the trust policy refuses, a composition that fails its health checks
+    (slm.RollbackRefused, 403, "invalid_request_error", "rollback_refused"),
+    (slm.EquivocationRefused, 403, "invalid_request_error", "equivocation_refused"),
+    (slm.StatementExpired, 403, "invalid_request_error", "statement_expired"),
+    (slm.WrongTarget, 403, "invalid_request_error", "wrong_target"),
+    (slm.Unhealthy, 422, "invalid_request_error", "unhealthy"),
 ])
-def test_each_slm_error_maps_to_its_http_status(error, status, kind):
+def test_each_slm_error_maps_to_its_http_status(error, status, kind, code):
     answer = http_error(error("what went\nwrong"))
     assert (answer.status, answer.kind) == (status, kind)
     assert answer.message == "what went wrong"  # the CLI's one line
-    assert answer.code == ("model_not_found" if error is slm.NotFound else None)  # (OpenAI's and vLLM's)
+    assert answer.code == code
 
 
 def test_an_exception_that_is_not_an_slm_error_is_a_500_naming_the_bug():

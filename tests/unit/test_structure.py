@@ -103,6 +103,8 @@ _BROAD_KEPT = {
     ("slm/conversation.py", "_LineReader._serve"): "the line reader's thread hands the exception to the chat "
                                                    "loop, which leaves (end of input) or raises it",
     ("slm/server/catalog.py", "Catalog._watch"): "the refs/active watcher logs a failed look and keeps watching",
+    ("slm/server/follower.py", "Follower._run"): "the follower's thread hands what refused its start to "
+                                                "start(), which raises it; a later end is logged, the server serves on",
     ("slm/engine/scheduler.py", "Scheduler._loop"):
         "a failed batch step fails its requests (HTTP 500) and the server goes on",
     ("slm/engine/scheduler.py", "Scheduler._guarded"):

@@ -61,14 +61,18 @@ def delay_after(interval_s: float, failures: int) -> float:
 
 def run(store: StoreDir, reference: str, *, insecure: bool = False, interval: str | None = None,
         once: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S, on_round: OnRound | None = None,
-        stop: threading.Event | None = None) -> FollowRound | None:
+        stop: threading.Event | None = None, on_start: Callable[[], None] | None = None) -> FollowRound | None:
     """Follow `reference`. `once`: one round, returned (its refusal raised as its typed error).
-    Otherwise rounds until `stop` is set, each reported to `on_round` (result or error); returns None."""
+    Otherwise rounds until `stop` is set, each reported to `on_round` (result or error); returns None.
+    `on_start` is called once the follow lock is held, before the first round: what refuses to
+    start (a bad REF or interval, another follower, a damaged state) is raised before it."""
     interval_s = interval_of(store, interval)
     follow.target(reference, follow_state.read(store))  # a bad REF or another tag: refused before the lock
     stop = stop or threading.Event()
     failures, first = 0, True
     with follow.follower(store):
+        if on_start is not None:
+            on_start()
         while True:
             result, error = None, None
             try:
