@@ -83,6 +83,8 @@ class ReceiveResult(Result):
     source: str = ""
     manifest_digest: str = ""  # sha256 of the OCI manifest received
     referrer_signatures: int = 0  # `slm pull`: signatures found as referrers of it, all checked
+    blobs_resumed: int = 0  # `slm pull`: blobs an interrupted pull kept, re-hashed and not downloaded again
+    bytes_resumed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "adapter_names": list(self.adapter_names)}
