@@ -364,7 +364,8 @@ def gc_plan(plan: dict) -> None:
     out().print(
         f"plan: remove {len(plan['blobs'])} blobs ({human_bytes(plan['bytes'])}), "
         f"{len(plan['composition_records'])} composition records, "
-        f"{len(plan['cache_dirs'])} prefix-cache folders; keep {plan['kept_blobs']} blobs"
+        f"{len(plan['cache_dirs'])} prefix-cache folders, "
+        f"{len(plan['pull_stagings'])} abandoned pull stagings; keep {plan['kept_blobs']} blobs"
     )
     for b in plan["blobs"][:20]:
         out().print(f"  blob {dg.short(b['digest'])}  {human_bytes(b['bytes'])}")

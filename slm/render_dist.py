@@ -30,6 +30,9 @@ def received(r: dict) -> None:
     print(f"  {r['blobs_downloaded']} blobs downloaded ({human_bytes(r['bytes_downloaded'])}), "
           f"{r['blobs_reused']} already stored; names: {names or '-'}; signatures: {r['signatures']}"
           + (f"; certificates: {r['certificates']}" if r["certificates"] else ""))
+    if r.get("blobs_resumed"):
+        print(f"  {r['blobs_resumed']} blobs ({human_bytes(r['bytes_resumed'])}) kept by an interrupted pull, "
+              "re-hashed, not downloaded again")
     print(f"  activate it with: slm activate {dg.short(r['composition_id'])}")
 
 

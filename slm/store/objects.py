@@ -298,6 +298,11 @@ class Staging:
         self.staged[digest] = path
         return True
 
+    def _name_kept(self, path: Path, digest: str) -> Path:
+        """Where a blob received whole (`Incoming.keep`) stays until commit: where it was written
+        (slm.store.resumable names it by its digest, for the next receive to find)."""
+        return path
+
     def flush(self) -> None:
         """Wait until every staged file is written and fsynced (the first failure is raised)."""
         self._syncs.wait()
@@ -413,7 +418,7 @@ class Incoming:
                 self.staging.reused.add(digest)
             return digest  # not kept: __exit__ removes the copy
         self.staging._syncs.write_sync_and_close(self.file, [])  # fsynced before commit links it
-        self.staging.staged[digest] = self.path
+        self.staging.staged[digest] = self.staging._name_kept(self.path, digest)
         self._kept = True
         return digest
 

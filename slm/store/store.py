@@ -8,7 +8,7 @@
       logs/active            reflog, one checksummed line per transition
       journal/               intent records of in-flight transactions
       cache/                 derived data (prefix cache by composition id, verified-digests); safe to delete
-      tmp/                   staging; anything left here after a crash is junk
+      tmp/                   staging; what a crash leaves is junk, but a pull's pull-<hex>/ (resumable)
       lock                   held by the one writer
 """
 

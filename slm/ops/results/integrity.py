@@ -63,6 +63,7 @@ class GcPlan(Result):
     kept_blobs: int
     dry_run: bool = True
     reflog_expiry_s: float | None = None  # name-reflog entries older than this were not kept
+    pull_stagings: tuple[str, ...] = ()  # tmp/pull-<manifest hex>: interrupted pulls' staging, abandoned
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,8 @@ class ReceiveResult(Result):
     referrer_signatures: int = 0  # `slm pull`: signatures found as referrers of it, all checked
     certificates: int = 0  # signed verify certificates it carried
     referrer_certificates: int = 0  # `slm pull`: certificates found as referrers of it, all checked
+    blobs_resumed: int = 0  # `slm pull`: blobs an interrupted pull kept, re-hashed and not downloaded again
+    bytes_resumed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "adapter_names": list(self.adapter_names)}

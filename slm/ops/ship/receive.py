@@ -32,7 +32,7 @@ from slm.compose.composition import Composition, architecture_digest, parse_comp
 from slm.distribution import mediatypes as mt
 from slm.distribution import signing
 from slm.distribution.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, sha256_of
-from slm.errors import IntegrityError, InvalidInput, SlmError
+from slm.errors import Busy, IntegrityError, InvalidInput, IOFailure, SlmError
 from slm.ops.infer import compositions
 from slm.ops.store import naming
 from slm.ops.progress import NoProgress, Progress
@@ -40,6 +40,7 @@ from slm.ops.results import ReceiveResult
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
 from slm.store.journal import Intent, intent_name
+from slm.store.resumable import ResumableStaging
 from slm.store.transaction import Recovery, Seen
 
 OP = KIND = "bundle"  # the op and the kind of journal/bundle-<composition hex>.intent
@@ -103,16 +104,36 @@ def _checked(data: bytes, layer: Layer | Descriptor, blake3: str | None, where: 
     return data
 
 
+class _Hashed:
+    """Where a kept blob's bytes go while they are re-hashed: BLAKE3 of them, and the bytes
+    themselves if `hold` (a small blob the receiver parses)."""
+
+    def __init__(self, hold: bool):
+        self._hasher = dg.hasher()
+        self.held: list[bytes] | None = [] if hold else None
+
+    def write(self, chunk: bytes) -> None:
+        self._hasher.update(chunk)
+        if self.held is not None:
+            self.held.append(chunk)
+
+    @property
+    def digest(self) -> str:
+        return dg.PREFIX + self._hasher.hexdigest()
+
+
 class Receiver:
     def __init__(self, store: StoreDir, manifest: Manifest, source: BlobSource, where: str, progress: Progress,
-                 admit: Admit | None = None):
+                 admit: Admit | None = None, resume_key: str | None = None):
         self.store, self.manifest, self.source, self.where = store, manifest, source, where
         self.progress = progress
         self.admit = admit
         self.layers = {l.blake3: l for l in manifest.layers}
         self.downloaded = 0
         self.bytes = 0
-        self.staging = store.objects.staging()
+        self.resumed = 0
+        self.resumed_bytes = 0
+        self.staging = ResumableStaging(store.objects, key=resume_key) if resume_key else store.objects.staging()
         self._count_lock = threading.Lock()
 
     def _stored(self, digest: str) -> bool:
@@ -124,6 +145,31 @@ class Receiver:
                                  "run `slm fsck --repair` first")
         self.staging.reused.add(digest)
         return True
+
+    def _resume(self, layer: Layer, hold: bool = False) -> bytes | None:
+        """A blob an interrupted receive of the same manifest kept, re-hashed against its
+        descriptor (sha256, size, BLAKE3: tmp/ is not trusted) and adopted into this staging:
+        its bytes if `hold`, else b""; None when there is none, or it did not match (then it is
+        dropped, and downloaded again)."""
+        if not isinstance(self.staging, ResumableStaging):
+            return None
+        fd = self.staging.open_kept(layer.blake3, layer.size)
+        if fd is None:
+            return None
+        out = _Hashed(hold)
+        try:
+            with open(fd, "rb", closefd=True) as f:
+                n, sha = copy_bounded(iter(lambda: f.read(1 << 20), b""), out, layer.size, layer.sha256,
+                                      self.where, NoProgress())
+            _check_received(self.where, layer.sha256, layer.size, layer.blake3, n, sha, out.digest)
+        except IntegrityError:
+            self.staging.drop(layer.blake3)
+            return None
+        self.staging.adopt(layer.blake3)
+        self.resumed += 1
+        self.resumed_bytes += n
+        self.progress.advance(n)
+        return b"".join(out.held) if out.held is not None else b""
 
     def fetch(self, layer: Layer) -> bytes:
         data = _checked(self.source.blob(layer.sha256, layer.size), layer, layer.blake3, self.where)
@@ -181,7 +227,8 @@ class Receiver:
             raise InvalidInput(f"{self.where}: {what} has mediaType {layer.media_type!r}, expected {media!r}")
         if self._stored(digest):
             return self.store.objects.read_verified(digest)
-        return self.fetch(layer)
+        kept = self._resume(layer, hold=True)
+        return kept if kept is not None else self.fetch(layer)
 
     def content(self, digest: str, media: str, what: str) -> bytes:
         """A small blob's verified bytes, staged unless the store has them."""
@@ -259,7 +306,8 @@ class Receiver:
             if self._stored(digest):
                 self.progress.advance(layer.size)
                 continue
-            wanted.append(layer)
+            if self._resume(layer) is None:
+                wanted.append(layer)
         with contextlib.closing(self._chunks_ahead(wanted)) as blobs:
             for layer, chunks in blobs:
                 self.ingest(layer, chunks)  # staged in order, on this thread
@@ -271,7 +319,8 @@ class Receiver:
         return ReceiveResult(comp.id, record, comp.base_name, tuple(a.name for a in comp.adapters),
                              len(comp.signatures), len(self.layers), self.downloaded, self.bytes, reused,
                              len(new), round(time.perf_counter() - started, 3), self.where,
-                             certificates=len(comp.certificates))
+                             certificates=len(comp.certificates),
+                             blobs_resumed=self.resumed, bytes_resumed=self.resumed_bytes)
 
 
 def _check_base(comp: Composition, base: BaseManifest, where: str) -> None:
@@ -282,14 +331,31 @@ def _check_base(comp: Composition, base: BaseManifest, where: str) -> None:
 
 
 def receive(store: StoreDir, manifest: Manifest, source: BlobSource, where: str,
-            progress: Progress | None = None, admit: Admit | None = None) -> ReceiveResult:
+            progress: Progress | None = None, admit: Admit | None = None,
+            resume_key: str | None = None) -> ReceiveResult:
     """`admit(composition id, the signature blobs it carries)` raises to refuse the composition
-    before anything is staged (a pull into a store that requires signatures)."""
-    receiver = Receiver(store, manifest, source, where, progress or NoProgress(), admit)
+    before anything is staged (a pull into a store that requires signatures).
+
+    With a `resume_key` (a pull: its manifest's sha256 hex) the blobs are staged in a
+    resumable staging area (slm.store.resumable): one that arrived whole and verified stays
+    there when the receive is interrupted (the network or the disk failing, exit 12; the store
+    lock busy; Ctrl-C; a crash), and the next receive of the key re-hashes and adopts it
+    instead of downloading it again. A receive that is refused (bytes that do not match, the
+    signing policy, a malformed manifest) or commits removes the area."""
+    receiver = Receiver(store, manifest, source, where, progress or NoProgress(), admit, resume_key)
     try:
         return receiver.run()
+    except BaseException as err:
+        if isinstance(receiver.staging, ResumableStaging) and _interrupted(err):
+            receiver.staging.release()
+        raise
     finally:
         receiver.staging.discard()
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether a receive stopped by `err` may succeed when run again (then what it verified is kept)."""
+    return isinstance(err, (IOFailure, Busy)) or not isinstance(err, Exception)
 
 
 def commit(store: StoreDir, comp: Composition, record: str, staging,

@@ -183,8 +183,10 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
         signed = list(referred.signatures)
         # the store's signing policy over every signature that would come with the composition
         # (its own and the referrers), before anything is received: a refused pull writes nothing
+        # an interrupted pull of this manifest keeps what it verified, for the next to resume
         result = receive.receive(store, manifest, _RegistrySource(clients), str(ref), progress,
-                                 lambda comp_id, carried: policy.admit(store, comp_id, [*carried, *signed]))
+                                 lambda comp_id, carried: policy.admit(store, comp_id, [*carried, *signed]),
+                                 resume_key=sha256_of(data).removeprefix("sha256:"))
         added = referrers.adopt(store, result.composition_id, signed) if signed else 0
         certified = certificates.adopt(store, result.composition_id, list(referred.certificates)) \
             if referred.certificates else 0

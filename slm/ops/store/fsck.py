@@ -38,7 +38,7 @@ from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import Finding, FsckReport
 from slm.store import StoreDir
 from slm.store import digest as dg
-from slm.store import fs
+from slm.store import fs, resumable
 from slm.store.config import lock_timeout, read_config
 from slm.store.lock import DEFAULT_TIMEOUT_S
 from slm.store.names import NAMED_KINDS, SIDE_KINDS
@@ -78,6 +78,13 @@ class Fsck:
         for entry in sorted((root / "tmp").iterdir()):
             if entry.is_dir() and staging_in_use(entry):
                 continue  # an import filling it right now (it stages without the store lock)
+            if resumable.kept(entry):
+                continue  # what an interrupted pull verified, for the next pull to resume
+            if resumable.is_area(entry) and entry.is_dir() and not entry.is_symlink():
+                self.add("junk", f"tmp/{entry.name}: the staging of a pull interrupted over "
+                         f"{resumable.KEEP_FOR_S // 3600} hours ago", "remove it",
+                         lambda e=entry: resumable.remove_abandoned(e))
+                continue
             self.add("junk", f"tmp/{entry.name} left by an interrupted command", "remove it",
                      lambda e=entry: fs.remove_tree(e) if e.is_dir() else fs.unlink(e))
         for folder in [root / "refs", root / "logs", root / "journal", root / "follow", *(root / "names").glob("*"),

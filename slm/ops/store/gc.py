@@ -5,9 +5,11 @@ references), what every entry of a name's reflog newer than config.toml's gc.ref
 (default 90 days; --prune-now: none) pointed at, the active composition and every composition
 in its reflog (so `slm rollback --to` and `@active~N` can reach any of them), with every blob
 those manifests name. Removed: other blobs (an old version of a moved name once its log entry
-expired, what an interrupted import left), composition records nothing keeps, and prefix-cache
-entries of compositions that are no longer kept. Name reflogs are not rewritten: an expired
-entry stays as history, its object gone. lost+found/ is left for the operator.
+expired, what an interrupted import left), composition records nothing keeps, prefix-cache
+entries of compositions that are no longer kept, and the staging an interrupted pull kept for
+resuming once nobody touched it for slm.store.resumable.KEEP_FOR_S (--prune-now: at once).
+Name reflogs are not rewritten: an expired entry stays as history, its object gone.
+lost+found/ is left for the operator.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from slm.ops.infer import compositions
 from slm.ops.results import GcPlan
 from slm.store import StoreDir
 from slm.store import digest as dg
-from slm.store import fs
+from slm.store import fs, resumable
 from slm.store.config import reflog_expiry_s
 from slm.store.journal import Intent, intent_name
 from slm.store.names import NAMED_KINDS, SIDE_KINDS
@@ -110,8 +112,10 @@ def plan(store: StoreDir, prune_now: bool = False) -> GcPlan:
     caches = sorted(p.name for p in prefix_root.iterdir() if dg.PREFIX + p.name not in comps) \
         if prefix_root.is_dir() else []
     sizes = {d: store.objects.size(d) for d in blobs}
+    stagings = resumable.abandoned(store.objects.tmp_dir, 0.0 if prune_now else resumable.KEEP_FOR_S)
     return GcPlan(tuple({"digest": d, "bytes": sizes[d]} for d in blobs), tuple(records), tuple(caches),
-                  sum(sizes.values()), len(keep), reflog_expiry_s=expiry_s)
+                  sum(sizes.values()), len(keep), reflog_expiry_s=expiry_s,
+                  pull_stagings=tuple(p.name for p in stagings))
 
 
 def gc(store: StoreDir, dry_run: bool = False, on_plan=None, prune_now: bool = False) -> GcPlan:
@@ -139,6 +143,8 @@ def gc(store: StoreDir, dry_run: bool = False, on_plan=None, prune_now: bool = F
                 fs.fsync_dir(store.objects.dir)
             for name in p.cache_dirs:
                 fs.remove_tree(store.path("cache", "prefix", name))
+            for name in p.pull_stagings:
+                resumable.remove_abandoned(store.path("tmp", name))
     return replace(p, dry_run=False)
 
 
