@@ -28,7 +28,7 @@ from slm.distribution.reference import Reference
 from slm.distribution.weight_tar import copy_single_file
 from slm.errors import IntegrityError, InvalidInput
 from slm.formats.gguf_lora import is_gguf_lora
-from slm.ops.ship import receive
+from slm.ops.ship import receive, received_bytes
 from slm.ops.store.importing import open_adapter_source, open_base_source, stage_adapter, stage_base
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import ReceiveResult
@@ -55,7 +55,7 @@ def _small(source, desc, where: str) -> bytes:
 def _download(source, incoming, desc, where: str, progress: Progress) -> None:
     """A layer's bytes into `incoming` (a staging file), checked as they arrive."""
     with contextlib.closing(source.chunks(desc.digest, desc.size)) as chunks:
-        n, sha = receive.copy_bounded(chunks, incoming, desc.size, desc.digest, where, progress)
+        n, sha = received_bytes.copy_bounded(chunks, incoming, desc.size, desc.digest, where, progress)
     if n != desc.size:
         raise IntegrityError(f"{where}: blob {desc.digest[:19]} is {n} bytes, its descriptor says {desc.size}")
     if sha != desc.digest:

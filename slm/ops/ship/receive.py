@@ -19,7 +19,6 @@ finishes the transaction (names, record), else it clears the intent (the blobs a
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 from collections import deque
@@ -31,9 +30,10 @@ from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.compose.composition import Composition, architecture_digest, parse_composition
 from slm.distribution import mediatypes as mt
 from slm.distribution import signing
-from slm.distribution.bundle import SHA256, Descriptor, Layer, Manifest, parse_config, sha256_of
+from slm.distribution.bundle import Layer, Manifest, parse_config
 from slm.errors import Busy, IntegrityError, InvalidInput, IOFailure, SlmError
 from slm.ops.infer import compositions
+from slm.ops.ship import received_bytes
 from slm.ops.store import naming
 from slm.ops.progress import NoProgress, Progress
 from slm.ops.results import ReceiveResult
@@ -84,44 +84,6 @@ def expected_blobs(comp: Composition, record: str, base: BaseManifest,
     return out
 
 
-def _check_received(where: str, digest: str, size: int, blake3: str | None, got_size: int,
-                    got_sha256: str, got_blake3: str | None) -> None:
-    """The one verdict on a received blob's bytes (whole or streamed): exit 5 unless its size,
-    sha256 and (for a layer) BLAKE3 are those its descriptor and annotation give."""
-    if got_size != size:
-        raise IntegrityError(f"{where}: blob {digest[:19]} is {got_size} bytes, its descriptor says {size}")
-    if got_sha256 != digest:
-        raise IntegrityError(f"{where}: blob {digest[:19]} does not hash to its sha256 digest (tampered or damaged)")
-    if blake3 is not None and got_blake3 != blake3:
-        raise IntegrityError(f"{where}: blob {digest[:19]} does not hash to the BLAKE3 digest its annotation "
-                             f"claims ({dg.short(blake3)})")
-
-
-def _checked(data: bytes, layer: Layer | Descriptor, blake3: str | None, where: str) -> bytes:
-    digest = layer.sha256 if isinstance(layer, Layer) else layer.digest
-    _check_received(where, digest, layer.size, blake3, len(data), sha256_of(data),
-                    dg.of_bytes(data) if blake3 is not None else None)
-    return data
-
-
-class _Hashed:
-    """Where a kept blob's bytes go while they are re-hashed: BLAKE3 of them, and the bytes
-    themselves if `hold` (a small blob the receiver parses)."""
-
-    def __init__(self, hold: bool):
-        self._hasher = dg.hasher()
-        self.held: list[bytes] | None = [] if hold else None
-
-    def write(self, chunk: bytes) -> None:
-        self._hasher.update(chunk)
-        if self.held is not None:
-            self.held.append(chunk)
-
-    @property
-    def digest(self) -> str:
-        return dg.PREFIX + self._hasher.hexdigest()
-
-
 class Receiver:
     def __init__(self, store: StoreDir, manifest: Manifest, source: BlobSource, where: str, progress: Progress,
                  admit: Admit | None = None, resume_key: str | None = None):
@@ -156,12 +118,12 @@ class Receiver:
         fd = self.staging.open_kept(layer.blake3, layer.size)
         if fd is None:
             return None
-        out = _Hashed(hold)
+        out = received_bytes.Hashed(hold)
         try:
             with open(fd, "rb", closefd=True) as f:
-                n, sha = copy_bounded(iter(lambda: f.read(1 << 20), b""), out, layer.size, layer.sha256,
-                                      self.where, NoProgress())
-            _check_received(self.where, layer.sha256, layer.size, layer.blake3, n, sha, out.digest)
+                n, sha = received_bytes.copy_bounded(iter(lambda: f.read(1 << 20), b""), out, layer.size,
+                                                     layer.sha256, self.where, NoProgress())
+            received_bytes.check_received(self.where, layer.sha256, layer.size, layer.blake3, n, sha, out.digest)
         except IntegrityError:
             self.staging.drop(layer.blake3)
             return None
@@ -172,7 +134,7 @@ class Receiver:
         return b"".join(out.held) if out.held is not None else b""
 
     def fetch(self, layer: Layer) -> bytes:
-        data = _checked(self.source.blob(layer.sha256, layer.size), layer, layer.blake3, self.where)
+        data = received_bytes.checked(self.source.blob(layer.sha256, layer.size), layer, layer.blake3, self.where)
         with self._count_lock:  # fetches run on the source's threads
             self.downloaded += 1
             self.bytes += len(data)
@@ -185,8 +147,8 @@ class Receiver:
         fails any check leaves nothing staged."""
         digest = layer.sha256
         with self.staging.incoming() as blob:
-            n, sha = copy_bounded(chunks, blob, layer.size, digest, self.where, self.progress)
-            _check_received(self.where, digest, layer.size, layer.blake3, n, sha, blob.digest)
+            n, sha = received_bytes.copy_bounded(chunks, blob, layer.size, digest, self.where, self.progress)
+            received_bytes.check_received(self.where, digest, layer.size, layer.blake3, n, sha, blob.digest)
             blob.keep()
         self.downloaded += 1
         self.bytes += n
@@ -256,7 +218,7 @@ class Receiver:
     def run(self) -> ReceiveResult:
         started = time.perf_counter()
         cfg = self.manifest.config
-        config = parse_config(_checked(self.source.blob(cfg.digest, cfg.size), cfg, None, self.where),
+        config = parse_config(received_bytes.checked(self.source.blob(cfg.digest, cfg.size), cfg, None, self.where),
                               f"{self.where} config")
         self.downloaded += 1
         self.bytes += cfg.size
@@ -435,17 +397,3 @@ def recover(store: StoreDir, intent: Intent, seen: Seen) -> Recovery:
         store.names.set("compositions", dg.hex_of(comp.id), record)
     return Recovery(f"interrupted receive of {what} (all its blobs are stored)",
                     "finish it: set its names and composition record", finish)
-
-
-def copy_bounded(chunks, out, size: int, digest: str, where: str, progress: Progress) -> tuple[int, str]:
-    """Copy a blob's chunks to `out` as they arrive, refused at the first byte past the `size`
-    its descriptor gives (a longer body never lands whole): (bytes copied, "sha256:<hex>")."""
-    n, sha = 0, hashlib.sha256()
-    for chunk in chunks:
-        n += len(chunk)
-        if n > size:
-            raise IntegrityError(f"{where}: blob {digest[:19]} is longer than the {size} bytes its descriptor says")
-        sha.update(chunk)
-        out.write(chunk)
-        progress.advance(len(chunk))
-    return n, SHA256 + sha.hexdigest()
