@@ -54,9 +54,10 @@ class StoreFollow:
     def follow_as_asked(self, reference: str | None, *, status: bool = False, clear_bad: bool = False,
                         digest: str | None = None, forget: bool = False, insecure: bool = False,
                         interval: str | None = None, once: bool = False, timeout_s: float = 60.0,
-                        on_round: Callable[[FollowRound | None, SlmError | None], None] | None = None) -> object:
+                        on_round: Callable[[FollowRound | None, SlmError | None], None] | None = None,
+                        stop: threading.Event | None = None) -> object:
         """`slm follow`'s options as one call: --status, --clear-bad [--digest], --forget (each
-        alone), else follow `reference` (follow_options: those of `follow`). The result: a
+        alone), else follow `reference` (the other options: those of `follow`). The result: a
         FollowStatus, {"cleared": n}, {"forgotten": true}, or follow's (a FollowRound with `once`)."""
         actions = [n for n, on in (("--status", status), ("--clear-bad", clear_bad), ("--forget", forget)) if on]
         if len(actions) > 1:
@@ -73,4 +74,4 @@ class StoreFollow:
         if reference is None:
             raise UsageError("name the registry tag to follow (HOST[:PORT]/REPO:TAG)")
         return self.follow(reference, insecure=insecure, interval=interval, once=once, timeout_s=timeout_s,
-                           on_round=on_round)
+                           on_round=on_round, stop=stop)

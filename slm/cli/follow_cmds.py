@@ -2,7 +2,9 @@
 
 No `from __future__ import annotations` in slm/cli (typer reads the annotations)."""
 
+import signal
 import sys
+import threading
 from typing import Optional
 
 import typer
@@ -52,9 +54,13 @@ def follow(
         else:
             print(f"error: {render.printable(' '.join(str(error).split()))}", flush=True)
 
+    # SIGTERM (systemctl stop) ends the loop once the round in progress is over: a trial is not
+    # cut short to be counted as a death (the unit's TimeoutStopSec bounds the wait)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     result = open_store(ctx).follow_as_asked(
         reference, status=status, clear_bad=clear_bad, digest=digest, forget=forget, insecure=insecure,
-        interval=interval, once=once, timeout_s=timeout, on_round=on_round)
+        interval=interval, once=once, timeout_s=timeout, on_round=on_round, stop=stop)
     if result is None:  # the loop ended (it runs until stopped)
         return
     printer = {"FollowStatus": render_dist.follow_status, "FollowRound": render_dist.follow_round}.get(

@@ -259,3 +259,42 @@ def test_require_certificate_fails_a_trial_without_one_and_passes_a_certified_on
     r, out = _round(cli, dev, ref)
     assert (r.code, out["outcome"], out["composition"]) == (0, "updated", v1), out
     assert [c["status"] for c in out["health"]["checks"] if c["name"] == "certificate"] == ["passed"]
+
+
+def test_sigterm_ends_the_loop_once_the_round_in_progress_is_over(cli, tmp_path, publisher, registry):  # noqa: F811
+    """systemctl stop during a trial: the trial finishes its checks and is marked good, it is not
+    cut short to be counted as a death at the next start."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = "fleet/sigterm"
+    ref = f"{registry.host}/{repo}:prod"
+    v1 = _publish(cli, publisher, registry, repo, "a1", 1)
+    dev = _device(cli, tmp_path, publisher[2])
+    started = tmp_path / "script-started"
+    (dev / "health.d").mkdir()
+    script = dev / "health.d" / "slow"
+    script.write_text(f"#!/bin/sh\ntouch {started}\nsleep 2\nexit 0\n")
+    script.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(dev), "follow", ref, "--interval", "1h",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), proc.stderr.read() if proc.poll() is not None else "the script never started"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    rounds = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert [(r["outcome"], r["composition"]) for r in rounds] == [("updated", v1)]
+    status = _status(cli, dev)
+    assert status["good"]["composition"] == v1 and status["trial"] is None
