@@ -8,7 +8,7 @@ the baseline, AVX2 (x86-64-v3) and AVX-512 (x86-64-v4 + VNNI) levels, whichever 
 them, so that one build runs right on every x86-64 (slm loads the best one the CPU runs); on
 another CPU one variant for the machine that builds it (-march=native). Each variant compiles
 from its own one-line source in slm/model/variants/ (the same unit under another object name),
-the variants in parallel. They are parallelised with OpenMP. The extensions are optional:
+the variants in parallel. The kernels are parallelised with OpenMP. The extensions are optional:
 without a C compiler (or one that refuses a variant's flags) slm installs anyway and runs the
 variants that built, or the NumPy reference kernels (slower, same results within 1e-5).
 

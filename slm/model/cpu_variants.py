@@ -82,7 +82,7 @@ def chosen() -> str | None:
     if wanted not in names:
         problem = f"not one of {', '.join(names)}"
     elif wanted not in built():
-        problem = f"that variant was not built here (the compiler refused its flags); built: {', '.join(built()) or 'none'}"
+        problem = f"that variant was not built (the compiler refused its flags); built: {', '.join(built()) or 'none'}"
     elif wanted not in runnable():
         problem = f"this CPU cannot run that variant; it runs {', '.join(runnable()) or 'none'}"
     else:

@@ -58,8 +58,9 @@ def build_info() -> dict:
         except (OSError, ValueError, KeyError, TypeError):
             built_for = None  # (an extension built before the record existed: rebuild to see it)
     level = next((f for f in LEVELS if built_for and f in built_for), None)
-    return {"extension": path, "variant": None if path is None else cpu_variants.chosen(), "variants_built": cpu_variants.built(),
-            "variants_runnable": cpu_variants.runnable(), "in_use": fused_selected(), "built_for": built_for,
+    return {"extension": path, "variant": None if path is None else cpu_variants.chosen(),
+            "variants_built": cpu_variants.built(), "variants_runnable": cpu_variants.runnable(),
+            "in_use": fused_selected(), "built_for": built_for,
             "simd": level if built_for is None or level else "generic", "cpu": cpu_features()}
 
 

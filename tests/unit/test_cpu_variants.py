@@ -37,7 +37,8 @@ def test_the_kernels_loaded_are_the_variant_slm_cpu_names_else_the_best_this_cpu
     assert cpu_variants.module().__name__ == cpu_variants.MODULE_PREFIX + wanted
     info = kernel_choice.build_info()
     assert info["variant"] == wanted and info["extension"] == kernels_native.LIB._name
-    assert info["variants_runnable"] == cpu_variants.runnable() and set(info["variants_runnable"]) <= set(info["variants_built"])
+    assert info["variants_runnable"] == cpu_variants.runnable()
+    assert set(info["variants_runnable"]) <= set(info["variants_built"])
 
 
 @pytest.mark.skipif(not X86_64, reason="the x86-64 levels")
@@ -71,6 +72,17 @@ def test_slm_cpu_naming_a_variant_this_cpu_cannot_run_is_refused(monkeypatch):
     assert cpu_variants.chosen() == "baseline"
     monkeypatch.delenv(cpu_variants.ENV)
     assert cpu_variants.chosen() == "baseline"
+
+
+@pytest.mark.skipif(not X86_64, reason="the x86-64 levels")
+def test_slm_cpu_naming_a_variant_the_compiler_did_not_build_is_refused(monkeypatch):
+    origin = cpu_variants._origin
+    monkeypatch.setattr(cpu_variants, "_origin", lambda name: None if name == "avx512" else origin(name))
+    monkeypatch.setenv(cpu_variants.ENV, "avx512")
+    with pytest.raises(InvalidInput, match=r"^SLM_CPU='avx512': that variant was not built \(.*\); built: "):
+        cpu_variants.chosen()
+    monkeypatch.delenv(cpu_variants.ENV)
+    assert cpu_variants.chosen() != "avx512"
 
 
 @pytest.mark.parametrize("value", ["avx3", "AVX2", " avx2", "native-ish"])
