@@ -33,6 +33,9 @@ from setuptools.command.build_ext import build_ext
 COMPILE_ARGS = ["-O3", "-fopenmp", "-std=c11", "-ffp-contract=fast", "-fno-wrapv"]
 # (loaded by path: slm is not importable while it is being built)
 VARIANTS = runpy.run_path(os.path.join("slm", "model", "cpu_variants.py"))["variants"]()
+# what an edit rebuilds, and what an sdist carries: every variant's source too, whichever
+# variants this machine builds (an sdist made on x86-64 builds `native` elsewhere)
+DEPENDS = ["slm/model/_qkernels.c", *sorted(glob("slm/model/qkernels/*.[ch]")), *sorted(glob("slm/model/variants/*.c"))]
 
 
 class BuildExtRecordingSimd(build_ext):
@@ -67,7 +70,7 @@ setup(
         Extension(
             f"slm.model._qkernels_{name}",
             sources=[f"slm/model/variants/{name}.c"],
-            depends=["slm/model/_qkernels.c", *sorted(glob("slm/model/qkernels/*.[ch]"))],
+            depends=DEPENDS,
             define_macros=[("SLM_VARIANT", name)],
             extra_compile_args=[*COMPILE_ARGS, *flags],
             extra_link_args=["-fopenmp"],
