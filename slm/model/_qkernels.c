@@ -1,7 +1,9 @@
 /* slm's C kernels: the quantized products, attention and the fused decode step of
  * slm/model/kernels_native.py and slm/model/step_native.py, which load them with ctypes.
  *
- * This file is the one translation unit that setup.py compiles (a unity build): it includes
+ * This file is the one translation unit that setup.py compiles (a unity build), once per CPU
+ * variant (slm/model/cpu_variants.py: the same source under each variant's -march flags, into
+ * the module _qkernels_<SLM_VARIANT>, through the one-line sources of variants/): it includes
  * the kernel sources of slm/model/qkernels/ in dependency order, and adds the Python module
  * glue at the end. One translation unit keeps every helper `static inline` and visible to the
  * compiler at each call site, so the kernels are inlined and vectorised as if written in one
@@ -41,7 +43,8 @@
  *                         slm_geglu
  *   qkernels/step.c       the fused decode step: slm_decode_step, every layer of one token per
  *                         sequence in one parallel region
- *   _qkernels.c (here)    slm_f32_all_finite and the Python module (f32_all_finite)
+ *   _qkernels.c (here)    slm_f32_all_finite and the Python module (f32_all_finite,
+ *                         cpu_supports)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* first, as Python's headers require */
@@ -94,11 +97,42 @@ static PyObject *py_f32_all_finite(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(ok);
 }
 
+/* cpu_supports(name) -> bool: whether this CPU, and the OS's saving of its registers, has a
+ * feature a variant requires (slm/model/cpu_variants.py), by cpuid: the baseline module, which
+ * every x86-64 runs, answers for the others before one is loaded. */
+static PyObject *py_cpu_supports(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL) return NULL;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+#if defined(__clang__) || __GNUC__ < 12 /* (no ISA level names: their defining features) */
+    int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
+             __builtin_cpu_supports("bmi2");
+    int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl");
+#else
+    int v3 = __builtin_cpu_supports("x86-64-v3"), v4 = __builtin_cpu_supports("x86-64-v4");
+#endif
+    if (strcmp(name, "x86-64-v3") == 0) return PyBool_FromLong(v3);
+    if (strcmp(name, "x86-64-v4") == 0) return PyBool_FromLong(v4);
+    if (strcmp(name, "avx512vnni") == 0) return PyBool_FromLong(__builtin_cpu_supports("avx512vnni"));
+#endif
+    return PyErr_Format(PyExc_ValueError, "no CPU feature %s here", name);
+}
+
+#define SLM_STR2(x) #x
+#define SLM_STR(x) SLM_STR2(x)
+#define SLM_CAT2(a, b) a##b
+#define SLM_CAT(a, b) SLM_CAT2(a, b)
+
 static PyMethodDef methods[] = {
     {"f32_all_finite", py_f32_all_finite, METH_O, "Whether the little-endian float32 values in a buffer are all finite."},
+    {"cpu_supports", py_cpu_supports, METH_O, "Whether this CPU has a feature a kernel variant requires."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qkernels",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qkernels_" SLM_STR(SLM_VARIANT),
                                     "C kernels, called through ctypes (and f32_all_finite directly).", -1, methods};
 
-PyMODINIT_FUNC PyInit__qkernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC SLM_CAT(PyInit__qkernels_, SLM_VARIANT)(void) { return PyModule_Create(&module); }

@@ -12,11 +12,10 @@ import functools
 
 @functools.cache
 def _check():
-    try:
-        from slm.model import _qkernels
-    except ImportError:  # not built at install: the NumPy fallback below
-        return None
-    return _qkernels.f32_all_finite
+    from slm.model import cpu_variants
+
+    kernels = cpu_variants.module()  # (None: not built at install; the NumPy fallback below)
+    return None if kernels is None else kernels.f32_all_finite
 
 
 def f32_all_finite(data: bytes) -> bool:

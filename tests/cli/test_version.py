@@ -1,5 +1,6 @@
 """`slm --version` (issue 32): slm's version, the runtime version compositions record, and the
-kernels' build (the SIMD level the C extension was compiled for, as setup.py records it)."""
+kernels' build (the CPU variant loaded, the variants built and runnable, and the SIMD level the
+variant was compiled for, as setup.py records it)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def _cpu_flags() -> set[str] | None:
 def test_version_prints_the_version_the_runtime_and_the_kernel_build(tmp_path):
     import slm
     from slm.compose.composition import RUNTIME
+    from slm.model import cpu_variants
     from slm.model.kernel_choice import library_path
 
     # no store anywhere: --version needs none
@@ -40,16 +42,21 @@ def test_version_prints_the_version_the_runtime_and_the_kernel_build(tmp_path):
     assert info["version"] == slm.__version__
     assert info["runtime"] == RUNTIME
     assert info["kernels"]["extension"] == library_path()
+    assert info["kernels"]["variant"] == cpu_variants.chosen()
+    assert (info["kernels"]["variants_built"], info["kernels"]["variants_runnable"]) == \
+        (cpu_variants.built(), cpu_variants.runnable())
     assert info["mode"] in ("int8", "exact")
     flags = _cpu_flags()
-    if flags is not None:  # the CPU's SIMD features are what /proc/cpuinfo lists
-        for feature in ("avx2", "avx512f", "fma"):
-            assert (feature in info["kernels"]["cpu"]) == (feature in flags), feature
+    if flags is not None:  # the CPU's SIMD features are what /proc/cpuinfo lists, in its spelling
+        for feature, flag in (("avx2", "avx2"), ("avx512f", "avx512f"), ("fma", "fma"), ("avx512vnni", "avx512_vnni")):
+            assert (feature in info["kernels"]["cpu"]) == (flag in flags), feature
     human = subprocess.run([*SLM, "--version"], capture_output=True, text=True, timeout=HANG_S)
     assert human.returncode == 0
     lines = human.stdout.splitlines()
     assert lines[0] == f"slm {slm.__version__}" and lines[1] == f"runtime slm {RUNTIME['version']}"
     assert lines[2].startswith("kernels: ") and f"numerics mode: {info['mode']}" in lines[2]
+    if info["kernels"]["variant"] is not None:
+        assert f"variant {info['kernels']['variant']} of {' '.join(cpu_variants.built())}," in lines[2]
 
 
 @pytest.mark.parametrize("macros,level,features", [
@@ -64,11 +71,11 @@ def test_the_build_record_names_the_simd_level_the_kernels_were_compiled_for(tmp
                                                                               level, features):
     from slm.model import kernel_choice
 
-    extension = tmp_path / "_qkernels.cpython-311-x86_64-linux-gnu.so"
+    extension = tmp_path / "_qkernels_avx2.cpython-311-x86_64-linux-gnu.so"
     extension.write_bytes(b"")
     monkeypatch.setattr(kernel_choice, "library_path", lambda: str(extension))
     assert kernel_choice.build_info()["built_for"] is None  # built before the record: unknown, not guessed
-    (tmp_path / kernel_choice.BUILD_RECORD).write_text(json.dumps({"flags": ["-march=native"], "macros": macros}))
+    (tmp_path / f"_qkernels_avx2{kernel_choice.BUILD_RECORD}").write_text(json.dumps({"flags": [], "macros": macros}))
     info = kernel_choice.build_info()
     assert (info["simd"], info["built_for"]) == (level, features)
 

@@ -25,9 +25,11 @@ runpy.run_module("slm", run_name="__main__")
 TIMEOUT = 60  # seconds: a hang, not a slow machine
 
 # slm.model's light modules, each written so as not to import NumPy or the executor; the C
-# extension itself checks an adapter's float32 tensors finite (slm.model.finite)
+# extension itself (a CPU variant's module, slm.model.cpu_variants, which asks the baseline one
+# what the CPU supports) checks an adapter's float32 tensors finite (slm.model.finite)
 MODEL_MODULES_ALLOWED = {"slm.model", "slm.model.finite", "slm.model.kernel_choice", "slm.model.modes",
-                         "slm.model._qkernels"}
+                         "slm.model.cpu_variants", "slm.model._qkernels_baseline", "slm.model._qkernels_avx2",
+                         "slm.model._qkernels_avx512", "slm.model._qkernels_native"}
 
 
 @pytest.fixture(scope="module")
