@@ -153,7 +153,7 @@ def entries_table(entries: list[dict]) -> None:
         out().print("the store is empty; import a base with `slm import base PATH --name NAME`")
         return
     table = _table()
-    for col in ("KIND", "NAME", "DIGEST", "DETAILS"):
+    for col in ("KIND", "NAME", "DIGEST", "NAMED", "DETAILS"):
         table.add_column(col)
     for e in entries:
         if "error" in e:
@@ -166,8 +166,9 @@ def entries_table(entries: list[dict]) -> None:
             details = (f"{e['adapter_kind']}{rank} ({e['source_format']}), {e['targets']} targets, "
                        f"{human_bytes(e['bytes'])}")
         else:
-            details = " + ".join([e["base"], *e["adapters"]]) + ("  [bold](active)[/]" if e["active"] else "")
-        table.add_row(e["kind"], e["name"], dg.short(e["digest"]) if e["digest"] else "-", details)
+            details = e["spec"] + ("  [bold](active)[/]" if e["active"] else "")
+        table.add_row(e["kind"], e["name"], dg.short(e["digest"]) if e["digest"] else "-",
+                      ", ".join(e.get("names", [])), details)
     out().print(table)
 
 
@@ -215,6 +216,7 @@ def status(info: dict) -> None:
         out().print("nothing is active; run `slm activate BASE [ADAPTER[@WEIGHT]...]`")
     else:
         transition({"changed": True, "active": info["active"]})
+        out().print(f"  spec {info['spec']}" + (f"; named {', '.join(info['names'])}" if info["names"] else ""))
     if info["interrupted_transaction"] or info["torn_reflog_tail"]:
         err().print("[red]an interrupted transaction needs `slm fsck --repair`[/]")
 
@@ -226,7 +228,9 @@ def reflog(entries: list[dict]) -> None:
         table.add_column(col)
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(str(e["seq"]), when, e["op"], *dg.short_pair(e["old"] or "-", e["new"] or "-"))
+        ids = dg.short_pair(e["old"] or "-", e["new"] or "-")
+        table.add_row(str(e["seq"]), when, e["op"], *(" ".join([i, *names]) for i, names in
+                                                        zip(ids, (e["old_names"], e["names"]))))
     out().print(table)
 
 

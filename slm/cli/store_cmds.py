@@ -75,7 +75,8 @@ def activate(
     base: Optional[str] = typer.Argument(
         None, metavar="[BASE|SPEC]",
         help="The base (name or digest) followed by adapters, or alone any composition spec: a tag, "
-             "BASE+ADAPTER[@WEIGHT]..., an id or 6+ hex prefix, @active~N, a pulled HOST/repo:tag."),
+             "BASE+ADAPTER[@WEIGHT]..., an id or 6+ hex prefix, @active~N, NAME@{N} (a name's N-th "
+             "previous target), a pulled HOST/repo:tag."),
     adapters: Optional[list[str]] = typer.Argument(
         None, metavar="[ADAPTER[@WEIGHT]]...",
         help="Adapters in load order, each with an optional weight: a decimal number in ASCII digits "
@@ -109,7 +110,7 @@ def rollback(
     ctx: typer.Context,
     steps: Optional[int] = typer.Option(None, "-n", parser=integer, help="Go back N transitions (default 1)."),
     to: Optional[str] = typer.Option(None, "--to", metavar="SPEC",
-                                     help="Go back to this composition (an id, a tag, @active~N...)."),
+                                     help="Go back to this composition (an id, a tag, @active~N, prod@{1}...)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Make an earlier composition active again (itself a logged transition)."""
