@@ -365,6 +365,9 @@ def gc_plan(plan: dict) -> None:
         f"{len(plan['composition_records'])} composition records, "
         f"{len(plan['cache_dirs'])} prefix-cache folders; keep {plan['kept_blobs']} blobs"
     )
+    if plan["active_log_expired"]:
+        out().print(f"  expire the {plan['active_log_expired']} oldest entries of logs/active (kept: the newest "
+                    f"{plan['active_log_keep']} and any newer than {plan['active_log_expiry_s'] / 86400:g} days)")
     for b in plan["blobs"][:20]:
         out().print(f"  blob {dg.short(b['digest'])}  {human_bytes(b['bytes'])}")
     if len(plan["blobs"]) > 20:
@@ -377,7 +380,8 @@ def gc_done(result: dict) -> None:
         out().print("dry run: nothing removed")
     else:
         out().print(f"freed {len(result['blobs'])} blobs ({human_bytes(result['bytes'])}), "
-                    f"{len(result['composition_records'])} composition records")
+                    f"{len(result['composition_records'])} composition records; expired "
+                    f"{result['active_log_expired']} entries of logs/active")
 
 
 @sanitized(markup=True)
