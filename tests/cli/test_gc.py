@@ -77,9 +77,10 @@ def clock(monkeypatch):
 
 
 def _adapter_blobs(store: StoreDir, name: str) -> set[str]:
+    """An adapter's manifest and tensor blobs (the first target its name's log records)."""
     from slm.compose.adapter_manifest import parse_adapter_manifest
 
-    digest = store.names.resolve("adapters", name)
+    digest = store.names.log("adapters", name).entries()[0].new
     return {digest} | set(parse_adapter_manifest(store.objects.read_verified(digest)).blob_digests())
 
 
@@ -113,7 +114,8 @@ def test_a_year_of_daily_switches_among_20_adapters_keeps_only_what_the_policy_o
     for i, lora in enumerate(twenty[1]):
         clock.now = START + (20 * i - 0.5) * DAY
         api.import_adapter(lora, f"a{i}")
-    blobs = {f"a{i}": _adapter_blobs(api._s, f"a{i}") for i in range(20)}
+    store = StoreDir.open(store_dir)
+    blobs = {f"a{i}": _adapter_blobs(store, f"a{i}") for i in range(20)}
     for k in range(400):
         i = k // 20
         clock.now = START + k * DAY
@@ -128,13 +130,13 @@ def test_a_year_of_daily_switches_among_20_adapters_keeps_only_what_the_policy_o
                     api.rm(prev)
             api.rm(prev, force=prev == "a5")
     clock.now = START + 400 * DAY
-    before = len(list(api._s.objects.digests()))
+    before = len(list(store.objects.digests()))
     assert api.gc(dry_run=True).active_log_expired == 300
 
     done = api.gc()
     kept = {f"a{i}" for i in (5, 14, 15, 16, 17, 18, 19)}  # tagged; the rollback window; named
     freed = set(blobs) - kept
-    left = set(api._s.objects.digests())
+    left = set(store.objects.digests())
     assert all(blobs[a] <= left for a in kept)
     assert all(not blobs[a] & left for a in freed)
     assert done.active_log_expired == 300 and len(api.log()) == 100
@@ -163,7 +165,7 @@ def test_retention_keeps_the_newest_entries_and_what_they_name(twenty, tmp_path,
     assert cli(*s, "rm", "a0").code == 0 and cli(*s, "rm", "a1").code == 0
     assert cli(*s, "gc", "--prune-now", "--json").json()["active_log_expired"] == 0  # all young: kept
     store = StoreDir.open(store_dir)
-    a0, a1 = _adapter_blobs_of_log(store, "a0"), _adapter_blobs_of_log(store, "a1")
+    a0, a1 = _adapter_blobs(store, "a0"), _adapter_blobs(store, "a1")
     before = snapshot(store_dir)
     dry = cli(*s, "gc", "--prune-now", "--keep-active", "2", "--expire-active", "now", "--dry-run", "--json").json()
     assert dry["active_log_expired"] == 3 and snapshot(store_dir) == before
@@ -179,13 +181,6 @@ def test_retention_keeps_the_newest_entries_and_what_they_name(twenty, tmp_path,
     assert cli(*s, "gc", "--keep-active", "0", "--expire-active", "now", "--json").json()["active_log_expired"] == 2
     assert len(cli(*s, "log", "--json").json()) == 1, "the active composition's entry always stays"
     assert cli(*s, "fsck").code == 0 and cli(*s, "status").code == 0
-
-
-def _adapter_blobs_of_log(store: StoreDir, name: str) -> set[str]:
-    from slm.compose.adapter_manifest import parse_adapter_manifest
-
-    digest = store.names.log("adapters", name).entries()[0].new
-    return {digest} | set(parse_adapter_manifest(store.objects.read_verified(digest)).blob_digests())
 
 
 def test_retention_comes_from_config_and_bad_values_are_refused(twenty, tmp_path, clock, cli):

@@ -75,7 +75,7 @@ def scenarios(t: dict) -> list[Scenario]:
         Scenario("import-adapter-move", (("activate", "tf"),), ("import", "adapter", lora4, "--name", "a1")),
         Scenario("tag", (("activate", "tf"),), ("tag", "t1", "tq+a1@0.5+a2")),
         Scenario("tag-move", (("tag", "t1", "tq"),), ("tag", "t1", "tf+a2")),
-        Scenario("rm", (("tag", "t1", "tq+a2"),), ("rm", "a2")),
+        Scenario("rm", (("tag", "t1", "tq+a2"),), ("rm", "--force", "a2")),  # t1 uses a2
         Scenario("mv", (("activate", "tf"),), ("mv", "a2", "b2")),
         Scenario("gc-prune-now", (("rm", "a2"),), ("gc", "--prune-now")),
         # gc's retention of logs/active: the reflog rewritten to its newest line (one atomic

@@ -21,8 +21,8 @@ from slm.compose.composition import Composition, stamped
 from slm.errors import InUse, InvalidInput, NeedsRecovery, NotFound, SlmError
 from slm.ops.results import NameMove
 from slm.ops.store.resolve import MIN_PREFIX, reads_as_digest
-from slm.ops.store.suggest import did_you_mean
 from slm.ops.store import versions
+from slm.ops.store.suggest import did_you_mean
 from slm.ops.store.versions import KIND_LABEL
 from slm.store import StoreDir, fs
 from slm.store import digest as dg

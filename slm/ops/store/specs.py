@@ -12,8 +12,8 @@ API and the server), and the one resolver that turns it into a Composition.
     -f manifest.toml         a composition manifest, where a verb takes a file
 
 A malformed `@active~N` or `NAME@{N}` (not a count of ASCII digits) is InvalidInput; one past
-its log NotFound. Names win over ids (as in resolve.resolve). A spec that names nothing fails with NotFound and
-the close names ("did you mean"). Resolving writes nothing.
+its log NotFound. Names win over ids (as in resolve.resolve). A spec that names nothing fails
+with NotFound and the close names ("did you mean"). Resolving writes nothing.
 """
 
 from __future__ import annotations
