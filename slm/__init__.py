@@ -27,7 +27,7 @@ _EXPORTS = {
     "NumericsError": "slm.errors", "Switched": "slm.errors", "IOFailure": "slm.errors",
     "CommittedIncomplete": "slm.errors", "ShuttingDown": "slm.errors", "RollbackRefused": "slm.errors",
     "EquivocationRefused": "slm.errors", "StatementExpired": "slm.errors", "WrongTarget": "slm.errors",
-    "Unhealthy": "slm.errors",
+    "Unhealthy": "slm.errors", "InUse": "slm.errors",
     "keep_freed_memory": "slm.model.allocator", "version_info": "slm.ops.about",
 }
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -228,12 +228,15 @@ class Store(StoreNames, StoreFollow):
         return fsck.fsck(self._s, repair, progress)
 
     def gc(self, dry_run: bool = False, on_plan: Callable[[GcPlan], None] | None = None,
-           prune_now: bool = False) -> GcPlan:
-        """Remove what nothing reaches: kept are every name, every name's reflog entry newer than
-        config.toml's gc.reflog_expiry (prune_now: none of them), refs/active and its reflog."""
+           prune_now: bool = False, keep_active: int | None = None, expire_active: str | None = None) -> GcPlan:
+        """Expire old entries of logs/active (config.toml's gc.active_log_keep and
+        gc.active_log_expiry, or `keep_active` entries and `expire_active` "90d"/"now" for this
+        run), then remove what nothing reaches: kept are every name, every name's reflog entry
+        newer than gc.reflog_expiry (prune_now: none of them), refs/active and what the kept
+        entries of its reflog name."""
         from slm.ops.store import gc
 
-        return gc.gc(self._s, dry_run, on_plan, prune_now)
+        return gc.gc(self._s, dry_run, on_plan, prune_now, keep_active, expire_active)
 
     # -- distribution (docs/distribution.md) ---------------------------------------------------
     def export(self, ref: Composition | str | None, out: str | os.PathLike, format: str = "slm",

@@ -22,11 +22,13 @@ class StoreNames:
 
         return naming.tag(self._s, name, spec if isinstance(spec, Composition) else self.composition(spec))
 
-    def rm(self, name: str) -> NameMove:
-        """Remove a name; its history stays (`name_log`), its objects until gc expires it."""
+    def rm(self, name: str, force: bool = False) -> NameMove:
+        """Remove a name; its history stays (`name_log`), its objects until gc expires it. A
+        base or adapter the active composition, a tag or a pulled reference uses raises InUse
+        unless `force`."""
         from slm.ops.store import naming
 
-        return naming.rm(self._s, name)
+        return naming.rm(self._s, name, force)
 
     def mv(self, old: str, new: str) -> list[NameMove]:
         """Rename: `new` takes `old`'s object, then `old` goes."""

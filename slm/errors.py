@@ -29,6 +29,7 @@ class ExitCode(IntEnum):
     EXPIRED = 16  # a signed statement's expiry has passed (a freeze)
     WRONG_TARGET = 17  # a signed statement is for another repository, tag or composition
     UNHEALTHY = 18  # `slm health`: a health check of the composition failed
+    IN_USE = 19  # `slm rm NAME`: the active composition or a tag uses it (--force removes it)
 
 
 class SlmError(Exception):
@@ -143,3 +144,10 @@ class Unhealthy(SlmError):
     """A health check of a composition failed (`slm health`; the report says which and why)."""
 
     code = ExitCode.UNHEALTHY
+
+
+class InUse(SlmError):
+    """`slm rm NAME` of a base or adapter the active composition or a tag uses: refused unless
+    forced (nothing is lost either way: the objects stay while the composition is reachable)."""
+
+    code = ExitCode.IN_USE

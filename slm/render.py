@@ -158,7 +158,7 @@ def entries_table(entries: list[dict]) -> None:
         out().print("the store is empty; import a base with `slm import base PATH --name NAME`")
         return
     table = _table()
-    for col in ("KIND", "NAME", "DIGEST", "DETAILS"):
+    for col in ("KIND", "NAME", "DIGEST", "NAMED", "DETAILS"):
         table.add_column(col)
     for e in entries:
         if "error" in e:
@@ -171,8 +171,9 @@ def entries_table(entries: list[dict]) -> None:
             details = (f"{e['adapter_kind']}{rank} ({e['source_format']}), {e['targets']} targets, "
                        f"{human_bytes(e['bytes'])}")
         else:
-            details = " + ".join([e["base"], *e["adapters"]]) + ("  [bold](active)[/]" if e["active"] else "")
-        table.add_row(e["kind"], e["name"], dg.short(e["digest"]) if e["digest"] else "-", details)
+            details = e["spec"] + ("  [bold](active)[/]" if e["active"] else "")
+        table.add_row(e["kind"], e["name"], dg.short(e["digest"]) if e["digest"] else "-",
+                      ", ".join(e.get("names", [])), details)
     out().print(table)
 
 
@@ -220,6 +221,7 @@ def status(info: dict) -> None:
         out().print("nothing is active; run `slm activate BASE [ADAPTER[@WEIGHT]...]`")
     else:
         transition({"changed": True, "active": info["active"]})
+        out().print(f"  spec {info['spec']}" + (f"; named {', '.join(info['names'])}" if info["names"] else ""))
     if info["interrupted_transaction"] or info["torn_reflog_tail"]:
         err().print("[red]an interrupted transaction needs `slm fsck --repair`[/]")
 
@@ -231,7 +233,9 @@ def reflog(entries: list[dict]) -> None:
         table.add_column(col)
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(str(e["seq"]), when, e["op"], *dg.short_pair(e["old"] or "-", e["new"] or "-"))
+        ids = dg.short_pair(e["old"] or "-", e["new"] or "-")
+        table.add_row(str(e["seq"]), when, e["op"], *(" ".join([i, *names]) for i, names in
+                                                        zip(ids, (e["old_names"], e["names"]))))
     out().print(table)
 
 
@@ -370,6 +374,9 @@ def gc_plan(plan: dict) -> None:
         f"{len(plan['cache_dirs'])} prefix-cache folders, "
         f"{len(plan['pull_stagings'])} abandoned pull stagings; keep {plan['kept_blobs']} blobs"
     )
+    if plan["active_log_expired"]:
+        out().print(f"  expire the {plan['active_log_expired']} oldest entries of logs/active (kept: the newest "
+                    f"{plan['active_log_keep']} and any newer than {plan['active_log_expiry_s'] / 86400:g} days)")
     for b in plan["blobs"][:20]:
         out().print(f"  blob {dg.short(b['digest'])}  {human_bytes(b['bytes'])}")
     if len(plan["blobs"]) > 20:
@@ -382,7 +389,8 @@ def gc_done(result: dict) -> None:
         out().print("dry run: nothing removed")
     else:
         out().print(f"freed {len(result['blobs'])} blobs ({human_bytes(result['bytes'])}), "
-                    f"{len(result['composition_records'])} composition records")
+                    f"{len(result['composition_records'])} composition records; expired "
+                    f"{result['active_log_expired']} entries of logs/active")
 
 
 @sanitized(markup=True)

@@ -14,7 +14,8 @@ def tag(
     name: str = typer.Argument(..., help="The tag: a new name, or an existing tag to move."),
     spec: str = typer.Argument(
         ..., metavar="SPEC",
-        help="The composition: BASE+ADAPTER[@WEIGHT]..., a tag, an id or prefix, @active[~N], HOST/repo:tag."),
+        help="The composition: BASE+ADAPTER[@WEIGHT]..., a tag, an id or prefix, @active[~N], NAME@{N}, "
+             "HOST/repo:tag."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Name a composition (validated as activating it would be); an existing tag moves."""
@@ -25,10 +26,14 @@ def tag(
 def rm(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="A base, adapter, tag or pulled reference name."),
+    force: bool = typer.Option(
+        False, "--force",
+        help="Remove a base or adapter even if the active composition, a tag or a pulled reference "
+             "uses it (without it: exit 19)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Remove a name; its log stays, its objects until `slm gc` expires them."""
-    show_result(open_store(ctx).rm(name), json_out, render.name_move)
+    show_result(open_store(ctx).rm(name, force), json_out, render.name_move)
 
 
 @app.command()

@@ -75,7 +75,8 @@ def activate(
     base: Optional[str] = typer.Argument(
         None, metavar="[BASE|SPEC]",
         help="The base (name or digest) followed by adapters, or alone any composition spec: a tag, "
-             "BASE+ADAPTER[@WEIGHT]..., an id or 6+ hex prefix, @active~N, a pulled HOST/repo:tag."),
+             "BASE+ADAPTER[@WEIGHT]..., an id or 6+ hex prefix, @active~N, NAME@{N} (a name's N-th "
+             "previous target), a pulled HOST/repo:tag."),
     adapters: Optional[list[str]] = typer.Argument(
         None, metavar="[ADAPTER[@WEIGHT]]...",
         help="Adapters in load order, each with an optional weight: a decimal number in ASCII digits "
@@ -109,7 +110,7 @@ def rollback(
     ctx: typer.Context,
     steps: Optional[int] = typer.Option(None, "-n", parser=integer, help="Go back N transitions (default 1)."),
     to: Optional[str] = typer.Option(None, "--to", metavar="SPEC",
-                                     help="Go back to this composition (an id, a tag, @active~N...)."),
+                                     help="Go back to this composition (an id, a tag, @active~N, prod@{1}...)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Make an earlier composition active again (itself a logged transition)."""
@@ -152,12 +153,22 @@ def gc(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; remove nothing."),
     prune_now: bool = typer.Option(
         False, "--prune-now",
-        help="Keep only what names point at now (and the active reflog): old targets in names' "
-             "reflogs go at once, not after gc.reflog_expiry (config.toml, default 90d)."),
+        help="Keep only what names point at now (and the active reflog's kept entries): old targets "
+             "in names' reflogs go at once, not after gc.reflog_expiry (config.toml, default 90d)."),
+    keep_active: Optional[int] = typer.Option(
+        None, "--keep-active", metavar="N", parser=integer,
+        help="Keep the newest N entries of the active reflog whatever their age (default: "
+             "gc.active_log_keep, 100)."),
+    expire_active: Optional[str] = typer.Option(
+        None, "--expire-active", metavar="AGE|now",
+        help="Drop older entries of the active reflog once this old (90d, 12h, now; default: "
+             "gc.active_log_expiry, 90d). The last entry is always kept."),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Remove blobs and records that no name, ref or reflog line can reach."""
-    result = open_store(ctx).gc(dry_run, on_plan=None if json_out else render.gc_plan, prune_now=prune_now)
+    """Expire old entries of the active reflog, then remove blobs and records that no name, ref
+    or kept reflog line can reach."""
+    result = open_store(ctx).gc(dry_run, on_plan=None if json_out else render.gc_plan, prune_now=prune_now,
+                                keep_active=keep_active, expire_active=expire_active)
     show_result(result, json_out, render.gc_done)
 
 

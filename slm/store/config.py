@@ -13,7 +13,9 @@
                                        (slm.ops.infer.prefix_cache; 0 keeps none)
   [gc]
     reflog_expiry = "90d"              how long a name's old targets stay reachable through its
-                                       reflog (s, m, h, d or w; a bare number is days)
+                                       reflog (s, m, h, d or w; a bare number is days; "now")
+    active_log_keep = 100              entries of logs/active `slm gc` always keeps
+    active_log_expiry = "90d"          the age past which older entries of logs/active go
 
 Every key slm does not know, and every known key in the wrong place, is refused (InvalidInput,
 exit 4) naming the key, the table it is in and where it belongs. Nothing is ignored: TOML puts
@@ -68,6 +70,9 @@ SCHEMA: dict[str, dict[str, tuple]] = {
     },
     "gc": {
         "reflog_expiry": (lambda v: isinstance(v, str) or _is_number(v), 'a duration such as "90d" or "12h"'),
+        "active_log_keep": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                            "a whole number of entries, 0 or more"),
+        "active_log_expiry": (lambda v: isinstance(v, str) or _is_number(v), 'a duration such as "90d" or "12h"'),
     },
     "follow": {
         "interval": (lambda v: isinstance(v, str) or _is_number(v), 'a duration such as "5m" or "30s"'),
@@ -181,21 +186,39 @@ def lock_timeout(config: dict) -> float:
 
 
 DEFAULT_REFLOG_EXPIRY = "90d"
+DEFAULT_ACTIVE_LOG_KEEP = 100
+DEFAULT_ACTIVE_LOG_EXPIRY = "90d"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def reflog_expiry_s(config: dict) -> float:
-    """gc.reflog_expiry from config.toml in seconds (default 90 days, as git's): "90d", "12h",
-    "30m", "45s", "2w", or a bare number of days; 0 keeps no old target."""
+def _gc_setting(config: dict, key: str, default):
     table = config.get("gc", {})
-    value = table.get("reflog_expiry", DEFAULT_REFLOG_EXPIRY) if isinstance(table, dict) else None
-    return duration_s(value, "gc.reflog_expiry")
+    return table.get(key, default) if isinstance(table, dict) else None
+
+
+def reflog_expiry_s(config: dict) -> float:
+    """gc.reflog_expiry from config.toml in seconds (default 90 days, as git's)."""
+    return duration_s(_gc_setting(config, "reflog_expiry", DEFAULT_REFLOG_EXPIRY), "config.toml: gc.reflog_expiry")
+
+
+def active_log_expiry_s(config: dict) -> float:
+    """gc.active_log_expiry from config.toml in seconds (default 90 days)."""
+    return duration_s(_gc_setting(config, "active_log_expiry", DEFAULT_ACTIVE_LOG_EXPIRY),
+                      "config.toml: gc.active_log_expiry")
+
+
+def active_log_keep(config: dict) -> int:
+    """gc.active_log_keep from config.toml (default 100; its type checked by check_config)."""
+    return int(_gc_setting(config, "active_log_keep", DEFAULT_ACTIVE_LOG_KEEP))
 
 
 def duration_s(value, what: str, bare_unit: str = "d") -> float:
     """A duration of config.toml or the command line in seconds: "90d", "12h", "30m", "45s",
-    "2w", or a bare number (of `bare_unit`s); InvalidInput naming `what` otherwise."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    "2w", a bare number (of `bare_unit`s), or "now" (0: nothing is kept for its age; a caller
+    with a lower bound refuses it). InvalidInput naming `what` otherwise."""
+    if value == "now":
+        seconds = 0.0
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value) * _UNITS[bare_unit]
     elif isinstance(value, str) and value[-1:] in _UNITS and value[:-1].replace(".", "", 1).isdigit() \
             and value[:-1].isascii():
@@ -205,8 +228,8 @@ def duration_s(value, what: str, bare_unit: str = "d") -> float:
     else:
         seconds = -1.0
     if not 0 <= seconds < float("inf"):
-        raise InvalidInput(f"{what} must be a duration such as \"90d\", \"12h\", \"30s\" "
-                           f"or a number of {_UNIT_NAMES[bare_unit]}, not {str(value)[:40]!r}")
+        raise InvalidInput(f"{what} must be a duration such as \"90d\", \"12h\", \"30s\", a number of "
+                           f"{_UNIT_NAMES[bare_unit]} or \"now\", not {str(value)[:40]!r}")
     return seconds
 
 

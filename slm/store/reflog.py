@@ -121,7 +121,8 @@ class Reflog:
         return out
 
     def rewrite(self, entries: list[Entry]) -> None:
-        """Replace the whole reflog atomically (fsck --repair only)."""
+        """Replace the whole reflog atomically: old or new after a crash, never a mix
+        (`slm fsck --repair` rebuilding it, `slm gc` expiring its oldest entries)."""
         fs.atomic_replace(self.path, b"".join(encode(e) for e in entries))
 
     def entries(self) -> list[Entry]:

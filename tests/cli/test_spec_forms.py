@@ -1,8 +1,8 @@
 """One spec grammar everywhere (issue 32): every verb that takes a composition accepts every
 form of slm.ops.store.specs, and each form names the same composition in every verb.
 
-Forms: a tag, an id prefix, BASE+ADAPTER@W, @active, @active~N, a pulled HOST/repo:tag, and
--f manifest.toml where the verb takes a file. The registry is a real docker-registry on
+Forms: a tag, a tag's version (NAME@{N}), an id prefix, BASE+ADAPTER@W, @active, @active~N, a
+pulled HOST/repo:tag, and -f manifest.toml where the verb takes a file. The registry is a real docker-registry on
 loopback (tests/distribution/dist_fixtures.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from dist_fixtures import registry  # noqa: F401  (fixture)
 from helpers import copy_store, tiny_store
 
-FORMS = ["tag", "prefix", "base+adapter", "@active", "@active~1", "pulled", "file"]
+FORMS = ["tag", "tag@{1}", "prefix", "base+adapter", "@active", "@active~1", "pulled", "file"]
 VERBS = ["activate", "verify", "export", "push", "show", "rollback", "sign", "tag", "run", "health"]
 TAKES_A_FILE = {"activate"}
 
@@ -27,13 +27,14 @@ def _json(cli, *args):
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, tiny_model, registry):  # noqa: F811
-    """tq + french@0.8 active (after tq+pirate), tagged prod, pushed and pulled back as
-    HOST/names/smol:v1; its manifest written to a file."""
+    """tq + french@0.8 active (after tq+pirate), tagged prod (which named tq+pirate before:
+    prod@{1}), pushed and pulled back as HOST/names/smol:v1; its manifest written to a file."""
     from slm.cli import run
 
     root = tmp_path_factory.mktemp("specs")
     store = tiny_store(root, tiny_model, {"french": 1, "pirate": 2},
-                       [("activate", "tq", "pirate"), ("activate", "tq", "french@0.8"), ("tag", "prod", "@active")])
+                       [("activate", "tq", "pirate"), ("activate", "tq", "french@0.8"), ("tag", "prod", "tq+pirate"),
+                        ("tag", "prod", "@active")])
     pulled = f"{registry.host}/names/smol:v1"
     assert run(["--store", str(store), "push", pulled, "prod"]) == 0
     assert run(["--store", str(store), "pull", pulled]) == 0
@@ -51,6 +52,8 @@ def _spec(form: str, template, ids) -> tuple[list[str], str]:
     """(the arguments that name the composition, the key of its expected id)."""
     if form == "tag":
         return ["prod"], "now"
+    if form == "tag@{1}":
+        return ["prod@{1}"], "before"
     if form == "prefix":
         return [ids["now"][7:19]], "now"
     if form == "base+adapter":

@@ -75,9 +75,13 @@ def scenarios(t: dict) -> list[Scenario]:
         Scenario("import-adapter-move", (("activate", "tf"),), ("import", "adapter", lora4, "--name", "a1")),
         Scenario("tag", (("activate", "tf"),), ("tag", "t1", "tq+a1@0.5+a2")),
         Scenario("tag-move", (("tag", "t1", "tq"),), ("tag", "t1", "tf+a2")),
-        Scenario("rm", (("tag", "t1", "tq+a2"),), ("rm", "a2")),
+        Scenario("rm", (("tag", "t1", "tq+a2"),), ("rm", "--force", "a2")),  # t1 uses a2
         Scenario("mv", (("activate", "tf"),), ("mv", "a2", "b2")),
         Scenario("gc-prune-now", (("rm", "a2"),), ("gc", "--prune-now")),
+        # gc's retention of logs/active: the reflog rewritten to its newest line (one atomic
+        # replace), then what only the dropped lines reached removed (tq+a1, tq+a2, a2's blobs)
+        Scenario("gc-retention", (("activate", "tq", "a2"), ("activate", "tf"), ("activate", "tq"), ("rm", "a2")),
+                 ("gc", "--prune-now", "--keep-active", "1", "--expire-active", "now")),
     ]
 
 
@@ -155,10 +159,12 @@ def _env() -> dict:
 
 @contextmanager
 def frozen_clock():
-    """Reflog times and composition stamps from a fixed clock: the same bytes in every run."""
+    """Reflog times, gc's now and composition stamps from a fixed clock: the same bytes and the
+    same retention decisions in every run."""
     import datetime as real_datetime
 
     from slm.compose import composition
+    from slm.ops.store import gc
     from slm.store import reflog
 
     class _Clock:
@@ -171,12 +177,12 @@ def frozen_clock():
         def now(cls, tz=None):
             return real_datetime.datetime.fromtimestamp(FIXED_TIME, tz)
 
-    saved = reflog.time, composition.datetime
-    reflog.time, composition.datetime = _Clock, _DateTime
+    saved = reflog.time, gc.time, composition.datetime
+    reflog.time, gc.time, composition.datetime = _Clock, _Clock, _DateTime
     try:
         yield
     finally:
-        reflog.time, composition.datetime = saved
+        reflog.time, gc.time, composition.datetime = saved
 
 
 @contextmanager

@@ -26,7 +26,8 @@ FAIL_FAST = bool(os.environ.get("SLM_DURABILITY_FAIL_FAST"))
 # quickest first: the mutation test stops at the first failure
 NAMES = ["init", "fsck-repair-finish", "fsck-repair-undo", "fsck-repair-quarantine", "fsck-repair-torn",
          "rollback", "activate-first", "activate", "activate-eio", "deactivate", "import-base-fresh", "gc",
-         "import-adapter", "import-base", "rm", "tag", "tag-move", "mv", "gc-prune-now", "import-adapter-move"]
+         "import-adapter", "import-base", "rm", "tag", "tag-move", "mv", "gc-prune-now", "gc-retention",
+         "import-adapter-move"]
 
 
 @pytest.fixture(scope="module")

@@ -187,6 +187,30 @@ def test_a_failing_case_prints_a_replay_that_reproduces_it(matrix_template, tmp_
     assert dm.failure_line(scenario, op, mode, seed, rec, problems) == line
 
 
+def test_the_matrix_catches_a_reflog_rewrite_gc_does_not_make_durable(matrix_template, tmp_path, monkeypatch):
+    """gc's retention rewrites logs/active, then removes what only the dropped lines reached.
+    The gc-retention scenario really drops lines (6 -> 1), and a rewrite planted without the
+    fsync of logs/ (its rename may be lost while the removals that follow are durable) fails
+    the matrix: a log naming compositions that are gone."""
+    from slm.store import reflog
+    from slm.store.reflog import Reflog
+
+    scenario = _scenario(matrix_template, "gc-retention")
+    rec = dm.record(scenario, matrix_template, tmp_path / "rec", [])
+    assert (len(rec.before[1]), len(rec.after[1])) == (6, 1)
+
+    def rewrite_without_dir_fsync(self, entries):
+        tmp = fs.temp_name(self.path.parent, self.path.name)
+        with fs.NewFile(tmp) as f:
+            f.write(b"".join(reflog.encode(e) for e in entries))
+            f.sync_and_close()
+        fs.rename(tmp, self.path)
+    monkeypatch.setattr(Reflog, "rewrite", rewrite_without_dir_fsync)
+    outcome = dm.run_scenario(scenario, matrix_template, tmp_path / "matrix", [("drop-all", 0)], stop_at_first=True)
+    assert outcome.failures, "the planted bug was not found"
+    assert "names" in outcome.failures[0] and "which the store does not have" in outcome.failures[0]
+
+
 def test_power_cut_spec_errors_are_one_line(tmp_path):
     with pytest.raises(UsageError) as e:
         PowerCut.from_spec("powercut@op=x:seed=1:mode=random:root=/tmp")

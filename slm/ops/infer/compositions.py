@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 
 def parse_adapter_spec(spec: str) -> tuple[str, float]:
     """'name' or 'name@0.7' -> (name, weight): the one parser of the CLI's and the server's
-    adapter specs; the weight's grammar is slm.numbers' DECIMAL."""
-    name, sep, weight_text = spec.partition("@")
+    adapter specs; the weight's grammar is slm.numbers' DECIMAL. A version of the name,
+    'name@{2}@0.7', stays with the name (slm.ops.store.versions reads it)."""
+    version_end = spec.find("}") + 1 if spec.find("@{") >= 0 else 0
+    name, sep, weight_text = spec[version_end:].partition("@")
+    name = spec[:version_end] + name
     if not sep:
         return name, 1.0
     return name, parse_weight(weight_text, f"adapter {name}")

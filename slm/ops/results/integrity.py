@@ -64,6 +64,9 @@ class GcPlan(Result):
     dry_run: bool = True
     reflog_expiry_s: float | None = None  # name-reflog entries older than this were not kept
     pull_stagings: tuple[str, ...] = ()  # tmp/pull-<manifest hex>: interrupted pulls' staging, abandoned
+    active_log_expired: int = 0  # the oldest entries of logs/active its retention drops
+    active_log_keep: int | None = None  # the retention applied: the newest entries always kept,
+    active_log_expiry_s: float | None = None  # and the age past which older ones go
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ class Status(Result):
     transitions: int
     torn_reflog_tail: bool
     interrupted_transaction: bool
+    names: tuple[str, ...] = ()  # the tags and pulled references (NAME, NAME@{N}) naming the active one
+    spec: str | None = None  # a spec naming its parts as the store's names spell them now
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class LogEntry(Result):
     old: str | None
     new: str | None  # None: a name's removal (`slm log NAME`)
     time: float
+    names: tuple[str, ...] = ()  # every NAME and NAME@{N} that names `new` now
+    old_names: tuple[str, ...] = ()  # ... and `old`
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from slm.compose.composition import Composition, stamped
 from slm.errors import IntegrityError, InvalidInput, NeedsRecovery, NotFound, UsageError
 from slm.ops.infer import budget, compositions
 from slm.ops.ship import policy
-from slm.ops.store import specs
+from slm.ops.store import specs, versions
 from slm.ops.store.suggest import did_you_mean
 from slm.ops.results import CompositionInfo, Transition
 from slm.store import StoreDir, fs
@@ -200,12 +200,14 @@ def status(store: StoreDir) -> Status:
 
     comp_id = store.active_ref.read()
     entries = store.reflog.read()
-    active_info = CompositionInfo.of(compositions.load(store, comp_id)) if comp_id is not None else None
-    return Status(active_info, len(entries.entries), bool(entries.torn_tail), bool(store.journal.pending()))
+    comp = compositions.load(store, comp_id) if comp_id is not None else None
+    named = versions.spellings(store, ("tags", "remotes")).get(comp_id or "", [])
+    parts = versions.spellings(store, ("bases", "adapters"))
+    return Status(None if comp is None else CompositionInfo.of(comp), len(entries.entries),
+                  bool(entries.torn_tail), bool(store.journal.pending()), tuple(named),
+                  None if comp is None else versions.composition_spec(parts, comp))
 
 
 def log(store: StoreDir) -> list[LogEntry]:
-    """Every transition, newest first."""
-    from slm.ops.results import LogEntry
-
-    return [LogEntry(e.seq, e.op, e.old, e.new, e.time) for e in reversed(store.reflog.entries())]
+    """Every transition, newest first, each id with the tags and pulled references naming it."""
+    return versions.log_entries(store.reflog.entries(), versions.spellings(store, ("tags", "remotes")))

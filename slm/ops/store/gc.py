@@ -1,15 +1,25 @@
-"""`slm gc [--dry-run] [--prune-now]`: remove what nothing can reach; print the plan first.
+"""`slm gc [--dry-run] [--prune-now] [--keep-active N] [--expire-active AGE|now]`: expire
+old entries of logs/active, then remove what nothing can reach; print the plan first.
 
 Retention (git's): kept are what every name points at (bases, adapters, tags, pulled
 references), what every entry of a name's reflog newer than config.toml's gc.reflog_expiry
 (default 90 days; --prune-now: none) pointed at, the active composition and every composition
-in its reflog (so `slm rollback --to` and `@active~N` can reach any of them), with every blob
-those manifests name. Removed: other blobs (an old version of a moved name once its log entry
-expired, what an interrupted import left), composition records nothing keeps, prefix-cache
-entries of compositions that are no longer kept, and the staging an interrupted pull kept for
-resuming once nobody touched it for slm.store.resumable.KEEP_FOR_S (--prune-now: at once).
-Name reflogs are not rewritten: an expired entry stays as history, its object gone.
-lost+found/ is left for the operator.
+an entry of its reflog names after that reflog's own expiry (slm.ops.store.retention: the
+newest gc.active_log_keep entries, default 100, and any newer than gc.active_log_expiry,
+default 90 days), so `slm rollback` and `@active~N` reach every one they can still name; with
+every blob those manifests name. Removed: other blobs (an old version of a moved name once its
+log entry expired, an adapter only expired transitions ran, what an interrupted import left),
+composition records nothing keeps, prefix-cache entries of compositions that are no longer
+kept, and the staging an interrupted pull kept for resuming once nobody touched it for
+slm.store.resumable.KEEP_FOR_S (--prune-now: at once). Name reflogs are not rewritten: an
+expired entry stays as history, its object gone. lost+found/ is left for the operator.
+
+One transaction without undo or commit point (slm.store.transaction: undoable=False): each step
+is final on its own and leaves a consistent store. First the expired entries leave logs/active
+(retention.expire: one atomic replace, durable before the next step), then composition records,
+side records and blobs nothing reaches any more are removed. A crash anywhere leaves the old log
+or the new one and some of the removals done; `slm fsck --repair` clears the intent and the
+next gc finishes the rest.
 """
 
 from __future__ import annotations
@@ -23,12 +33,14 @@ from slm.formats.gguf_frame import parse_frame_record
 from slm.errors import IntegrityError, NeedsRecovery, NotFound
 from slm.ops.infer import compositions
 from slm.ops.results import GcPlan
+from slm.ops.store import retention
 from slm.store import StoreDir
 from slm.store import digest as dg
 from slm.store import fs, resumable
 from slm.store.config import reflog_expiry_s
 from slm.store.journal import Intent, intent_name
 from slm.store.names import NAMED_KINDS, SIDE_KINDS
+from slm.store.reflog import Entry
 from slm.store.transaction import Recovery, Seen
 
 KIND = "gc"  # journal/gc.intent
@@ -48,8 +60,8 @@ def _named_targets(store: StoreDir, expiry_s: float) -> tuple[dict[str, set[str]
     return now, past
 
 
-def _reachable(store: StoreDir, expiry_s: float) -> tuple[set[str], set[str]]:
-    """(blobs to keep, composition ids to keep)."""
+def _reachable(store: StoreDir, expiry_s: float, entries: list[Entry]) -> tuple[set[str], set[str]]:
+    """(blobs to keep, composition ids to keep); `entries`: what logs/active keeps."""
     keep: set[str] = set()
     now, past = _named_targets(store, expiry_s)
 
@@ -79,7 +91,6 @@ def _reachable(store: StoreDir, expiry_s: float) -> tuple[set[str], set[str]]:
     for digest in past["adapters"] - now["adapters"]:
         if store.objects.has(digest):
             adapter(digest)
-    entries = store.reflog.entries()
     comps = {e.new for e in entries} | {e.old for e in entries if e.old} | now["tags"] | now["remotes"]
     comps |= {c for c in past["tags"] | past["remotes"]
               if store.names.get("compositions", dg.hex_of(c)) is not None}
@@ -97,12 +108,16 @@ def _reachable(store: StoreDir, expiry_s: float) -> tuple[set[str], set[str]]:
     return keep, comps
 
 
-def plan(store: StoreDir, prune_now: bool = False) -> GcPlan:
-    if store.journal.pending() or store.reflog.read().torn_tail:
+def plan(store: StoreDir, prune_now: bool = False, keep_active: int | None = None,
+         expire_active: str | None = None) -> GcPlan:
+    log = store.reflog.read()
+    if store.journal.pending() or log.torn_tail:
         raise NeedsRecovery("an earlier transaction was interrupted; run `slm fsck --repair` before gc")
     expiry_s = 0.0 if prune_now else reflog_expiry_s(store.config)
+    rule = retention.policy(store, keep_active, expire_active)
+    dropped = retention.expired(log.entries, rule, time.time())
     try:
-        keep, comps = _reachable(store, expiry_s)
+        keep, comps = _reachable(store, expiry_s, log.entries[dropped:])
     except NotFound as err:  # a reflog line, a name or a record naming what the store lacks
         raise IntegrityError(f"the store is damaged: {err}; gc cannot tell what is reachable "
                              "(run `slm fsck`)") from None
@@ -114,21 +129,25 @@ def plan(store: StoreDir, prune_now: bool = False) -> GcPlan:
     sizes = {d: store.objects.size(d) for d in blobs}
     stagings = resumable.abandoned(store.objects.tmp_dir, 0.0 if prune_now else resumable.KEEP_FOR_S)
     return GcPlan(tuple({"digest": d, "bytes": sizes[d]} for d in blobs), tuple(records), tuple(caches),
-                  sum(sizes.values()), len(keep), reflog_expiry_s=expiry_s,
+                  sum(sizes.values()), len(keep), reflog_expiry_s=expiry_s, active_log_expired=dropped,
+                  active_log_keep=rule.keep, active_log_expiry_s=rule.expiry_s,
                   pull_stagings=tuple(p.name for p in stagings))
 
 
-def gc(store: StoreDir, dry_run: bool = False, on_plan=None, prune_now: bool = False) -> GcPlan:
-    """Remove what nothing reaches (on_plan(plan) is called with the plan first)."""
+def gc(store: StoreDir, dry_run: bool = False, on_plan=None, prune_now: bool = False,
+       keep_active: int | None = None, expire_active: str | None = None) -> GcPlan:
+    """Expire old entries of logs/active, then remove what nothing reaches (on_plan(plan) is
+    called with the plan first)."""
     with store.locked():
-        p = plan(store, prune_now)
+        p = plan(store, prune_now, keep_active, expire_active)
         if on_plan:
             on_plan(p)
         if dry_run:
             return p
-        # each removal is final on its own (all of it unreachable): nothing to undo, no commit
-        # point; an interrupted gc is cleared by `slm fsck --repair` and finished by the next one
+        # each step is final on its own: nothing to undo, no commit point (the module's docstring)
         with store.transaction(intent_name(KIND), "gc", dg.of_bytes(repr(p).encode()), undoable=False):
+            if p.active_log_expired:
+                retention.expire(store, p.active_log_expired)
             for hex_id in p.composition_records:
                 store.names.remove("compositions", hex_id)
             removed = {entry["digest"] for entry in p.blobs}
@@ -149,6 +168,7 @@ def gc(store: StoreDir, dry_run: bool = False, on_plan=None, prune_now: bool = F
 
 
 def recover(store: StoreDir, intent: Intent, seen: Seen) -> Recovery:
-    """An interrupted gc removed only what nothing reaches, each removal final on its own:
-    there is nothing to finish or undo but the intent; the next gc removes the rest."""
+    """An interrupted gc expired old entries of logs/active (the old log or the new one is on
+    disk, whole) and removed only what nothing reaches, each step final on its own: there is
+    nothing to finish or undo but the intent; the next gc removes the rest."""
     return Recovery("an interrupted gc (it removed only unreachable data)", "clear it; run `slm gc` again to finish")

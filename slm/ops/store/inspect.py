@@ -7,7 +7,7 @@ from slm.compose.base_manifest import parse_base_manifest
 from slm.errors import InvalidInput, NotFound, SlmError
 from slm.compose.composition import Composition
 from slm.ops.infer import compositions
-from slm.ops.store import specs
+from slm.ops.store import specs, versions
 from slm.ops.store.resolve import manifest_kind, resolve
 from slm.store import StoreDir
 from slm.store import digest as dg
@@ -18,9 +18,16 @@ def list_entries(store: StoreDir) -> list[dict]:
     in their place: one damaged name does not hide the others (`slm ls`, the server's /v1/models)."""
     out = []
     active = store.active_ref.read()
+    spelled = versions.spellings(store)
+
+    def comp_details(store: StoreDir, comp_id: str) -> dict:
+        c = compositions.load(store, comp_id)
+        return {"base": c.base_name or dg.short(c.base),
+                "adapters": [f"{a.name}@{a.weight:g}" for a in c.adapters],
+                "spec": versions.composition_spec(spelled, c)}
     for kind, label, details in (("bases", "base", _base_details), ("adapters", "adapter", _adapter_details),
-                                 ("tags", "tag", _composition_details), ("remotes", "pulled", _composition_details),
-                                 ("compositions", "composition", _composition_details)):
+                                 ("tags", "tag", comp_details), ("remotes", "pulled", comp_details),
+                                 ("compositions", "composition", comp_details)):
         for name, digest, damage in store.names.scan(kind):
             shown = name[:12] if kind == "compositions" else name  # (a composition's name is its id)
             if damage is not None:
@@ -29,7 +36,8 @@ def list_entries(store: StoreDir) -> list[dict]:
             if kind == "compositions":
                 digest = dg.PREFIX + name
             entry = _entry(label, shown, digest, store, details, store.names.committed_at(kind, name))
-            if details is _composition_details:
+            entry["names"] = spelled.get(digest, [])  # every NAME and NAME@{N} naming it now
+            if details is comp_details:
                 entry["active"] = digest == active
             out.append(entry)
     return out
@@ -55,12 +63,6 @@ def _adapter_details(store: StoreDir, digest: str) -> dict:
     m = parse_adapter_manifest(store.objects.read_verified(digest))
     return {"adapter_kind": m.kind, "source_format": m.source_format, "targets": len(m.targets),
             "rank": m.max_rank, "bytes": m.total_bytes}
-
-
-def _composition_details(store: StoreDir, comp_id: str) -> dict:
-    c = compositions.load(store, comp_id)
-    return {"base": c.base_name or dg.short(c.base),
-            "adapters": [f"{a.name}@{a.weight:g}" for a in c.adapters]}
 
 
 def show(store: StoreDir, ref: str) -> dict:

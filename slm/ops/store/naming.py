@@ -18,10 +18,12 @@ from __future__ import annotations
 from typing import Callable
 
 from slm.compose.composition import Composition, stamped
-from slm.errors import InvalidInput, NeedsRecovery, NotFound, SlmError
+from slm.errors import InUse, InvalidInput, NeedsRecovery, NotFound, SlmError
 from slm.ops.results import NameMove
 from slm.ops.store.resolve import MIN_PREFIX, reads_as_digest
+from slm.ops.store import versions
 from slm.ops.store.suggest import did_you_mean
+from slm.ops.store.versions import KIND_LABEL
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
 from slm.store.journal import Intent, intent_name
@@ -33,7 +35,6 @@ KIND = "name"  # journal/name-<kind>-<name as its file is named>.intent
 
 # ops whose line records that the name went away (its new digest is `-`)
 DELETING_OPS = ("rm", "mv-away")
-KIND_LABEL = {"bases": "base", "adapters": "adapter", "tags": "tag", "remotes": "pulled reference"}
 # kinds that may not share a name: a bare spec is read as a tag by some verbs and as a base by
 # others, and rm/mv/log could not tell which one is meant (a base and an adapter may: a spec
 # says which is which by its position, BASE+ADAPTER)
@@ -241,10 +242,35 @@ def _one_kind(store: StoreDir, name: str, with_history: bool = False) -> str:
     return kinds[0]
 
 
-def rm(store: StoreDir, name: str) -> NameMove:
-    """`slm rm NAME`: the name goes; its history and the objects stay until gc expires them."""
+def rm(store: StoreDir, name: str, force: bool = False) -> NameMove:
+    """`slm rm NAME`: the name goes; its history and the objects stay until gc expires them.
+    A base or adapter the active composition or a named one uses is refused (InUse, exit 19)
+    unless `force`: the composition would show a digest where the name was."""
     with store.locked():
-        return move(store, _one_kind(store, name), name, None, "rm")
+        kind = _one_kind(store, name)
+        users = [] if force else users_of(store, kind, name)
+        if users:
+            raise InUse(f"{KIND_LABEL[kind]} {name!r} is used by {', '.join(users)}; "
+                        f"`slm rm --force {name}` removes the name all the same")
+        return move(store, kind, name, None, "rm")
+
+
+def users_of(store: StoreDir, kind: str, name: str) -> list[str]:
+    """What uses a base or an adapter that no other name of its kind points at: the active
+    composition, the tags and pulled references whose composition has it."""
+    from slm.ops.infer import compositions
+
+    digest = store.names.get(kind, name) if kind in ("bases", "adapters") else None
+    if digest is None or any(d == digest for n, d in store.names.items(kind) if n != name):
+        return []
+
+    def has_it(comp_id: str) -> bool:
+        comp = compositions.load(store, comp_id)
+        return comp.base == digest or any(a.digest == digest for a in comp.adapters)
+    active = store.active_ref.read()
+    out = ["the active composition"] if active is not None and has_it(active) else []
+    return out + [f"{KIND_LABEL[other]} {n!r}" for other in ("tags", "remotes")
+                  for n, comp_id in store.names.items(other) if has_it(comp_id)]
 
 
 def mv(store: StoreDir, old_name: str, new_name: str) -> list[NameMove]:
@@ -260,12 +286,11 @@ def mv(store: StoreDir, old_name: str, new_name: str) -> list[NameMove]:
 
 
 def history(store: StoreDir, name: str) -> list:
-    """`slm log NAME`: every move of a name, newest first (a removed name's too)."""
-    from slm.ops.results import LogEntry
-
+    """`slm log NAME`: every move of a name, newest first (a removed name's too), each target
+    with the NAME@{N} forms that reach it now."""
     kind = _one_kind(store, name, with_history=True)
     _, state = open_log(store, kind, name)
-    return [LogEntry(e.seq, e.op, e.old, e.new, e.time) for e in reversed(state.entries)]
+    return versions.log_entries(state.entries, versions.spellings(store, (kind,)))
 
 
 def all_names(store: StoreDir) -> list[str]:

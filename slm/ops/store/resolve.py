@@ -5,6 +5,7 @@ from __future__ import annotations
 from slm.compose.base_manifest import BaseManifest, parse_base_manifest
 from slm.compose.toml_io import loads
 from slm.errors import InvalidInput, NotFound
+from slm.ops.store import versions
 from slm.ops.store.suggest import did_you_mean
 from slm.store import StoreDir
 from slm.store import digest as dg
@@ -35,7 +36,15 @@ def by_prefix(candidates, ref: str, what: str) -> str | None:
 
 
 def resolve(store: StoreDir, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[str, str | None]:
-    """-> (digest, name or None). Names win over digests; a digest prefix must be unique."""
+    """-> (digest, name or None). Names win over digests; a digest prefix must be unique;
+    NAME@{N} is a version of a name (slm.ops.store.versions)."""
+    versioned = versions.split(ref)
+    if versioned is not None:
+        found = versions.resolve(store, *versioned, kinds)
+        if found is None:
+            raise NotFound(f"no {'/'.join(k[:-1] for k in kinds)} named {versioned[0]!r}"
+                           + did_you_mean(versioned[0], _known(store, kinds)))
+        return found[0], versioned[0]
     for kind in kinds:
         try:
             digest = store.names.get(kind, ref)
@@ -52,8 +61,11 @@ def resolve(store: StoreDir, ref: str, kinds: tuple[str, ...] = KINDS) -> tuple[
     if found is not None:
         return found, None
     kinds_text = "/".join(k[:-1] for k in kinds)
-    known = [name for kind in kinds if kind != "compositions" for name, _ in store.names.items(kind)]
-    raise NotFound(f"no {kinds_text} named {ref!r} and no such digest" + did_you_mean(ref, known))
+    raise NotFound(f"no {kinds_text} named {ref!r} and no such digest" + did_you_mean(ref, _known(store, kinds)))
+
+
+def _known(store: StoreDir, kinds: tuple[str, ...]) -> list[str]:
+    return [name for kind in kinds if kind != "compositions" for name, _ in store.names.items(kind)]
 
 
 def manifest_kind(data: bytes, what: str) -> str:

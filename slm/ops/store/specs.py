@@ -2,6 +2,8 @@
 API and the server), and the one resolver that turns it into a Composition.
 
     prod                     a tag (`slm tag prod ...`)
+    prod@{N}                 what a name pointed at N moves ago (any name: a tag, a base, a
+                             pulled reference, or an adapter inside BASE+ADAPTER; versions.py)
     smollm2                  a base name: the base alone
     smollm2+french@0.8+...   a base and adapters (names, digests or prefixes) with weights
     3f2a9c...                a composition id or a unique prefix of one (6+ hex digits)
@@ -9,8 +11,9 @@ API and the server), and the one resolver that turns it into a Composition.
     HOST/repo:tag            what `slm pull HOST/repo:tag` received (recorded as a name)
     -f manifest.toml         a composition manifest, where a verb takes a file
 
-Names win over ids (as in resolve.resolve). A spec that names nothing fails with NotFound and
-the close names ("did you mean"). Resolving writes nothing.
+A malformed `@active~N` or `NAME@{N}` (not a count of ASCII digits) is InvalidInput; one past
+its log NotFound. Names win over ids (as in resolve.resolve). A spec that names nothing fails
+with NotFound and the close names ("did you mean"). Resolving writes nothing.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from pathlib import Path
 from slm.compose.composition import Composition
 from slm.errors import InvalidInput, NotFound
 from slm.ops.infer import compositions
-from slm.ops.store import naming
+from slm.ops.store import naming, versions
 from slm.ops.store.suggest import did_you_mean
 from slm.store import StoreDir
 
-_ACTIVE = re.compile(r"@active(?:~([0-9]{1,9}))?")
-FORMS = "a tag, a base, BASE+ADAPTER[@WEIGHT]..., a composition id, @active[~N] or a pulled HOST/repo:tag"
+_ACTIVE = re.compile(r"@active(?:~([0-9]{1,%d}))?" % versions.MAX_DIGITS)
+FORMS = ("a tag, a base, BASE+ADAPTER[@WEIGHT]..., a composition id, @active[~N], NAME@{N} "
+         "or a pulled HOST/repo:tag")
 
 
 def is_name(store: StoreDir, kind: str, name: str) -> bool:
@@ -70,6 +74,12 @@ def resolve_id(store: StoreDir, spec: str) -> str | None:
     found = _ACTIVE.fullmatch(spec)
     if found:
         return active_back(store, int(found.group(1) or 0))
+    if spec.startswith("@active~"):
+        raise InvalidInput(f"{spec!r}: N in @active~N must be a whole number of at most "
+                           f"{versions.MAX_DIGITS} ASCII digits")
+    versioned = versions.split(spec)
+    if versioned is not None:
+        return _version_id(store, *versioned)
     comp_id = name_target(store, "tags", spec)
     if comp_id is not None:
         return comp_id
@@ -86,6 +96,15 @@ def resolve_id(store: StoreDir, spec: str) -> str | None:
         return compositions.find_id(store, spec)
     except NotFound:
         return None
+
+
+def _version_id(store: StoreDir, name: str, n: int) -> str | None:
+    """The composition id a tag's or a pulled reference's version names; None for another
+    kind's (a base's version is composed like a base)."""
+    if "/" in name:
+        name = remote_name(name) or name
+    found = versions.resolve(store, name, n, ("tags", "remotes"))
+    return found[0] if found is not None else None
 
 
 def resolve(store: StoreDir, spec: str | None, file: Path | None = None,
@@ -105,7 +124,8 @@ def resolve(store: StoreDir, spec: str | None, file: Path | None = None,
         if not base or any(not a for a in adapters):
             raise InvalidInput(f"{spec!r}: a composition spec is BASE+ADAPTER[@WEIGHT]+... with no empty part")
         return compositions.build(store, base, adapters)
-    if name_target(store, "adapters", spec) is not None and name_target(store, "bases", spec) is None:
+    bare = spec.partition("@{")[0]
+    if naming.kinds_of(store, bare) == ["adapters"]:
         raise InvalidInput(f"{spec!r} is an adapter, not a composition: name it with its base (BASE+{spec})")
     try:
         return compositions.build(store, spec, [])  # a base by name, digest or prefix: the base alone
