@@ -14,15 +14,19 @@ from pathlib import Path
 # The verified-digest cache is derived, advisory data, not store state (docs/recovery.md): any
 # command that re-hashes a blob may refresh it, one that fails included.
 ADVISORY = "cache/verified-digests"
+# The follower's last-round report is advisory in the same way (slm.ops.ship.follow_loop: written
+# in place without fsync, ignored when damaged): every round rewrites it, a refused one included,
+# to say when the follower last asked and what it heard.
+FOLLOW_STATUS = "cache/follow-status.json"
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
     """Every file under a store with its mode and content hash (to prove nothing changed), but
-    the advisory verified-digest cache."""
+    the advisory verified-digest cache and the follower's report."""
     state = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
-        if rel == ADVISORY:
+        if rel in (ADVISORY, FOLLOW_STATUS):
             continue
         st = path.lstat()
         if stat.S_ISDIR(st.st_mode):

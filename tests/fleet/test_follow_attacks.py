@@ -1,0 +1,169 @@
+"""Attacks on a device that follows a tag (`slm follow REF --once`, in-process), each refused
+with its documented exit code (docs/exit-codes.md), the device's store unchanged and its good
+composition still running: the tag moved back to an older signed version (14), a statement
+giving the running version to another composition (15), an expired statement (16), a statement
+for another tag (17), an unsigned composition and one signed only by an untrusted key (6), a
+manifest whose blobs do not match (5), a registry that is down (12).
+
+The registry is Debian's docker-registry on loopback (tests/distribution/dist_fixtures.py); the
+compositions are the synthetic tiny model's (helpers.tiny_store) with random LoRA adapters, so
+each device pulls and checks its composition in a moment. Each test follows a repository of
+its own, from a publisher's store of its own."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dist_fixtures import local_registry, registry  # noqa: F401  (fixture)
+from follow_fixtures import (REPOSITORY, TAG, active_id, activate, add_statement, device, make_key, private_key,
+                             publish, push, sign)
+from helpers import copy_store, snapshot, tiny_store
+
+pytestmark = pytest.mark.hostile
+
+
+@pytest.fixture(scope="module")
+def publisher_template(tmp_path_factory, tiny_model) -> Path:
+    """The tiny base and adapters a1..a4: a1 makes version 2, a2 version 4, a3 the attacks'
+    compositions and a4 only the one whose blobs are tampered with in the registry."""
+    return tiny_store(tmp_path_factory.mktemp("publisher"), tiny_model, 4)
+
+
+class Fleet:
+    """A publisher that published version 2 (a1) then version 4 (a2) of its own repository, and
+    a device that followed it and runs version 4, marked good."""
+
+    def __init__(self, cli, tmp_path: Path, template: Path, host: str, repository: str):
+        self.cli = cli
+        self.publisher = copy_store(template, tmp_path / "publisher")
+        self.key, self.public = make_key(tmp_path / "ci.pem", 1)
+        self.stranger, _ = make_key(tmp_path / "stranger.pem", 9)
+        self.repository = repository
+        self.ref = f"{host}/{repository}:{TAG}"
+        self.v2 = publish(cli, self.publisher, self.ref, self.key, 2, "a1@0.5", target=self.target)
+        self.v4 = publish(cli, self.publisher, self.ref, self.key, 4, "a2@0.5", target=self.target)
+        self.device = device(tmp_path / "device", self.public)
+        first = self.follow()
+        assert first.code == 0, first.err
+        assert active_id(cli, self.device) == self.v4
+
+    @property
+    def target(self) -> str:
+        return f"{self.repository}:{TAG}"
+
+    def follow(self):
+        return self.cli("--store", self.device, "follow", self.ref, "--once", "--json")
+
+    def refused(self, code: int, words: str) -> None:
+        """A round refused with `code` and a line naming `words`, the store as it was, the good
+        version 4 still active and marked good, the refusal in the follower's status."""
+        before = snapshot(self.device)
+        r = self.follow()
+        assert r.code == code, (r.code, r.out, r.err)
+        assert words in r.err and r.err.count("\n") == 1, r.err
+        assert r.json()["exit_code"] == code and words in r.json()["error"]
+        assert snapshot(self.device) == before
+        assert active_id(self.cli, self.device) == self.v4
+        status = self.cli("--store", self.device, "follow", "--status", "--json").json()
+        assert (status["good"]["version"], status["good"]["composition"], status["trial"]) == (4, self.v4, None)
+        assert (status["last_outcome"], status["last_exit_code"]) == ("error", code)
+
+
+@pytest.fixture
+def fleet(cli, tmp_path, publisher_template, registry, request):  # noqa: F811
+    return Fleet(cli, tmp_path, publisher_template, registry.host, f"fleet/{request.node.name.lower()[5:40]}")
+
+
+def test_the_tag_moved_back_to_an_older_signed_version_is_a_rollback(fleet):
+    push(fleet.cli, fleet.publisher, fleet.ref, fleet.v2)  # v2's statement travels with it: still valid
+    fleet.refused(14, "older than version 4 running")
+
+
+def test_a_statement_giving_the_running_version_to_another_composition_is_an_equivocation(fleet):
+    other = activate(fleet.cli, fleet.publisher, "a3@0.5")
+    sign(fleet.cli, fleet.publisher, other, fleet.key, 4, target=fleet.target)
+    push(fleet.cli, fleet.publisher, fleet.ref, other)
+    fleet.refused(15, "equivocation")
+
+
+def test_an_expired_statement_is_a_freeze(fleet):
+    from slm.distribution import statement
+
+    newer = activate(fleet.cli, fleet.publisher, "a3@0.5")
+    blob = statement.sign(newer, fleet.repository, TAG, 5, int(time.time()) - 60, private_key(fleet.key))
+    add_statement(fleet.publisher, newer, blob, fleet.public)
+    push(fleet.cli, fleet.publisher, fleet.ref, newer)
+    fleet.refused(16, "expired at")
+
+
+def test_a_statement_for_another_tag_is_a_mix_and_match(fleet):
+    newer = activate(fleet.cli, fleet.publisher, "a3@0.5")
+    sign(fleet.cli, fleet.publisher, newer, fleet.key, 5, target=f"{fleet.repository}:staging")
+    sign(fleet.cli, fleet.publisher, newer, fleet.key, 5, target=f"{REPOSITORY}-other:{TAG}")
+    push(fleet.cli, fleet.publisher, fleet.ref, newer)
+    fleet.refused(17, f"not {fleet.target}")
+
+
+def test_an_unsigned_composition_is_refused(fleet):
+    unsigned = activate(fleet.cli, fleet.publisher, "a3@0.5")
+    push(fleet.cli, fleet.publisher, fleet.ref, unsigned)
+    fleet.refused(6, "no signed statement")
+
+
+def test_a_composition_signed_only_by_an_untrusted_key_is_refused(fleet):
+    newer = activate(fleet.cli, fleet.publisher, "a3@0.5")
+    sign(fleet.cli, fleet.publisher, newer, fleet.stranger, 5, target=fleet.target)
+    assert fleet.cli("--store", fleet.publisher, "sign", newer, "--key", fleet.stranger).code == 0  # plain, too
+    push(fleet.cli, fleet.publisher, fleet.ref, newer)
+    fleet.refused(6, "not a trusted key")
+
+
+def test_a_manifest_whose_blobs_do_not_match_is_refused(fleet, registry):  # noqa: F811
+    """Version 5 signed as it should be, then each of its blobs the device lacks (a4's) altered
+    in the registry's storage, its size kept: the pull that follows the statement's check
+    refuses the bytes."""
+    running = set(_layers(fleet.ref))
+    newer = publish(fleet.cli, fleet.publisher, fleet.ref, fleet.key, 5, "a4@0.5", target=fleet.target)
+    tampered = 0
+    for digest in set(_layers(fleet.ref)) - running:
+        path = registry.blob_path(digest)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        tampered += 1
+    assert tampered >= 1 and newer != fleet.v4
+    fleet.refused(5, "does not hash to its sha256 digest")
+
+
+def test_a_registry_that_is_down_changes_nothing(cli, tmp_path, publisher_template):
+    (tmp_path / "registry").mkdir()
+    with local_registry(tmp_path / "registry") as down:
+        fleet = Fleet(cli, tmp_path, publisher_template, down.host, "fleet/down")
+        publish(cli, fleet.publisher, fleet.ref, fleet.key, 5, "a3@0.5", target=fleet.target)
+    fleet.refused(12, down.host)
+
+
+def _manifest_bytes(ref: str, tag: str) -> bytes:
+    from slm.distribution.reference import parse_reference
+    from slm.distribution.registry import Registry
+
+    client = Registry(parse_reference(ref), False)
+    try:
+        data = client.get_manifest(tag)
+    finally:
+        client.close()
+    assert data is not None, tag
+    return data
+
+
+def _layers(ref: str) -> list[str]:
+    """The blobs of the manifest the tag names now, but its signatures (the statements'
+    referrers share them: altering one is another attack, a signature that does not verify)."""
+    from slm.distribution import mediatypes as mt
+    from slm.distribution.bundle import parse_manifest
+
+    return [layer.sha256 for layer in parse_manifest(_manifest_bytes(ref, TAG), "manifest").layers
+            if layer.media_type != mt.SIGNATURE]
