@@ -211,8 +211,9 @@ class Store(StoreNames, StoreFollow):
     def health(self, comp: Composition | str | None = None, *, certificate: str | os.PathLike | None = None,
                timeout_s: float = 60.0) -> HealthReport:
         """The health checks of a composition (default: the active one), stopped at the first
-        failure: integrity, its signed verify certificate if given, a short generation, the
-        store's health.d/ scripts (each killed after timeout_s). Writes nothing (docs/health.md)."""
+        failure: integrity, its signed verify certificate (the file given, else every one recorded
+        with it), a short generation, the store's health.d/ scripts (each killed after
+        timeout_s). Writes nothing (docs/health.md)."""
         from slm.ops.infer import health
         from slm.ops.store import specs
 
@@ -302,11 +303,13 @@ class Store(StoreNames, StoreFollow):
     def certify(self, comp: Composition | str | None, key: str | os.PathLike, out: str | os.PathLike,
                 numerics: bool = True, progress: Progress | None = None) -> Certified:
         """verify, then write the report as a certificate signed with `key`, bound to the
-        composition id; returns a Certified (the report and the path)."""
-        from slm.ops.ship import signing
+        composition id; one that certifies passing numerics of a stored composition is also
+        recorded with it (it travels with the composition; `health` checks it). Returns a
+        Certified (the report, the path, the recorded digest or why it is not recorded)."""
+        from slm.ops.ship import certificates
 
         ref = comp.id if isinstance(comp, Composition) else comp
-        return signing.certify(self._s, ref, Path(key), Path(out), numerics, progress)
+        return certificates.certify(self._s, ref, Path(key), Path(out), numerics, progress)
 
     def verify_as_asked(self, comp: Composition | str | None = None, numerics: bool = True,
                         signature: bool = False, keys: Sequence[str] = (),

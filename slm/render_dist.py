@@ -28,7 +28,8 @@ def received(r: dict) -> None:
     print(f"received composition {r['composition_id']} from {r['source']}")
     names = ", ".join(filter(None, [r["base_name"], *r["adapter_names"]]))
     print(f"  {r['blobs_downloaded']} blobs downloaded ({human_bytes(r['bytes_downloaded'])}), "
-          f"{r['blobs_reused']} already stored; names: {names or '-'}; signatures: {r['signatures']}")
+          f"{r['blobs_reused']} already stored; names: {names or '-'}; signatures: {r['signatures']}"
+          + (f"; certificates: {r['certificates']}" if r["certificates"] else ""))
     print(f"  activate it with: slm activate {dg.short(r['composition_id'])}")
 
 
@@ -37,7 +38,8 @@ def pushed(r: dict) -> None:
     print(f"pushed composition {r['composition_id']} to {r['reference']}")
     print(f"  {r['blobs_uploaded']} blobs uploaded ({human_bytes(r['bytes_uploaded'])}), "
           f"{r['blobs_present']} already there; manifest {r['manifest_digest']}"
-          + (f"; {r['referrers']} signature referrer(s)" if r["referrers"] else ""))
+          + (f"; {r['referrers']} signature referrer(s)" if r["referrers"] else "")
+          + (f"; {r['certificate_referrers']} certificate referrer(s)" if r["certificate_referrers"] else ""))
 
 
 @sanitized(markup=False)
@@ -78,6 +80,9 @@ def verify_result(result) -> None:
     render.verify_report(r)
     if "certificate" in r:
         print(f"certificate written to {render.printable(r['certificate'])}")
+        print(f"  recorded with composition {dg.short(r['composition'])} as {dg.short(r['recorded'])}: it travels "
+              "with export and push, and `slm health` checks it" if r["recorded"] else
+              f"  not recorded with the composition: {r['not_recorded']}")
 
 
 def provisioned(r) -> str:

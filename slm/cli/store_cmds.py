@@ -178,7 +178,9 @@ def verify(
              "With --certificate: the Ed25519 PEM private key that signs it."),
     certificate: Optional[Path] = typer.Option(
         None, "--certificate", metavar="FILE",
-        help="Write the result as a certificate signed with --key, bound to the composition id."),
+        help="Write the result as a certificate signed with --key, bound to the composition id; one that "
+             "certifies passing numerics of a stored composition is also recorded with it (it travels with "
+             "export, push and pull; slm health checks it)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Re-hash every blob of a composition and check its logits against the fresh-base oracle
@@ -196,8 +198,8 @@ def health(
         None, metavar="[SPEC]", help="A composition spec; default: the active one."),
     certificate: Optional[Path] = typer.Option(
         None, "--certificate", metavar="FILE",
-        help="The composition's signed verify certificate: its numerics and golden answers are checked "
-             "again here (without it, that check is skipped)."),
+        help="A signed verify certificate of the composition to check instead of those recorded with it: "
+             "its numerics and golden answers are checked again here (none given or recorded: skipped)."),
     timeout: float = typer.Option(60.0, "--timeout", metavar="S", parser=decimal, help="Each health.d script's deadline, in seconds."),
     json_out: bool = JsonOpt,
 ) -> None:

@@ -15,7 +15,7 @@ names, creation time and provenance sit beside the identity in the TOML manifest
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 import slm
@@ -29,6 +29,7 @@ from slm.store.names import validate_name
 
 SCHEMA = "slm.composition/1"
 MAX_SIGNATURES = 64
+MAX_CERTIFICATES = 64
 MAX_ADAPTERS = 64  # checked before any adapter is loaded or the store is locked
 FLOAT32_MAX = 3.4028234663852886e38
 # The largest |weight| a composition may give an adapter (docs/concepts.md, "Compositions and
@@ -64,6 +65,9 @@ class Composition:
     # Signature blobs (slm.signature/1) over this composition's id: beside the identity, not in
     # it, so signing never changes the id it signs.
     signatures: tuple[str, ...] = ()
+    # Signed verify certificates (slm.certificate/1) of this composition, beside the identity
+    # too; never signatures: require_signed does not count them.
+    certificates: tuple[str, ...] = ()
 
     def identity(self) -> dict:
         return {
@@ -95,6 +99,7 @@ class Composition:
             "adapters": self.adapter_list(),
             "provenance": {"created_at": self.created_at, "created_by": self.created_by},
             **({"signatures": list(self.signatures)} if self.signatures else {}),
+            **({"certificates": list(self.certificates)} if self.certificates else {}),
         })
 
     def adapter_list(self) -> list[dict]:
@@ -104,9 +109,11 @@ class Composition:
                 for i, a in enumerate(self.adapters)]
     def with_signatures(self, signatures) -> "Composition":
         """The same composition (same id, same provenance) with another list of signatures."""
-        return Composition(self.base, self.tokenizer, self.architecture, self.quant_profile, self.runtime,
-                           self.adapters, self.base_name, self.created_at, self.created_by,
-                           tuple(signatures))
+        return replace(self, signatures=tuple(signatures))
+
+    def with_certificates(self, certificates) -> "Composition":
+        """The same composition (same id, same provenance) with another list of certificates."""
+        return replace(self, certificates=tuple(certificates))
 
     def for_runtime(self, runtime: dict) -> "Composition":
         """The same base, adapters, weights and order under another runtime: another identity
@@ -201,7 +208,7 @@ def _display_name(value, where: str) -> str:
 # the keys a composition manifest holds (to_toml writes them): any other is refused, not ignored,
 # so that a manifest given with `activate -f` or received in a bundle does all it says
 _KEYS = {"schema", "base", "base_name", "tokenizer", "architecture", "quant_profile", "runtime", "adapters",
-         "provenance", "signatures"}
+         "provenance", "signatures", "certificates"}
 _TABLE_KEYS = {"runtime": {"name", "version"}, "provenance": {"created_at", "created_by"},
                "adapters": {"name", "digest", "load_order", "weight"}}
 
@@ -247,10 +254,8 @@ def parse_composition(data: bytes, what: str = "composition manifest") -> Compos
         weight = check_weight(req(entry, "weight", (int, float), where), where)
         adapters.append(AdapterRef(digest, weight, _display_name(entry.get("name"), where)))
     check_adapter_list(adapters, what)
-    signatures = doc.get("signatures", [])
-    if not isinstance(signatures, list) or len(signatures) > MAX_SIGNATURES or not all(
-            isinstance(s, str) and dg.is_digest(s) for s in signatures):
-        raise InvalidInput(f"{what}: signatures must be a list of at most {MAX_SIGNATURES} blake3 digests")
+    signatures = _digest_list(doc, "signatures", MAX_SIGNATURES, what)
+    certificates = _digest_list(doc, "certificates", MAX_CERTIFICATES, what)
     provenance = doc.get("provenance", {}) if isinstance(doc.get("provenance"), dict) else {}
     return Composition(
         base=digests["base"],
@@ -262,5 +267,15 @@ def parse_composition(data: bytes, what: str = "composition manifest") -> Compos
         base_name=_display_name(doc.get("base_name"), f"{what} base_name"),
         created_at=str(provenance.get("created_at", "")),
         created_by=str(provenance.get("created_by", "")),
-        signatures=tuple(dict.fromkeys(signatures)),
+        signatures=signatures,
+        certificates=certificates,
     )
+
+
+def _digest_list(doc: dict, key: str, limit: int, what: str) -> tuple[str, ...]:
+    """A record's list of blob digests (signatures, certificates), each once."""
+    value = doc.get(key, [])
+    if not isinstance(value, list) or len(value) > limit or not all(isinstance(s, str) and dg.is_digest(s)
+                                                                    for s in value):
+        raise InvalidInput(f"{what}: {key} must be a list of at most {limit} blake3 digests")
+    return tuple(dict.fromkeys(value))

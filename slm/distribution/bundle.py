@@ -9,9 +9,10 @@
                "identity": {<the composition's identity fields>}}
 
 Layers, in order: the composition record, the base manifest, the tokenizer, the base tensors (in
-the base manifest's order), then per adapter its manifest and tensors, then signatures; a blob
-named twice is listed once. JSON is written with sorted keys and no whitespace, so one
-composition always gives one manifest digest (a second push finds everything in place).
+the base manifest's order), then per adapter its manifest and tensors, then signatures, then
+signed verify certificates; a blob named twice is listed once. JSON is written with sorted keys
+and no whitespace, so one composition always gives one manifest digest (a second push finds
+everything in place).
 
 Parsing refuses any field it does not know: a bundle is checked, not interpreted generously.
 """
@@ -40,13 +41,15 @@ _SHA_HEX = re.compile(r"[0-9a-f]{64}")
 MAX_MANIFEST_BYTES = 4 << 20  # an OCI manifest of a few thousand layers is well under this
 MAX_CONFIG_BYTES = 1 << 20  # a composition id, a record digest and the identity of <= 64 adapters
 MAX_SIGNATURE_BYTES = 1 << 20  # an OMS signature lists every file of the bundle it signs
+MAX_CERT_BYTES = 1 << 20  # a verify report with its golden answers
 MAX_LAYERS = 20000
 # One tensor blob: the embedding table of the largest open models in float32 is under this.
 # Such blobs are streamed into the store, never held whole; the bound refuses absurd claims.
 MAX_BLOB_BYTES = 64 << 30
 # The layers a receiver parses, so holds whole: each refused above its bound before it is read.
 SMALL_LAYER_LIMITS = {mt.COMPOSITION: MAX_TOML_MANIFEST, mt.BASE_MANIFEST: MAX_TOML_MANIFEST,
-                      mt.ADAPTER_MANIFEST: MAX_TOML_MANIFEST, mt.SIGNATURE: MAX_SIGNATURE_BYTES}
+                      mt.ADAPTER_MANIFEST: MAX_TOML_MANIFEST, mt.SIGNATURE: MAX_SIGNATURE_BYTES,
+                      mt.CERTIFICATE: MAX_CERT_BYTES}
 
 
 def sha256_of(data: bytes | memoryview) -> str:
@@ -106,9 +109,9 @@ def config_bytes(comp: Composition, record_digest: str) -> bytes:
                       "identity": comp.identity()})
 
 
-def blobs_of(objects: ObjectStore, comp: Composition, record_digest: str,
-             signatures: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
-    """(blake3 digest, media type, title) of every blob a bundle of `comp` holds, in layer order."""
+def blobs_of(objects: ObjectStore, comp: Composition, record_digest: str) -> list[tuple[str, str, str]]:
+    """(blake3 digest, media type, title) of every blob a bundle of `comp` holds, in layer order
+    (its signatures and certificates: those its record lists)."""
     out = [(record_digest, mt.COMPOSITION, "composition.toml"), (comp.base, mt.BASE_MANIFEST, "base.toml")]
     base = parse_base_manifest(objects.read_verified(comp.base))
     out.append((base.tokenizer_digest, mt.TOKENIZER, "tokenizer.json"))
@@ -118,7 +121,8 @@ def blobs_of(objects: ObjectStore, comp: Composition, record_digest: str,
         out.append((a.digest, mt.ADAPTER_MANIFEST, f"{prefix}.toml"))
         for target in parse_adapter_manifest(objects.read_verified(a.digest)).targets:
             out += [(t.digest, mt.TENSOR, f"{prefix}.{target.module}.{key}") for key, t in target.tensors.items()]
-    out += [(s, mt.SIGNATURE, f"signature-{i}.json") for i, s in enumerate(signatures)]
+    out += [(s, mt.SIGNATURE, f"signature-{i}.json") for i, s in enumerate(comp.signatures)]
+    out += [(c, mt.CERTIFICATE, f"certificate-{i}.json") for i, c in enumerate(comp.certificates)]
     seen: set[str] = set()
     once = []
     for entry in out:

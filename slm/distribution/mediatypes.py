@@ -14,6 +14,7 @@ OCI_LAYOUT_VERSION = "1.0.0"
 
 ARTIFACT_COMPOSITION = "application/vnd.slm.composition.v1"
 ARTIFACT_SIGNATURE = "application/vnd.slm.signature.v1"
+ARTIFACT_CERTIFICATE = "application/vnd.slm.certificate.v1"
 CONFIG = "application/vnd.slm.bundle.config.v1+json"
 
 COMPOSITION = "application/vnd.slm.composition.v1+toml"  # the composition record (TOML)
@@ -22,8 +23,9 @@ ADAPTER_MANIFEST = "application/vnd.slm.adapter.v1+toml"
 TOKENIZER = "application/vnd.slm.tokenizer.v1+json"
 TENSOR = "application/vnd.slm.tensor.v1"  # raw bytes of one tensor, typed by its manifest
 SIGNATURE = "application/vnd.slm.signature.v1+json"
+CERTIFICATE = "application/vnd.slm.certificate.v1+json"  # a signed verify certificate (slm.certificate/1)
 
-LAYER_TYPES = (COMPOSITION, BASE_MANIFEST, ADAPTER_MANIFEST, TOKENIZER, TENSOR, SIGNATURE)
+LAYER_TYPES = (COMPOSITION, BASE_MANIFEST, ADAPTER_MANIFEST, TOKENIZER, TENSOR, SIGNATURE, CERTIFICATE)
 
 # Per layer: the BLAKE3 digest of its bytes (the store's name for them). Registries only take
 # sha256 on the wire; a receiver re-hashes both.

@@ -16,7 +16,8 @@ anything else (a certificate signs a different schema).
 
 A certificate (`slm verify --certificate FILE --key KEY`) is the same shape with schema
 slm.certificate/1 and a "result" object (the verify report), the signature covering every
-field but itself.
+field but itself. Neither parser takes the other's document: a certificate is never a
+signature (it does not count for require_signed), nor a signature a certificate.
 
 Keys are PEM files as `openssl genpkey -algorithm ed25519` writes them (PKCS#8); public keys are
 written `ed25519:<base64 of the 32 raw bytes>` (config.toml `trusted_keys`, `slm sign --json`).
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slm.distribution import oms, statement
-from slm.distribution.bundle import MAX_SIGNATURE_BYTES, canonical
+from slm.distribution.bundle import MAX_CERT_BYTES, MAX_SIGNATURE_BYTES, canonical
 from slm.errors import IntegrityError, InvalidInput
 from slm.formats.jsonfile import parse_json_object
 from slm.formats.untrusted import read_untrusted
@@ -40,7 +41,6 @@ SCHEMA = "slm.signature/1"
 CERT_SCHEMA = "slm.certificate/1"
 ALGORITHM = "ed25519"
 KEY_PREFIX = "ed25519:"
-MAX_CERT_BYTES = 1 << 20
 MAX_KEY_FILE = 64 << 10
 
 
@@ -202,3 +202,11 @@ def check_certificate(data: bytes, what: str = "certificate") -> tuple[str, str,
     if not dg.is_digest(str(doc["composition"])) or not isinstance(doc["result"], dict):
         raise InvalidInput(f"{what}: malformed composition or result")
     return doc["composition"], key, doc["result"]
+
+
+def check_certificate_of(data: bytes, comp_id: str, what: str = "certificate") -> tuple[str, dict]:
+    """(public key, result) of a certificate of `comp_id` whose signature verifies."""
+    certified, key, result = check_certificate(data, what)
+    if certified != comp_id:
+        raise IntegrityError(f"{what}: certifies composition %s, not %s" % dg.short_pair(certified, comp_id))
+    return key, result

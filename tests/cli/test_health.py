@@ -241,3 +241,114 @@ def test_the_api_returns_a_frozen_typed_report(store):
         report.checks[0].status = "passed"  # type: ignore[misc]
     with pytest.raises(slm.InvalidInput):
         slm.Store.open(store).health("tq", timeout_s=float("inf"))
+
+
+def _trust(store: Path, *private_keys) -> None:
+    import tomlkit
+
+    from slm.distribution.signing import public_key_text
+
+    config = store / "config.toml"
+    doc = tomlkit.parse(config.read_text())
+    doc["trusted_keys"] = [public_key_text(k) for k in private_keys]
+    config.write_text(tomlkit.dumps(doc))
+
+
+def test_a_certificate_verify_writes_is_recorded_and_checked_without_being_given(cli, store, tmp_path):
+    key, _ = _key(tmp_path / "ci.pem")
+    r = cli("--store", store, "verify", "--certificate", tmp_path / "cert.json", "--key", key, "--json")
+    assert r.code == 0, r.err
+    digest = r.json()["recorded"]
+    from slm.ops.ship import certificates
+    from slm.store import StoreDir
+
+    assert certificates.recorded(StoreDir.open(store), r.json()["composition"]) == \
+        [(digest, (tmp_path / "cert.json").read_bytes())]
+    assert cli("--store", store, "gc", "--prune-now").code == 0  # what the record lists is kept
+    code, checks, _ = health(cli, store)
+    assert code == 0 and checks["certificate"][0] == "passed" and "certified by key" in checks["certificate"][1]
+    # a certificate is not a signature: `verify --signature` lists none
+    assert cli("--store", store, "verify", "--signature", "--json").json()["signatures"] == []
+    human = cli("--store", store, "verify", "--certificate", tmp_path / "again.json", "--key", key)
+    assert human.code == 0 and "recorded with composition" in human.out
+
+
+def test_a_certificate_of_a_spec_never_stored_is_written_with_its_golden_answers(cli, store, tmp_path):
+    """The golden answers were generated for the composition resolved by its id, which only a
+    stored composition has: `verify tq+a1 --certificate` exited 3 after verifying."""
+    from slm.distribution.signing import check_certificate
+    from slm.ops.store import specs
+    from slm.store import StoreDir
+
+    key, _ = _key(tmp_path / "ci.pem")
+    r = cli("--store", store, "verify", "tq+a1", "--certificate", tmp_path / "c.json", "--key", key)
+    assert r.code == 0, r.err
+    comp_id, _, result = check_certificate((tmp_path / "c.json").read_bytes())
+    assert comp_id == specs.resolve(StoreDir.open(store), "tq+a1").id and len(result["golden"]) == 2
+    assert health(cli, store, "tq+a1", "--certificate", tmp_path / "c.json")[1]["certificate"][0] == "passed"
+
+
+def test_a_certificate_of_nothing_health_can_check_is_not_recorded(cli, store, tmp_path):
+    """--no-numerics certifies no golden answers; a spec never stored has no record to list it."""
+    key, _ = _key(tmp_path / "ci.pem")
+    before = snapshot(store)
+    r = cli("--store", store, "verify", "--no-numerics", "--certificate", tmp_path / "a.json", "--key", key, "--json")
+    assert r.code == 0 and r.json()["recorded"] is None and "no numerics" in r.json()["not_recorded"]
+    r = cli("--store", store, "verify", "tq+a1", "--certificate", tmp_path / "b.json", "--key", key, "--json")
+    assert r.code == 0 and r.json()["recorded"] is None and "not stored" in r.json()["not_recorded"]
+    assert snapshot(store) == before
+    assert health(cli, store)[1]["certificate"] == ("skipped", "no certificate given or recorded")
+
+
+def test_recorded_certificates_by_keys_outside_trusted_keys_are_not_judged(cli, store, tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key, private = _key(tmp_path / "ci.pem")
+    assert cli("--store", store, "verify", "--certificate", tmp_path / "cert.json", "--key", key).code == 0
+    _trust(store, ed25519.Ed25519PrivateKey.from_private_bytes(bytes(32)))
+    code, checks, _ = health(cli, store)
+    assert code == 0 and checks["certificate"] == (
+        "skipped", "1 recorded certificate(s), none signed by a key of trusted_keys")
+    _trust(store, private)
+    assert health(cli, store)[1]["certificate"][0] == "passed"
+
+
+def test_every_recorded_certificate_from_a_trusted_key_must_pass(cli, store, tmp_path):
+    """A second certificate, signed by the trusted key for tq but carrying the golden answers of
+    tq+a1, recorded beside tq's true one: the check fails and names it; a certificate given
+    with --certificate is checked instead of the recorded ones."""
+    from slm.distribution.signing import certificate, check_certificate
+    from slm.ops.ship import certificates
+    from slm.store import StoreDir
+
+    key, private = _key(tmp_path / "ci.pem")
+    true = tmp_path / "true.json"
+    r = cli("--store", store, "verify", "--certificate", true, "--key", key, "--json")
+    tq = r.json()["composition"]
+    assert cli("--store", store, "verify", "tq+a1", "--certificate", tmp_path / "a1.json", "--key", key).code == 0
+    lying = certificate(tq, check_certificate((tmp_path / "a1.json").read_bytes())[2], private)
+    handle = StoreDir.open(store)
+    with handle.locked():
+        digest, added = certificates.record(handle, tq, lying)
+    assert added
+    _trust(store, private)
+    code, checks, _ = health(cli, store)
+    assert code == 18 and checks["certificate"][0] == "failed"
+    assert checks["certificate"][1].startswith(f"recorded certificate {digest[7:19]}: the answer to ")
+    assert health(cli, store, "--certificate", true)[1]["certificate"][0] == "passed"
+
+
+@pytest.mark.hostile
+def test_a_certificate_of_another_composition_is_never_recorded(store, tmp_path):
+    from slm.distribution.signing import certificate
+    from slm.errors import IntegrityError
+    from slm.ops.ship import certificates
+    from slm.store import StoreDir
+
+    _, private = _key(tmp_path / "ci.pem")
+    handle = StoreDir.open(store)
+    active = handle.active_ref.read()
+    before = snapshot(store)
+    with handle.locked(), pytest.raises(IntegrityError, match="certifies composition"):
+        certificates.record(handle, active, certificate("blake3:" + "ab" * 32, {"numerics": {"ok": True}}, private))
+    assert snapshot(store) == before

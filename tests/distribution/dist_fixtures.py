@@ -3,6 +3,8 @@ distribution 2.8) on a free loopback port with its own storage, stopped after; s
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import socket
 import subprocess
@@ -93,3 +95,59 @@ def skopeo():
     if exe is None:
         pytest.skip(f"skopeo is not installed {APT_HINT}")
     return exe
+
+
+def _call(host: str, method: str, path: str, body: bytes = b"", headers=None):
+    url = path if path.startswith("http") else f"http://{host}{path}"  # Location may be absolute
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    return urllib.request.urlopen(req, timeout=60)
+
+
+def put_referrer(host: str, repo: str, subject_digest: str, subject_size: int, blob: bytes,
+                 artifact_type: str | None = None, media_type: str | None = None) -> dict:
+    """Push `blob` as a referrer manifest of the subject the way a third party would (plain HTTP
+    requests, OCI distribution spec), by default as an slm signature; its index entry."""
+    from slm.distribution import mediatypes as mt
+
+    artifact_type = artifact_type or mt.ARTIFACT_SIGNATURE
+
+    def put_blob(data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        location = _call(host, "POST", f"/v2/{repo}/blobs/uploads/").headers["Location"]
+        sep = "&" if "?" in location else "?"
+        _call(host, "PUT", f"{location}{sep}digest={digest}", data, {"Content-Type": "application/octet-stream"})
+        return digest
+
+    referrer = json.dumps({
+        "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": artifact_type,
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": put_blob(b"{}"), "size": 2},
+        "layers": [{"mediaType": media_type or mt.SIGNATURE, "digest": put_blob(blob), "size": len(blob)}],
+        "subject": {"mediaType": mt.OCI_MANIFEST, "digest": subject_digest, "size": subject_size},
+    }).encode()
+    digest = "sha256:" + hashlib.sha256(referrer).hexdigest()
+    _call(host, "PUT", f"/v2/{repo}/manifests/{digest}", referrer, {"Content-Type": mt.OCI_MANIFEST})
+    return {"mediaType": mt.OCI_MANIFEST, "digest": digest, "size": len(referrer), "artifactType": artifact_type}
+
+
+def put_referrers_index(host: str, repo: str, subject_digest: str, entries: list[dict]) -> None:
+    """The OCI 1.1 fallback tag of the subject, listing `entries` (and nothing else)."""
+    from slm.distribution import mediatypes as mt
+
+    index = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": entries}).encode()
+    _call(host, "PUT", f"/v2/{repo}/manifests/{subject_digest.replace(':', '-')}", index,
+          {"Content-Type": mt.OCI_INDEX})
+
+
+def attach_referrer(host: str, repo: str, subject_digest: str, subject_size: int, blob: bytes,
+                    artifact_type: str | None = None, media_type: str | None = None) -> None:
+    """`blob` as the one referrer of the subject (put_referrer, then the fallback tag)."""
+    entry = put_referrer(host, repo, subject_digest, subject_size, blob, artifact_type, media_type)
+    put_referrers_index(host, repo, subject_digest, [entry])
+
+
+def manifest_size(host: str, repo: str, digest: str) -> int:
+    """The size of a manifest the registry holds (a referrer's subject descriptor gives it)."""
+    from slm.distribution import mediatypes as mt
+
+    req = urllib.request.Request(f"http://{host}/v2/{repo}/manifests/{digest}", headers={"Accept": mt.OCI_MANIFEST})
+    return len(urllib.request.urlopen(req, timeout=60).read())

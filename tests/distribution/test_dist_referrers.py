@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 
+from dist_fixtures import attach_referrer as _attach_referrer, manifest_size as _manifest_size
 from dist_fixtures import registry  # noqa: F401  (fixture)
 from helpers import refused, snapshot, tiny_store
 
@@ -30,40 +31,6 @@ def _ed25519_key(path: Path, seed: int) -> tuple[Path, str]:
     return path, public_key_text(key)
 
 
-def _attach_referrer(host: str, repo: str, subject_digest: str, subject_size: int, signature: bytes) -> None:
-    """Push `signature` as a referrer of the subject manifest the way a third party would (plain
-    HTTP requests, OCI distribution spec), maintaining the fallback tag."""
-    import hashlib
-
-    from slm.distribution import mediatypes as mt
-
-    def call(method, path, body=b"", headers=None):
-        url = path if path.startswith("http") else f"http://{host}{path}"  # Location may be absolute
-        req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-        return urllib.request.urlopen(req, timeout=60)
-
-    def put_blob(data: bytes) -> str:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        location = call("POST", f"/v2/{repo}/blobs/uploads/").headers["Location"]
-        sep = "&" if "?" in location else "?"
-        call("PUT", f"{location}{sep}digest={digest}", data, {"Content-Type": "application/octet-stream"})
-        return digest
-
-    config = b"{}"
-    referrer = json.dumps({
-        "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": mt.ARTIFACT_SIGNATURE,
-        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": put_blob(config), "size": 2},
-        "layers": [{"mediaType": mt.SIGNATURE, "digest": put_blob(signature), "size": len(signature)}],
-        "subject": {"mediaType": mt.OCI_MANIFEST, "digest": subject_digest, "size": subject_size},
-    }).encode()
-    digest = "sha256:" + hashlib.sha256(referrer).hexdigest()
-    call("PUT", f"/v2/{repo}/manifests/{digest}", referrer, {"Content-Type": mt.OCI_MANIFEST})
-    index = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": [
-        {"mediaType": mt.OCI_MANIFEST, "digest": digest, "size": len(referrer),
-         "artifactType": mt.ARTIFACT_SIGNATURE}]}).encode()
-    call("PUT", f"/v2/{repo}/manifests/{subject_digest.replace(':', '-')}", index, {"Content-Type": mt.OCI_INDEX})
-
-
 @pytest.fixture
 def pushed_unsigned(cli, tmp_path, tiny_model, registry):  # noqa: F811
     """Store A: tiny + a LoRA active, pushed unsigned; a fresh store B."""
@@ -75,13 +42,6 @@ def pushed_unsigned(cli, tmp_path, tiny_model, registry):  # noqa: F811
     b = tmp_path / "b"
     assert cli("--store", b, "init").code == 0
     return a, b, comp_id, ref, r.json()["manifest_digest"]
-
-
-def _manifest_size(host: str, repo: str, digest: str) -> int:
-    from slm.distribution import mediatypes as mt
-
-    req = urllib.request.Request(f"http://{host}/v2/{repo}/manifests/{digest}", headers={"Accept": mt.OCI_MANIFEST})
-    return len(urllib.request.urlopen(req, timeout=60).read())
 
 
 def _signature_blob(a: Path, comp_id: str, key: Path, cli) -> bytes:

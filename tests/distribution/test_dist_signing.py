@@ -157,7 +157,7 @@ def test_push_sends_signatures_as_referrers(cli, signed_setup, keys, registry): 
 
 def test_verify_writes_a_signed_certificate_bound_to_the_id(cli, tmp_path, signed_setup, keys):
     from slm.errors import IntegrityError
-    from slm.ops.ship.signing import check_certificate
+    from slm.ops.ship.certificates import check_certificate
 
     a, comp_id = signed_setup
     cert = tmp_path / "cert.json"

@@ -238,7 +238,7 @@ def test_a_key_file_that_fails_to_read_is_exit_12(signing_store, command):
 def test_a_fifo_as_a_certificate_is_refused_not_waited_on(tmp_path):
     """check_certificate (Python API) reads a file someone else wrote: through the same reader."""
     os.mkfifo(tmp_path / "cert.json")
-    code = ("import sys\nfrom slm.errors import SlmError\nfrom slm.ops.ship.signing import check_certificate\n"
+    code = ("import sys\nfrom slm.errors import SlmError\nfrom slm.ops.ship.certificates import check_certificate\n"
             "try:\n    check_certificate(sys.argv[1])\nexcept SlmError as err:\n"
             "    print(type(err).__name__, err)\n    sys.exit(int(err.code))\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cert.json")], capture_output=True, text=True,

@@ -1,10 +1,11 @@
 """`slm health`: the health checks of a composition, in order, stopped at the first failure.
 
     integrity    every blob re-hashed (slm verify's check_integrity)
-    certificate  given a signed verify certificate of this composition: its signature, its key
-                 (one of config.toml's trusted_keys, when there are any), its verdict, the oracle
-                 numerics again here (slm verify's) and its golden answers again (slm.ops.infer.golden);
-                 no certificate: "skipped"
+    certificate  the signed verify certificate given (--certificate FILE), else every one recorded
+                 with the composition (slm.ops.ship.certificates) whose key is one of config.toml's
+                 trusted_keys (any key, when there are none): each one's signature, its key, its
+                 verdict, the oracle numerics again here (slm verify's) and its golden answers
+                 again (slm.ops.infer.golden), all of which must pass; none: "skipped"
     generation   a few greedy tokens of a fixed prompt in the runtime's default mode, through the
                  engine as `slm run` generates: non-finite or all-equal logits fail it
     script:NAME  each executable in the store's health.d/ (slm.ops.infer.health_scripts)
@@ -32,6 +33,7 @@ from slm.ops.infer.loading import Loaded, load_composition
 from slm.ops.progress import NoProgress
 from slm.ops.results.health import FAILED, PASSED, SKIPPED, HealthCheck, HealthReport
 from slm.store import StoreDir
+from slm.store import digest as dg
 
 GENERATION_PROMPT = "Once upon a time"
 GENERATION_TOKENS = 4
@@ -45,6 +47,10 @@ class CheckFailed(Exception):
     """A check's verdict: failed, with its one-line reason."""
 
 
+class Skip(Exception):
+    """A check's verdict: nothing to check (skipped), with its one-line reason."""
+
+
 def _integrity(store: StoreDir, comp: Composition, certificate: Path | None, load: Load) -> str:
     found = verify.check_integrity(store, comp, NoProgress())
     if found["bad_blobs"]:
@@ -54,31 +60,56 @@ def _integrity(store: StoreDir, comp: Composition, certificate: Path | None, loa
     return f"{found['blobs']} blobs re-hashed"
 
 
-def _certificate(store: StoreDir, comp: Composition, certificate: Path | None, load: Load) -> str | None:
-    """None when there is no certificate to check (the check is skipped)."""
-    if certificate is None:
-        return None
-    from slm.ops.ship.policy import policy
-    from slm.ops.ship.signing import check_certificate
+def _certificates(store: StoreDir, comp: Composition, certificate: Path | None,
+                  trusted: tuple[str, ...]) -> list[dict]:
+    """The certificates to judge: the file given (whatever its key: an untrusted one fails), or
+    those recorded with the composition whose key is trusted (every one, with no trusted_keys).
+    Skip when there is none."""
+    from slm.ops.ship import certificates
 
-    trusted = policy(store).trusted_keys
-    cert = check_certificate(certificate, list(trusted))  # its signature verifies, or IntegrityError
-    if cert["composition_id"] != comp.id:
-        raise CheckFailed("the certificate is for another composition")
-    if trusted and not cert["trusted"]:
-        raise CheckFailed(f"the certificate is signed by key {cert['fingerprint']}, not one of trusted_keys")
-    result = cert["result"]
-    numerics = result.get("numerics") if isinstance(result, dict) else None
-    if not isinstance(numerics, dict) or numerics.get("ok") is not True:
-        raise CheckFailed("the certificate does not certify passing numerics")
+    if certificate is not None:
+        cert = certificates.check_certificate(certificate, trusted)  # its signature verifies, or IntegrityError
+        if cert["composition_id"] != comp.id:
+            raise CheckFailed("the certificate is for another composition")
+        if trusted and not cert["trusted"]:
+            raise CheckFailed(f"the certificate is signed by key {cert['fingerprint']}, not one of trusted_keys")
+        return [cert]
+    found = certificates.check_recorded(store, comp.id, trusted)  # each verifies and names comp, or raises
+    if not found:
+        raise Skip("no certificate given or recorded")
+    believed = [c for c in found if c["trusted"] or not trusted]
+    if not believed:
+        raise Skip(f"{len(found)} recorded certificate(s), none signed by a key of trusted_keys")
+    return believed
+
+
+def _named(cert: dict, reason: str) -> str:
+    """A failure's reason, naming the recorded certificate it is about."""
+    return f"recorded certificate {dg.short(cert['digest'])}: {reason}" if "digest" in cert else reason
+
+
+def _certificate(store: StoreDir, comp: Composition, certificate: Path | None, load: Load) -> str:
+    """Every certificate judged must pass: each is a signed claim about this composition's
+    answers, and one that no longer holds here is what the check is for."""
+    from slm.ops.ship.policy import policy
+
+    judged = _certificates(store, comp, certificate, policy(store).trusted_keys)
+    for cert in judged:
+        result = cert["result"]
+        numerics = result.get("numerics")
+        if not isinstance(numerics, dict) or numerics.get("ok") is not True:
+            raise CheckFailed(_named(cert, "the certificate does not certify passing numerics"))
     here = verify.check_numerics(store, comp)
     if not here["ok"]:
         raise CheckFailed(f"logits differ from the fresh-base oracle here (max abs {here['max_abs_error']:.2e}, "
                           f"top-1 agreement {here['top1_agreement']:.3f})")
-    differs = golden.differences(store, load(), result.get("golden"))
-    if differs:
-        raise CheckFailed(differs)
-    return f"certified by key {cert['fingerprint']}: oracle numerics and golden answers match"
+    for cert in judged:
+        differs = golden.differences(store, load(), cert["result"].get("golden"))
+        if differs:
+            raise CheckFailed(_named(cert, differs))
+    keys = ", ".join(dict.fromkeys(c["fingerprint"] for c in judged))
+    what = "certified" if len(judged) == 1 else f"{len(judged)} certificates"
+    return f"{what} by key {keys}: oracle numerics and golden answers match"
 
 
 def _generation(store: StoreDir, comp: Composition, certificate: Path | None, load: Load) -> str:
@@ -88,16 +119,16 @@ def _generation(store: StoreDir, comp: Composition, certificate: Path | None, lo
     return f"{len(tokens)} tokens generated ({mode}), logits finite"
 
 
-BUILT_IN: tuple[tuple[str, Callable[[StoreDir, Composition, Path | None, Load], str | None]], ...] = (
+BUILT_IN: tuple[tuple[str, Callable[[StoreDir, Composition, Path | None, Load], str]], ...] = (
     ("integrity", _integrity), ("certificate", _certificate), ("generation", _generation))
 
 
-def _timed(name: str, check: Callable[[], str | None]) -> HealthCheck:
+def _timed(name: str, check: Callable[[], str]) -> HealthCheck:
     start = time.monotonic()
     try:
-        reason = check()
-        status = PASSED if reason is not None else SKIPPED
-        reason = reason if reason is not None else "no certificate given"
+        status, reason = PASSED, check()
+    except Skip as skipped:
+        status, reason = SKIPPED, str(skipped)
     except (CheckFailed, SlmError) as err:
         status, reason = FAILED, " ".join(str(err).split())
     return HealthCheck(name, status, reason, round(time.monotonic() - start, 3))

@@ -82,9 +82,12 @@ class Certified(Result):
 
     report: VerifyReport
     certificate: str  # the certificate's path
+    recorded: str | None = None  # its blob's digest, when it is recorded with the stored composition
+    not_recorded: str = ""  # why it is not
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.report.to_json(), "certificate": self.certificate}
+        return {**self.report.to_json(), "certificate": self.certificate, "recorded": self.recorded,
+                "not_recorded": self.not_recorded}
 
     def check(self) -> None:
         self.report.check()

@@ -83,6 +83,8 @@ class ReceiveResult(Result):
     source: str = ""
     manifest_digest: str = ""  # sha256 of the OCI manifest received
     referrer_signatures: int = 0  # `slm pull`: signatures found as referrers of it, all checked
+    certificates: int = 0  # signed verify certificates it carried
+    referrer_certificates: int = 0  # `slm pull`: certificates found as referrers of it, all checked
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "adapter_names": list(self.adapter_names)}
@@ -97,8 +99,9 @@ class PushResult(Result):
     blobs_uploaded: int
     bytes_uploaded: int
     blobs_present: int
-    referrers: int
+    referrers: int  # signature referrers
     seconds: float
+    certificate_referrers: int = 0
 
 
 @dataclass(frozen=True)

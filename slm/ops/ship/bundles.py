@@ -76,7 +76,7 @@ def plan(store: StoreDir, ref: str | None, progress: Progress | None = None) -> 
     progress = progress or NoProgress()
     comp, record, extra = target(store, ref)
     layers = []
-    entries = blobs_of(store.objects, comp, record, comp.signatures)
+    entries = blobs_of(store.objects, comp, record)
     sizes = {d: (len(extra[d]) if d in extra else store.objects.size(d)) for d, _, _ in entries}
     progress.start("hashing blobs", sum(sizes.values()))
     for digest, media, title in entries:

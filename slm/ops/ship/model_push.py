@@ -10,7 +10,8 @@ What the format cannot say is refused before anything is uploaded (Incompatible,
 dropped: a base with no GGUF file to give back (imported from Hugging Face weights, or received
 in a bundle), an adapter that is not a LoRA (IA3, sparse deltas: no GGUF LoRA form), an adapter
 weight other than 1 (neither format has one: llama.cpp, Docker Model Runner and Ollama apply a
-LoRA at full strength), signatures (slm's own; push as slm's format to carry them).
+LoRA at full strength), signatures and signed verify certificates (slm's own; push as slm's
+format to carry them).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def _plan(store: StoreDir, comp_ref: str | None, fmt: str, progress: Progress):
     comp, _, _ = bundles.target(store, comp_ref)
     if comp.signatures:
         raise _refusal(fmt, f"composition {dg.short(comp.id)} has {len(comp.signatures)} slm signature(s)")
+    if comp.certificates:
+        raise _refusal(fmt, f"composition {dg.short(comp.id)} has {len(comp.certificates)} "
+                            "signed verify certificate(s)")
     base = parse_base_manifest(store.objects.read_verified(comp.base), f"base {dg.short(comp.base)}")
     gguf = base_gguf_plan(store, comp.base, base)  # Incompatible: no GGUF file to give back
     base_name = comp.base_name or f"base-{dg.short(comp.base, 8)}"

@@ -1,8 +1,8 @@
 """Receiving a bundle (`slm import bundle`, `slm pull`): a store transaction exactly like import.
 
-    read the OCI manifest and config -> fetch the composition record and the signatures it
-    lists (each valid for its id; `admit`, given by a pull into a store that requires
-    signatures, judges them here, before anything is written) -> the base and adapter
+    read the OCI manifest and config -> fetch the composition record and the signatures and
+    certificates it lists (each valid for its id; `admit`, given by a pull into a store that
+    requires signatures, judges the signatures here, before anything is written) -> the base and adapter
     manifests -> check that the layers are exactly the blobs those manifests name -> fetch
     every other blob the store lacks, each re-hashed (sha256 and size against its descriptor,
     BLAKE3 against its annotation) and staged under tmp/ -> under the store lock: journal
@@ -79,6 +79,7 @@ def expected_blobs(comp: Composition, record: str, base: BaseManifest,
         out.setdefault(ref.digest, mt.ADAPTER_MANIFEST)
         out.update({d: mt.TENSOR for d in manifest.blob_digests() if d not in out})
     out.update({s: mt.SIGNATURE for s in comp.signatures if s not in out})
+    out.update({c: mt.CERTIFICATE for c in comp.certificates if c not in out})
     return out
 
 
@@ -190,7 +191,8 @@ class Receiver:
 
     def _merged_record(self, comp: Composition, record: str) -> str:
         """The record to set: the bundle's, unless the store already has a record of this id;
-        then the local one is kept (its provenance), gaining the bundle's signatures."""
+        then the local one is kept (its provenance), gaining the bundle's signatures and
+        certificates."""
         existing = self.store.names.get("compositions", dg.hex_of(comp.id))
         if existing is None or existing == record:
             return record
@@ -198,8 +200,9 @@ class Receiver:
             local = compositions.load(self.store, comp.id)
         except SlmError:
             return record  # a damaged local record is replaced by the verified one
-        merged = local.with_signatures(dict.fromkeys((*local.signatures, *comp.signatures)))
-        if merged.signatures == local.signatures:
+        merged = local.with_signatures(dict.fromkeys((*local.signatures, *comp.signatures))) \
+            .with_certificates(dict.fromkeys((*local.certificates, *comp.certificates)))
+        if merged == local:
             return existing
         return self.staging.put(merged.to_toml())
 
@@ -226,9 +229,12 @@ class Receiver:
         signatures = [self.small(s, mt.SIGNATURE, f"signature {dg.short(s)}") for s in comp.signatures]
         for data in signatures:
             signing.parse_signature(data, comp.id)
+        certificates = [self.small(c, mt.CERTIFICATE, f"certificate {dg.short(c)}") for c in comp.certificates]
+        for digest, data in zip(comp.certificates, certificates):
+            signing.check_certificate_of(data, comp.id, f"{self.where} certificate {dg.short(digest)}")
         if self.admit is not None:
             self.admit(comp.id, signatures)
-        for data in (record_bytes, *signatures):
+        for data in (record_bytes, *signatures, *certificates):
             self.staging.put(data)
         base = parse_base_manifest(self.content(comp.base, mt.BASE_MANIFEST, "the base manifest"),
                                    f"{self.where} base manifest")
@@ -264,7 +270,8 @@ class Receiver:
         reused = len(self.staging.reused)
         return ReceiveResult(comp.id, record, comp.base_name, tuple(a.name for a in comp.adapters),
                              len(comp.signatures), len(self.layers), self.downloaded, self.bytes, reused,
-                             len(new), round(time.perf_counter() - started, 3), self.where)
+                             len(new), round(time.perf_counter() - started, 3), self.where,
+                             certificates=len(comp.certificates))
 
 
 def _check_base(comp: Composition, base: BaseManifest, where: str) -> None:

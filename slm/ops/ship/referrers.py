@@ -1,18 +1,23 @@
-"""Signatures as OCI referrers on `slm pull`: `slm push` sends each signature as a referrer of
-the composition's manifest (slm.ops.ship.registry_ops); a pull fetches the signature referrers of the
-manifest it pulls (the registry's referrers API, else the OCI 1.1 fallback tag
-`sha256-<hex of the manifest>`), checks each one for the composition the manifest's config names
-before anything is received (one that does not verify refuses the pull: exit 5, the store
-unchanged), and once the composition is received lists those it did not already carry with it.
+"""Signatures and certificates as OCI referrers on `slm pull`: `slm push` sends each signature
+and each signed verify certificate as a referrer of the composition's manifest
+(slm.ops.ship.registry_ops), each kind under its own artifactType; a pull fetches the referrers
+of the manifest it pulls (the registry's referrers API, else the OCI 1.1 fallback tag
+`sha256-<hex of the manifest>`), checks each one for the composition the manifest's config
+names before anything is received (one that is malformed, larger than its kind's bound, or
+does not verify for that composition refuses the pull: exit 4 or 5, the store unchanged), and
+once the composition is received lists those it did not already carry with it.
 
 A referrer of another artifactType (a cosign signature, an SBOM) is not slm's and is left alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from slm.compose.composition import MAX_CERTIFICATES, MAX_SIGNATURES
 from slm.distribution import mediatypes as mt
-from slm.distribution.bundle import (MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES, Manifest,
-                                     parse_config, parse_descriptor, sha256_of)
+from slm.distribution.bundle import (MAX_CERT_BYTES, MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES,
+                                     Manifest, parse_config, parse_descriptor, sha256_of)
 from slm.distribution.registry import Registry
 from slm.errors import IntegrityError, InvalidInput
 from slm.formats.jsonfile import parse_json_object
@@ -21,8 +26,26 @@ from slm.store import StoreDir
 MAX_REFERRERS = 256
 
 
-def _index_entries(registry: Registry, subject: str) -> list[str]:
-    """The digests of the slm signature referrers of `subject`."""
+@dataclass(frozen=True)
+class Kind:
+    """One kind of slm referrer: its artifactType, its one layer's media type and bound, and how
+    many a composition record lists at most (more referrers of the kind are refused unread)."""
+
+    name: str  # as messages say it
+    artifact_type: str
+    media_type: str
+    max_bytes: int
+    max_count: int
+
+
+SIGNATURE = Kind("signature", mt.ARTIFACT_SIGNATURE, mt.SIGNATURE, MAX_SIGNATURE_BYTES, MAX_SIGNATURES)
+CERTIFICATE = Kind("certificate", mt.ARTIFACT_CERTIFICATE, mt.CERTIFICATE, MAX_CERT_BYTES, MAX_CERTIFICATES)
+KINDS = (SIGNATURE, CERTIFICATE)
+KIND_OF_LAYER = {k.media_type: k for k in KINDS}
+
+
+def _index_entries(registry: Registry, subject: str, kinds: tuple[Kind, ...]) -> list[tuple[Kind, str]]:
+    """(kind, digest) of the slm referrers of `subject` of the kinds asked for."""
     data = registry.get_referrers(subject)
     if data is None:  # no referrers API: the fallback tag, if anyone maintained one
         try:
@@ -35,46 +58,72 @@ def _index_entries(registry: Registry, subject: str) -> list[str]:
     entries = index.get("manifests")
     if not isinstance(entries, list) or len(entries) > MAX_REFERRERS:
         raise InvalidInput(f"the referrers index of {subject[:19]} is not a list of at most {MAX_REFERRERS} manifests")
+    by_type = {k.artifact_type: k for k in kinds}
     out = []
     for i, entry in enumerate(entries):
-        if isinstance(entry, dict) and entry.get("artifactType") == mt.ARTIFACT_SIGNATURE:
+        kind = by_type.get(entry.get("artifactType")) if isinstance(entry, dict) else None
+        if kind is not None:
             desc, _ = parse_descriptor({k: v for k, v in entry.items() if k != "artifactType"},
                                        f"referrers index of {subject[:19]} [{i}]")
-            out.append(desc.digest)
+            out.append((kind, desc.digest))
+    for kind in kinds:
+        if sum(1 for k, _ in out if k is kind) > kind.max_count:
+            raise InvalidInput(f"the referrers index of {subject[:19]} lists more than {kind.max_count} "
+                               f"{kind.name}s, more than a composition record holds")
     return out
 
 
-def _signature_of(registry: Registry, digest: str, subject: str) -> bytes:
-    what = f"signature referrer {digest[:19]}"
+def _blob_of(registry: Registry, kind: Kind, digest: str, subject: str) -> bytes:
+    """The one layer of a referrer of `kind`, its size bounded before it is read."""
+    what = f"{kind.name} referrer {digest[:19]}"
     doc = parse_json_object(registry.get_manifest(digest) or b"null", what, MAX_MANIFEST_BYTES)
     layers = doc.get("layers")
-    if (doc.get("artifactType") != mt.ARTIFACT_SIGNATURE or not isinstance(doc.get("subject"), dict)
+    if (doc.get("artifactType") != kind.artifact_type or not isinstance(doc.get("subject"), dict)
             or doc["subject"].get("digest") != subject or not isinstance(layers, list) or len(layers) != 1):
-        raise InvalidInput(f"{what}: not one slm signature referring to {subject[:19]}")
+        raise InvalidInput(f"{what}: not one slm {kind.name} referring to {subject[:19]}")
     layer, _ = parse_descriptor(layers[0], what + " layer", {mt.BLAKE3_ANNOTATION, mt.TITLE_ANNOTATION})
-    if layer.media_type != mt.SIGNATURE or layer.size > MAX_SIGNATURE_BYTES:
-        raise InvalidInput(f"{what}: its layer is not a signature of at most {MAX_SIGNATURE_BYTES} bytes")
+    if layer.media_type != kind.media_type or layer.size > kind.max_bytes:
+        raise InvalidInput(f"{what}: its layer is not a {kind.name} of at most {kind.max_bytes} bytes")
     blob = registry.get_blob(layer.digest, layer.size)
     if len(blob) != layer.size or sha256_of(blob) != layer.digest:
-        raise IntegrityError(f"{what}: its signature blob does not match its descriptor")
+        raise IntegrityError(f"{what}: its {kind.name} blob does not match its descriptor")
     return blob
 
 
-def fetch_signatures(registry: Registry, manifest: Manifest, manifest_digest: str) -> list[bytes]:
-    """The signature blobs the registry holds as referrers of the manifest, each checked to be
-    a valid signature of the composition its config names (IntegrityError / InvalidInput)."""
+@dataclass(frozen=True)
+class Referred:
+    """The checked blobs the registry holds as referrers of a manifest, by kind."""
+
+    signatures: tuple[bytes, ...] = ()
+    certificates: tuple[bytes, ...] = ()
+
+
+def fetch_referrers(registry: Registry, manifest: Manifest, manifest_digest: str,
+                    kinds: tuple[Kind, ...] = KINDS) -> Referred:
+    """The signature and certificate blobs (of `kinds`) the registry holds as referrers of the
+    manifest, each checked to be a valid signature, or a certificate whose signature verifies,
+    of the composition its config names (IntegrityError / InvalidInput)."""
     from slm.distribution import signing
 
-    digests = _index_entries(registry, manifest_digest)
-    if not digests:
-        return []
+    found = _index_entries(registry, manifest_digest, kinds)
+    if not found:
+        return Referred()
     comp_id = composition_of(registry, manifest, manifest_digest)
-    blobs = []
-    for digest in digests:
-        blob = _signature_of(registry, digest, manifest_digest)
-        signing.parse_signature(blob, comp_id, f"signature referrer {digest[:19]}")
-        blobs.append(blob)
-    return blobs
+    blobs: dict[Kind, list[bytes]] = {k: [] for k in KINDS}
+    for kind, digest in found:
+        blob = _blob_of(registry, kind, digest, manifest_digest)
+        what = f"{kind.name} referrer {digest[:19]}"
+        if kind is SIGNATURE:
+            signing.parse_signature(blob, comp_id, what)
+        else:
+            signing.check_certificate_of(blob, comp_id, what)
+        blobs[kind].append(blob)
+    return Referred(tuple(blobs[SIGNATURE]), tuple(blobs[CERTIFICATE]))
+
+
+def fetch_signatures(registry: Registry, manifest: Manifest, manifest_digest: str) -> list[bytes]:
+    """The signature referrers of a manifest alone, checked as fetch_referrers checks them."""
+    return list(fetch_referrers(registry, manifest, manifest_digest, (SIGNATURE,)).signatures)
 
 
 def composition_of(registry: Registry, manifest: Manifest, manifest_digest: str) -> str:

@@ -1,7 +1,8 @@
 """`slm push` and `slm pull`: a composition to and from an OCI registry.
 
 Push uploads only the blobs the registry lacks (HEAD first), then the manifest under its tag,
-then one referrer manifest per signature (`subject` = the composition's manifest; where the
+then one referrer manifest per signature and per signed verify certificate (`subject` = the
+composition's manifest, artifactType that of its kind: slm.ops.ship.referrers; where the
 registry does not index referrers itself, the OCI 1.1 fallback tag `sha256-<hex>` lists them).
 Pull is a receive transaction (slm.ops.ship.receive): only blobs the store lacks are downloaded,
 each streamed into the store's tmp/ and hashed on the way (never held whole), every byte is
@@ -25,7 +26,7 @@ from slm.distribution.registry import Registry
 from slm.errors import Incompatible, InvalidInput, NotFound
 from slm.formats.jsonfile import parse_json_object
 from slm.distribution import model_artifacts
-from slm.ops.ship import bundles, model_pull, policy, receive, referrers
+from slm.ops.ship import bundles, certificates, model_pull, policy, receive, referrers
 from slm.ops.infer import compositions
 from slm.ops.store import naming
 from slm.ops.progress import NoProgress, Progress
@@ -79,25 +80,30 @@ def push(store: StoreDir, reference: str, comp_ref: str | None = None, insecure:
         sent = sum(results)
         present = len(results) - uploaded
         registry.put_manifest(ref.tag, plan.manifest_bytes)
-        referrers = _push_signatures(registry, plan)
+        pushed = _push_referrers(registry, plan)
     finally:
         clients.close()
     return PushResult(str(ref), plan.manifest_digest, plan.composition.id, len(plan.manifest.layers),
-                      uploaded, sent, present, referrers, round(time.perf_counter() - started, 3))
+                      uploaded, sent, present, pushed[referrers.SIGNATURE], round(time.perf_counter() - started, 3),
+                      pushed[referrers.CERTIFICATE])
 
 
-def _push_signatures(registry: Registry, plan: bundles.BundlePlan) -> int:
+def _push_referrers(registry: Registry, plan: bundles.BundlePlan) -> dict[referrers.Kind, int]:
+    """One referrer per signature and per certificate layer; how many of each kind."""
     subject = Descriptor(mt.OCI_MANIFEST, plan.manifest_digest, len(plan.manifest_bytes))
     pushed = []
+    counts = dict.fromkeys(referrers.KINDS, 0)
     for layer in plan.manifest.layers:
-        if layer.media_type != mt.SIGNATURE:
+        kind = referrers.KIND_OF_LAYER.get(layer.media_type)
+        if kind is None:
             continue
-        referrer = Manifest(plan.manifest.config, (layer,), mt.ARTIFACT_SIGNATURE, subject).to_bytes()
+        counts[kind] += 1
+        referrer = Manifest(plan.manifest.config, (layer,), kind.artifact_type, subject).to_bytes()
         digest = sha256_of(referrer)
         resp = registry.put_manifest(digest, referrer)
         if "oci-subject" not in resp.headers:
             pushed.append({"mediaType": mt.OCI_MANIFEST, "digest": digest, "size": len(referrer),
-                           "artifactType": mt.ARTIFACT_SIGNATURE})
+                           "artifactType": kind.artifact_type})
     if pushed:  # the registry does not index referrers: maintain the fallback tag (OCI 1.1)
         tag = plan.manifest_digest.replace(":", "-")
         old = registry.get_manifest(tag, mt.OCI_INDEX)
@@ -109,7 +115,7 @@ def _push_signatures(registry: Registry, plan: bundles.BundlePlan) -> int:
         entries += [p for p in pushed if p["digest"] not in known]
         registry.put_manifest(tag, canonical({"schemaVersion": 2, "mediaType": mt.OCI_INDEX,
                                               "manifests": entries}), mt.OCI_INDEX)
-    return sum(1 for l in plan.manifest.layers if l.media_type == mt.SIGNATURE)
+    return counts
 
 
 class _Clients:
@@ -171,20 +177,25 @@ def pull(store: StoreDir, reference: str, insecure: bool = False,
             naming.name_remote(store, str(ref), compositions.load(store, pulled.composition_id))
             return pulled
         manifest = parse_manifest(data, f"{ref} manifest")
-        # signatures pushed as referrers, checked before anything is received (slm.ops.ship.referrers)
-        signed = referrers.fetch_signatures(registry, manifest, sha256_of(data))
+        # signatures and certificates pushed as referrers, checked before anything is received
+        # (slm.ops.ship.referrers)
+        referred = referrers.fetch_referrers(registry, manifest, sha256_of(data))
+        signed = list(referred.signatures)
         # the store's signing policy over every signature that would come with the composition
         # (its own and the referrers), before anything is received: a refused pull writes nothing
         result = receive.receive(store, manifest, _RegistrySource(clients), str(ref), progress,
                                  lambda comp_id, carried: policy.admit(store, comp_id, [*carried, *signed]))
         added = referrers.adopt(store, result.composition_id, signed) if signed else 0
+        certified = certificates.adopt(store, result.composition_id, list(referred.certificates)) \
+            if referred.certificates else 0
     finally:
         clients.close()
     # the reference names what was received under it (`slm activate HOST/repo:tag`): a name
     # with a history like any other, moved by its own transaction once the composition is in
     naming.name_remote(store, str(ref), compositions.load(store, result.composition_id))
     return dataclasses.replace(result, manifest_digest=sha256_of(data), signatures=result.signatures + added,
-                               referrer_signatures=len(signed))
+                               referrer_signatures=len(signed), certificates=result.certificates + certified,
+                               referrer_certificates=len(referred.certificates))
 
 
 def _refuse_unsigned_artifact(store: StoreDir, artifact: model_artifacts.ModelArtifact, ref) -> None:

@@ -1,5 +1,6 @@
-"""`slm sign`, `slm verify --signature`, signed certificates; the store's signing policy and
-its check are in slm.ops.ship.policy (every switch loads that, not this module).
+"""`slm sign`, `slm verify --signature`; the store's signing policy and its check are in
+slm.ops.ship.policy (every switch loads that, not this module); signed verify certificates,
+listed in the record the same way (list_blob), in slm.ops.ship.certificates.
 
 Policy, in the store's config.toml (top level):
 
@@ -17,15 +18,16 @@ crash before it leaves only unreferenced blobs for `slm gc`.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from slm.compose.composition import Composition
-from slm.errors import NotFound, SlmError
+from slm.compose.composition import MAX_CERTIFICATES, MAX_SIGNATURES, Composition
+from slm.errors import Incompatible, NotFound, SlmError
 from slm.ops.infer import compositions
 from slm.ops.store import specs
 from slm.ops.ship.policy import Policy, enforce, policy  # noqa: F401  (the policy lives in slm.ops.ship.policy: a switch loads that alone)
-from slm.ops.results import Certified, SignResult, SignatureCheck, SignatureReport
-from slm.store import StoreDir, fs, outputs
+from slm.ops.results import SignResult, SignatureCheck, SignatureReport
+from slm.store import StoreDir, fs
 from slm.store import digest as dg
 
 
@@ -80,28 +82,45 @@ def add_signature(store: StoreDir, comp_id: str, blob: bytes, public: str) -> Si
     the caller holds the store lock."""
     from slm.distribution import signing
 
+    record, added = list_blob(store, comp_id, blob, "signatures")
+    return SignResult(comp_id, dg.of_bytes(blob), public, signing.key_fingerprint(public), len(record.signatures),
+                      added)
+
+
+# a record's lists of blobs: (the op that adds to it, how many it holds, what a commit made)
+LISTS = {"signatures": ("sign", MAX_SIGNATURES, "is signed"),
+         "certificates": ("certify", MAX_CERTIFICATES, "records the certificate")}
+
+
+def list_blob(store: StoreDir, comp_id: str, blob: bytes, kind: str) -> tuple[Composition, bool]:
+    """Store a blob (checked by the caller) and list it in the composition record's `kind`
+    ("signatures" or "certificates"): (the record, whether it was new). The caller holds the
+    store lock."""
+    op, limit, made = LISTS[kind]
     record = compositions.load(store, comp_id)
     digest = dg.of_bytes(blob)
-    added = digest not in record.signatures
-    if added:
-        updated = record.with_signatures((*record.signatures, digest))
-        staging = store.objects.staging()
-        hex_id = dg.hex_of(comp_id)
-        try:
-            staging.put(blob)
-            record_digest = staging.put(updated.to_toml())
-            new = staging.commit()
-            # not journaled: a crash before the commit point leaves only blobs for `slm gc`
-            with store.transaction("sign", "sign", record_digest, journaled=False,
-                                   done=f"composition {dg.short(comp_id)} is signed") as tx:
-                tx.on_undo(lambda: store.objects.remove_new(new))
-                fs.point("sign.before-record")
-                tx.commit(lambda: store.names.set("compositions", hex_id, record_digest),  # the commit point
-                          landed=lambda: store.names.get("compositions", hex_id) == record_digest)
-        finally:
-            staging.discard()
-        record = updated
-    return SignResult(comp_id, digest, public, signing.key_fingerprint(public), len(record.signatures), added)
+    listed = getattr(record, kind)
+    if digest in listed:
+        return record, False
+    if len(listed) >= limit:
+        raise Incompatible(f"composition {dg.short(comp_id)} already lists {limit} {kind}, as many as a record holds")
+    updated = dataclasses.replace(record, **{kind: (*listed, digest)})
+    staging = store.objects.staging()
+    hex_id = dg.hex_of(comp_id)
+    try:
+        staging.put(blob)
+        record_digest = staging.put(updated.to_toml())
+        new = staging.commit()
+        # not journaled: a crash before the commit point leaves only blobs for `slm gc`
+        with store.transaction(op, op, record_digest, journaled=False,
+                               done=f"composition {dg.short(comp_id)} {made}") as tx:
+            tx.on_undo(lambda: store.objects.remove_new(new))
+            fs.point(f"{op}.before-record")
+            tx.commit(lambda: store.names.set("compositions", hex_id, record_digest),  # the commit point
+                      landed=lambda: store.names.get("compositions", hex_id) == record_digest)
+    finally:
+        staging.discard()
+    return updated, True
 
 
 def verify_signatures(store: StoreDir, ref: str | None, keys: list[str] = ()) -> SignatureReport:
@@ -112,48 +131,3 @@ def verify_signatures(store: StoreDir, ref: str | None, keys: list[str] = ()) ->
     comp_id = find(store, ref)
     trusted = policy(store).trusted_keys + tuple(signing.public_key_from_file_or_text(k) for k in keys)
     return SignatureReport(comp_id, tuple(check_signatures(store, comp_id, trusted)), len(set(trusted)))
-
-
-def write_certificate(comp_id: str, result: dict, key_path: Path, target: outputs.OutputFile) -> str:
-    """Sign a verify result, bound to its composition id, into `target` (a new file on the
-    guarded output path, slm.store.outputs) and commit it."""
-    from slm.distribution import signing  # Ed25519 and the canonical JSON load when a signature is touched
-
-    key = signing.load_private_key(Path(key_path))
-    target.write(signing.certificate(comp_id, result, key))
-    target.commit()
-    return str(target.shown)
-
-
-def check_certificate(path: Path, keys: list[str] = ()) -> dict:
-    from slm.distribution import signing  # Ed25519 and the canonical JSON load when a signature is touched
-
-    from slm.formats.untrusted import read_untrusted
-
-    data = read_untrusted(Path(path), signing.MAX_CERT_BYTES, "certificate")
-    comp_id, key, result = signing.check_certificate(data, Path(path).name)
-    trusted = set(keys)
-    return {"composition_id": comp_id, "public_key": key, "fingerprint": signing.key_fingerprint(key),
-            "trusted": key in trusted, "result": result}
-
-
-def certify(store: StoreDir, ref: str | None, key_path: Path, out: Path, numerics: bool = True,
-            progress=None) -> Certified:
-    """`slm verify --certificate OUT --key KEY`: verify, then write the report signed and bound to
-    the composition id (written whatever the result: the result says whether it passed); with
-    numerics checked and passed, it also records the golden answers (slm.ops.infer.golden) that
-    `slm health` compares."""
-    from slm.distribution import signing
-    from slm.ops.infer import golden, verify
-    from slm.ops.infer.loading import load_composition
-
-    signing.load_private_key(Path(key_path))  # a bad key fails before minutes of verification
-    # ... and so does a bad output (inside the store, already there, unwritable)
-    with outputs.OutputFile(Path(out), store.root, "--certificate") as target:
-        report = verify.verify(store, ref, numerics, progress)
-        result = report.to_json()
-        if report.numerics is not None and report.ok:
-            comp = specs.resolve(store, report.composition)
-            result["golden"] = golden.answers(store, load_composition(store, comp, verify=False))
-        path = write_certificate(report.composition, result, Path(key_path), target)
-    return Certified(report, path)

@@ -240,9 +240,11 @@ class Fsck:
         ok = bool(self._check_manifest(f"{label} base", comp.base, self._base_blobs))
         for a in comp.adapters:
             ok &= bool(self._check_manifest(f"{label} adapter {a.name}", a.digest, self._adapter_blobs))
-        missing = [s for s in comp.signatures if not self._blob_ok(s)]
+        missing = [(kind, d) for kind, listed in (("signature", comp.signatures), ("certificate", comp.certificates))
+                   for d in listed if not self._blob_ok(d)]
         if missing:
-            self.add("missing-blob", f"{label}: signature blob {dg.short(missing[0])} is missing or corrupt",
+            kind, digest = missing[0]
+            self.add("missing-blob", f"{label}: {kind} blob {dg.short(digest)} is missing or corrupt",
                      repairable=False)
         return ok and not missing
 

@@ -88,6 +88,7 @@ def _reachable(store: StoreDir, expiry_s: float) -> tuple[set[str], set[str]]:
         keep.add(store.names.resolve("compositions", dg.hex_of(comp_id)))
         comp = compositions.load(store, comp_id)
         keep.update(comp.signatures)
+        keep.update(comp.certificates)
         base(comp.base)
         for a in comp.adapters:
             adapter(a.digest)

@@ -3,8 +3,9 @@
 
 Each `recover` lives beside its kind's forward code and reads only the intent, the disk and
 what fsck saw (slm.store.transaction.Seen). `slm fsck` dispatches on this table alone: an
-intent of a kind that is not in it is reported, never guessed at. `slm sign` is not here: it
-journals nothing (a crash leaves only blobs no name reaches, for `slm gc`).
+intent of a kind that is not in it is reported, never guessed at. `slm sign` and the recording
+of a certificate (slm.ops.ship.signing.list_blob) are not here: they journal nothing (a crash
+leaves only blobs no name reaches, for `slm gc`).
 """
 
 from __future__ import annotations
