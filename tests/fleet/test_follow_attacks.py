@@ -167,3 +167,41 @@ def _layers(ref: str) -> list[str]:
 
     return [layer.sha256 for layer in parse_manifest(_manifest_bytes(ref, TAG), "manifest").layers
             if layer.media_type != mt.SIGNATURE]
+
+
+def _beside(fleet, comp_id: str, blob: bytes) -> None:
+    """A statement listed with `comp_id` as its signatures are, so that `slm push` sends it as a
+    referrer of its manifest (add_signature refuses one for another composition: the registry
+    is what mixes them)."""
+    from slm.ops.ship.signing import list_blob
+    from slm.store import StoreDir
+
+    store = StoreDir.open(fleet.publisher)
+    with store.locked():
+        list_blob(store, comp_id, blob, "signatures")
+
+
+def test_two_statements_giving_one_version_to_two_compositions_are_an_equivocation(fleet):
+    """Version 5 of the tag signed for the composition the tag names and, beside it on the same
+    manifest, for another: the key said two things, so neither is followed."""
+    from slm.distribution import statement
+
+    newer = activate(fleet.cli, fleet.publisher, "a3@0.5")
+    other = activate(fleet.cli, fleet.publisher, "a3@0.6")
+    sign(fleet.cli, fleet.publisher, newer, fleet.key, 5, target=fleet.target)
+    _beside(fleet, newer, statement.sign(other, fleet.repository, TAG, 5, int(time.time()) + 3600,
+                                         private_key(fleet.key)))
+    push(fleet.cli, fleet.publisher, fleet.ref, newer)
+    fleet.refused(15, "two statements give version 5")
+
+
+def test_a_statement_for_another_composition_is_a_mix_and_match(fleet):
+    """The tag names a composition whose manifest carries only a statement for another one."""
+    from slm.distribution import statement
+
+    newer = activate(fleet.cli, fleet.publisher, "a3@0.5")
+    other = activate(fleet.cli, fleet.publisher, "a3@0.6")
+    _beside(fleet, newer, statement.sign(other, fleet.repository, TAG, 5, int(time.time()) + 3600,
+                                         private_key(fleet.key)))
+    push(fleet.cli, fleet.publisher, fleet.ref, newer)
+    fleet.refused(17, "statement is for composition")
