@@ -12,6 +12,7 @@ its own, from a publisher's store of its own."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -205,3 +206,52 @@ def test_a_statement_for_another_composition_is_a_mix_and_match(fleet):
                                          private_key(fleet.key)))
     push(fleet.cli, fleet.publisher, fleet.ref, newer)
     fleet.refused(17, "statement is for composition")
+
+
+def test_a_composition_marked_bad_is_not_pulled_again_under_a_new_version(fleet):
+    """Version 5 fails the operator's health.d check and is marked bad; the publisher (or a
+    registry replaying it) signs the same composition again as version 6, a manifest of
+    another digest: the device knows the composition and neither pulls nor tries it again."""
+    newer = activate(fleet.cli, fleet.publisher, "a3@0.5")
+    script = fleet.device / "health.d" / "operator"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/sh\n[ "$SLM_COMPOSITION" != "{newer}" ] || {{ echo "not this one" >&2; exit 1; }}\n')
+    script.chmod(0o755)
+    sign(fleet.cli, fleet.publisher, newer, fleet.key, 5, target=fleet.target)
+    push(fleet.cli, fleet.publisher, fleet.ref, newer)
+    tried = fleet.follow()
+    assert tried.code == 18 and tried.json()["outcome"] == "rolled-back", (tried.out, tried.err)
+    first_digest = _manifest_digest(fleet.ref)
+    sign(fleet.cli, fleet.publisher, newer, fleet.key, 6, target=fleet.target)
+    push(fleet.cli, fleet.publisher, fleet.ref, newer)
+    assert _manifest_digest(fleet.ref) != first_digest  # (a new signature is a new layer)
+
+    before = snapshot(fleet.device)
+    again = fleet.follow()
+    assert again.code == 18 and again.json()["outcome"] == "known-bad", (again.out, again.err)
+    assert "marked bad" in again.json()["message"]
+    assert snapshot(fleet.device) == before
+    status = fleet.cli("--store", fleet.device, "follow", "--status", "--json").json()
+    assert (status["active"], status["good"]["version"]) == (fleet.v4, 4)
+    assert [(b["composition"], b["manifest"]) for b in status["bad"]] == [(newer, first_digest)]
+
+
+def _manifest_digest(ref: str) -> str:
+    from slm.distribution.bundle import sha256_of
+
+    return sha256_of(_manifest_bytes(ref, TAG))
+
+
+def test_a_push_moves_the_tag_only_once_its_statements_are_there(cli, tmp_path, publisher_template):
+    """A follower that resolves the tag while `slm push` runs must find the statements of what
+    the tag names: the manifest goes up by digest, then its referrers (and the fallback index
+    that lists them, distribution 2.8 having no referrers API), and the tag moves last. Read in
+    the registry's access log."""
+    (tmp_path / "registry").mkdir()
+    with local_registry(tmp_path / "registry") as reg:
+        publisher = copy_store(publisher_template, tmp_path / "publisher")
+        key, _ = make_key(tmp_path / "ci.pem", 1)
+        publish(cli, publisher, f"{reg.host}/{REPOSITORY}:{TAG}", key, 1, "a1@0.5")
+        log = (reg.storage.parent / "registry.log").read_text()
+    puts = re.findall(rf'"PUT /v2/{REPOSITORY}/manifests/(\S+) HTTP', log)
+    assert len(puts) >= 3 and puts[-1] == TAG and puts.count(TAG) == 1, puts  # manifest, referrer, index, tag

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from dist_fixtures import local_registry
-from follow_fixtures import REPOSITORY, TAG, activate, device, make_key, private_key, push, sign
+from follow_fixtures import REPOSITORY, TAG, activate, active_id, device, make_key, private_key, push, sign
 from helpers import copy_store, tiny_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,10 @@ class Follower:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            doc = json.loads(line)  # a line that is not one JSON object fails the test below
+            try:
+                doc = json.loads(line)
+            except ValueError:  # not one JSON object a line: an outcome "error", which fails the test
+                doc = {"unparsed": line.decode(errors="replace")}
             with self._lock:
                 self.rounds.append(doc)
 
@@ -253,9 +256,11 @@ def test_five_devices_follow_a_tag_and_roll_back_a_version_that_fails_its_checks
             pub.release(v4, 4)
             statuses = _wait_all(cli, followers, _runs(v4, 4), "runs v4", WITHIN_TWO_INTERVALS_S)
             assert all([b["composition"] for b in s["bad"]] == [v3] for s in statuses)
+            assert [active_id(cli, store) for store in devices] == [v4] * DEVICES  # `slm status` says so too
             for f in followers:  # every line a round's result: no error round on the way
                 outcomes = f.outcomes()
-                assert "error" not in outcomes and outcomes.count("rolled-back") == 1, outcomes
+                assert "error" not in outcomes and outcomes.count("rolled-back") == 1, \
+                    (outcomes, [r for r in f.rounds if "outcome" not in r])
         finally:
             for f in followers:
                 f.stop()
