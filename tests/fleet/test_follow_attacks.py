@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from dist_fixtures import local_registry, registry  # noqa: F401  (fixture)
-from follow_fixtures import (REPOSITORY, TAG, active_id, activate, add_statement, device, make_key, private_key,
-                             publish, push, sign)
+from fleet_follow_fixtures import (REPOSITORY, TAG, active_id, activate, add_statement, device, make_key,
+                                   private_key, publish, push, sign)
 from helpers import copy_store, snapshot, tiny_store
 
 pytestmark = pytest.mark.hostile

@@ -34,7 +34,8 @@ from pathlib import Path
 import pytest
 
 from dist_fixtures import local_registry
-from follow_fixtures import REPOSITORY, TAG, activate, active_id, device, make_key, private_key, push, sign
+from fleet_follow_fixtures import (REPOSITORY, TAG, activate, active_id, device, make_key, private_key, push,
+                                   sign)
 from helpers import copy_store, tiny_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,10 +258,15 @@ def test_five_devices_follow_a_tag_and_roll_back_a_version_that_fails_its_checks
             statuses = _wait_all(cli, followers, _runs(v4, 4), "runs v4", WITHIN_TWO_INTERVALS_S)
             assert all([b["composition"] for b in s["bad"]] == [v3] for s in statuses)
             assert [active_id(cli, store) for store in devices] == [v4] * DEVICES  # `slm status` says so too
-            for f in followers:  # every line a round's result: no error round on the way
+            for f in followers:
                 outcomes = f.outcomes()
-                assert "error" not in outcomes and outcomes.count("rolled-back") == 1, \
-                    (outcomes, [r for r in f.rounds if "outcome" not in r])
+                assert outcomes.count("rolled-back") == 1, outcomes
+                # Every line a round's result, or a registry error (12): distribution 2.8 rewrites
+                # a tag's link file in place, so a read that races a push's tag update may get
+                # HTTP 500 ("invalid checksum digest format"), and the round is retried. No
+                # refusal of anything the publisher signed.
+                errors = [r for r in f.rounds if "outcome" not in r]
+                assert all(r.get("exit_code") == 12 for r in errors), errors
         finally:
             for f in followers:
                 f.stop()
