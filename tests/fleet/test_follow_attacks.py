@@ -1,9 +1,12 @@
 """Attacks on a device that follows a tag (`slm follow REF --once`, in-process), each refused
 with its documented exit code (docs/exit-codes.md), the device's store unchanged and its good
 composition still running: the tag moved back to an older signed version (14), a statement
-giving the running version to another composition (15), an expired statement (16), a statement
-for another tag (17), an unsigned composition and one signed only by an untrusted key (6), a
-manifest whose blobs do not match (5), a registry that is down (12).
+giving the running version to another composition, or two giving one version to two
+compositions (15), an expired statement (16), a statement for another tag or another
+composition (17), an unsigned composition and one signed only by an untrusted key (6), a
+manifest whose blobs do not match (5), a registry that is down (12). Beside them: a composition
+marked bad is not tried again when signed anew, and `slm push` moves the tag only once the
+statements of what it names are there.
 
 The registry is Debian's docker-registry on loopback (tests/distribution/dist_fixtures.py); the
 compositions are the synthetic tiny model's (helpers.tiny_store) with random LoRA adapters, so
@@ -75,7 +78,8 @@ class Fleet:
 
 @pytest.fixture
 def fleet(cli, tmp_path, publisher_template, registry, request):  # noqa: F811
-    return Fleet(cli, tmp_path, publisher_template, registry.host, f"fleet/{request.node.name.lower()[5:40]}")
+    repository = "fleet/" + request.node.name.lower().removeprefix("test_")[:35].rstrip("_")  # the test's own
+    return Fleet(cli, tmp_path, publisher_template, registry.host, repository)
 
 
 def test_the_tag_moved_back_to_an_older_signed_version_is_a_rollback(fleet):
