@@ -234,7 +234,8 @@ def test_five_devices_follow_a_tag_and_roll_back_a_version_that_fails_its_checks
                 assert all(words in s["bad"][0]["reason"] for words in why), s["bad"]
             log = registry.storage.parent / "registry.log"
             marked = log.stat().st_size
-            v3_own = {v3_digest} | _own_digests(v3_manifest, v2_manifest)
+            # its manifest, its referrers' index (its statements), its config and its own blobs
+            v3_own = {v3_digest, v3_digest.replace(":", "-")} | _own_digests(v3_manifest, v2_manifest)
             pulled_before = _requests_for(log.read_text(errors="replace"), {v3_digest})
             assert len(pulled_before) >= DEVICES, pulled_before  # each device pulled v3 by digest once
 
