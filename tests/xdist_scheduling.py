@@ -37,6 +37,7 @@ LONGEST_FIRST = [
     "tests/distribution/test_dist_crash.py",
     "tests/fleet/test_fleet_router.py",  # a fleet of 3 replicas built, then 4 routers in front of it
     "tests/fleet/test_fleet_failover.py",
+    "tests/fleet/test_follow_fleet.py",  # five `slm follow` processes through four versions, twice
     "tests/distribution/test_dist_registry.py",
     "tests/distribution/test_dist_bundle.py",
     "tests/cli/test_concurrency.py",

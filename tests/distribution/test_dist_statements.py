@@ -101,7 +101,7 @@ def test_bad_targets_are_one_line_errors(cli, tmp_path, store_a, target):
 
 
 def test_a_pushed_statement_is_fetched_back_and_checks(cli, tmp_path, registry, store_a):  # noqa: F811
-    from slm.distribution.bundle import parse_manifest, sha256_of
+    from slm.distribution.bundle import sha256_of
     from slm.distribution.reference import parse_reference
     from slm.distribution.registry import Registry
     from slm.ops.ship.statements import fetch_statements
@@ -120,7 +120,7 @@ def test_a_pushed_statement_is_fetched_back_and_checks(cli, tmp_path, registry, 
     client = Registry(parse_reference(ref), False)
     try:
         data = client.get_manifest("prod")
-        found = fetch_statements(client, parse_manifest(data, "manifest"), sha256_of(data))
+        found = fetch_statements(client, sha256_of(data))
     finally:
         client.close()
     assert sorted((s.tag, s.version, s.composition) for s in found) == [("prod", 7, comp_id), ("staging", 2, comp_id)]

@@ -169,7 +169,7 @@ def follow_round(store: StoreDir, reference: str, *, insecure: bool = False, now
             return _ended(store, state, str(ref), KNOWN_BAD, f"{ref} names {dg.short(comp_id)}, marked bad")
         good = state.good
         verdict = statement.check_statements(
-            fetch_statements(registry, manifest, digest), repository=ref.repository, tag=ref.tag,
+            fetch_statements(registry, digest), repository=ref.repository, tag=ref.tag,
             now=time.time() if now is None else now, trusted_keys=trusted, composition=comp_id,
             running=None if good is None else (good.version, good.composition))
         signed = verdict.raise_if_refused()

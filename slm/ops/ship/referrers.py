@@ -121,9 +121,12 @@ def fetch_referrers(registry: Registry, manifest: Manifest, manifest_digest: str
     return Referred(tuple(blobs[SIGNATURE]), tuple(blobs[CERTIFICATE]))
 
 
-def fetch_signatures(registry: Registry, manifest: Manifest, manifest_digest: str) -> list[bytes]:
-    """The signature referrers of a manifest alone, checked as fetch_referrers checks them."""
-    return list(fetch_referrers(registry, manifest, manifest_digest, (SIGNATURE,)).signatures)
+def fetch_unjudged(registry: Registry, manifest_digest: str, kind: Kind) -> list[bytes]:
+    """The blobs of a manifest's referrers of one kind, each bounded and matching its descriptor,
+    but not yet judged against the composition the manifest names: a follower weighs the
+    statements among them itself (slm.ops.ship.statements), one for another composition included."""
+    return [_blob_of(registry, kind, digest, manifest_digest)
+            for kind, digest in _index_entries(registry, manifest_digest, (kind,))]
 
 
 def composition_of(registry: Registry, manifest: Manifest, manifest_digest: str) -> str:

@@ -1,9 +1,10 @@
 """`slm push` and `slm pull`: a composition to and from an OCI registry.
 
-Push uploads only the blobs the registry lacks (HEAD first), then the manifest under its tag,
+Push uploads only the blobs the registry lacks (HEAD first), then the manifest by its digest,
 then one referrer manifest per signature and per signed verify certificate (`subject` = the
 composition's manifest, artifactType that of its kind: slm.ops.ship.referrers; where the
-registry does not index referrers itself, the OCI 1.1 fallback tag `sha256-<hex>` lists them).
+registry does not index referrers itself, the OCI 1.1 fallback tag `sha256-<hex>` lists them),
+and only then the manifest under its tag.
 Pull is a receive transaction (slm.ops.ship.receive): only blobs the store lacks are downloaded,
 each streamed into the store's tmp/ and hashed on the way (never held whole), every byte is
 verified before anything becomes visible, kill -9 at any instant leaves old or new. A store
@@ -79,8 +80,12 @@ def push(store: StoreDir, reference: str, comp_ref: str | None = None, insecure:
         uploaded = sum(1 for r in results if r)
         sent = sum(results)
         present = len(results) - uploaded
-        registry.put_manifest(ref.tag, plan.manifest_bytes)
+        # by digest, then what refers to it, then the tag: whoever resolves the tag meanwhile
+        # (a follower) finds the old manifest or the new one with its statements, never the new
+        # one without them
+        registry.put_manifest(plan.manifest_digest, plan.manifest_bytes)
         pushed = _push_referrers(registry, plan)
+        registry.put_manifest(ref.tag, plan.manifest_bytes)
     finally:
         clients.close()
     return PushResult(str(ref), plan.manifest_digest, plan.composition.id, len(plan.manifest.layers),

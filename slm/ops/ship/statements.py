@@ -18,7 +18,6 @@ from slm.ops.results import StatementResult
 from slm.store import StoreDir
 
 if TYPE_CHECKING:  # `slm sign` loads no registry client
-    from slm.distribution.bundle import Manifest
     from slm.distribution.registry import Registry
 
 
@@ -51,13 +50,15 @@ def sign_for(store: StoreDir, ref: str | None, key_path: Path, target: str, vers
                            expires=statement.format_time(until))
 
 
-def fetch_statements(registry: Registry, manifest: Manifest, manifest_digest: str) -> list:
+def fetch_statements(registry: Registry, manifest_digest: str) -> list:
     """The statements (slm.distribution.statement.Statement) among the signature referrers of
-    a manifest: each already checked to be well formed and to sign the composition the
-    manifest's config names (slm.ops.ship.referrers.fetch_signatures); whether one may be
-    followed is check_statement's question."""
+    a manifest, each well formed and valid under its own key (InvalidInput / IntegrityError),
+    whatever composition it names: a statement for another composition beside the manifest's
+    own is the registry's mix-and-match, or its key's equivocation when both give one version
+    of the tag, and check_statements tells which. Whether one may be followed is its question;
+    the other signatures are judged by the pull (slm.ops.ship.referrers.fetch_referrers)."""
     from slm.distribution import statement
     from slm.ops.ship import referrers
 
-    blobs = referrers.fetch_signatures(registry, manifest, manifest_digest)
+    blobs = referrers.fetch_unjudged(registry, manifest_digest, referrers.SIGNATURE)
     return [statement.parse_statement(b) for b in blobs if statement.is_statement(b)]
