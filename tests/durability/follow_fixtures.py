@@ -137,7 +137,7 @@ def accounted(fleet: Fleet, state: Outcome) -> list[str]:
 
 
 def _name(fleet: Fleet, comp: str | None) -> str:
-    return {fleet.v1: "v1", fleet.v2: "v2", None: "none"}.get(comp, comp[:19])
+    return {fleet.v1: "v1", fleet.v2: "v2", None: "none"}.get(comp) or comp[:19]
 
 
 def short(fleet: Fleet, state: Outcome) -> str:

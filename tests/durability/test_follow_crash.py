@@ -84,12 +84,10 @@ def _crashed(fleet, store: Path, spec: str) -> ff.Outcome:
     return state
 
 
-@pytest.fixture(scope="module")
-def round_trace(fleet, tmp_path_factory):
+def _trace(fleet, store: Path) -> list[tuple[int, str, str]]:
     """The round's fs operations and named points, in order: [(op index, 'op'|'point', detail)]."""
-    store = fleet.device(tmp_path_factory.mktemp("trace"))
     r = _round(store, fleet, SLM_FAULTS="trace")
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode in (0, 18), r.stderr[-2000:]
     events, count = [], 0
     for line in r.stderr.splitlines():
         if line.startswith("slm-fault op "):
@@ -99,6 +97,11 @@ def round_trace(fleet, tmp_path_factory):
             events.append((count + 1, "point", line.split()[2]))  # the op it comes before
     assert {d for _, kind, d in events if kind == "point"} >= set(FOLLOW_POINTS)
     return events
+
+
+@pytest.fixture(scope="module")
+def round_trace(fleet, tmp_path_factory):
+    return _trace(fleet, fleet.device(tmp_path_factory.mktemp("trace")))
 
 
 @pytest.mark.parametrize("point", FOLLOW_POINTS)
@@ -148,6 +151,30 @@ def test_kill_at_every_protocol_point_of_a_round(cli, fleet, round_trace, tmp_pa
         except AssertionError as err:
             failures.append(f"crash@op={op}: {str(err)[:300]}")
     print(f"\n{len(ops)} crash points of the round")
+    assert not failures, "\n".join(failures)
+
+
+def test_kill_at_every_point_of_a_round_that_rolls_back(cli, fleet, tmp_path):
+    """v2 fails its health check (a health.d script exits 1): the round records the failure,
+    makes v1 active again, marks v2 bad. Killed at each point from the trial's activation on,
+    the restarted follower finishes the roll-back (or runs the failing checks again)."""
+    traced = fleet.device(tmp_path / "trace")
+    _health_script(traced, "exit 1\n")
+    events = _trace(fleet, traced)
+    activated = next(op for op, kind, name in events if name == "follow.activated")
+    ops = [op for op in _sweep(events) if op >= activated]
+    assert len(ops) >= 5, ops
+    failures = []
+    for op in ops:
+        store = fleet.device(tmp_path / f"op{op}")
+        _health_script(store, "exit 1\n")
+        try:
+            _crashed(fleet, store, f"crash@op={op}")
+            state = _recovered(cli, fleet, store)
+            assert state.bad == (fleet.v2,), ff.short(fleet, state)
+        except AssertionError as err:
+            failures.append(f"crash@op={op}: {str(err)[:300]}")
+    print(f"\n{len(ops)} crash points of the failing trial")
     assert not failures, "\n".join(failures)
 
 
