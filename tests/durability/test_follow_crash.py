@@ -84,7 +84,7 @@ def _crashed(fleet, store: Path, spec: str) -> ff.Outcome:
     return state
 
 
-def _trace(fleet, store: Path) -> list[tuple[int, str, str]]:
+def _trace(fleet, store: Path, points=FOLLOW_POINTS) -> list[tuple[int, str, str]]:
     """The round's fs operations and named points, in order: [(op index, 'op'|'point', detail)]."""
     r = _round(store, fleet, SLM_FAULTS="trace")
     assert r.returncode in (0, 18), r.stderr[-2000:]
@@ -95,7 +95,7 @@ def _trace(fleet, store: Path) -> list[tuple[int, str, str]]:
             events.append((count, "op", line.split(None, 3)[3]))
         elif line.startswith("slm-fault point "):
             events.append((count + 1, "point", line.split()[2]))  # the op it comes before
-    assert {d for _, kind, d in events if kind == "point"} >= set(FOLLOW_POINTS)
+    assert {d for _, kind, d in events if kind == "point"} >= set(points)
     return events
 
 
@@ -176,6 +176,29 @@ def test_kill_at_every_point_of_a_round_that_rolls_back(cli, fleet, tmp_path):
             failures.append(f"crash@op={op}: {str(err)[:300]}")
     print(f"\n{len(ops)} crash points of the failing trial")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.hostile
+def test_a_follower_killed_before_clearing_its_intent_updates_without_an_operator(cli, fleet, tmp_path):
+    """Killed after its state's change committed but before the intent was cleared (the last
+    journal.before-clear of a first round): the next round clears the intent itself and moves
+    the device to v2, with no `slm fsck --repair` in between (a pending intent refuses every
+    transaction: the device would never update again)."""
+    fleet.publish(1)
+    try:
+        events = _trace(fleet, fleet.device(tmp_path / "trace", following=False), points=["follow.marked"])
+        last_clear = max(op for op, kind, name in events if name == "journal.before-clear")
+        store = fleet.device(tmp_path / "case", following=False)
+        crashed = _crashed(fleet, store, f"crash@op={last_clear}")
+    finally:
+        fleet.publish(2)
+    assert crashed.settled() and crashed.good == fleet.v1, ff.short(fleet, crashed)
+    assert cli("--store", store, "fsck").code == 9, "no intent was left pending"
+    r = cli("--store", store, "follow", fleet.ref, "--once", "--insecure")
+    assert r.code == 0, r.err
+    state = ff.outcome(store)
+    assert state.settled() and state.good == fleet.v2, ff.short(fleet, state)
+    assert cli("--store", store, "fsck").code == 0
 
 
 def _health_script(store: Path, body: str) -> None:
