@@ -1,8 +1,9 @@
 """kill -9 of a follower at every step of a round (docs/fleet.md): a device runs version 1,
 marked good; the tag moves to version 2; the device's round (`python -m slm follow REF --once`,
-a real process) is crashed at a step. Then the follower restarts (and `slm fsck --repair` runs
-when a command asks for it), and the device must run the old good composition or the new one
-marked good, with no trial pending, and a clean fsck.
+a real process) is crashed at a step. Then the follower restarts (repairing what the store
+needs itself) and `slm fsck` runs (--repair for the junk a crash leaves in tmp/): the device
+must run the old good composition or the new one marked good, with no trial pending, and fsck
+must be clean. Before the restart, the active composition is one the follower's state records.
 
 The steps: the round's own points (follow.*), the pull's and the activation's protocol points
 (crash@op at each point the round passes: SLM_FOLLOW_CRASH_EVERY_OP=1 sweeps every fs operation
