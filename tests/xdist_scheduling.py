@@ -33,6 +33,8 @@ LONGEST_FIRST = [
     "tests/unit/test_fuzz.py",
     "tests/serve/test_serve.py",
     "tests/durability/test_durability.py",
+    "tests/durability/test_follow_powercut.py",
+    "tests/durability/test_follow_crash.py",
     "tests/serve/test_serve_real.py",
     "tests/distribution/test_dist_crash.py",
     "tests/fleet/test_fleet_router.py",  # a fleet of 3 replicas built, then 4 routers in front of it
