@@ -14,7 +14,8 @@ from pathlib import Path
 # The verified-digest cache and the follower's report of its last round are advisory data, not
 # store state (docs/recovery.md, docs/fleet.md): any command that re-hashes a blob may refresh the
 # first, and every round of `slm follow` writes the second, a refused one included.
-ADVISORY = ("cache/verified-digests", "cache/follow-status.json")
+VERIFIED_CACHE = "cache/verified-digests"
+ADVISORY = (VERIFIED_CACHE, "cache/follow-status.json")
 
 
 def snapshot(root: Path) -> dict[str, tuple]:

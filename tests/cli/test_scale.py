@@ -13,7 +13,7 @@ import pytest
 
 import make_shape_gguf
 import slm
-from helpers import ADVISORY, one_line, peak_rss_of, refused, snapshot, wait_until
+from helpers import VERIFIED_CACHE, one_line, peak_rss_of, refused, snapshot, wait_until
 from slm.compose.base_manifest import parse_base_manifest
 from slm.formats import gguf
 from slm.ops.store import importing
@@ -211,7 +211,7 @@ def test_committed_blobs_keep_a_pinned_mtime_and_are_recorded(shaped, tmp_path):
     store_dir = tmp_path / "store"
     store = slm.Store.init(store_dir)
     store.import_base(source, "b")
-    records = verified._parse((store_dir / ADVISORY).read_bytes())
+    records = verified._parse((store_dir / VERIFIED_CACHE).read_bytes())
     for digest in _base_blobs(store):
         info = (store_dir / "objects" / "blake3" / dg.hex_of(digest)).lstat()
         assert records[dg.hex_of(digest)] == verified.spell(verified.key_of(info))

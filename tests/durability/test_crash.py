@@ -134,11 +134,11 @@ def _commit_op(ops: list[tuple[str, str]], verb: str) -> int:
 
 def snapshot(store_dir) -> dict[str, bytes | None]:
     """Every entry of a store (files with their bytes, directories as None), the lock and the
-    advisory verified-digest cache (helpers.ADVISORY: not store state) excluded."""
+    advisory files (helpers.ADVISORY: not store state) excluded."""
     out = {}
     for path in sorted(store_dir.rglob("*")):
         rel = str(path.relative_to(store_dir))
-        if rel not in ("lock", ADVISORY):
+        if rel not in ("lock", *ADVISORY):
             out[rel] = None if path.is_dir() else path.read_bytes()
     return out
 
