@@ -62,6 +62,17 @@ def target(reference: str, state: FollowState | None = None) -> Reference:
     return ref
 
 
+def trusted_keys(store: StoreDir) -> tuple[str, ...]:
+    """The keys a statement is believed under: config.toml's trusted_keys (none: exit 6)."""
+    from slm.ops.ship.policy import policy
+
+    trusted = tuple(policy(store).trusted_keys)
+    if not trusted:
+        raise Incompatible("following a tag needs the publisher's key in config.toml's trusted_keys: "
+                           "a statement is believed only under a trusted key")
+    return trusted
+
+
 @contextmanager
 def follower(store: StoreDir) -> Iterator[None]:
     """The follower's lock for its whole life: an flock of the store's directory itself (no
@@ -141,15 +152,11 @@ def follow_round(store: StoreDir, reference: str, *, insecure: bool = False, now
     from slm.distribution.bundle import parse_manifest, sha256_of
     from slm.distribution.registry import Registry
     from slm.ops.ship import referrers
-    from slm.ops.ship.policy import policy
     from slm.ops.ship.statements import fetch_statements
 
     state = fstate.read(store)
     ref = target(reference, state)
-    trusted = policy(store).trusted_keys
-    if not trusted:
-        raise Incompatible("following a tag needs the publisher's key in config.toml's trusted_keys: "
-                           "a statement is believed only under a trusted key")
+    trusted = trusted_keys(store)
     if state.trial is not None:
         raise InvalidInput("a trial is pending: the follower resumes it when it starts")
     registry = Registry(ref, insecure)
@@ -205,7 +212,7 @@ def _trial(store: StoreDir, state: FollowState, reference: str, timeout_s: float
     fs.point("follow.checked")
     why = _verdict(store, report)
     if why is not None:
-        marked = dataclasses.replace(state, trial=dataclasses.replace(trial, failed=why))
+        marked = dataclasses.replace(state, trial=dataclasses.replace(trial, failed=why[:fstate.MAX_REASON]))
         fstate.write(store, state, marked, "follow-failed")
         return _roll_back(store, marked, why, report)
     if rollback_target is None:
