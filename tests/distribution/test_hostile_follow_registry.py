@@ -1,0 +1,206 @@
+"""Hostile registries, operators and peers against `slm follow` (docs/fleet.md): a publisher store
+signs statements for a tag and pushes them to Debian's docker-registry on loopback; a device
+store that trusts the publisher's key follows the tag, and what it is served, asked or raced
+with misbehaves. Each attack ends refused with the store unchanged, or on a good composition."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import tomlkit
+
+from dist_fixtures import registry  # noqa: F401  (fixture)
+from helpers import one_line, snapshot, tiny_store
+
+pytestmark = pytest.mark.hostile
+
+REPO = "fleet/support"
+
+
+def _key(path: Path, seed: int) -> tuple[Path, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from slm.distribution.signing import public_key_text
+
+    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([seed]) * 32)
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    return path, public_key_text(key)
+
+
+class Publisher:
+    """A store of the tiny base with adapters a1..a4: version N of the tag is tq + aN, signed."""
+
+    def __init__(self, cli, root: Path, tiny_model, host: str):
+        self.cli, self.host = cli, host
+        self.store = tiny_store(root, tiny_model, 4, steps=())
+        self.key, self.public = _key(root / "ci.pem", 7)
+        self.ids: dict[int, str] = {}
+
+    def publish(self, version: int, tag: str = "prod", adapter: int | None = None, signed_tag: str | None = None,
+                expires: str = "30d") -> str:
+        """Version `version` (tq + a<adapter>, default a<version>) pushed as REPO:tag, signed for
+        REPO:signed_tag (default tag); returns the composition id."""
+        a = self.store
+        assert self.cli("--store", a, "activate", "tq", f"a{adapter or version}@0.5").code == 0
+        comp = self.cli("--store", a, "status", "--json").json()["active"]["id"]
+        signed = self.cli("--store", a, "sign", "--key", self.key, "--for", f"{REPO}:{signed_tag or tag}",
+                          "--version", str(version), "--expires", expires)
+        assert signed.code == 0, signed.err
+        pushed = self.cli("--store", a, "push", f"{self.host}/{REPO}:{tag}")
+        assert pushed.code == 0, pushed.err
+        self.ids[version] = comp
+        return comp
+
+
+@pytest.fixture(scope="module")
+def publisher(registry, tmp_path_factory, tiny_model):  # noqa: F811
+    from slm.cli import run
+
+    class _Cli:  # the module-scoped publisher runs the CLI in-process without capsys
+        def __call__(self, *args):
+            import contextlib
+            import io
+
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = run([str(x) for x in args])
+            return _Result(code, out.getvalue(), err.getvalue())
+
+    return Publisher(_Cli(), tmp_path_factory.mktemp("publisher"), tiny_model, registry.host)
+
+
+class _Result:
+    def __init__(self, code, out, err):
+        self.code, self.out, self.err = code, out, err
+
+    def json(self):
+        return json.loads(self.out)
+
+
+def device(cli, root: Path, public: str | None) -> Path:
+    """An empty store that trusts `public` (None: no trusted_keys)."""
+    store = root / "device"
+    assert cli("--store", store, "init").code == 0
+    if public is not None:
+        doc = tomlkit.parse((store / "config.toml").read_text())
+        doc["require_signed"], doc["trusted_keys"] = True, [public]
+        (store / "config.toml").write_text(tomlkit.dumps(doc))
+    return store
+
+
+def follow(cli, store: Path, host: str, *args, tag: str = "prod"):
+    return cli("--store", store, "follow", f"{host}/{REPO}:{tag}", "--once", "--json", "--insecure", *args)
+
+
+def state(store: Path) -> dict:
+    return json.loads((store / "follow" / "state.json").read_text())
+
+
+def test_a_device_follows_a_published_version(cli, tmp_path, publisher, registry):  # noqa: F811
+    comp = publisher.publish(1)
+    dev = device(cli, tmp_path, publisher.public)
+    r = follow(cli, dev, registry.host)
+    assert r.code == 0, r.err
+    assert r.json()["outcome"] == "updated" and state(dev)["good"]["composition"] == comp
+
+
+def _files(store: Path) -> dict:
+    return {k: v for k, v in snapshot(store).items() if k != "cache/follow-status.json"}
+
+
+def _reject(store: Path, comp: str) -> None:
+    """A health.d script that fails the trial of `comp`."""
+    script = store / "health.d" / "10-reject"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(f'#!/bin/sh\n[ "$SLM_COMPOSITION" != "{comp}" ] || {{ echo "rejects {comp[:19]}" >&2; exit 3; }}\n')
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize("timeout", ["0", "nan", "-5", "1e308"])
+def test_a_bad_timeout_changes_nothing_when_a_new_version_waits(cli, tmp_path, publisher, registry,  # noqa: F811
+                                                                 timeout):
+    """The trial's deadline is checked before the round: not after the pull and the activation,
+    which left the store changed and the trial pending."""
+    publisher.publish(1)
+    dev = device(cli, tmp_path, publisher.public)
+    before = snapshot(dev)
+    r = follow(cli, dev, registry.host, "--timeout", timeout)
+    assert r.code == 4 and "--timeout" in r.err and one_line(r.err), (r.code, r.err)
+    assert snapshot(dev) == before
+
+
+def test_a_trial_cut_short_by_an_error_is_finished_by_the_next_round(cli, tmp_path, publisher, registry,  # noqa: F811
+                                                                     monkeypatch):
+    """An error during a trial (here the first health check's I/O) ends that round only: the
+    loop's next round finishes the trial, without waiting for the follower to restart."""
+    import threading
+
+    import slm
+    from slm.errors import IOFailure
+    from slm.ops.ship import follow as follow_mod
+
+    comp = publisher.publish(1)
+    dev = device(cli, tmp_path, publisher.public)
+    real, calls = follow_mod.check_health, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise IOFailure("cannot read the store: Input/output error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(follow_mod, "check_health", flaky)
+    rounds, stop = [], threading.Event()
+
+    def on_round(result, error):
+        rounds.append((None if result is None else result.outcome, None if error is None else str(error)))
+        if len(rounds) == 2:
+            stop.set()
+
+    slm.Store.open(dev).follow(f"{registry.host}/{REPO}:prod", insecure=True, interval="1s", on_round=on_round,
+                               stop=stop)
+    assert rounds[0][0] is None and "Input/output" in rounds[0][1]
+    assert rounds[1] == ("updated", None), rounds
+    assert state(dev)["good"]["composition"] == comp and state(dev)["trial"] is None
+
+
+def test_a_bad_composition_re_signed_with_a_higher_version_is_not_tried_again(cli, tmp_path, publisher,  # noqa: F811
+                                                                             registry):
+    """"Never retried unless an operator clears it": not under a new version either."""
+    good = publisher.publish(1)
+    dev = device(cli, tmp_path, publisher.public)
+    assert follow(cli, dev, registry.host).code == 0
+    bad = publisher.publish(2)
+    _reject(dev, bad)
+    r = follow(cli, dev, registry.host)
+    assert r.code == 18 and r.json()["outcome"] == "rolled-back", r.err
+    assert [b["composition"] for b in state(dev)["bad"]] == [bad]
+    assert cli("--store", dev, "status", "--json").json()["active"]["id"] == good
+    publisher.publish(3, adapter=2)  # the same composition, a higher version
+    before = _files(dev)
+    again = follow(cli, dev, registry.host)
+    assert again.code == 18 and again.json()["outcome"] == "known-bad", again.out
+    assert _files(dev) == before
+    # the operator clears it: tried again (and rejected again by the same script)
+    assert cli("--store", dev, "follow", "--clear-bad").code == 0
+    assert follow(cli, dev, registry.host).json()["outcome"] == "rolled-back"
+
+
+def test_gc_keeps_what_a_roll_back_needs(cli, tmp_path, publisher, registry):  # noqa: F811
+    good = publisher.publish(1)
+    dev = device(cli, tmp_path, publisher.public)
+    assert follow(cli, dev, registry.host).code == 0
+    assert cli("--store", dev, "gc", "--prune-now").code == 0
+    bad = publisher.publish(2)
+    _reject(dev, bad)
+    assert follow(cli, dev, registry.host).code == 18
+    assert cli("--store", dev, "gc", "--prune-now").code == 0
+    assert cli("--store", dev, "status", "--json").json()["active"]["id"] == good
+    assert cli("--store", dev, "fsck").code == 0
+    assert cli("--store", dev, "health").code == 0
