@@ -204,3 +204,49 @@ def test_gc_keeps_what_a_roll_back_needs(cli, tmp_path, publisher, registry):  #
     assert cli("--store", dev, "status", "--json").json()["active"]["id"] == good
     assert cli("--store", dev, "fsck").code == 0
     assert cli("--store", dev, "health").code == 0
+
+
+def test_an_operator_and_a_second_follower_during_a_trial(cli, tmp_path, publisher, registry):  # noqa: F811
+    """While a follower is in a trial (paused just after activating it): a second follower is
+    refused (exit 7), --forget is refused, fsck reports no abandoned trial, and --clear-bad
+    (an operator's ordinary act) changes the state under the follower, whose next round then
+    finishes the trial instead of reporting it pending for ever."""
+    import subprocess
+    import sys
+    import threading
+
+    publisher.publish(1)
+    dev = device(cli, tmp_path, publisher.public)
+    assert follow(cli, dev, registry.host).code == 0
+    bad = publisher.publish(2)
+    _reject(dev, bad)
+    assert follow(cli, dev, registry.host).code == 18
+    new = publisher.publish(4, adapter=3)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "SLM_FAULTS": "pause@point=follow.activated",
+           "SLM_FAULTS_PAUSE_S": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(dev), "follow", f"{registry.host}/{REPO}:prod",
+                             "--insecure", "--json", "--interval", "1s"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    done = threading.Event()
+
+    def read_rounds():
+        for line in proc.stdout:
+            lines.append(line)
+            if '"updated"' in line:
+                done.set()
+
+    threading.Thread(target=read_rounds, daemon=True).start()
+    try:
+        assert "slm-fault paused follow.activated" in proc.stderr.readline()
+        assert cli("--store", dev, "follow", "--status", "--json").json()["following"]
+        assert follow(cli, dev, registry.host).code == 7
+        assert cli("--store", dev, "follow", "--forget").code == 7
+        assert "follow-trial" not in cli("--store", dev, "fsck", "--json").out
+        assert cli("--store", dev, "follow", "--clear-bad", "--json").json() == {"cleared": 1}
+        assert done.wait(120), lines  # a hang guard: the trial is finished by a later round
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert state(dev)["good"]["composition"] == new and state(dev)["trial"] is None
+    assert cli("--store", dev, "status", "--json").json()["active"]["id"] == new
