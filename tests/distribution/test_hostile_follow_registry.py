@@ -250,3 +250,20 @@ def test_an_operator_and_a_second_follower_during_a_trial(cli, tmp_path, publish
         proc.wait(30)
     assert state(dev)["good"]["composition"] == new and state(dev)["trial"] is None
     assert cli("--store", dev, "status", "--json").json()["active"]["id"] == new
+
+
+def test_a_higher_version_of_the_running_composition_is_recorded_without_a_trial(cli, tmp_path, publisher,  # noqa: F811
+                                                                                 registry):
+    """A publisher that re-signs what runs under a higher version (to refresh its expiry) is not
+    a new composition to try: on the base it was put on trial again, and a check that failed
+    this time (a flaky health.d script) marked the running composition bad while it ran on."""
+    comp = publisher.publish(10, adapter=4)
+    dev = device(cli, tmp_path, publisher.public)
+    assert follow(cli, dev, registry.host).code == 0
+    _reject(dev, comp)
+    publisher.publish(11, adapter=4)
+    r = follow(cli, dev, registry.host)
+    assert r.code == 0 and r.json()["outcome"] == "current", (r.code, r.out, r.err)
+    s = state(dev)
+    assert (s["good"]["composition"], s["good"]["version"], s["bad"], s["trial"]) == (comp, 11, [], None)
+    assert cli("--store", dev, "status", "--json").json()["active"]["id"] == comp

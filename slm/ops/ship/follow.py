@@ -3,7 +3,8 @@
     resolve   the tag's manifest (its digest); a digest marked bad ends the round (known-bad)
     judge     the signed statements the registry holds for that manifest
               (slm.distribution.statement.check_statements against the version running, the
-              store's trusted_keys, the clock): a refusal ends the round, nothing written
+              store's trusted_keys, the clock): a refusal ends the round, nothing written; a
+              higher version of the composition marked good is recorded as its version (no trial)
     pull      by digest (so the tag cannot move between judging and receiving): a receive
               transaction, verified, the store's signing policy judged before anything arrives
     stage     the trial recorded in follow/state.json (slm.ops.ship.follow_state)
@@ -185,6 +186,15 @@ def follow_round(store: StoreDir, reference: str, *, insecure: bool = False, now
     if verdict.reason is statement.Reason.CURRENT:
         _keep_active(store, good.composition)
         return _ended(store, state, str(ref), CURRENT, verdict.message)
+    if good is not None and comp_id == good.composition:
+        # a higher version of what runs (a statement re-signed to refresh it): recorded, so that
+        # the lower ones are rollbacks from now on; no trial (it passed its checks, and a check
+        # that fails now must not mark the running composition bad)
+        _keep_active(store, good.composition)
+        bumped = dataclasses.replace(state, reference=str(ref), good=Followed(comp_id, digest, signed.version))
+        fstate.write(store, state, bumped, "follow-version")
+        return _ended(store, bumped, str(ref), CURRENT,
+                      f"version {signed.version} of {ref} names {dg.short(comp_id)}, which runs: recorded")
     from slm.ops.ship import registry_ops
 
     pinned = dataclasses.replace(ref, tag=None, digest=digest)
