@@ -243,3 +243,14 @@ def test_following_another_tag_is_refused(cli, trusting):
     _write_state(trusting, _state("127.0.0.1:5000/fleet/support:prod", good=_good()))
     r = refused(cli, trusting, 4, "follow", f"127.0.0.1:{_closed_port()}/fleet/support:canary", "--once")
     assert "--forget" in r.err
+
+
+def test_a_follow_lock_planted_as_a_symlink_creates_nothing_elsewhere(cli, trusting, down, tmp_path):
+    """A peer on the machine that plants follow/lock -> a path of its choice gets no file made
+    there by the follower (which may run as another user); the follower refuses, one line."""
+    victim = tmp_path / "victim"
+    (trusting / "follow").mkdir()
+    (trusting / "follow" / "lock").symlink_to(victim)
+    r = cli("--store", trusting, "follow", down, "--once")
+    assert r.code != 0 and one_line(r.err) and "internal error" not in r.err, r.err
+    assert not victim.exists() and not victim.is_symlink() and not os.path.lexists(victim)
