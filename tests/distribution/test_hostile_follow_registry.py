@@ -267,3 +267,93 @@ def test_a_higher_version_of_the_running_composition_is_recorded_without_a_trial
     s = state(dev)
     assert (s["good"]["composition"], s["good"]["version"], s["bad"], s["trial"]) == (comp, 11, [], None)
     assert cli("--store", dev, "status", "--json").json()["active"]["id"] == comp
+
+
+def _proxy_to(upstream: str, lie):
+    """A FakeRegistry hook: every request answered by `upstream` (a real registry), except those
+    `lie(handler, path)` answers itself (it returns True then)."""
+    import urllib.error
+    import urllib.request
+
+    def misbehave(handler) -> bool:
+        if lie(handler, handler.path):
+            return True
+        request = urllib.request.Request(f"http://{upstream}{handler.path}", method=handler.command,
+                                         headers={"Accept": handler.headers.get("Accept", "*/*")})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                body, status, kind = resp.read(), resp.status, resp.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as err:
+            body, status, kind = err.read(), err.code, err.headers.get("Content-Type", "")
+        handler.reply(status, body, [("Content-Type", kind)])
+        return True
+
+    return misbehave
+
+
+def _stall(handler) -> None:
+    handler.server.stopping.wait(180)
+    handler.close_connection = True
+
+
+def _lies(other_manifest: bytes):
+    """Each hostile answer, keyed by its name: (hook(handler, path) -> answered?, exit code)."""
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:" + f"{i:064x}", "size": 500,
+         "artifactType": "application/vnd.slm.signature.v1+json"} for i in range(5000)]}).encode()
+
+    def swap(handler, path):  # the tag resolves to one manifest, its digest serves another
+        if "/manifests/sha256:" in path:
+            handler.reply(200, other_manifest, [("Content-Type", "application/vnd.oci.image.manifest.v1+json")])
+            return True
+        return False
+
+    def flood(handler, path):  # a referrers index of thousands of entries (over a megabyte)
+        if "/referrers/" in path:
+            handler.reply(200, index, [("Content-Type", "application/vnd.oci.image.index.v1+json")])
+            return True
+        return False
+
+    def stall(where):
+        def hook(handler, path):
+            if where in path:
+                _stall(handler)
+                return True
+            return False
+        return hook
+
+    return {"swap-after-resolve": (swap, (5,)), "referrers-flood": (flood, (4, 12)),
+            "referrers-stall": (stall("/referrers/"), (12,)), "config-stall": (stall("/blobs/"), (12,))}
+
+
+@pytest.mark.parametrize("name", ["swap-after-resolve", "referrers-flood", "referrers-stall", "config-stall"])
+def test_a_lying_registry_is_refused_with_the_store_unchanged(tmp_path, cli, publisher, registry, name):  # noqa: F811
+    import subprocess
+    import sys
+
+    from fake_registry import FakeRegistry
+
+    publisher.publish(1)
+    other = publisher.publish(2, tag="other")
+    assert other
+    from slm.distribution.reference import parse_reference
+    from slm.distribution.registry import Registry
+
+    client = Registry(parse_reference(f"{registry.host}/{REPO}:other"), True)
+    try:
+        other_manifest = client.get_manifest("other")
+    finally:
+        client.close()
+    lie, codes = _lies(other_manifest)[name]
+    dev = device(cli, tmp_path, publisher.public)
+    before = _files(dev)
+    env = {k: v for k, v in os.environ.items() if k not in ("SLM_FAULTS", "SLM_REGISTRY_AUTH")}
+    env.update(PYTHONPATH=os.pathsep.join(sys.path), SLM_REGISTRY_TIMEOUT_S="2", SLM_REGISTRY_MIN_RATE="1000",
+               DOCKER_CONFIG=str(tmp_path / "none"))
+    with FakeRegistry(misbehave=_proxy_to(registry.host, lie)) as fake:
+        r = subprocess.run([sys.executable, "-m", "slm", "--store", str(dev), "follow", f"{fake.host}/{REPO}:prod",
+                            "--once", "--insecure"], env=env, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    assert r.returncode in codes and one_line(r.stderr) and "internal error" not in r.stderr, (r.returncode, r.stderr)
+    assert _files(dev) == {**before, **{k: v for k, v in _files(dev).items() if k.startswith("follow")}}
+    assert "follow/state.json" not in _files(dev)
