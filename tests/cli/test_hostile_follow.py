@@ -254,3 +254,21 @@ def test_a_follow_lock_planted_as_a_symlink_creates_nothing_elsewhere(cli, trust
     r = cli("--store", trusting, "follow", down, "--once")
     assert r.code != 0 and one_line(r.err) and "internal error" not in r.err, r.err
     assert not victim.exists() and not victim.is_symlink() and not os.path.lexists(victim)
+
+
+def test_clear_bad_takes_the_digests_status_shows_and_refuses_one_it_does_not_know(cli, store):
+    """--status shows a bad mark's composition and manifest by their beginnings: --clear-bad
+    --digest takes those; on the base it took only the whole digest, and answered 'cleared 0'
+    (exit 0) to what the operator copied from --status, leaving the mark in place."""
+    other = {"composition": "blake3:" + "3" * 64, "manifest": "sha256:" + "4" * 64}
+    _write_state(store, _state(good=_good(), bad=[_bad(), _bad(**other)]))
+    shown = cli("--store", store, "follow", "--status").out
+    short = COMP[7:19]
+    assert f"version 3 {short} {MANIFEST[:19]}" in shown
+    r = refused(cli, store, 3, "follow", "--clear-bad", "--digest", "blake3:" + "9" * 64)
+    assert "--status" in r.err
+    refused(cli, store, 3, "follow", "--clear-bad", "--digest", "3333")  # too short to name one
+    assert cli("--store", store, "follow", "--clear-bad", "--digest", short, "--json").json() == {"cleared": 1}
+    assert cli("--store", store, "follow", "--clear-bad", "--digest", other["manifest"][:19],
+               "--json").json() == {"cleared": 1}
+    assert json.loads((store / "follow" / "state.json").read_text())["bad"] == []

@@ -280,12 +280,31 @@ def _ended(store: StoreDir, state: FollowState, reference: str, outcome: str, me
                        None if good is None else good.manifest, message, None)
 
 
+MIN_PREFIX = 12  # hex digits of a digest named by its beginning, as --status shows them
+
+
+def _names(bad: fstate.Bad, digest: str) -> bool:
+    """Whether `digest` names the bad mark: its manifest digest or composition id, whole, or
+    their first MIN_PREFIX or more hex digits (with or without the algorithm)."""
+    text = digest.lower()
+    if text in (bad.manifest, bad.composition):
+        return True
+    hex_part = text.split(":", 1)[-1]
+    return len(hex_part) >= MIN_PREFIX and any(
+        full.startswith(text) if ":" in text else full.split(":", 1)[1].startswith(text)
+        for full in (bad.manifest, bad.composition))
+
+
 def clear_bad(store: StoreDir, digest: str | None = None) -> int:
-    """Forget the bad marks (all, or the one of a manifest digest / composition id): the tag's
-    composition is followed again. Returns how many were cleared."""
+    """Forget the bad marks (all, or those a manifest digest / composition id names, whole or
+    by the beginning --status shows): the tag's composition is followed again. Returns how many
+    were cleared; NotFound if `digest` names none."""
     with store.locked():
         state = fstate.read(store)
-        kept = tuple(b for b in state.bad if digest is not None and digest not in (b.manifest, b.composition))
+        kept = tuple(b for b in state.bad if digest is not None and not _names(b, digest))
+        if digest is not None and len(kept) == len(state.bad):
+            raise NotFound(f"no bad mark has the manifest digest or composition id {digest[:80]!r} "
+                           "(`slm follow --status` lists them)")
         if len(kept) != len(state.bad):
             fstate.write(store, state, dataclasses.replace(state, bad=kept), "follow-clear")
         return len(state.bad) - len(kept)
