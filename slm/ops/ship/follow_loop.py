@@ -131,6 +131,16 @@ def _report(store: StoreDir, reference: str, result: FollowRound | None, error: 
         pass  # advisory: a status that cannot be written fails no round
 
 
+def forget(store: StoreDir) -> None:
+    """`slm follow --forget` (follow.forget), and the last round's report with it: a report of
+    a tag no longer followed is not shown for a store that follows none."""
+    follow.forget(store)
+    try:
+        fs.unlink(store.root / "cache" / STATUS_FILE)
+    except SlmError:
+        pass  # advisory: a report is only ever shown, never acted on
+
+
 def _stamp(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
