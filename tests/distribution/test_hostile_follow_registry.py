@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -357,3 +357,135 @@ def test_a_lying_registry_is_refused_with_the_store_unchanged(tmp_path, cli, pub
     assert r.returncode in codes and one_line(r.stderr) and "internal error" not in r.stderr, (r.returncode, r.stderr)
     assert _files(dev) == {**before, **{k: v for k, v in _files(dev).items() if k.startswith("follow")}}
     assert "follow/state.json" not in _files(dev)
+
+
+def test_a_statement_for_another_composition_under_the_tag_is_wrong_target(tmp_path, cli, publisher,  # noqa: F811
+                                                                          registry):
+    """Mix-and-match: the registry attaches to the tag's manifest a genuine statement for the
+    tag that names another composition. docs/distribution.md's table: wrong-target, exit 17
+    (on the base, the referrer check refused it first as a bad signature, exit 5)."""
+    import hashlib
+    import subprocess
+    import sys
+    import urllib.request
+
+    from fake_registry import FakeRegistry
+
+    publisher.publish(20, tag="elsewhere", signed_tag="prod", adapter=1)  # X: a statement for prod
+    publisher.publish(21, tag="prod", adapter=2)  # Y: what the tag names
+
+    def get(path, accept):
+        request = urllib.request.Request(f"http://{registry.host}/v2/{REPO}/{path}", headers={"Accept": accept})
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.read()
+
+    oci_manifest, oci_index = "application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json"
+    x_manifest, y_manifest = get("manifests/elsewhere", oci_manifest), get("manifests/prod", oci_manifest)
+    x_digest = "sha256:" + hashlib.sha256(x_manifest).hexdigest()
+    y_digest = "sha256:" + hashlib.sha256(y_manifest).hexdigest()
+    x_referrers = json.loads(get(f"manifests/{x_digest.replace(':', '-')}", oci_index))["manifests"]
+    x_statement = None
+    for entry in x_referrers:
+        referrer = json.loads(get(f"manifests/{entry['digest']}", oci_manifest))
+        blob = get(f"blobs/{referrer['layers'][0]['digest']}", "*/*")
+        if b'"slm.statement/1"' in blob and b'"version":20' in blob:
+            x_statement = referrer
+    assert x_statement is not None
+    forged = json.dumps({**x_statement, "subject": {"mediaType": oci_manifest, "digest": y_digest,
+                                                    "size": len(y_manifest)}}).encode()
+    forged_digest = "sha256:" + hashlib.sha256(forged).hexdigest()
+    index = json.dumps({"schemaVersion": 2, "mediaType": oci_index, "manifests": [
+        {"mediaType": oci_manifest, "digest": forged_digest, "size": len(forged),
+         "artifactType": x_statement["artifactType"]}]}).encode()
+
+    def lie(handler, path):
+        if path.endswith(f"/manifests/{y_digest.replace(':', '-')}"):
+            handler.reply(200, index, [("Content-Type", oci_index)])
+        elif path.endswith(f"/manifests/{forged_digest}"):
+            handler.reply(200, forged, [("Content-Type", oci_manifest)])
+        else:
+            return False
+        return True
+
+    dev = device(cli, tmp_path, publisher.public)
+    before = _files(dev)
+    env = {k: v for k, v in os.environ.items() if k not in ("SLM_FAULTS", "SLM_REGISTRY_AUTH")}
+    env.update(PYTHONPATH=os.pathsep.join(sys.path), DOCKER_CONFIG=str(tmp_path / "none"))
+    with FakeRegistry(misbehave=_proxy_to(registry.host, lie)) as fake:
+        r = subprocess.run([sys.executable, "-m", "slm", "--store", str(dev), "follow", f"{fake.host}/{REPO}:prod",
+                            "--once", "--insecure"], env=env, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    assert r.returncode == 17 and one_line(r.stderr) and "composition" in r.stderr, (r.returncode, r.stderr)
+    assert _files(dev) == before
+
+
+def test_a_malformed_statement_beside_a_good_one(tmp_path, cli, publisher, registry):  # noqa: F811
+    """Anyone who can push a referrer to the repository adds a statement that does not parse
+    beside the publisher's: the statements are still judged, each on its own (on the base their
+    fetch refused them all); the round then ends at the pull, whose policy refuses every
+    signature referrer that does not verify: one line, nothing received."""
+    import hashlib
+    import subprocess
+    import sys
+    import urllib.request
+
+    from fake_registry import FakeRegistry
+
+    comp = publisher.publish(30, tag="prod", adapter=3)
+
+    def get(path, accept):
+        request = urllib.request.Request(f"http://{registry.host}/v2/{REPO}/{path}", headers={"Accept": accept})
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.read()
+
+    oci_manifest, oci_index = "application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json"
+    manifest = get("manifests/prod", oci_manifest)
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    index = json.loads(get(f"manifests/{digest.replace(':', '-')}", oci_index))
+    some = json.loads(get(f"manifests/{index['manifests'][0]['digest']}", oci_manifest))
+    junk = b'{"schema":"slm.statement/1","version":0}'
+    junk_digest = "sha256:" + hashlib.sha256(junk).hexdigest()
+    layer = {**some["layers"][0], "digest": junk_digest, "size": len(junk)}
+    layer.pop("annotations", None)
+    forged = json.dumps({**some, "layers": [layer]}).encode()
+    forged_digest = "sha256:" + hashlib.sha256(forged).hexdigest()
+    index["manifests"].append({"mediaType": oci_manifest, "digest": forged_digest, "size": len(forged),
+                               "artifactType": some["artifactType"]})
+    served = json.dumps(index).encode()
+
+    def lie(handler, path):
+        if path.endswith(f"/manifests/{digest.replace(':', '-')}"):
+            handler.reply(200, served, [("Content-Type", oci_index)])
+        elif path.endswith(f"/manifests/{forged_digest}"):
+            handler.reply(200, forged, [("Content-Type", oci_manifest)])
+        elif path.endswith(f"/blobs/{junk_digest}"):
+            handler.reply(200, junk, [("Content-Type", "application/octet-stream")])
+        else:
+            return False
+        return True
+
+    dev = device(cli, tmp_path, publisher.public)
+    before = _files(dev)
+    env = {k: v for k, v in os.environ.items() if k not in ("SLM_FAULTS", "SLM_REGISTRY_AUTH")}
+    env.update(PYTHONPATH=os.pathsep.join(sys.path), DOCKER_CONFIG=str(tmp_path / "none"))
+    with FakeRegistry(misbehave=_proxy_to(registry.host, lie)) as fake:
+        from slm.distribution.bundle import parse_manifest
+        from slm.distribution.statement import Reason, check_statements
+        from slm.ops.ship import statements
+        from slm.distribution.reference import parse_reference
+        from slm.distribution.registry import Registry
+
+        client = Registry(parse_reference(f"{fake.host}/{REPO}:prod"), True)
+        try:
+            found = statements.fetch_statements(client, parse_manifest(manifest, "manifest"), digest)
+        finally:
+            client.close()
+        r = subprocess.run([sys.executable, "-m", "slm", "--store", str(dev), "follow", f"{fake.host}/{REPO}:prod",
+                            "--once", "--insecure", "--json"], env=env, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    assert junk in found and any(getattr(x, "version", None) == 30 for x in found)
+    verdict = check_statements(found, repository=REPO, tag="prod", now=time.time(), running=None,
+                               trusted_keys=[publisher.public], composition=comp)
+    assert verdict.reason is Reason.NEWER and verdict.statement.version == 30
+    assert r.returncode == 4 and one_line(r.stderr) and "referrer" in r.stderr, (r.returncode, r.stderr)
+    assert _files(dev) == before

@@ -52,12 +52,23 @@ def sign_for(store: StoreDir, ref: str | None, key_path: Path, target: str, vers
 
 
 def fetch_statements(registry: Registry, manifest: Manifest, manifest_digest: str) -> list:
-    """The statements (slm.distribution.statement.Statement) among the signature referrers of
-    a manifest: each already checked to be well formed and to sign the composition the
-    manifest's config names (slm.ops.ship.referrers.fetch_signatures); whether one may be
-    followed is check_statement's question."""
+    """The statements among the signature referrers of a manifest: each a
+    slm.distribution.statement.Statement, or its blob when it does not parse or verify. Not
+    checked against the composition the manifest's config names, nor refused one by one:
+    whether any may be followed is check_statements' question, which gives each its own
+    verdict (another composition is a mix-and-match, exit 17; a malformed one beside a good
+    one does not hide it)."""
     from slm.distribution import statement
+    from slm.errors import IntegrityError, InvalidInput
     from slm.ops.ship import referrers
 
-    blobs = referrers.fetch_signatures(registry, manifest, manifest_digest)
-    return [statement.parse_statement(b) for b in blobs if statement.is_statement(b)]
+    blobs = referrers.fetch_referrers(registry, manifest, manifest_digest, (referrers.SIGNATURE,),
+                                      checked=False).signatures
+    found: list = []
+    for blob in blobs:
+        if statement.is_statement(blob):
+            try:
+                found.append(statement.parse_statement(blob))
+            except (IntegrityError, InvalidInput):
+                found.append(blob)
+    return found
