@@ -47,9 +47,9 @@ class StoreFollow:
 
     def follow_forget(self) -> None:
         """Forget the followed tag, its versions and bad marks (what is active stays)."""
-        from slm.ops.ship import follow
+        from slm.ops.ship import follow_loop
 
-        follow.forget(self._s)
+        follow_loop.forget(self._s)
 
     def follow_as_asked(self, reference: str | None, *, status: bool = False, clear_bad: bool = False,
                         digest: str | None = None, forget: bool = False, insecure: bool = False,

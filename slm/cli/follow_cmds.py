@@ -30,7 +30,8 @@ def follow(
     clear_bad: bool = typer.Option(False, "--clear-bad", help="Forget the bad marks (of --digest, else all): "
                                                               "what they name may be tried again."),
     digest: Optional[str] = typer.Option(None, "--digest", metavar="DIGEST",
-                                         help="--clear-bad: only this manifest digest or composition id."),
+                                         help="--clear-bad: only the mark of this manifest digest or composition id "
+                                              "(whole, or its first 12 or more hex digits as --status shows)."),
     forget: bool = typer.Option(False, "--forget", help="Forget the followed tag, its versions and bad marks "
                                                         "(what is active stays); then exit."),
     timeout: float = typer.Option(60.0, "--timeout", metavar="S", parser=decimal,

@@ -50,8 +50,9 @@ def store_lock(path: Path, timeout: float = DEFAULT_TIMEOUT_S) -> Iterator[None]
 
 def _acquire(path: Path, timeout: float) -> int:
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as err:  # a read-only or permission-denied store, or damage in place of the lock
+        # never through a link planted in the store: O_CREAT would make its target, wherever it points
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:  # a read-only or permission-denied store, or damage (a link) in place of the lock
         raise IOFailure(f"cannot lock the store ({path}): {err.strerror or err}") from err
     deadline = time.monotonic() + timeout
     while True:

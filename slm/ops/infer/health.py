@@ -134,12 +134,19 @@ def _timed(name: str, check: Callable[[], str]) -> HealthCheck:
     return HealthCheck(name, status, reason, round(time.monotonic() - start, 3))
 
 
-def check_health(store: StoreDir, comp: Composition, *, certificate: Path | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> HealthReport:
-    """Run the checks of `comp` in order; the report stops at the first that fails."""
+def check_timeout(timeout_s: float) -> float:
+    """A health.d script's deadline, checked (InvalidInput): a caller that runs the checks later,
+    after changing the store (slm follow's trial), asks this before anything."""
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
             or not 0 < timeout_s <= MAX_TIMEOUT_S:  # (NaN fails both comparisons)
         raise InvalidInput(f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}")
+    return timeout_s
+
+
+def check_health(store: StoreDir, comp: Composition, *, certificate: Path | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> HealthReport:
+    """Run the checks of `comp` in order; the report stops at the first that fails."""
+    check_timeout(timeout_s)
     # loaded once for the golden answers and the generation (integrity is checked before either)
     load: Load = functools.cache(lambda: load_composition(store, comp, verify=False))
     checks: list[HealthCheck] = []

@@ -3,7 +3,8 @@
     resolve   the tag's manifest (its digest); a digest marked bad ends the round (known-bad)
     judge     the signed statements the registry holds for that manifest
               (slm.distribution.statement.check_statements against the version running, the
-              store's trusted_keys, the clock): a refusal ends the round, nothing written
+              store's trusted_keys, the clock): a refusal ends the round, nothing written; a
+              higher version of the composition marked good is recorded as its version (no trial)
     pull      by digest (so the tag cannot move between judging and receiving): a receive
               transaction, verified, the store's signing policy judged before anything arrives
     stage     the trial recorded in follow/state.json (slm.ops.ship.follow_state)
@@ -60,6 +61,17 @@ def target(reference: str, state: FollowState | None = None) -> Reference:
         raise InvalidInput(f"this store follows {state.reference}, not {ref}; "
                            "`slm follow --forget` first to follow another tag")
     return ref
+
+
+def trusted_keys(store: StoreDir) -> tuple[str, ...]:
+    """The keys a statement is believed under: config.toml's trusted_keys (none: exit 6)."""
+    from slm.ops.ship.policy import policy
+
+    trusted = tuple(policy(store).trusted_keys)
+    if not trusted:
+        raise Incompatible("following a tag needs the publisher's key in config.toml's trusted_keys: "
+                           "a statement is believed only under a trusted key")
+    return trusted
 
 
 @contextmanager
@@ -141,15 +153,11 @@ def follow_round(store: StoreDir, reference: str, *, insecure: bool = False, now
     from slm.distribution.bundle import parse_manifest, sha256_of
     from slm.distribution.registry import Registry
     from slm.ops.ship import referrers
-    from slm.ops.ship.policy import policy
     from slm.ops.ship.statements import fetch_statements
 
     state = fstate.read(store)
     ref = target(reference, state)
-    trusted = policy(store).trusted_keys
-    if not trusted:
-        raise Incompatible("following a tag needs the publisher's key in config.toml's trusted_keys: "
-                           "a statement is believed only under a trusted key")
+    trusted = trusted_keys(store)
     if state.trial is not None:
         raise InvalidInput("a trial is pending: the follower resumes it when it starts")
     registry = Registry(ref, insecure)
@@ -178,6 +186,15 @@ def follow_round(store: StoreDir, reference: str, *, insecure: bool = False, now
     if verdict.reason is statement.Reason.CURRENT:
         _keep_active(store, good.composition)
         return _ended(store, state, str(ref), CURRENT, verdict.message)
+    if good is not None and comp_id == good.composition:
+        # a higher version of what runs (a statement re-signed to refresh it): recorded, so that
+        # the lower ones are rollbacks from now on; no trial (it passed its checks, and a check
+        # that fails now must not mark the running composition bad)
+        _keep_active(store, good.composition)
+        bumped = dataclasses.replace(state, reference=str(ref), good=Followed(comp_id, digest, signed.version))
+        fstate.write(store, state, bumped, "follow-version")
+        return _ended(store, bumped, str(ref), CURRENT,
+                      f"version {signed.version} of {ref} names {dg.short(comp_id)}, which runs: recorded")
     from slm.ops.ship import registry_ops
 
     pinned = dataclasses.replace(ref, tag=None, digest=digest)
@@ -205,7 +222,7 @@ def _trial(store: StoreDir, state: FollowState, reference: str, timeout_s: float
     fs.point("follow.checked")
     why = _verdict(store, report)
     if why is not None:
-        marked = dataclasses.replace(state, trial=dataclasses.replace(trial, failed=why))
+        marked = dataclasses.replace(state, trial=dataclasses.replace(trial, failed=why[:fstate.MAX_REASON]))
         fstate.write(store, state, marked, "follow-failed")
         return _roll_back(store, marked, why, report)
     if rollback_target is None:
@@ -263,12 +280,31 @@ def _ended(store: StoreDir, state: FollowState, reference: str, outcome: str, me
                        None if good is None else good.manifest, message, None)
 
 
+MIN_PREFIX = 12  # hex digits of a digest named by its beginning, as --status shows them
+
+
+def _names(bad: fstate.Bad, digest: str) -> bool:
+    """Whether `digest` names the bad mark: its manifest digest or composition id, whole, or
+    their first MIN_PREFIX or more hex digits (with or without the algorithm)."""
+    text = digest.lower()
+    if text in (bad.manifest, bad.composition):
+        return True
+    hex_part = text.split(":", 1)[-1]
+    return len(hex_part) >= MIN_PREFIX and any(
+        full.startswith(text) if ":" in text else full.split(":", 1)[1].startswith(text)
+        for full in (bad.manifest, bad.composition))
+
+
 def clear_bad(store: StoreDir, digest: str | None = None) -> int:
-    """Forget the bad marks (all, or the one of a manifest digest / composition id): the tag's
-    composition is followed again. Returns how many were cleared."""
+    """Forget the bad marks (all, or those a manifest digest / composition id names, whole or
+    by the beginning --status shows): the tag's composition is followed again. Returns how many
+    were cleared; NotFound if `digest` names none."""
     with store.locked():
         state = fstate.read(store)
-        kept = tuple(b for b in state.bad if digest is not None and digest not in (b.manifest, b.composition))
+        kept = tuple(b for b in state.bad if digest is not None and not _names(b, digest))
+        if digest is not None and len(kept) == len(state.bad):
+            raise NotFound(f"no bad mark has the manifest digest or composition id {digest[:80]!r} "
+                           "(`slm follow --status` lists them)")
         if len(kept) != len(state.bad):
             fstate.write(store, state, dataclasses.replace(state, bad=kept), "follow-clear")
         return len(state.bad) - len(kept)

@@ -26,14 +26,17 @@ import time
 from typing import Callable
 
 from slm.errors import ExitCode, SlmError
+from slm.formats.jsonfile import parse_json_object
 from slm.ops.results import FollowRound, FollowStatus
 from slm.ops.ship import follow, follow_state
+from slm.ops.infer.health import check_timeout
 from slm.ops.infer.health_scripts import DEFAULT_TIMEOUT_S
 from slm.store import StoreDir, fs
 from slm.store.config import duration_s, follow_settings, MAX_INTERVAL_S
 
 STATUS_FILE = "follow-status.json"  # in cache/
 MAX_STATUS_BYTES = 16 << 10
+MAX_LINE = 500  # characters of a text of the report
 MAX_BACKOFF = 8  # intervals
 JITTER = 0.1
 
@@ -66,8 +69,13 @@ def run(store: StoreDir, reference: str, *, insecure: bool = False, interval: st
     Otherwise rounds until `stop` is set, each reported to `on_round` (result or error); returns None.
     `on_start` is called once the follow lock is held, before the first round: what refuses to
     start (a bad REF or interval, another follower, a damaged state) is raised before it."""
+    # what the operator got wrong is refused before the lock and before any round: a bad REF,
+    # another tag than the store follows, a deadline the trial's checks would refuse only once
+    # the trial is active, no key to believe a statement under
     interval_s = interval_of(store, interval)
-    follow.target(reference, follow_state.read(store))  # a bad REF or another tag: refused before the lock
+    check_timeout(timeout_s)
+    followed = str(follow.target(reference, follow_state.read(store)))
+    follow.trusted_keys(store)
     stop = stop or threading.Event()
     failures, first = 0, True
     with follow.follower(store):
@@ -87,7 +95,7 @@ def run(store: StoreDir, reference: str, *, insecure: bool = False, interval: st
                 error = err
             failures = 0 if error is None else failures + 1  # a refusal or an error: the registry's
             wait = delay_after(interval_s, failures)
-            _report(store, reference, result, error, failures, None if once else time.time() + wait)
+            _report(store, followed, result, error, failures, None if once else time.time() + wait)
             if once:
                 if error is not None:
                     raise error
@@ -116,15 +124,25 @@ def _report(store: StoreDir, reference: str, result: FollowRound | None, error: 
             failures: int, next_try: float | None) -> None:
     doc = {"reference": reference, "last_check": _stamp(time.time()),
            "last_outcome": result.outcome if result is not None else "error",
-           "last_error": None if error is None else " ".join(str(error).split())[:500],
+           "last_error": None if error is None else _line(str(error)),
            "last_exit_code": int(error.code) if error is not None else (0 if result.ok else int(ExitCode.UNHEALTHY)),
            "next_try": None if next_try is None else _stamp(next_try), "failures": failures}
     if result is not None and not result.ok:
-        doc["last_error"] = result.message[:500]
+        doc["last_error"] = _line(result.message)
     try:
         fs.write_advisory(store.root / "cache" / STATUS_FILE, json.dumps(doc, sort_keys=True).encode("ascii"))
     except SlmError:
         pass  # advisory: a status that cannot be written fails no round
+
+
+def forget(store: StoreDir) -> None:
+    """`slm follow --forget` (follow.forget), and the last round's report with it: a report of
+    a tag no longer followed is not shown for a store that follows none."""
+    follow.forget(store)
+    try:
+        fs.unlink(store.root / "cache" / STATUS_FILE)
+    except SlmError:
+        pass  # advisory: a report is only ever shown, never acted on
 
 
 def _stamp(epoch: float) -> str:
@@ -132,12 +150,18 @@ def _stamp(epoch: float) -> str:
 
 
 def _last_report(store: StoreDir) -> dict:
+    """The last round's report; {} when there is none or it is damaged (it is advisory)."""
     try:
         data = fs.read_store_file(store.root / "cache" / STATUS_FILE, MAX_STATUS_BYTES)
-        doc = json.loads(data) if data else {}
-    except (SlmError, ValueError, UnicodeDecodeError):
+        return parse_json_object(data, STATUS_FILE, MAX_STATUS_BYTES) if data else {}
+    except SlmError:
         return {}
-    return doc if isinstance(doc, dict) else {}
+
+
+def _line(value) -> str | None:
+    """A text of the status as one line (a report or a state written by someone else cannot add
+    lines of its own to `slm follow --status`), None if it is not a text."""
+    return " ".join(value.split())[:MAX_LINE] if isinstance(value, str) else None
 
 
 def status(store: StoreDir) -> FollowStatus:
@@ -146,18 +170,23 @@ def status(store: StoreDir) -> FollowStatus:
 
     state = follow_state.read(store)
     report = _last_report(store)
-    if report.get("reference") != state.reference:
+    reference = state.reference
+    if reference is None and follow_state.is_tag_reference(report.get("reference")):
+        reference = report["reference"]  # a follower whose rounds have all been refused so far
+    elif report.get("reference") != reference:
         report = {}  # a report of another tag (or of a state since forgotten)
 
     def text(key: str) -> str | None:
-        value = report.get(key)
-        return value if isinstance(value, str) else None
+        return _line(report.get(key))
 
     code = report.get("last_exit_code")
     failures = report.get("failures")
+    trial = None if state.trial is None else dataclasses.asdict(state.trial)
+    if trial is not None:
+        trial["failed"] = _line(trial["failed"])
     return FollowStatus(
-        state.reference, follow.is_following(store), store.active_ref.read(),
-        None if state.good is None else dataclasses.asdict(state.good),
-        None if state.trial is None else dataclasses.asdict(state.trial),
-        [dataclasses.asdict(b) for b in state.bad], text("last_check"), text("last_outcome"), text("last_error"),
+        reference, follow.is_following(store), store.active_ref.read(),
+        None if state.good is None else dataclasses.asdict(state.good), trial,
+        [{**dataclasses.asdict(b), "reason": _line(b.reason)} for b in state.bad],
+        text("last_check"), text("last_outcome"), text("last_error"),
         code if type(code) is int else None, text("next_try"), failures if type(failures) is int else 0)

@@ -27,14 +27,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slm.distribution.bundle import is_sha256
+from slm.distribution.reference import parse_reference
+from slm.distribution.statement import MAX_VERSION
 from slm.errors import IntegrityError, InvalidInput
 from slm.formats.jsonfile import parse_json_object
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
+from slm.store.config import MAX_TRIAL_DEATHS
 from slm.store.journal import Intent, intent_name
 from slm.store.transaction import Recovery, Seen
 
@@ -108,8 +113,8 @@ def parse(data: bytes) -> FollowState:
         doc = parse_json_object(data, where, MAX_STATE_BYTES, strict_keys=True)
         if doc.get("schema") != SCHEMA or set(doc) != {"schema", "reference", "good", "trial", "bad"}:
             raise InvalidInput(f"{where}: not an {SCHEMA} document")
-        if doc["reference"] is not None and not isinstance(doc["reference"], str):
-            raise InvalidInput(f"{where}: reference is not a string")
+        if doc["reference"] is not None and not is_tag_reference(doc["reference"]):
+            raise InvalidInput(f"{where}: reference is not a registry tag")
         bad = doc["bad"]
         if not isinstance(bad, list) or len(bad) > MAX_BAD:
             raise InvalidInput(f"{where}: bad is not a list of at most {MAX_BAD}")
@@ -119,21 +124,33 @@ def parse(data: bytes) -> FollowState:
         raise IntegrityError(f"{err} (the follower's state is damaged: run `slm fsck`)") from err
 
 
+def is_tag_reference(text) -> bool:
+    """Whether `text` is a registry tag as a follower records it (host/repo:tag, normalised)."""
+    try:
+        ref = parse_reference(text) if isinstance(text, str) else None
+    except InvalidInput:
+        return False
+    return ref is not None and ref.digest is None and str(dataclasses.replace(ref, tag=ref.ref)) == text
+
+
 def _record(doc, cls, where: str):
     if doc is None and cls is not Bad:
         return None
     names = {f.name for f in dataclasses.fields(cls)}
     if not isinstance(doc, dict) or set(doc) != names:
         raise InvalidInput(f"{where}: a {cls.__name__.lower()} record without exactly its fields")
-    ok = (isinstance(doc["composition"], str) and dg.is_digest(doc["composition"])
-          and isinstance(doc["manifest"], str) and doc["manifest"].startswith("sha256:")
-          and type(doc["version"]) is int and doc["version"] >= 1)
+    # each value within what the follower writes: a version a statement can carry, a count of
+    # deaths that max_trial_deaths can reach, a finite time (a hand-edited state that freezes
+    # the device at version 2**60 is damage, reported by fsck, not a state to run on)
+    ok = (isinstance(doc["composition"], str) and dg.is_digest(doc["composition"]) and is_sha256(doc["manifest"])
+          and type(doc["version"]) is int and 1 <= doc["version"] <= MAX_VERSION)
     if cls is Trial:
         ok = ok and (doc["previous"] is None or (isinstance(doc["previous"], str) and dg.is_digest(doc["previous"])))
-        ok = ok and type(doc["deaths"]) is int and doc["deaths"] >= 0
-        ok = ok and (doc["failed"] is None or isinstance(doc["failed"], str))
+        ok = ok and type(doc["deaths"]) is int and 0 <= doc["deaths"] <= MAX_TRIAL_DEATHS
+        ok = ok and (doc["failed"] is None or isinstance(doc["failed"], str) and len(doc["failed"]) <= MAX_REASON)
     if cls is Bad:
-        ok = ok and isinstance(doc["reason"], str) and isinstance(doc["time"], (int, float))
+        ok = ok and isinstance(doc["reason"], str) and len(doc["reason"]) <= MAX_REASON
+        ok = ok and type(doc["time"]) in (int, float) and math.isfinite(doc["time"]) and doc["time"] >= 0
     if not ok:
         raise InvalidInput(f"{where}: a {cls.__name__.lower()} record with a malformed field")
     return cls(**doc)

@@ -51,14 +51,23 @@ def sign_for(store: StoreDir, ref: str | None, key_path: Path, target: str, vers
 
 
 def fetch_statements(registry: Registry, manifest_digest: str) -> list:
-    """The statements (slm.distribution.statement.Statement) among the signature referrers of
-    a manifest, each well formed and valid under its own key (InvalidInput / IntegrityError),
-    whatever composition it names: a statement for another composition beside the manifest's
-    own is the registry's mix-and-match, or its key's equivocation when both give one version
-    of the tag, and check_statements tells which. Whether one may be followed is its question;
-    the other signatures are judged by the pull (slm.ops.ship.referrers.fetch_referrers)."""
+    """The statements among the signature referrers of a manifest, each bounded and matching
+    its descriptor: a slm.distribution.statement.Statement, or its blob when it does not parse
+    or verify. Not checked against the composition the manifest's config names, nor refused one
+    by one: whether any may be followed is check_statements' question, which gives each its own
+    verdict (another composition is a mix-and-match, or its key's equivocation when both give
+    one version of the tag; a malformed one beside a good one does not hide it). The other
+    signatures are judged by the pull (slm.ops.ship.referrers.fetch_referrers)."""
     from slm.distribution import statement
+    from slm.errors import IntegrityError, InvalidInput
     from slm.ops.ship import referrers
 
     blobs = referrers.fetch_unjudged(registry, manifest_digest, referrers.SIGNATURE)
-    return [statement.parse_statement(b) for b in blobs if statement.is_statement(b)]
+    found: list = []
+    for blob in blobs:
+        if statement.is_statement(blob):
+            try:
+                found.append(statement.parse_statement(blob))
+            except (IntegrityError, InvalidInput):
+                found.append(blob)
+    return found
