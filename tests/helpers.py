@@ -18,6 +18,19 @@ VERIFIED_CACHE = "cache/verified-digests"
 ADVISORY = (VERIFIED_CACHE, "cache/follow-status.json")
 
 
+def ed25519_key(path: Path, seed: int) -> tuple[Path, str]:
+    """A deterministic Ed25519 key written as PEM at `path`, and its public text ("ed25519:...")."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from slm.distribution.signing import public_key_text
+
+    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([seed]) * 32)
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    return path, public_key_text(key)
+
+
 def snapshot(root: Path) -> dict[str, tuple]:
     """Every file under a store with its mode and content hash (to prove nothing changed), but
     the advisory files (ADVISORY)."""

@@ -70,3 +70,16 @@ def _acquire(path: Path, timeout: float) -> int:
         except OSError as err:
             os.close(fd)
             raise IOFailure(f"cannot lock the store ({path}): {err.strerror or err}") from err
+
+
+def held_elsewhere(fd: int) -> bool:
+    """Whether another open file holds an exclusive flock on what `fd` opened: a probe (a shared
+    lock asked without waiting; the caller's close of `fd` releases it). A file system that
+    refuses flock answers no."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False

@@ -25,6 +25,7 @@ from typing import Iterator
 from slm.errors import Busy, IntegrityError, IOFailure, NotFound, SlmError
 from slm.store import digest as dg
 from slm.store import fs
+from slm.store.lock import held_elsewhere
 from slm.store.sync_pool import Syncs
 from slm.store.verified import VerifiedCache, key_of
 
@@ -231,12 +232,7 @@ def staging_in_use(folder: Path) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
+        return held_elsewhere(fd)
     finally:
         os.close(fd)
 

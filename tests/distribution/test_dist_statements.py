@@ -12,20 +12,9 @@ import pytest
 import tomlkit
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
-from helpers import refused, snapshot, tiny_store
+from helpers import ed25519_key, refused, snapshot, tiny_store
 from slm.distribution.statement import Reason, check_statement, check_statements, parse_statement
 
-
-def _key(path: Path, seed: int) -> tuple[Path, str]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
-
-    from slm.distribution.signing import public_key_text
-
-    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([seed]) * 32)
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    return path, public_key_text(key)
 
 
 @pytest.fixture
@@ -42,7 +31,7 @@ def _blob(store: Path, digest: str) -> bytes:
 
 def test_sign_for_a_tag_stores_a_statement_that_checks(cli, tmp_path, store_a):
     a, comp_id = store_a
-    key, public = _key(tmp_path / "ci.pem", 1)
+    key, public = ed25519_key(tmp_path / "ci.pem", 1)
     before = time.time()
     r = cli("--store", a, "sign", "--key", key, "--for", "fleet/support:prod", "--version", "3",
             "--expires", "30d", "--json")
@@ -67,7 +56,7 @@ def test_sign_for_a_tag_stores_a_statement_that_checks(cli, tmp_path, store_a):
 
 def test_plain_sign_output_is_unchanged_beside_statements(cli, tmp_path, store_a):
     a, comp_id = store_a
-    key, public = _key(tmp_path / "ci.pem", 1)
+    key, public = ed25519_key(tmp_path / "ci.pem", 1)
     r = cli("--store", a, "sign", "--key", key, "--json")
     assert r.code == 0 and set(r.json()) == {"composition_id", "signature", "public_key", "fingerprint",
                                              "signatures", "added"}
@@ -86,7 +75,7 @@ def test_plain_sign_output_is_unchanged_beside_statements(cli, tmp_path, store_a
 ])
 def test_bad_statement_values_are_one_line_errors(cli, tmp_path, store_a, args, code, words):
     a, _ = store_a
-    key, _ = _key(tmp_path / "ci.pem", 1)
+    key, _ = ed25519_key(tmp_path / "ci.pem", 1)
     r = refused(cli, a, code, "sign", "--key", key, "--for", "fleet/support:prod", *args)
     assert words in r.err
 
@@ -95,7 +84,7 @@ def test_bad_statement_values_are_one_line_errors(cli, tmp_path, store_a, args, 
                                     "fleet/support@sha256:" + "0" * 64, "x" * 2000 + ":t"])
 def test_bad_targets_are_one_line_errors(cli, tmp_path, store_a, target):
     a, _ = store_a
-    key, _ = _key(tmp_path / "ci.pem", 1)
+    key, _ = ed25519_key(tmp_path / "ci.pem", 1)
     r = refused(cli, a, 4, "sign", "--key", key, "--for", target, "--version", "1", "--expires", "1d")
     assert "REPO:TAG" in r.err and len(r.err) < 500
 
@@ -107,7 +96,7 @@ def test_a_pushed_statement_is_fetched_back_and_checks(cli, tmp_path, registry, 
     from slm.ops.ship.statements import fetch_statements
 
     a, comp_id = store_a
-    key, public = _key(tmp_path / "ci.pem", 2)
+    key, public = ed25519_key(tmp_path / "ci.pem", 2)
     assert cli("--store", a, "sign", "--key", key).code == 0  # a plain signature beside it
     for version, tag in ((7, "prod"), (2, "staging")):
         assert cli("--store", a, "sign", "--key", key, "--for", f"fleet/support:{tag}", "--version", str(version),
@@ -155,7 +144,7 @@ def test_an_edited_statement_in_the_store_fails_verify_signature(cli, tmp_path, 
     from slm.store import StoreDir
 
     a, comp_id = store_a
-    key, public = _key(tmp_path / "ci.pem", 1)
+    key, public = ed25519_key(tmp_path / "ci.pem", 1)
     r = cli("--store", a, "sign", "--key", key, "--for", "fleet/x:y", "--version", "1", "--expires", "1d", "--json")
     forged = canonical({**json.loads(_blob(a, r.json()["signature"])), "version": 99})
     store = StoreDir.open(a)

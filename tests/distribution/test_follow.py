@@ -12,8 +12,7 @@ import pytest
 import tomlkit
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
-from helpers import refused, snapshot, tiny_store
-from test_dist_statements import _key
+from helpers import ed25519_key, refused, snapshot, tiny_store
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +20,7 @@ def publisher(tmp_path_factory, tiny_model):
     """A store with three compositions of the tiny model (v1..v3 of a tag: tq + a1, a2, a3)."""
     root = tmp_path_factory.mktemp("publisher")
     store = tiny_store(root, tiny_model, 3, steps=[("tag", f"c{i}", f"tq+a{i}@0.5") for i in (1, 2, 3)])
-    key, public = _key(root / "publisher.pem", 7)
+    key, public = ed25519_key(root / "publisher.pem", 7)
     return store, key, public
 
 

@@ -14,23 +14,12 @@ import pytest
 import tomlkit
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
-from helpers import one_line, snapshot, tiny_store
+from helpers import ed25519_key, one_line, snapshot, tiny_store
 
 pytestmark = pytest.mark.hostile
 
 REPO = "fleet/support"
 
-
-def _key(path: Path, seed: int) -> tuple[Path, str]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
-
-    from slm.distribution.signing import public_key_text
-
-    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([seed]) * 32)
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    return path, public_key_text(key)
 
 
 class Publisher:
@@ -39,7 +28,7 @@ class Publisher:
     def __init__(self, cli, root: Path, tiny_model, host: str):
         self.cli, self.host = cli, host
         self.store = tiny_store(root, tiny_model, 4, steps=())
-        self.key, self.public = _key(root / "ci.pem", 7)
+        self.key, self.public = ed25519_key(root / "ci.pem", 7)
         self.ids: dict[int, str] = {}
 
     def publish(self, version: int, tag: str = "prod", adapter: int | None = None, signed_tag: str | None = None,

@@ -16,18 +16,6 @@ REPOSITORY = "fleet/support"
 TAG = "prod"
 
 
-def make_key(path: Path, seed: int) -> tuple[Path, str]:
-    """A deterministic Ed25519 key written as PEM at `path`, and its public text."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
-
-    from slm.distribution.signing import public_key_text
-
-    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([seed]) * 32)
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    return path, public_key_text(key)
-
 
 def private_key(path: Path):
     from slm.distribution.signing import load_private_key

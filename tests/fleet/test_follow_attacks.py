@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from dist_fixtures import local_registry, registry  # noqa: F401  (fixture)
-from fleet_follow_fixtures import (REPOSITORY, TAG, active_id, activate, add_statement, device, make_key,
+from fleet_follow_fixtures import (REPOSITORY, TAG, active_id, activate, add_statement, device,
                                    private_key, publish, push, sign)
-from helpers import copy_store, snapshot, tiny_store
+from helpers import copy_store, ed25519_key, snapshot, tiny_store
 
 pytestmark = pytest.mark.hostile
 
@@ -43,8 +43,8 @@ class Fleet:
     def __init__(self, cli, tmp_path: Path, template: Path, host: str, repository: str):
         self.cli = cli
         self.publisher = copy_store(template, tmp_path / "publisher")
-        self.key, self.public = make_key(tmp_path / "ci.pem", 1)
-        self.stranger, _ = make_key(tmp_path / "stranger.pem", 9)
+        self.key, self.public = ed25519_key(tmp_path / "ci.pem", 1)
+        self.stranger, _ = ed25519_key(tmp_path / "stranger.pem", 9)
         self.repository = repository
         self.ref = f"{host}/{repository}:{TAG}"
         self.v2 = publish(cli, self.publisher, self.ref, self.key, 2, "a1@0.5", target=self.target)
@@ -254,7 +254,7 @@ def test_a_push_moves_the_tag_only_once_its_statements_are_there(cli, tmp_path, 
     (tmp_path / "registry").mkdir()
     with local_registry(tmp_path / "registry") as reg:
         publisher = copy_store(publisher_template, tmp_path / "publisher")
-        key, _ = make_key(tmp_path / "ci.pem", 1)
+        key, _ = ed25519_key(tmp_path / "ci.pem", 1)
         publish(cli, publisher, f"{reg.host}/{REPOSITORY}:{TAG}", key, 1, "a1@0.5")
         log = (reg.storage.parent / "registry.log").read_text()
     puts = re.findall(rf'"PUT /v2/{REPOSITORY}/manifests/(\S+) HTTP', log)

@@ -34,9 +34,9 @@ from pathlib import Path
 import pytest
 
 from dist_fixtures import local_registry
-from fleet_follow_fixtures import (REPOSITORY, TAG, activate, active_id, device, make_key, private_key, push,
+from fleet_follow_fixtures import (REPOSITORY, TAG, activate, active_id, device, private_key, push,
                                    sign)
-from helpers import copy_store, tiny_store
+from helpers import copy_store, ed25519_key, tiny_store
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICES = 5
@@ -127,7 +127,7 @@ class Publisher:
     def __init__(self, cli, tmp_path: Path, template: Path, host: str):
         self.cli = cli
         self.store = copy_store(template, tmp_path / "publisher")
-        self.key, self.public = make_key(tmp_path / "ci.pem", 1)
+        self.key, self.public = ed25519_key(tmp_path / "ci.pem", 1)
         self.ref = f"{host}/{REPOSITORY}:{TAG}"
         self.certificates = tmp_path / "certificates"
         self.certificates.mkdir()

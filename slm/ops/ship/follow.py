@@ -47,6 +47,7 @@ from slm.ops.store import activation
 from slm.store import StoreDir, fs
 from slm.store import digest as dg
 from slm.store.config import follow_settings
+from slm.store.lock import held_elsewhere
 
 UPDATED, CURRENT, ROLLED_BACK, KNOWN_BAD = "updated", "current", "rolled-back", "known-bad"
 
@@ -98,10 +99,7 @@ def is_following(store: StoreDir) -> bool:
     except IOFailure:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
+        return held_elsewhere(fd)
     finally:
         os.close(fd)
 
