@@ -153,7 +153,7 @@ def test_two_pulls_of_one_manifest_never_share_its_staging(tmp_path, world):
     first = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store), "pull", world["ref"], "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "SLM_FAULTS": "pause@point=bundle.staged",
-                                  "SLM_FAULTS_PAUSE_S": "30"})
+                                  "SLM_FAULTS_PAUSE_S": "10"})
     try:
         for line in first.stderr:
             if "slm-fault paused bundle.staged" in line:
