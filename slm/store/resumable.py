@@ -6,7 +6,9 @@ verified is named there by its BLAKE3 hex, so a receive killed after K of N blob
 those K, and the next receive of the same key finds them. Nothing found there is trusted:
 tmp/ is writable by whoever can write the store, so the receiver re-hashes a kept blob
 against its descriptor before it adopts it (`open_kept` only refuses what is not even a
-plain file of this user's), and drops it otherwise. A blob cut off mid-way is never named by
+plain file of this user's), and drops it otherwise. The area itself must be a directory of
+this user's that no one else can write (`_planted`): its name is predictable, and commit links
+a kept blob by its name there; another is removed and made afresh, nothing in it reused. A blob cut off mid-way is never named by
 its digest; its temp file is removed when the area is claimed again.
 
 One process at a time: the area is claimed with an flock on its .lock (the kernel releases
@@ -34,6 +36,7 @@ from slm.store.objects import STAGING_LOCK, Staging, staging_in_use
 PREFIX = "pull-"
 KEEP_FOR_S = 24 * 3600  # an interrupted pull resumes within a day; after that its bytes are junk
 _CLAIM_TRIES = 3
+_AREA_MODE = 0o755
 
 
 def area_of(tmp_dir: Path, key: str) -> Path:
@@ -105,14 +108,29 @@ def _claim_existing(area: Path) -> int:
     raise FileNotFoundError(lock)
 
 
+def _planted(area: Path) -> bool:
+    """Whether what stands at `area` is not an area this user made: not a directory (a
+    symlink, a FIFO), another's, or one others can write (its name is predictable, so one who
+    can write tmp/ can make it first, then swap a kept blob there after the receive re-hashed
+    it and before commit links it by name)."""
+    try:
+        info = os.lstat(area)
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise IOFailure(f"cannot inspect {area}: {os.strerror(err.errno)}") from err
+    return not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or bool(info.st_mode & 0o022)
+
+
 def _claim(area: Path) -> int:
     """An exclusive flock on the area's .lock, created with the area if missing. A .lock that
     is no longer the one at its path once locked (the area was removed meanwhile, by fsck or
     gc) is no claim: tried again."""
     for _ in range(_CLAIM_TRIES):
-        if area.is_symlink() or (area.exists() and not area.is_dir()):
-            fs.remove_any(area)  # planted: the area is only ever a directory of this store's
-        fs.mkdir(area, sync_parent=False)
+        if _planted(area):
+            fs.remove_any(area)
+        if fs.mkdir(area, sync_parent=False):
+            fs.chmod(area, _AREA_MODE)  # whatever the umask: no one else may rename a blob in it
         try:
             return _claim_existing(area)
         except FileNotFoundError:

@@ -1,0 +1,92 @@
+"""Attacks on the resumable pull's staging (tmp/pull-<manifest hex>/) from whoever can write
+tmp/: what is planted there is never followed, opened blocking, removed outside the store, or
+committed unverified; a pull still downloads what it cannot trust."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from dist_fixtures import registry  # noqa: F401  (fixture)
+from test_dist_resume import _clean_after, _crashed_half_way, _kept, _pull_json, world  # noqa: F401
+
+pytestmark = pytest.mark.hostile
+
+
+def test_a_staging_others_can_write_is_not_resumed_from(tmp_path, world):  # noqa: F811
+    """The area's name is predictable: one who can write tmp/ can make it (or leave it) a
+    directory others can write, and swap a kept blob there after the pull re-hashed it. Nothing
+    is reused from such an area; the pull replaces it with one of its own."""
+    store = tmp_path / "s"
+    area = _crashed_half_way(world, store)
+    assert _kept(area)
+    os.chmod(area, 0o777)
+    got = _pull_json(store, world["ref"])
+    assert got["blobs_resumed"] == 0
+    assert got["blobs_downloaded"] == world["fresh"]["blobs_downloaded"]
+    _clean_after(store)
+
+
+def test_a_staging_planted_as_a_symlink_is_not_followed(tmp_path, world):  # noqa: F811
+    """tmp/pull-<hex> planted as a symlink to a directory outside the store holding a blob's
+    name: the pull neither reads nor removes anything there."""
+    store = tmp_path / "s"
+    area = _crashed_half_way(world, store)
+    outside = tmp_path / "outside"
+    shutil.move(str(area), str(outside))
+    victims = sorted(p.name for p in outside.iterdir())
+    area.symlink_to(outside, target_is_directory=True)
+    got = _pull_json(store, world["ref"])
+    assert got["blobs_resumed"] == 0
+    assert sorted(p.name for p in outside.iterdir()) == victims
+    _clean_after(store)
+
+
+def test_a_fifo_directory_or_symlink_under_a_blobs_name_is_downloaded_again(tmp_path, world):  # noqa: F811
+    """Kept blobs replaced by a FIFO (never opened blocking: the pull would hang), a directory,
+    and a symlink to a file outside the store: each is downloaded again, the outside file kept."""
+    store = tmp_path / "s"
+    area = _crashed_half_way(world, store)
+    kept = _kept(area)
+    fifo, directory, link = kept[0], kept[1], kept[2]
+    outside = tmp_path / "outside-blob"
+    outside.write_bytes(link.read_bytes())
+    for p in (fifo, directory, link):
+        p.unlink()
+    os.mkfifo(fifo)
+    directory.mkdir()
+    (directory / "x").write_bytes(b"x")
+    link.symlink_to(outside)
+    got = _pull_json(store, world["ref"])
+    assert got["blobs_resumed"] == len(kept) - 3
+    assert outside.is_file() and stat.S_ISREG(outside.lstat().st_mode)
+    _clean_after(store)
+
+
+def test_a_sparse_kept_blob_of_another_size_is_not_read(tmp_path, world):  # noqa: F811
+    """A kept blob truncated up to a huge sparse size: refused by its size before a byte of it
+    is hashed, and downloaded again."""
+    store = tmp_path / "s"
+    area = _crashed_half_way(world, store)
+    kept = _kept(area)
+    os.truncate(kept[0], 1 << 40)
+    got = _pull_json(store, world["ref"])
+    assert got["blobs_resumed"] == len(kept) - 1
+    _clean_after(store)
+
+
+def test_thousands_of_leftovers_in_the_staging_are_cleared(tmp_path, world):  # noqa: F811
+    """Files planted in the area under names that are no digest are removed when the next pull
+    claims it (they are the leftovers of a blob cut off mid-way), and the pull resumes the rest."""
+    store = tmp_path / "s"
+    area = _crashed_half_way(world, store)
+    kept = _kept(area)
+    for i in range(3000):
+        (area / f"junk-{i}").write_bytes(b"")
+    got = _pull_json(store, world["ref"])
+    assert got["blobs_resumed"] == len(kept)
+    _clean_after(store)
