@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from dist_fixtures import registry  # noqa: F401  (fixture)
-from test_dist_resume import _clean_after, _crashed_half_way, _kept, _pull_json, world  # noqa: F401
+from test_dist_resume import _clean_after, _crashed_half_way, _kept, _pull_json, _slm, world  # noqa: F401
 
 pytestmark = pytest.mark.hostile
 
@@ -90,3 +92,29 @@ def test_thousands_of_leftovers_in_the_staging_are_cleared(tmp_path, world):  # 
     got = _pull_json(store, world["ref"])
     assert got["blobs_resumed"] == len(kept)
     _clean_after(store)
+
+
+def test_a_kept_blob_swapped_after_its_check_never_lands_in_objects(tmp_path, world):  # noqa: F811
+    """Commit links a kept blob into objects/ by its name in the area, after the pull re-hashed
+    it: another file renamed over that name in between (the same size, other bytes) must not
+    become the blob. The pull is refused (exit 5), and the store holds no corrupt blob."""
+    store = tmp_path / "s"
+    area = _crashed_half_way(world, store)
+    victim = _kept(area)[0]
+    planted = tmp_path / "planted"
+    planted.write_bytes(bytes(len(victim.read_bytes())))
+    os.chmod(planted, 0o644)
+    pull = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store), "pull", world["ref"]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SLM_FAULTS": "pause@point=bundle.staged",
+                                 "SLM_FAULTS_PAUSE_S": "5"})
+    try:
+        for line in pull.stderr:
+            if "slm-fault paused bundle.staged" in line:
+                break
+        os.replace(planted, victim)
+    finally:
+        _, err = pull.communicate(timeout=300)
+    fsck = _slm("--store", store, "fsck")
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+    assert pull.returncode == 5 and "replaced after it was verified" in err, err
