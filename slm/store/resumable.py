@@ -74,7 +74,11 @@ def abandoned(tmp_dir: Path, keep_for_s: float) -> list[Path]:
 
 def remove_abandoned(area: Path) -> None:
     """Remove a staging area unless a receive claims it: removed under its own claim, so that a
-    receive claiming it at this moment gets the area whole or a fresh one (`_claim`)."""
+    receive claiming it at this moment gets the area whole or a fresh one (`_claim`). One whose
+    .lock was planted cannot be claimed by anyone: it is junk, removed as it is."""
+    if _lock_planted(area):
+        fs.remove_any(area)
+        return
     try:
         fd = _claim_existing(area)
     except (Busy, FileNotFoundError):
@@ -114,16 +118,28 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
 
 def _planted(area: Path) -> bool:
     """Whether what stands at `area` is not an area this user made: not a directory (a
-    symlink, a FIFO), another's, or one others can write (its name is predictable, so one who
-    can write tmp/ can make it first, then swap a kept blob there after the receive re-hashed
-    it and before commit links it by name)."""
+    symlink, a FIFO), its .lock no plain file, another's, or one others can write (its name
+    is predictable, so one who can write tmp/ can make it first, then swap a kept blob there
+    after the receive re-hashed it and before commit links it by name)."""
     try:
         info = os.lstat(area)
     except FileNotFoundError:
         return False
     except OSError as err:
         raise IOFailure(f"cannot inspect {area}: {os.strerror(err.errno)}") from err
-    return not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or bool(info.st_mode & 0o022)
+    return (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or bool(info.st_mode & 0o022)
+            or _lock_planted(area))
+
+
+def _lock_planted(area: Path) -> bool:
+    """Whether the area's .lock is there but no file this store makes (a symlink, a directory):
+    no receive could ever claim the area again."""
+    try:
+        return not stat.S_ISREG(os.lstat(area / STAGING_LOCK).st_mode)
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise IOFailure(f"cannot inspect {area / STAGING_LOCK}: {os.strerror(err.errno)}") from err
 
 
 def _claim(area: Path) -> int:

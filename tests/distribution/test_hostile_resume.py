@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,34 @@ def test_a_kept_blob_swapped_after_its_check_never_lands_in_objects(tmp_path, wo
     fsck = _slm("--store", store, "fsck")
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
     assert pull.returncode == 5 and "replaced after it was verified" in err, err
+
+
+@pytest.mark.parametrize("plant", ["symlink", "directory", "fifo"])
+def test_a_planted_lock_neither_blocks_nor_breaks_pull_gc_or_fsck(tmp_path, world, plant):  # noqa: F811
+    """The area's .lock planted as a symlink to a file outside the store, a directory or a FIFO:
+    the next pull still completes, and gc --prune-now / fsck --repair still remove such an area
+    once abandoned; the file outside is untouched."""
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep me")
+    stores = []
+    for name in ("pulled", "collected", "repaired"):
+        store = tmp_path / name
+        area = _crashed_half_way(world, store)
+        lock = area / ".lock"
+        lock.unlink()
+        {"symlink": lambda: lock.symlink_to(outside), "directory": lock.mkdir,
+         "fifo": lambda: os.mkfifo(lock)}[plant]()
+        stores.append((store, area))
+    (pulled, _), (collected, c_area), (repaired, r_area) = stores
+    got = _pull_json(pulled, world["ref"])
+    assert got["composition_id"] == world["fresh"]["composition_id"]
+    _clean_after(pulled)
+    r = _slm("--store", collected, "gc", "--prune-now")
+    assert r.returncode == 0, r.stderr
+    assert not c_area.exists()
+    old = time.time() - 2 * 24 * 3600
+    os.utime(r_area, (old, old))
+    r = _slm("--store", repaired, "fsck", "--repair")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not r_area.exists()
+    assert outside.read_bytes() == b"keep me"
