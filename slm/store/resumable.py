@@ -25,13 +25,13 @@ import fcntl
 import os
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from slm.errors import Busy, IntegrityError, IOFailure
+from slm.errors import Busy, IOFailure
 from slm.store import digest as dg
 from slm.store import fs
-from slm.store.objects import STAGING_LOCK, Staging, staging_in_use
+from slm.store.objects import STAGING_LOCK, Staging, identity, staging_in_use
 
 PREFIX = "pull-"
 KEEP_FOR_S = 24 * 3600  # an interrupted pull resumes within a day; after that its bytes are junk
@@ -112,10 +112,6 @@ def _claim_existing(area: Path) -> int:
     raise FileNotFoundError(lock)
 
 
-def _identity(info: os.stat_result) -> tuple[int, int]:
-    return info.st_dev, info.st_ino
-
-
 def _planted(area: Path) -> bool:
     """Whether what stands at `area` is not an area this user made: not a directory (a
     symlink, a FIFO), its .lock no plain file, another's, or one others can write (its name
@@ -163,7 +159,6 @@ class ResumableStaging(Staging):
     """A `Staging` at tmp/pull-<key>/ that an interrupted receive leaves for the next one."""
 
     key: str = ""
-    _checked: dict = field(default_factory=dict)  # kept blob -> a descriptor on the file re-hashed
 
     @property
     def area(self) -> Path:
@@ -204,27 +199,8 @@ class ResumableStaging(Staging):
             os.close(fd)
             self.drop(digest)
             return None
-        self._forget(digest)
-        self._checked[digest] = os.dup(fd)  # held open: its inode number cannot be reused meanwhile
+        self._made[digest] = identity(info)  # what commit checks it linked: the file re-hashed
         return fd
-
-    def commit(self) -> list[str]:
-        """`Staging.commit`, then each adopted blob it linked into objects/ is checked to be the
-        very file that was re-hashed: commit links by name, and a file renamed over that name
-        after the check would otherwise become the blob unverified. Refused (IntegrityError,
-        the blobs this commit added removed) if one is not."""
-        adopted = {d: _identity(os.fstat(fd)) for d, fd in self._checked.items() if d in self.staged}
-        new = super().commit()
-        for digest in new:
-            try:
-                info = os.lstat(self.objects.path(digest))
-            except OSError:
-                continue
-            if digest in adopted and _identity(info) != adopted[digest]:
-                self.objects.remove_new(new)
-                raise IntegrityError(f"the kept blob {dg.short(digest)} in tmp/{self.area.name} was replaced "
-                                     "after it was verified; pull again")
-        return new
 
     def adopt(self, digest: str) -> None:
         """The kept file of `digest` was re-hashed and matched: staged as if written now."""
@@ -232,18 +208,8 @@ class ResumableStaging(Staging):
 
     def drop(self, digest: str) -> None:
         """Remove the kept file of `digest` (it did not verify, or cannot be trusted)."""
-        self._forget(digest)
+        self._made.pop(digest, None)
         fs.remove_any(self._dir() / dg.hex_of(digest))
-
-    def _forget(self, digest: str) -> None:
-        fd = self._checked.pop(digest, None)
-        if fd is not None:
-            os.close(fd)
-
-    def discard(self) -> None:
-        for digest in list(self._checked):
-            self._forget(digest)
-        super().discard()
 
     def _stage(self, digest: str, pieces: list) -> bool:
         if digest not in self.staged and (self.dir is not None or self.area.is_dir()):
@@ -261,10 +227,8 @@ class ResumableStaging(Staging):
         waited for, their failures ignored: a kept blob that is not durable comes back torn
         after a power cut, and is re-hashed before reuse anyway."""
         self._syncs.close()
-        for digest in list(self._checked):
-            self._forget(digest)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
         self.dir = None
-        self.staged = {}
+        self.staged, self._made = {}, {}

@@ -4,6 +4,7 @@ committed unverified; a pull still downloads what it cannot trust."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -95,16 +96,17 @@ def test_thousands_of_leftovers_in_the_staging_are_cleared(tmp_path, world):  # 
     _clean_after(store)
 
 
-def test_a_kept_blob_swapped_after_its_check_never_lands_in_objects(tmp_path, world):  # noqa: F811
-    """Commit links a kept blob into objects/ by its name in the area, after the pull re-hashed
-    it: another file renamed over that name in between (the same size, other bytes) must not
-    become the blob. The pull is refused (exit 5), and the store holds no corrupt blob."""
+@pytest.mark.parametrize("which", ["kept", "downloaded"])
+def test_a_staged_blob_swapped_before_commit_never_lands_in_objects(tmp_path, world, which):  # noqa: F811
+    """Commit links each staged blob into objects/ by its name in the area, after the pull
+    verified it (a kept blob re-hashed, a downloaded one hashed as it arrived): another file
+    renamed over that name in between (the same size, other bytes) must not become the blob.
+    The pull is refused (exit 5), and the store holds no corrupt blob."""
     store = tmp_path / "s"
     area = _crashed_half_way(world, store)
-    victim = _kept(area)[0]
+    kept = _kept(area)
+    victim = kept[0] if which == "kept" else None
     planted = tmp_path / "planted"
-    planted.write_bytes(bytes(len(victim.read_bytes())))
-    os.chmod(planted, 0o644)
     pull = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store), "pull", world["ref"]],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "SLM_FAULTS": "pause@point=bundle.staged",
@@ -113,12 +115,14 @@ def test_a_kept_blob_swapped_after_its_check_never_lands_in_objects(tmp_path, wo
         for line in pull.stderr:
             if "slm-fault paused bundle.staged" in line:
                 break
+        victim = victim or next(p for p in _kept(area) if p not in kept and p.stat().st_size > 0)
+        planted.write_bytes(bytes(victim.stat().st_size))
         os.replace(planted, victim)
     finally:
         _, err = pull.communicate(timeout=300)
     fsck = _slm("--store", store, "fsck")
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
-    assert pull.returncode == 5 and "replaced after it was verified" in err, err
+    assert pull.returncode == 5 and "replaced" in err, err
 
 
 @pytest.mark.parametrize("plant", ["symlink", "directory", "fifo"])
@@ -150,3 +154,29 @@ def test_a_planted_lock_neither_blocks_nor_breaks_pull_gc_or_fsck(tmp_path, worl
     assert r.returncode == 0, r.stdout + r.stderr
     assert not r_area.exists()
     assert outside.read_bytes() == b"keep me"
+
+
+def test_gc_and_fsck_repair_leave_a_live_pulls_staging_alone(tmp_path, world):  # noqa: F811
+    """`gc --prune-now` and `fsck --repair` (the staging aged past a day) while a pull holds its
+    staging, resumed and about to commit: the staging stays, and the pull completes."""
+    store = tmp_path / "s"
+    area = _crashed_half_way(world, store)
+    pull = subprocess.Popen([sys.executable, "-m", "slm", "--store", str(store), "pull", world["ref"], "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SLM_FAULTS": "pause@point=bundle.staged",
+                                 "SLM_FAULTS_PAUSE_S": "10"})
+    try:
+        for line in pull.stderr:
+            if "slm-fault paused bundle.staged" in line:
+                break
+        old = time.time() - 2 * 24 * 3600
+        os.utime(area, (old, old))
+        gc = _slm("--store", store, "gc", "--prune-now")
+        fsck = _slm("--store", store, "fsck", "--repair")
+        assert area.is_dir() and _kept(area)
+    finally:
+        out, err = pull.communicate(timeout=300)
+    assert pull.returncode == 0, err
+    assert gc.returncode == 0 and fsck.returncode == 0, gc.stderr + fsck.stdout + fsck.stderr
+    assert json.loads(out)["composition_id"] == world["fresh"]["composition_id"]
+    _clean_after(store)
