@@ -216,14 +216,14 @@ class ObjectStore:
 
 
 STAGING_LOCK = ".lock"
+# a committed blob's mtime: this far in the past (more than any clock tick), so that a later
+# write, which sets the present time, always changes it (VerifiedCache.record_written)
+PIN_AGE_NS = 1_000_000_000
 
 
 def identity(info: os.stat_result) -> tuple[int, int]:
     """Which file a stat names (device, inode): what a later check by name compares with."""
     return info.st_dev, info.st_ino
-# a committed blob's mtime: this far in the past (more than any clock tick), so that a later
-# write, which sets the present time, always changes it (VerifiedCache.record_written)
-PIN_AGE_NS = 1_000_000_000
 
 
 def staging_in_use(folder: Path) -> bool:
@@ -369,9 +369,12 @@ class Staging:
     def _check_linked(self, digest: str, target: Path) -> None:
         """Commit links by name: the file it linked must be the one staged (tmp/ is writable by
         whoever can write the store; another file renamed over the name would enter unverified)."""
-        if identity(os.lstat(target)) != self._made.get(digest):
-            raise IntegrityError(f"staged blob {dg.short(digest)} was replaced in tmp/ before commit; "
-                                 "run it again")
+        try:
+            linked = identity(os.lstat(target))
+        except OSError:
+            linked = None
+        if linked is None or linked != self._made.get(digest):
+            raise IntegrityError(f"staged blob {dg.short(digest)} was replaced in tmp/ before commit; run it again")
 
     def _record_written(self, digests: list[str], pinned: int) -> None:
         """Blobs this process hashed as it staged them are verified already: recorded so, so

@@ -8,8 +8,9 @@ tmp/ is writable by whoever can write the store, so the receiver re-hashes a kep
 against its descriptor before it adopts it (`open_kept` only refuses what is not even a
 plain file of this user's), and drops it otherwise. The area itself must be a directory of
 this user's that no one else can write (`_planted`): its name is predictable, and commit links
-a kept blob by its name there; another is removed and made afresh, nothing in it reused. A blob cut off mid-way is never named by
-its digest; its temp file is removed when the area is claimed again.
+a kept blob by its name there; another is removed and made afresh, nothing in it reused. A
+blob cut off mid-way is never named by its digest; its temp file is removed when the area is
+claimed again.
 
 One process at a time: the area is claimed with an flock on its .lock (the kernel releases
 it when the owner dies); a second receive of the same key is refused (`Busy`, exit 7). The
