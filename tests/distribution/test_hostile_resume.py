@@ -180,3 +180,16 @@ def test_gc_and_fsck_repair_leave_a_live_pulls_staging_alone(tmp_path, world):  
     assert gc.returncode == 0 and fsck.returncode == 0, gc.stderr + fsck.stdout + fsck.stderr
     assert json.loads(out)["composition_id"] == world["fresh"]["composition_id"]
     _clean_after(store)
+
+
+def test_a_staging_planted_as_a_fifo_is_not_opened(tmp_path, world):  # noqa: F811
+    """tmp/pull-<hex> planted as a FIFO (opening it would block the pull): removed, the pull
+    downloads everything and completes."""
+    store = tmp_path / "s"
+    area = _crashed_half_way(world, store)
+    shutil.rmtree(area)
+    os.mkfifo(area)
+    got = _pull_json(store, world["ref"])
+    assert got["blobs_resumed"] == 0
+    assert got["blobs_downloaded"] == world["fresh"]["blobs_downloaded"]
+    _clean_after(store)
