@@ -221,6 +221,11 @@ STAGING_LOCK = ".lock"
 PIN_AGE_NS = 1_000_000_000
 
 
+def identity(info: os.stat_result) -> tuple[int, int]:
+    """Which file a stat names (device, inode): what a later check by name compares with."""
+    return info.st_dev, info.st_ino
+
+
 def staging_in_use(folder: Path) -> bool:
     """Whether a live process holds this staging directory (fsck leaves it alone then).
 
@@ -250,6 +255,7 @@ class Staging:
     _lock_fd: int | None = None
     _copied: set = field(default_factory=set)  # put_range's blobs whose source is not yet checked
     _syncs: Syncs = field(default_factory=Syncs)  # each staged file's fsync, in flight
+    _made: dict = field(default_factory=dict)  # digest -> identity of the staged file it vouched for
 
     def _dir(self) -> Path:
         if self.dir is None:
@@ -290,6 +296,7 @@ class Staging:
             return False
         path = self._dir() / dg.hex_of(digest)
         with fs.NewFile(path, 0o644) as f:
+            self._made[digest] = identity(os.fstat(f.fd))
             self._syncs.write_sync_and_close(f, pieces)
         self.staged[digest] = path
         return True
@@ -344,6 +351,7 @@ class Staging:
                 fs.chmod(path, BLOB_MODE)
                 if fs.link_new(path, target):
                     new.append(digest)
+                    self._check_linked(digest, target)
                     if vouched:
                         written.append(digest)
             if new or created:
@@ -357,6 +365,16 @@ class Staging:
             raise
         self._record_written(written, pinned)  # (advisory: after the commit, outside its undo)
         return new
+
+    def _check_linked(self, digest: str, target: Path) -> None:
+        """Commit links by name: the file it linked must be the one staged (tmp/ is writable by
+        whoever can write the store; another file renamed over the name would enter unverified)."""
+        try:
+            linked = identity(os.lstat(target))
+        except OSError:
+            linked = None
+        if linked is None or linked != self._made.get(digest):
+            raise IntegrityError(f"staged blob {dg.short(digest)} was replaced in tmp/ before commit; run it again")
 
     def _record_written(self, digests: list[str], pinned: int) -> None:
         """Blobs this process hashed as it staged them are verified already: recorded so, so
@@ -381,6 +399,7 @@ class Staging:
         self.dir = None
         self.staged = {}
         self._copied = set()
+        self._made = {}
 
 
 class Incoming:
@@ -413,6 +432,7 @@ class Incoming:
             if digest not in self.staging.staged:
                 self.staging.reused.add(digest)
             return digest  # not kept: __exit__ removes the copy
+        self.staging._made[digest] = identity(os.fstat(self.file.fd))
         self.staging._syncs.write_sync_and_close(self.file, [])  # fsynced before commit links it
         self.staging.staged[digest] = self.staging._name_kept(self.path, digest)
         self._kept = True

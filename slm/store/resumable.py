@@ -6,8 +6,11 @@ verified is named there by its BLAKE3 hex, so a receive killed after K of N blob
 those K, and the next receive of the same key finds them. Nothing found there is trusted:
 tmp/ is writable by whoever can write the store, so the receiver re-hashes a kept blob
 against its descriptor before it adopts it (`open_kept` only refuses what is not even a
-plain file of this user's), and drops it otherwise. A blob cut off mid-way is never named by
-its digest; its temp file is removed when the area is claimed again.
+plain file of this user's), and drops it otherwise. The area itself must be a directory of
+this user's that no one else can write (`_planted`): its name is predictable, and commit links
+a kept blob by its name there; another is removed and made afresh, nothing in it reused. A
+blob cut off mid-way is never named by its digest; its temp file is removed when the area is
+claimed again.
 
 One process at a time: the area is claimed with an flock on its .lock (the kernel releases
 it when the owner dies); a second receive of the same key is refused (`Busy`, exit 7). The
@@ -29,11 +32,12 @@ from pathlib import Path
 from slm.errors import Busy, IOFailure
 from slm.store import digest as dg
 from slm.store import fs
-from slm.store.objects import STAGING_LOCK, Staging, staging_in_use
+from slm.store.objects import STAGING_LOCK, Staging, identity, staging_in_use
 
 PREFIX = "pull-"
 KEEP_FOR_S = 24 * 3600  # an interrupted pull resumes within a day; after that its bytes are junk
 _CLAIM_TRIES = 3
+_AREA_MODE = 0o755
 
 
 def area_of(tmp_dir: Path, key: str) -> Path:
@@ -71,7 +75,11 @@ def abandoned(tmp_dir: Path, keep_for_s: float) -> list[Path]:
 
 def remove_abandoned(area: Path) -> None:
     """Remove a staging area unless a receive claims it: removed under its own claim, so that a
-    receive claiming it at this moment gets the area whole or a fresh one (`_claim`)."""
+    receive claiming it at this moment gets the area whole or a fresh one (`_claim`). One whose
+    .lock was planted cannot be claimed by anyone: it is junk, removed as it is."""
+    if _lock_planted(area):
+        fs.remove_any(area)
+        return
     try:
         fd = _claim_existing(area)
     except (Busy, FileNotFoundError):
@@ -105,14 +113,41 @@ def _claim_existing(area: Path) -> int:
     raise FileNotFoundError(lock)
 
 
+def _planted(area: Path) -> bool:
+    """Whether what stands at `area` is not an area this user made: not a directory (a
+    symlink, a FIFO), its .lock no plain file, another's, or one others can write (its name
+    is predictable, so one who can write tmp/ can make it first, then swap a kept blob there
+    after the receive re-hashed it and before commit links it by name)."""
+    try:
+        info = os.lstat(area)
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise IOFailure(f"cannot inspect {area}: {os.strerror(err.errno)}") from err
+    return (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or bool(info.st_mode & 0o022)
+            or _lock_planted(area))
+
+
+def _lock_planted(area: Path) -> bool:
+    """Whether the area's .lock is there but no file this store makes (a symlink, a directory):
+    no receive could ever claim the area again."""
+    try:
+        return not stat.S_ISREG(os.lstat(area / STAGING_LOCK).st_mode)
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise IOFailure(f"cannot inspect {area / STAGING_LOCK}: {os.strerror(err.errno)}") from err
+
+
 def _claim(area: Path) -> int:
     """An exclusive flock on the area's .lock, created with the area if missing. A .lock that
     is no longer the one at its path once locked (the area was removed meanwhile, by fsck or
     gc) is no claim: tried again."""
     for _ in range(_CLAIM_TRIES):
-        if area.is_symlink() or (area.exists() and not area.is_dir()):
-            fs.remove_any(area)  # planted: the area is only ever a directory of this store's
-        fs.mkdir(area, sync_parent=False)
+        if _planted(area):
+            fs.remove_any(area)
+        if fs.mkdir(area, sync_parent=False):
+            fs.chmod(area, _AREA_MODE)  # whatever the umask: no one else may rename a blob in it
         try:
             return _claim_existing(area)
         except FileNotFoundError:
@@ -165,6 +200,7 @@ class ResumableStaging(Staging):
             os.close(fd)
             self.drop(digest)
             return None
+        self._made[digest] = identity(info)  # what commit checks it linked: the file re-hashed
         return fd
 
     def adopt(self, digest: str) -> None:
@@ -173,6 +209,7 @@ class ResumableStaging(Staging):
 
     def drop(self, digest: str) -> None:
         """Remove the kept file of `digest` (it did not verify, or cannot be trusted)."""
+        self._made.pop(digest, None)
         fs.remove_any(self._dir() / dg.hex_of(digest))
 
     def _stage(self, digest: str, pieces: list) -> bool:
@@ -195,4 +232,4 @@ class ResumableStaging(Staging):
             os.close(self._lock_fd)
             self._lock_fd = None
         self.dir = None
-        self.staged = {}
+        self.staged, self._made = {}, {}
