@@ -239,6 +239,14 @@ MAX_TRIAL_DEATHS = 100
 MAX_INTERVAL_S = 7 * 86400
 
 
+def follow_interval_s(value, what: str) -> float:
+    """A follower's interval in seconds (a duration; a bare number is seconds), 1 s to a week."""
+    seconds = duration_s(value, what, "s")
+    if not 1 <= seconds <= MAX_INTERVAL_S:
+        raise InvalidInput(f"{what} must be from 1 second to a week")
+    return seconds
+
+
 def follow_settings(config: dict) -> dict:
     """[follow] of config.toml: `interval` (between rounds, default 5 minutes, 1 s to a week),
     `max_trial_deaths` (follower deaths during one trial that roll it back, 1 to 100, default
@@ -246,9 +254,7 @@ def follow_settings(config: dict) -> dict:
     registry that withholds certificates cannot skip the check; default false), each checked."""
     table = config.get("follow", {})
     table = table if isinstance(table, dict) else {}
-    interval = duration_s(table.get("interval", DEFAULT_FOLLOW["interval"]), "config.toml: follow.interval", "s")
-    if not 1 <= interval <= MAX_INTERVAL_S:
-        raise InvalidInput("config.toml: follow.interval must be from 1 second to a week")
+    interval = follow_interval_s(table.get("interval", DEFAULT_FOLLOW["interval"]), "config.toml: follow.interval")
     deaths = table.get("max_trial_deaths", DEFAULT_FOLLOW["max_trial_deaths"])
     if type(deaths) is not int or not 1 <= deaths <= MAX_TRIAL_DEATHS:
         raise InvalidInput(f"config.toml: follow.max_trial_deaths must be an integer from 1 to {MAX_TRIAL_DEATHS}")

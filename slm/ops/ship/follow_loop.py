@@ -32,7 +32,7 @@ from slm.ops.ship import follow, follow_state
 from slm.ops.infer.health import check_timeout
 from slm.ops.infer.health_scripts import DEFAULT_TIMEOUT_S
 from slm.store import StoreDir, fs
-from slm.store.config import duration_s, follow_settings, MAX_INTERVAL_S
+from slm.store.config import follow_interval_s, follow_settings
 
 STATUS_FILE = "follow-status.json"  # in cache/
 MAX_STATUS_BYTES = 16 << 10
@@ -47,12 +47,7 @@ def interval_of(store: StoreDir, interval: str | None) -> float:
     """--interval (a duration: 30s, 5m, 1h; a bare number is seconds), else config.toml's."""
     if interval is None:
         return follow_settings(store.config)["interval_s"]
-    seconds = duration_s(interval, "--interval", "s")
-    if not 1 <= seconds <= MAX_INTERVAL_S:
-        from slm.errors import InvalidInput
-
-        raise InvalidInput("--interval must be from 1 second to a week")
-    return seconds
+    return follow_interval_s(interval, "--interval")
 
 
 def delay_after(interval_s: float, failures: int) -> float:
